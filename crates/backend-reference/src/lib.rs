@@ -1,0 +1,1 @@
+//! The reference backend (in progress).

@@ -1,0 +1,1 @@
+//! GGUF reading and writing (in progress).

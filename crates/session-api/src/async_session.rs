@@ -1,0 +1,1 @@
+//! Async wrapper (in progress).

@@ -1,0 +1,136 @@
+//! Capabilities: what a backend (and an engine loaded by it) can do, as data.
+
+use serde::{Deserialize, Serialize};
+use std::fmt;
+use std::str::FromStr;
+
+/// The weight format a model is loaded in.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "lowercase")]
+pub enum WeightFormat {
+    /// 16-bit floating point weights.
+    F16,
+    /// seam's affine int4 format: groups of 32 along the input dimension, f16 scale and bias.
+    Int4,
+}
+
+impl WeightFormat {
+    /// Every format, in a stable order.
+    pub const ALL: [WeightFormat; 2] = [WeightFormat::F16, WeightFormat::Int4];
+
+    /// The name used on the command line and in reports.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            WeightFormat::F16 => "f16",
+            WeightFormat::Int4 => "int4",
+        }
+    }
+}
+
+impl fmt::Display for WeightFormat {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.write_str(self.as_str())
+    }
+}
+
+impl FromStr for WeightFormat {
+    type Err = String;
+    fn from_str(s: &str) -> std::result::Result<Self, String> {
+        match s.to_ascii_lowercase().as_str() {
+            "f16" | "fp16" => Ok(WeightFormat::F16),
+            "int4" | "q4" => Ok(WeightFormat::Int4),
+            other => Err(format!("unknown weight format '{other}' (expected f16 or int4)")),
+        }
+    }
+}
+
+/// Which sampling modes a session can run on the backend side.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct SamplingModes {
+    /// Argmax. Every backend must support it.
+    pub greedy: bool,
+    /// Temperature sampling from the softmax.
+    pub temperature: bool,
+    /// Restricting to the k most likely tokens.
+    pub top_k: bool,
+    /// Nucleus (top-p) restriction.
+    pub top_p: bool,
+    /// A seed makes sampling reproducible.
+    pub seeded: bool,
+}
+
+impl SamplingModes {
+    /// Greedy only.
+    pub const GREEDY_ONLY: SamplingModes =
+        SamplingModes { greedy: true, temperature: false, top_k: false, top_p: false, seeded: false };
+    /// Every mode.
+    pub const ALL: SamplingModes =
+        SamplingModes { greedy: true, temperature: true, top_k: true, top_p: true, seeded: true };
+}
+
+/// Operations on a session's sequence state beyond append and reset.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct KvOps {
+    /// [`crate::Session::truncate`]: rewind to an earlier position.
+    pub truncate: bool,
+    /// [`crate::Session::fork`]: copy a session, state included.
+    pub fork: bool,
+}
+
+/// What a session accepts as input.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+pub struct InputKinds {
+    /// Token ids. Every backend must accept them.
+    pub tokens: bool,
+    /// Hidden-size embedding vectors ([`crate::Session::prefill_embeddings`]), for multimodal inputs.
+    pub embeddings: bool,
+}
+
+/// The kind of per-sequence state a session carries. Attention models keep a KV cache that grows
+/// with the sequence; state-space / recurrent layers keep a fixed-size state, and hybrids keep both.
+/// Only `KvCache` is implemented today; the others are named so the contract need not change later.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum StateKind {
+    #[default]
+    KvCache,
+    Recurrent,
+    Hybrid,
+}
+
+/// What a backend, or an engine it loaded, can do.
+///
+/// A backend's [`crate::Backend::capabilities`] describes what it offers for any model; an engine's
+/// [`crate::Engine::capabilities`] is the same with the limits of the loaded model filled in
+/// (for example `max_context`).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct Capabilities {
+    /// Most positions one session can hold (prompt plus generated tokens).
+    pub max_context: usize,
+    /// Weight formats the backend loads.
+    pub weight_formats: Vec<WeightFormat>,
+    /// Sampling the backend performs itself.
+    pub sampling: SamplingModes,
+    /// Whether a session can return the logits of each step ([`crate::SessionOptions::return_logits`]).
+    pub logits: bool,
+    /// Rewind and fork.
+    pub kv_ops: KvOps,
+    /// Accepted inputs.
+    pub inputs: InputKinds,
+    /// Most sessions alive at once on one engine; `None` means limited only by memory.
+    pub max_concurrent_sessions: Option<usize>,
+    /// Whether sessions may run on different threads at the same time.
+    pub parallel_sessions: bool,
+    /// The kind of sequence state.
+    pub state: StateKind,
+    /// Reserved for engines that decode many sessions in one batched step (continuous batching).
+    /// No backend sets it yet; the batched entry point will be an additional trait on `Engine`.
+    pub batched_decode: bool,
+}
+
+impl Capabilities {
+    /// Whether `format` is one of [`Capabilities::weight_formats`].
+    pub fn supports_format(&self, format: WeightFormat) -> bool {
+        self.weight_formats.contains(&format)
+    }
+}

@@ -1,0 +1,44 @@
+//! # session-api: the contract between seam and a piece of hardware
+//!
+//! A backend is a factory ([`Backend`]) registered with [`register_backend!`]. It reports whether it
+//! can run on this machine ([`Availability`]), and loads a model directory into an [`Engine`], which
+//! holds the weights once. An engine creates any number of [`Session`]s; a session owns exactly one
+//! sequence's state (its KV cache) and its sampler, and speaks token ids in and token ids out.
+//!
+//! Everything above a session is written once, here, for every backend: the generation driver
+//! ([`generate::generate`]) with EOS ids, token limits, stop strings and cancellation, its async
+//! wrapper ([`async_session`]), and [`stats::GenerationStats`].
+//!
+//! Optional operations (truncate, fork, logits, embeddings input, sampling beyond greedy) are
+//! described by [`Capabilities`]; a request for one that a backend lacks is refused with
+//! [`SeamError::Unsupported`], never silently ignored.
+//!
+//! ## Errors and poisoning
+//! Every fallible call returns [`SeamError`], whose [`SeamError::kind`] is stable. After a failed
+//! `prefill` or `decode` (for any reason other than a rejected argument that was checked before any
+//! state changed) the session is **poisoned**: every further `prefill`/`decode` fails with
+//! [`SeamError::Poisoned`] until [`Session::reset`] is called.
+
+pub mod async_session;
+pub mod backend;
+pub mod capabilities;
+pub mod error;
+pub mod generate;
+pub mod registry;
+pub mod sampling;
+pub mod session;
+pub mod stats;
+
+pub use backend::{Availability, Backend, DeviceInfo, Engine, EngineInfo, LoadProgress, LoadRequest};
+pub use capabilities::{Capabilities, InputKinds, KvOps, SamplingModes, StateKind, WeightFormat};
+pub use error::{ErrorKind, Result, SeamError};
+pub use registry::{find_backend, registered_backends, BackendRegistration, RegisteredBackend};
+pub use sampling::{Sampler, SamplingConfig};
+pub use session::{Session, SessionOptions, StepOutput};
+
+/// Version of this contract. A backend compiled against another version is listed by the
+/// registry as incompatible instead of being called through a mismatched vtable.
+pub const API_VERSION: u32 = 1;
+
+#[doc(hidden)]
+pub use inventory;
