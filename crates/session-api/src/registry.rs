@@ -87,3 +87,58 @@ pub fn find_backend(name: &str) -> Result<Box<dyn Backend>> {
         }),
     }
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::backend::{Availability, Engine, LoadRequest};
+    use crate::capabilities::Capabilities;
+    use std::sync::Arc;
+
+    struct Dummy;
+
+    impl Backend for Dummy {
+        fn name(&self) -> &str {
+            "test-dummy"
+        }
+        fn description(&self) -> &str {
+            "a backend that only exists in this test"
+        }
+        fn availability(&self) -> Availability {
+            Availability::Unavailable { reason: "it is a test double".into() }
+        }
+        fn capabilities(&self) -> Capabilities {
+            unreachable!("not called in these tests")
+        }
+        fn load(&self, _: &LoadRequest) -> Result<Arc<dyn Engine>> {
+            Err(SeamError::Unavailable { backend: "test-dummy".into(), reason: "it is a test double".into() })
+        }
+    }
+
+    crate::register_backend!("test-dummy", || Box::new(Dummy));
+
+    inventory::submit! {
+        BackendRegistration { api_version: API_VERSION + 1, name: "test-future", constructor: || Box::new(Dummy) }
+    }
+
+    #[test]
+    fn finds_registered_backends_by_name() {
+        let backend = find_backend("test-dummy").unwrap();
+        assert_eq!(backend.name(), "test-dummy");
+        assert!(!backend.availability().is_available());
+    }
+
+    #[test]
+    fn unknown_names_list_the_known_ones() {
+        let err = find_backend("nope").err().unwrap();
+        assert_eq!(err.kind(), crate::ErrorKind::InvalidInput);
+        assert!(err.to_string().contains("test-dummy"), "{err}");
+    }
+
+    #[test]
+    fn a_backend_built_for_another_api_version_is_refused() {
+        let entry = registered_backends().into_iter().find(|b| b.name == "test-future").unwrap();
+        assert!(!entry.is_compatible());
+        assert_eq!(entry.instantiate().err().unwrap().kind(), crate::ErrorKind::Unavailable);
+    }
+}
