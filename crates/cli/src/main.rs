@@ -1,1 +1,47 @@
-fn main() {}
+//! `seam`: run a model on a backend, list backends, convert GGUF files.
+
+mod backends_command;
+mod cli_error;
+mod convert_command;
+mod linked_backends;
+mod progress;
+mod run_command;
+
+use clap::{Parser, Subcommand};
+use cli_error::CliError;
+use std::process::ExitCode;
+
+/// seam runs Llama-family models on many kinds of hardware through one session contract.
+#[derive(Parser)]
+#[command(name = "seam", version, about, propagate_version = true)]
+struct Cli {
+    #[command(subcommand)]
+    command: Command,
+}
+
+#[derive(Subcommand)]
+enum Command {
+    /// Generate text from a prompt on a backend.
+    Run(run_command::RunArgs),
+    /// List the registered backends: available or why not, devices, capabilities.
+    Backends(backends_command::BackendsArgs),
+    /// Import a GGUF Llama file into a seam model directory (fp16 and int4 weights, tokenizer).
+    Convert(convert_command::ConvertArgs),
+}
+
+fn main() -> ExitCode {
+    linked_backends::link_all();
+    let cli = Cli::parse();
+    let result: Result<(), CliError> = match cli.command {
+        Command::Run(args) => run_command::run(args),
+        Command::Backends(args) => backends_command::run(args),
+        Command::Convert(args) => convert_command::run(args),
+    };
+    match result {
+        Ok(()) => ExitCode::SUCCESS,
+        Err(error) => {
+            eprintln!("error: {error}");
+            ExitCode::FAILURE
+        }
+    }
+}

@@ -1,0 +1,193 @@
+//! `seam run`: load a model on a backend and stream a generation.
+
+use crate::cli_error::CliError;
+use crate::progress::StageBar;
+use chat_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use clap::Args;
+use llama_model::model_dir::ModelDir;
+use session_api::generate::{generate, CancelToken, GenerationRequest};
+use session_api::{find_backend, Availability, LoadRequest, SamplingConfig, SeamError, SessionOptions, WeightFormat};
+use std::io::{IsTerminal, Read, Write};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+/// The backend `seam run` uses when `--backend` is not given.
+pub const DEFAULT_BACKEND: &str = "reference";
+
+#[derive(Args)]
+pub struct RunArgs {
+    /// Backend to run on (see `seam backends`).
+    #[arg(long, default_value = DEFAULT_BACKEND)]
+    backend: String,
+    /// Model directory; the default model (SmolLM2-135M-Instruct) when absent, installed on first use.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Weight format: f16 or int4.
+    #[arg(long, default_value = "f16")]
+    weights: WeightFormat,
+    /// The prompt; read from standard input when absent and input is piped.
+    #[arg(long)]
+    prompt: Option<String>,
+    /// Wrap the prompt in the model's chat template as a user message.
+    #[arg(long)]
+    chat: bool,
+    /// A system message for `--chat`.
+    #[arg(long, requires = "chat")]
+    system: Option<String>,
+    /// Most tokens to generate.
+    #[arg(long, default_value_t = 256)]
+    max_tokens: usize,
+    /// Keep generating through end-of-sequence tokens.
+    #[arg(long)]
+    ignore_eos: bool,
+    /// Stop when this text appears (may be repeated).
+    #[arg(long = "stop")]
+    stop_strings: Vec<String>,
+    /// Sampling temperature; 0 (the default) is greedy.
+    #[arg(long, default_value_t = 0.0)]
+    temperature: f32,
+    /// Sample only among the k most likely tokens (0 = all).
+    #[arg(long)]
+    top_k: Option<usize>,
+    /// Sample only within the top-p probability mass.
+    #[arg(long)]
+    top_p: Option<f32>,
+    /// Seed for sampling.
+    #[arg(long)]
+    seed: Option<u64>,
+    /// Cap on the context length.
+    #[arg(long)]
+    max_context: Option<usize>,
+    /// Host threads for the backend (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+    /// Print one JSON object (text, token ids, stats) instead of streaming text.
+    #[arg(long)]
+    json: bool,
+}
+
+/// Resolves `--model`, installing the default model when it is absent.
+pub fn resolve_model_dir(model: Option<PathBuf>) -> Result<PathBuf, CliError> {
+    match model {
+        Some(dir) => Ok(dir),
+        None => {
+            let dir = llama_model::default_model::default_model_dir();
+            if !llama_model::default_model::is_installed(&dir) {
+                eprintln!("installing the default model (SmolLM2-135M-Instruct) into {} ...", dir.display());
+                let bar = Arc::new(StageBar::new());
+                let callback = bar.callback();
+                let installed = llama_model::default_model::ensure_default_model(Some(&*callback))?;
+                bar.finish();
+                return Ok(installed);
+            }
+            Ok(dir)
+        }
+    }
+}
+
+fn read_prompt(args: &RunArgs) -> Result<String, CliError> {
+    if let Some(prompt) = &args.prompt {
+        return Ok(prompt.clone());
+    }
+    let stdin = std::io::stdin();
+    if stdin.is_terminal() {
+        return Err(CliError::Usage("no prompt: pass --prompt \"...\" or pipe the prompt on standard input".into()));
+    }
+    let mut prompt = String::new();
+    stdin.lock().read_to_string(&mut prompt)?;
+    Ok(prompt)
+}
+
+pub fn run(args: RunArgs) -> Result<(), CliError> {
+    let prompt_text = read_prompt(&args)?;
+    if prompt_text.trim().is_empty() {
+        return Err(CliError::Seam(SeamError::EmptyInput));
+    }
+    let sampling = SamplingConfig::from_settings(Some(args.temperature), args.top_k, args.top_p, args.seed);
+    sampling.validate().map_err(CliError::Usage)?;
+
+    let backend = find_backend(&args.backend)?;
+    if let Availability::Unavailable { reason } = backend.availability() {
+        return Err(SeamError::Unavailable { backend: args.backend.clone(), reason }.into());
+    }
+    let model_dir = resolve_model_dir(args.model.clone())?;
+    let model = ModelDir::open(&model_dir)?;
+    let tokenizer = Tokenizer::from_model_dir(&model_dir)?;
+
+    let prompt_ids = if args.chat {
+        let template = ChatTemplate::from_model_dir(&model_dir)?;
+        let mut messages = Vec::new();
+        if let Some(system) = &args.system {
+            messages.push(ChatMessage::new("system", system));
+        }
+        messages.push(ChatMessage::new("user", &prompt_text));
+        let rendered = template.apply(&messages, true)?;
+        // The template already spells out BOS and role markers; adding special tokens again would
+        // double them (Hugging Face's apply_chat_template encodes the same way).
+        tokenizer.encode(&rendered, false)?
+    } else {
+        tokenizer.encode(&prompt_text, true)?
+    };
+
+    let bar = Arc::new(StageBar::new());
+    let mut request = LoadRequest::new(&model_dir, args.weights);
+    request.max_context = args.max_context;
+    request.threads = args.threads;
+    request.progress = Some(bar.callback());
+    let engine = backend.load(&request)?;
+    bar.finish();
+    let info = engine.info();
+
+    let mut session = engine.new_session(SessionOptions { sampling, return_logits: false })?;
+    let generation_config = model.generation_config();
+    let mut eos_ids = model.config().eos_token_ids.clone();
+    for id in &generation_config.eos_token_ids {
+        if !eos_ids.contains(id) {
+            eos_ids.push(*id);
+        }
+    }
+    let generation = GenerationRequest {
+        max_tokens: args.max_tokens,
+        eos_ids,
+        ignore_eos: args.ignore_eos,
+        stop_strings: args.stop_strings.clone(),
+    };
+
+    let stdout = std::io::stdout();
+    let mut write_error = None;
+    let mut on_token = |event: session_api::generate::TokenEvent| {
+        if args.json || write_error.is_some() {
+            return;
+        }
+        let mut out = stdout.lock();
+        if let Err(e) = out.write_all(event.text.as_bytes()).and_then(|_| out.flush()) {
+            write_error = Some(e);
+        }
+    };
+    let mut output =
+        generate(session.as_mut(), &prompt_ids, &generation, Some(&tokenizer), &CancelToken::new(), &mut on_token)?;
+    if let Some(e) = write_error {
+        return Err(e.into());
+    }
+    output.stats.load_ms = Some(info.load_time.as_secs_f64() * 1000.0);
+
+    if args.json {
+        let report = serde_json::json!({
+            "backend": info.backend,
+            "model": info.model,
+            "weights": info.weights,
+            "resident_precision": info.resident_precision,
+            "prompt_token_ids": prompt_ids,
+            "token_ids": output.tokens,
+            "text": output.text,
+            "finish_reason": output.finish_reason,
+            "stats": output.stats,
+        });
+        println!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"));
+    } else {
+        println!();
+        eprintln!("\n[{} on {}, {} weights resident as {}]", info.model, info.backend, info.weights, info.resident_precision);
+        eprintln!("{}", output.stats.summary());
+    }
+    Ok(())
+}
