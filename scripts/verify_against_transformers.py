@@ -1,0 +1,58 @@
+#!/usr/bin/env python3
+"""Checks a seam greedy generation against Hugging Face transformers' LlamaForCausalLM.
+
+Usage: verify_against_transformers.py MODEL_DIR SEAM_RUN_JSON
+
+SEAM_RUN_JSON is the output of `seam run --json --ignore-eos ...` (greedy). The script loads the
+same model directory with transformers in float32, feeds the same prompt ids, decodes greedily for
+as many tokens as seam generated, and reports the first step where the two disagree, with the
+transformers logit margin between its two best tokens at that step (a tiny margin means the
+divergence is a rounding tie, a large one means a real difference).
+"""
+import json
+import sys
+
+import torch
+from transformers import LlamaForCausalLM
+
+
+def main() -> int:
+    model_dir, run_json = sys.argv[1], sys.argv[2]
+    with open(run_json) as f:
+        run = json.load(f)
+    prompt = run["prompt_token_ids"]
+    seam_tokens = run["token_ids"]
+    torch.manual_seed(0)
+    model = LlamaForCausalLM.from_pretrained(model_dir, torch_dtype=torch.float32)
+    model.eval()
+    ids = torch.tensor([prompt])
+    hf_tokens, margins = [], []
+    past = None
+    with torch.no_grad():
+        for _ in range(len(seam_tokens)):
+            out = model(input_ids=ids, past_key_values=past, use_cache=True)
+            past = out.past_key_values
+            logits = out.logits[0, -1]
+            top2 = torch.topk(logits, 2)
+            token = int(top2.indices[0])
+            hf_tokens.append(token)
+            margins.append(float(top2.values[0] - top2.values[1]))
+            ids = torch.tensor([[token]])
+    first = next((i for i, (a, b) in enumerate(zip(seam_tokens, hf_tokens)) if a != b), None)
+    report = {
+        "model_dir": model_dir,
+        "backend": run.get("backend"),
+        "weights": run.get("weights"),
+        "prompt_tokens": len(prompt),
+        "compared_tokens": len(seam_tokens),
+        "first_divergence": first,
+        "margin_at_divergence": None if first is None else margins[first],
+        "min_margin": min(margins) if margins else None,
+        "transformers_tokens": hf_tokens,
+    }
+    print(json.dumps(report, indent=2))
+    return 0 if first is None else 1
+
+
+if __name__ == "__main__":
+    sys.exit(main())
