@@ -1,0 +1,165 @@
+//! The reference engine: f32 weights held once, shared by every session.
+
+use crate::session::ReferenceSession;
+use crate::transformer::Transformer;
+use llama_model::LlamaWeights;
+use session_api::{
+    Capabilities, Engine, EngineInfo, InputKinds, KvOps, Result, SamplingModes, SeamError, Session, SessionOptions,
+    StateKind, WeightFormat,
+};
+use std::fmt;
+use std::sync::Arc;
+use std::time::Duration;
+
+/// How to build a [`ReferenceEngine`] from weights already in memory.
+#[derive(Clone, Default)]
+pub struct EngineOptions {
+    /// The model's name for [`EngineInfo::model`].
+    pub model_name: String,
+    /// Cap on a session's context; `None` (or a larger value) takes the model's
+    /// `max_position_embeddings`.
+    pub max_context: Option<usize>,
+    /// Threads for the matrix products: `None` uses rayon's global pool (all cores), `Some(n)` a
+    /// pool of its own with `n` threads.
+    pub threads: Option<usize>,
+    /// Time spent loading, reported in [`EngineInfo::load_time`].
+    pub load_time: Duration,
+    /// Progress of the f32 conversion: `(layers done, layers in all)`.
+    pub progress: Option<Arc<dyn Fn(u64, u64) + Send + Sync>>,
+}
+
+impl fmt::Debug for EngineOptions {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineOptions")
+            .field("model_name", &self.model_name)
+            .field("max_context", &self.max_context)
+            .field("threads", &self.threads)
+            .field("load_time", &self.load_time)
+            .finish_non_exhaustive()
+    }
+}
+
+/// What sessions share: the model and the thread pool its products run on.
+pub(crate) struct EngineShared {
+    pub(crate) model: Transformer,
+    pool: Option<rayon::ThreadPool>,
+}
+
+impl EngineShared {
+    /// Runs `work` on the engine's own pool if it has one, else on the global pool.
+    pub(crate) fn run<T: Send>(&self, work: impl FnOnce() -> T + Send) -> T {
+        match &self.pool {
+            Some(pool) => pool.install(work),
+            None => work(),
+        }
+    }
+}
+
+impl fmt::Debug for EngineShared {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        f.debug_struct("EngineShared")
+            .field("config", self.model.config())
+            .field("threads", &self.pool.as_ref().map(|p| p.current_num_threads()))
+            .finish_non_exhaustive()
+    }
+}
+
+/// A model loaded by the reference backend.
+#[derive(Debug)]
+pub struct ReferenceEngine {
+    shared: Arc<EngineShared>,
+    format: WeightFormat,
+    model_name: String,
+    max_context: usize,
+    load_time: Duration,
+}
+
+impl ReferenceEngine {
+    /// Builds an engine from weights in memory (the backend's `load` reads them from a model
+    /// directory first; tests and other backends' checks can call this directly).
+    pub fn from_weights(weights: &LlamaWeights, options: EngineOptions) -> Result<Self> {
+        let format = match &weights.embed {
+            llama_model::Matrix::F16 { .. } => WeightFormat::F16,
+            llama_model::Matrix::Int4(_) => WeightFormat::Int4,
+        };
+        let progress = options.progress.clone();
+        let report = move |done: u64, total: u64| {
+            if let Some(progress) = &progress {
+                progress(done, total);
+            }
+        };
+        let pool = match options.threads {
+            None => None,
+            Some(0) => return Err(SeamError::InvalidInput("the thread count must be at least 1".into())),
+            Some(n) => Some(
+                rayon::ThreadPoolBuilder::new()
+                    .num_threads(n)
+                    .thread_name(|i| format!("seam-reference-{i}"))
+                    .build()
+                    .map_err(|e| SeamError::ResourceExhausted(format!("starting {n} threads: {e}")))?,
+            ),
+        };
+        let model = match &pool {
+            Some(pool) => pool.install(|| Transformer::from_weights(weights, &report))?,
+            None => Transformer::from_weights(weights, &report)?,
+        };
+        let model_limit = model.config().max_position_embeddings;
+        let max_context = options.max_context.map_or(model_limit, |requested| requested.min(model_limit));
+        if max_context == 0 {
+            return Err(SeamError::InvalidInput("the maximum context must be at least 1 position".into()));
+        }
+        Ok(ReferenceEngine {
+            shared: Arc::new(EngineShared { model, pool }),
+            format,
+            model_name: options.model_name,
+            max_context,
+            load_time: options.load_time,
+        })
+    }
+
+    /// The same engine as a typed session factory (for tests that want [`ReferenceSession`]).
+    pub fn session(&self, options: SessionOptions) -> Result<ReferenceSession> {
+        options.check_against(crate::BACKEND_NAME, &self.capabilities())?;
+        Ok(ReferenceSession::new(Arc::clone(&self.shared), options, self.max_context))
+    }
+}
+
+/// What the reference backend offers, with `max_context` as given.
+pub(crate) fn capabilities_with(max_context: usize) -> Capabilities {
+    Capabilities {
+        max_context,
+        weight_formats: WeightFormat::ALL.to_vec(),
+        sampling: SamplingModes::ALL,
+        logits: true,
+        kv_ops: KvOps { truncate: true, fork: true },
+        inputs: InputKinds { tokens: true, embeddings: true },
+        max_concurrent_sessions: None,
+        parallel_sessions: true,
+        state: StateKind::KvCache,
+        batched_decode: false,
+    }
+}
+
+impl Engine for ReferenceEngine {
+    fn info(&self) -> EngineInfo {
+        let config = self.shared.model.config();
+        EngineInfo {
+            backend: crate::BACKEND_NAME.to_string(),
+            model: self.model_name.clone(),
+            weights: self.format,
+            resident_precision: "f32".to_string(),
+            vocab_size: config.vocab_size,
+            hidden_size: config.hidden_size,
+            load_time: self.load_time,
+            weight_bytes: self.shared.model.weight_bytes(),
+        }
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities_with(self.max_context)
+    }
+
+    fn new_session(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
+        Ok(Box::new(self.session(options)?))
+    }
+}
