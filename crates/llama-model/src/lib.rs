@@ -22,6 +22,7 @@ pub mod tensor_store;
 pub mod weights;
 
 pub use config::{GenerationConfig, LlamaConfig, RopeScaling};
+pub use error::ModelError;
 
 pub use int4::Int4Matrix;
 pub use weights::{LayerWeights, LlamaWeights, Matrix};
