@@ -9,7 +9,7 @@ use session_api::{
 };
 use std::fmt;
 use std::sync::Arc;
-use std::time::Duration;
+use std::time::{Duration, Instant};
 
 /// How to build a [`ReferenceEngine`] from weights already in memory.
 #[derive(Clone, Default)]
@@ -22,8 +22,6 @@ pub struct EngineOptions {
     /// Threads for the matrix products: `None` uses rayon's global pool (all cores), `Some(n)` a
     /// pool of its own with `n` threads.
     pub threads: Option<usize>,
-    /// Time spent loading, reported in [`EngineInfo::load_time`].
-    pub load_time: Duration,
     /// Progress of the f32 conversion: `(layers done, layers in all)`.
     pub progress: Option<Arc<dyn Fn(u64, u64) + Send + Sync>>,
 }
@@ -34,7 +32,6 @@ impl fmt::Debug for EngineOptions {
             .field("model_name", &self.model_name)
             .field("max_context", &self.max_context)
             .field("threads", &self.threads)
-            .field("load_time", &self.load_time)
             .finish_non_exhaustive()
     }
 }
@@ -78,6 +75,7 @@ impl ReferenceEngine {
     /// Builds an engine from weights in memory (the backend's `load` reads them from a model
     /// directory first; tests and other backends' checks can call this directly).
     pub fn from_weights(weights: &LlamaWeights, options: EngineOptions) -> Result<Self> {
+        let started = Instant::now();
         let format = match &weights.embed {
             llama_model::Matrix::F16 { .. } => WeightFormat::F16,
             llama_model::Matrix::Int4(_) => WeightFormat::Int4,
@@ -113,8 +111,13 @@ impl ReferenceEngine {
             format,
             model_name: options.model_name,
             max_context,
-            load_time: options.load_time,
+            load_time: started.elapsed(),
         })
+    }
+
+    /// Replaces the reported load time (the backend counts reading the files too).
+    pub(crate) fn set_load_time(&mut self, load_time: Duration) {
+        self.load_time = load_time;
     }
 
     /// The same engine as a typed session factory (for tests that want [`ReferenceSession`]).

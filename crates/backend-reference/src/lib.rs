@@ -9,7 +9,6 @@
 pub mod dense_matrix;
 pub mod engine;
 pub mod kernels;
-mod pending_upstream;
 pub mod session;
 pub mod transformer;
 

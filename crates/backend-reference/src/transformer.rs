@@ -2,8 +2,7 @@
 
 use crate::dense_matrix::DenseMatrix;
 use crate::kernels::{self, AttentionShape};
-#[allow(unused_imports)]
-use crate::pending_upstream::RopeCosSin;
+use llama_model::config::rope_cos_sin_from;
 use llama_model::{LlamaConfig, LlamaWeights};
 use rayon::prelude::*;
 use session_api::SeamError;
@@ -29,6 +28,8 @@ struct Layer {
 pub struct Transformer {
     config: LlamaConfig,
     shape: AttentionShape,
+    /// Rope inverse frequencies (`head_dim / 2`, llama3 scaling applied), computed once.
+    rope_inv_freq: Vec<f32>,
     /// `[vocab, hidden]`.
     embed: Arc<DenseMatrix>,
     layers: Vec<Layer>,
@@ -60,6 +61,7 @@ impl Transformer {
     /// is called after each layer.
     pub fn from_weights(weights: &LlamaWeights, progress: &dyn Fn(u64, u64)) -> Result<Self, SeamError> {
         let c = &weights.config;
+        c.validate().map_err(shape_error)?;
         if c.num_key_value_heads == 0 || c.num_attention_heads % c.num_key_value_heads != 0 {
             return Err(shape_error(format!(
                 "{} attention heads cannot be grouped over {} KV heads",
@@ -112,7 +114,7 @@ impl Transformer {
             layers.push(layer);
             progress(i as u64 + 2, total);
         }
-        Ok(Transformer { config: c.clone(), shape, embed, layers, final_norm: weights.final_norm.clone(), lm_head })
+        Ok(Transformer { config: c.clone(), shape, rope_inv_freq: c.rope_inv_freq(), embed, layers, final_norm: weights.final_norm.clone(), lm_head })
     }
 
     /// The model's config.
@@ -161,7 +163,7 @@ impl Transformer {
         cache.reserve(n)?;
 
         // cos/sin depend only on the position: compute them once for all layers.
-        let rope: Vec<(Vec<f32>, Vec<f32>)> = (start..start + n).map(|p| self.config.rope_cos_sin(p)).collect();
+        let rope: Vec<(Vec<f32>, Vec<f32>)> = (start..start + n).map(|p| rope_cos_sin_from(&self.rope_inv_freq, p)).collect();
         let (d, q_width, kv_width) = (self.shape.head_dim, self.shape.q_width(), self.shape.kv_width());
         let eps = self.config.rms_norm_eps;
 
