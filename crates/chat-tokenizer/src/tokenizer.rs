@@ -1,0 +1,95 @@
+//! [`Tokenizer`]: text to token ids and back, from a Hugging Face `tokenizer.json`.
+
+use crate::error::{read_model_file, Result, TokenizerError};
+use std::path::{Path, PathBuf};
+
+/// A model's tokenizer, loaded from `tokenizer.json`.
+///
+/// # Incomplete UTF-8
+///
+/// Byte-level BPE tokenizers (Llama 3, GPT-2, SmolLM2) can split one multi-byte character over
+/// several tokens. [`Tokenizer::decode`] of a prefix that ends inside such a character yields
+/// U+FFFD (the replacement character) for the incomplete bytes; decoding the longer sequence
+/// once the remaining tokens arrive gives the right character. This is expected: the
+/// generation driver in `session_api::generate` holds back text that ends in U+FFFD until the
+/// next token completes it, so callers that stream should go through it.
+pub struct Tokenizer {
+    inner: tokenizers::Tokenizer,
+    path: PathBuf,
+}
+
+impl std::fmt::Debug for Tokenizer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Tokenizer").field("path", &self.path).field("vocab_size", &self.vocab_size()).finish()
+    }
+}
+
+impl Tokenizer {
+    /// The file name of a Hugging Face tokenizer inside a model directory.
+    pub const FILE_NAME: &'static str = "tokenizer.json";
+
+    /// Loads `dir/tokenizer.json`.
+    pub fn from_model_dir(dir: impl AsRef<Path>) -> Result<Self> {
+        Self::from_file(dir.as_ref().join(Self::FILE_NAME))
+    }
+
+    /// Loads a `tokenizer.json` file.
+    pub fn from_file(path: impl AsRef<Path>) -> Result<Self> {
+        let path = path.as_ref();
+        let bytes = read_model_file(path)?;
+        // Parsing from bytes (rather than `tokenizers::Tokenizer::from_file`) keeps a missing
+        // file and a malformed one apart: the crate reports both as one opaque error.
+        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
+            .map_err(|e| TokenizerError::MalformedTokenizer { path: path.to_path_buf(), message: e.to_string() })?;
+        Ok(Tokenizer { inner, path: path.to_path_buf() })
+    }
+
+    /// The file this tokenizer was loaded from.
+    pub fn path(&self) -> &Path {
+        &self.path
+    }
+
+    /// The token ids of `text`. With `add_special_tokens`, the tokenizer's post-processor adds
+    /// what the model expects around a sequence (Llama 3: `<|begin_of_text|>` in front).
+    /// Special tokens written in `text` (such as `<|eot_id|>`) encode to their single id.
+    pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
+        let encoding = self
+            .inner
+            .encode(text, add_special_tokens)
+            .map_err(|e| TokenizerError::Encode { message: e.to_string() })?;
+        Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The text of `ids`; with `skip_special_tokens`, special tokens (BOS, EOS, chat markers)
+    /// are left out. An id outside the vocabulary is an error rather than silently dropped.
+    /// See the type's documentation about U+FFFD at the end of a prefix.
+    pub fn decode(&self, ids: &[u32], skip_special_tokens: bool) -> Result<String> {
+        if let Some(&id) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
+            return Err(TokenizerError::UnknownTokenId { id, vocab_size: self.vocab_size() });
+        }
+        self.inner.decode(ids, skip_special_tokens).map_err(|e| TokenizerError::Decode { message: e.to_string() })
+    }
+
+    /// The number of tokens, added (special) tokens included: Llama 3.2 has 128256.
+    pub fn vocab_size(&self) -> usize {
+        self.inner.get_vocab_size(true)
+    }
+
+    /// The id of a token given in its vocabulary spelling (`"<|eot_id|>"`, or `"Ġworld"` for
+    /// byte-level BPE, where `Ġ` stands for a leading space).
+    pub fn token_to_id(&self, token: &str) -> Option<u32> {
+        self.inner.token_to_id(token)
+    }
+
+    /// The vocabulary spelling of a token id.
+    pub fn id_to_token(&self, id: u32) -> Option<String> {
+        self.inner.id_to_token(id)
+    }
+}
+
+impl session_api::generate::Detokenizer for Tokenizer {
+    /// Decodes with special tokens skipped, as the driver's streamed text should not show them.
+    fn detokenize(&self, ids: &[u32]) -> session_api::Result<String> {
+        Ok(self.decode(ids, true)?)
+    }
+}
