@@ -10,7 +10,7 @@
 use backend_reference::{EngineOptions, ReferenceEngine};
 use half::f16;
 use llama_model::{LayerWeights, LlamaConfig, LlamaWeights, Matrix};
-use session_api::{Engine, SessionOptions};
+use session_api::{Backend, Engine, LoadRequest, SessionOptions, WeightFormat};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -65,17 +65,14 @@ fn random_weights(config: &LlamaConfig) -> LlamaWeights {
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
     let engine: Arc<dyn Engine> = match args.first() {
-        #[cfg(any())]
         Some(dir) => {
             let format: WeightFormat = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(WeightFormat::F16);
             backend_reference::ReferenceBackend.load(&LoadRequest::new(dir, format))?
         }
-        #[cfg(all())]
-        Some(_) => return Err("pending".into()),
         None => Arc::new(ReferenceEngine::from_weights(&random_weights(&smollm2_shape()), EngineOptions::default())?),
     };
     let info = engine.info();
-    println!("{} {} on {}: {:.0} MB resident", info.model, info.weights, "cpu", info.weight_bytes as f64 / 1e6);
+    println!("{} {} on {}: {:.0} MB resident", info.model, info.weights, backend_reference::cpu_device().name, info.weight_bytes as f64 / 1e6);
     for prompt_len in [16usize, 128] {
         let mut session = engine.new_session(SessionOptions::default())?;
         let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 7919) % info.vocab_size as u32).collect();
