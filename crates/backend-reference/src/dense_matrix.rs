@@ -104,8 +104,8 @@ impl DenseMatrix {
             for t in (0..blocks).step_by(4) {
                 out[t..t + 4].copy_from_slice(&dot4(w, [input(t), input(t + 1), input(t + 2), input(t + 3)]));
             }
-            for t in blocks..n {
-                out[t] = dot(w, input(t));
+            for (t, o) in out.iter_mut().enumerate().skip(blocks) {
+                *o = dot(w, input(t));
             }
         });
         if n == 1 {

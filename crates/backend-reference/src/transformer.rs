@@ -61,16 +61,8 @@ impl Transformer {
     /// is called after each layer.
     pub fn from_weights(weights: &LlamaWeights, progress: &dyn Fn(u64, u64)) -> Result<Self, SeamError> {
         let c = &weights.config;
+        // Positive sizes, heads divisible into KV groups, an even head_dim, a sane eps and theta.
         c.validate().map_err(shape_error)?;
-        if c.num_key_value_heads == 0 || c.num_attention_heads % c.num_key_value_heads != 0 {
-            return Err(shape_error(format!(
-                "{} attention heads cannot be grouped over {} KV heads",
-                c.num_attention_heads, c.num_key_value_heads
-            )));
-        }
-        if c.head_dim == 0 || c.head_dim % 2 != 0 {
-            return Err(shape_error(format!("head_dim {} must be even for rotary embeddings", c.head_dim)));
-        }
         if weights.layers.len() != c.num_hidden_layers {
             return Err(shape_error(format!("{} layers, the config says {}", weights.layers.len(), c.num_hidden_layers)));
         }

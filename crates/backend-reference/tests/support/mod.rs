@@ -66,7 +66,7 @@ pub fn quantize(rows: usize, cols: usize, data: &[f32]) -> Int4Matrix {
             for (i, &v) in group.iter().enumerate() {
                 let q = ((v - f32::from(bias)) / f32::from(scale)).round().clamp(0.0, 15.0) as u8;
                 let c = g * GROUP_SIZE + i;
-                packed[(r * cols + c) / 2] |= if c % 2 == 0 { q } else { q << 4 };
+                packed[(r * cols + c) / 2] |= q << (4 * (c % 2));
             }
             scales.push(scale);
             biases.push(bias);
