@@ -1,0 +1,93 @@
+//! Many sessions created and dropped leave the process's memory where it was.
+//!
+//! Measured as the process's resident set (`VmRSS` of `/proc/self/status`) before and after
+//! [`SESSIONS`] sessions that each prefill [`PREFILL`] tokens and decode one, created and dropped
+//! a few at a time. A warm-up round first lets allocator arenas and per-thread pools reach their
+//! steady size, so that only growth that scales with the number of sessions remains.
+//!
+//! Tolerance: `max(4 MiB, 10% of SESSIONS × one session's KV cache)`, the cache estimated as
+//! `2 (K and V) × layers × kv_heads × head_dim × positions × 2 bytes` (f16; an f32 cache is twice
+//! that). A backend that leaks every session's cache grows by ten times the tolerance or more; one
+//! that leaks nothing stays within allocator noise.
+
+use super::{Case, CaseContext};
+use crate::report::Figures;
+use crate::verdict::{Checked, OrFail, Verdict};
+
+/// The memory case.
+pub const CASE: Case = Case {
+    name: "kv.many_sessions_memory",
+    about: "200 sessions created, prefilled and dropped leave resident memory where it was",
+    missing: super::needs_nothing,
+    run,
+};
+
+/// Sessions measured.
+pub const SESSIONS: usize = 200;
+/// Tokens each prefills.
+pub const PREFILL: usize = 384;
+/// Sessions alive at once (so that a backend pooling a few caches is not penalized).
+const ALIVE: usize = 8;
+/// Floor of the tolerance, for allocator noise.
+const MIN_TOLERANCE: i64 = 4 << 20;
+
+fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
+    let Some(config) = &ctx.model.config else {
+        return Ok(Verdict::unavailable("the memory case needs a model whose shape the suite knows"));
+    };
+    if resident_bytes().is_none() {
+        return Ok(Verdict::unavailable("resident memory is not measurable here (no /proc/self/status)"));
+    }
+    let prompt = ctx.prompt(PREFILL, 140);
+    let cycle = |count: usize| -> Checked<()> {
+        let mut alive = Vec::with_capacity(ALIVE);
+        for i in 0..count {
+            let mut session = ctx.greedy_session()?;
+            let out = session.prefill(&prompt).or_fail(|| format!("session {i}: prefill of {PREFILL} tokens"))?;
+            session.decode(out.token).or_fail(|| format!("session {i}: decode"))?;
+            alive.push(session);
+            if alive.len() == ALIVE {
+                alive.clear();
+            }
+        }
+        Ok(())
+    };
+    cycle(4 * ALIVE)?;
+    let before = resident_bytes().unwrap_or(0);
+    cycle(SESSIONS)?;
+    let after = resident_bytes().unwrap_or(0);
+
+    let per_session = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * (PREFILL + 1) * 2;
+    let tolerance = MIN_TOLERANCE.max((SESSIONS * per_session / 10) as i64);
+    let growth = after - before;
+    let figures = Figures { rss_growth_bytes: Some(growth), rss_tolerance_bytes: Some(tolerance), ..Figures::default() };
+    let detail = format!(
+        "{SESSIONS} sessions of {} positions (≥ {} KiB of KV cache each at f16)",
+        PREFILL + 1,
+        per_session / 1024
+    );
+    if growth > tolerance {
+        return Ok(Verdict::fail(format!("{detail}: resident memory grew beyond tolerance")).with_figures(figures));
+    }
+    Ok(Verdict::pass(detail).with_figures(figures))
+}
+
+/// The process's resident set in bytes, from `/proc/self/status` (Linux).
+pub fn resident_bytes() -> Option<i64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kib * 1024)
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn resident_memory_is_readable_and_sees_a_touched_allocation() {
+        let Some(before) = super::resident_bytes() else { return };
+        let block = vec![1u8; 64 << 20];
+        let after = super::resident_bytes().unwrap();
+        assert!(after - before > 32 << 20, "64 MiB touched, RSS grew by {}", after - before);
+        drop(block);
+    }
+}

@@ -1,0 +1,137 @@
+//! The cases: each a name, the capabilities it needs, and a function of a [`CaseContext`].
+//!
+//! A case whose capability the backend does not claim is reported `unsupported` without running.
+//! A case only calls what the backend claims, so a refusal with `Unsupported` inside a case is a
+//! failure (see [`crate::verdict::call_failed`]).
+
+pub mod bad_input;
+pub mod capability_claims;
+pub mod kv_lifecycle;
+pub mod memory;
+pub mod parity;
+pub mod sampling;
+
+use crate::models::TestModel;
+use crate::oracle::{Continuation, Oracle};
+use crate::stream::{compare, Comparison, Driver, Expected, Trace};
+use crate::tolerance::Tolerances;
+use crate::verdict::{Checked, OrFail, Verdict};
+use crate::FaultInjection;
+use session_api::{Backend, Capabilities, Engine, LoadRequest, SamplingConfig, Session, SessionOptions, WeightFormat};
+use std::sync::Arc;
+
+/// Everything a case may use.
+pub struct CaseContext<'a> {
+    /// The backend under test.
+    pub backend: &'a dyn Backend,
+    /// Its engine for [`CaseContext::model`] in [`CaseContext::format`].
+    pub engine: &'a Arc<dyn Engine>,
+    /// The engine's capabilities.
+    pub capabilities: &'a Capabilities,
+    /// The request the engine was loaded with (cases that need another engine adapt it).
+    pub request: &'a LoadRequest,
+    /// The model.
+    pub model: &'a TestModel,
+    /// The weight format.
+    pub format: WeightFormat,
+    /// The reference.
+    pub oracle: &'a Oracle,
+    /// The tolerances of the backend's compute precision.
+    pub tolerances: Tolerances,
+    /// The backend's fault-injection hook, if it gave one.
+    pub fault_injection: Option<&'a dyn FaultInjection>,
+    /// Prompt lengths for the parity case.
+    pub parity_lengths: &'a [usize],
+}
+
+/// One case.
+pub struct Case {
+    /// Stable name, `group.case`.
+    pub name: &'static str,
+    /// What it checks, one line (for the docs and `--list`).
+    pub about: &'static str,
+    /// `Some(capability)` when `capabilities` lack what the case needs.
+    pub missing: fn(&Capabilities) -> Option<&'static str>,
+    /// Runs the case. `Ok` and `Err` both carry the verdict; `Err` is the early exit of `?`.
+    pub run: fn(&CaseContext<'_>) -> Checked<Verdict>,
+}
+
+/// Needs nothing beyond the mandatory token input and greedy sampling.
+pub fn needs_nothing(_: &Capabilities) -> Option<&'static str> {
+    None
+}
+
+/// The cases run once per weight format on the lifecycle model, in order.
+pub fn lifecycle_cases() -> Vec<Case> {
+    let mut cases = vec![capability_claims::CASE];
+    cases.extend(kv_lifecycle::CASES);
+    cases.push(memory::CASE);
+    cases.extend(bad_input::CASES);
+    cases.extend(sampling::CASES);
+    cases
+}
+
+impl CaseContext<'_> {
+    /// Vocabulary size of the loaded model.
+    pub fn vocab_size(&self) -> usize {
+        self.engine.info().vocab_size
+    }
+
+    /// A fixed prompt of `len` tokens for this model.
+    pub fn prompt(&self, len: usize, salt: u64) -> Vec<u32> {
+        crate::prompts::prompt(len, self.vocab_size(), salt)
+    }
+
+    /// Session options for greedy decoding, asking for logits when the backend returns them (so
+    /// that comparisons also check logits).
+    pub fn greedy_options(&self) -> SessionOptions {
+        SessionOptions { sampling: SamplingConfig::Greedy, return_logits: self.capabilities.logits }
+    }
+
+    /// A new session, or a failing verdict.
+    pub fn session(&self, options: SessionOptions) -> Checked<Box<dyn Session>> {
+        self.engine.new_session(options).or_fail(|| format!("new_session({options:?})"))
+    }
+
+    /// A new greedy session.
+    pub fn greedy_session(&self) -> Checked<Box<dyn Session>> {
+        self.session(self.greedy_options())
+    }
+
+    /// The backend's own free-running greedy run of `prompt`, `steps` tokens long.
+    pub fn baseline(&self, prompt: &[u32], steps: usize) -> Checked<Trace> {
+        let mut driver = Driver::free(self.greedy_session()?, "baseline session");
+        driver.run(prompt, steps)?;
+        Ok(driver.trace)
+    }
+
+    /// A greedy driver forced along `forced`.
+    pub fn forced_driver(&self, forced: &[u32], label: &str) -> Checked<Driver> {
+        Ok(Driver::forced(self.greedy_session()?, forced, label))
+    }
+
+    /// The reference's margin at each step of `baseline` (a run of the backend itself after
+    /// `prompt`), used to decide which of the backend's self-inconsistencies are near-ties.
+    pub fn reference_margins(&self, prompt: &[u32], baseline: &Trace) -> Checked<Vec<f32>> {
+        let run = self
+            .oracle
+            .run(self.model, self.format, prompt, Continuation::Forced(baseline.tokens.clone()))
+            .map_err(Verdict::fail)?;
+        Ok(run.margins.clone())
+    }
+
+    /// Compares `actual` (forced along `baseline`'s tokens) with `baseline`, a run of the same
+    /// backend after `prompt`; `what` names the comparison in a failure.
+    pub fn check_against_baseline(&self, prompt: &[u32], baseline: &Trace, actual: &Trace, what: &str) -> Checked<Comparison> {
+        let margins = self.reference_margins(prompt, baseline)?;
+        let expected = Expected { tokens: &baseline.tokens, margins: &margins, logits: baseline.logits() };
+        let comparison = compare(actual, expected, &self.tolerances);
+        comparison.check(what, &self.tolerances)?;
+        Ok(comparison)
+    }
+}
+
+/// A pass carrying a comparison's figures.
+pub fn pass_with(detail: impl Into<String>, comparison: &Comparison) -> Checked<Verdict> {
+    Ok(Verdict::pass(detail).with_figures(comparison.figures()))
+}

@@ -1,0 +1,268 @@
+//! # conformance: one suite every seam backend must pass
+//!
+//! The suite holds a backend against `backend-reference` (the oracle) and against the session
+//! contract: greedy parity token for token (and logits, when the backend returns them) on tiny
+//! random-weight checkpoints and on the real default model, in every weight format the backend
+//! claims; the KV cache's lifecycle (decode vs whole prefill, chunked prefill, reset, interleaved
+//! and concurrent sessions, truncate, fork, filling the context, memory after many sessions); bad
+//! input and poisoning; sampling.
+//!
+//! Each case declares the capabilities it needs: a backend without them gets `unsupported`, not a
+//! pass. Each case runs inside `catch_unwind`: a panic fails that case, not the suite. The result is
+//! a [`Report`] with a printable matrix ([`Report::print_matrix`]) and JSON ([`Report::to_json`]).
+//!
+//! ## Running it
+//! - In this workspace: `cargo test -p conformance` runs it on every registered backend.
+//! - From the cli: `seam conformance --backend NAME [--json PATH]` calls [`run_suite`].
+//! - From a backend crate of one's own, in a `harness = false` test:
+//!
+//! ```no_run
+//! # struct MyBackend;
+//! # impl session_api::Backend for MyBackend {
+//! #     fn name(&self) -> &str { "mine" }
+//! #     fn description(&self) -> &str { "" }
+//! #     fn availability(&self) -> session_api::Availability { unimplemented!() }
+//! #     fn capabilities(&self) -> session_api::Capabilities { unimplemented!() }
+//! #     fn load(&self, _: &session_api::LoadRequest) -> session_api::Result<std::sync::Arc<dyn session_api::Engine>> { unimplemented!() }
+//! # }
+//! fn main() {
+//!     conformance::test_main(conformance::Target::new(Box::new(MyBackend)));
+//! }
+//! ```
+//!
+//! See `docs/adding-a-backend.md` for the whole story, and [`tolerance`] for the thresholds.
+
+pub mod cases;
+pub mod models;
+pub mod oracle;
+pub mod prompts;
+pub mod report;
+mod runner;
+pub mod stream;
+pub mod tolerance;
+pub mod verdict;
+
+pub use report::{BackendReport, CaseResult, Figures, Outcome, Report};
+pub use runner::LIFECYCLE_MODEL;
+pub use tolerance::{ComputePrecision, Tolerances};
+
+use session_api::{Backend, LoadRequest, SeamError, Session, SessionOptions, WeightFormat};
+use std::path::PathBuf;
+use std::time::Instant;
+
+/// Why the suite could not run at all (as opposed to a backend failing a case).
+#[derive(Debug, thiserror::Error)]
+pub enum SuiteError {
+    /// A backend name given in [`SuiteOptions::backends`] is not registered.
+    #[error(transparent)]
+    UnknownBackend(SeamError),
+    /// The reference backend, the oracle, is missing from this binary.
+    #[error("the reference backend (the oracle) is not available: {0}")]
+    NoReference(String),
+    /// The tiny test checkpoints could not be generated.
+    #[error("the suite's test models could not be prepared: {0}")]
+    Models(String),
+}
+
+/// What to run and how.
+#[derive(Debug, Clone)]
+pub struct SuiteOptions {
+    /// Registered backends to run; empty means every registered backend. (Used by [`run_suite`];
+    /// [`run_targets`] runs the targets it is given.)
+    pub backends: Vec<String>,
+    /// Weight formats to test (each only where the backend claims it).
+    pub formats: Vec<WeightFormat>,
+    /// Compute precision of the backends selected by name, which picks the tolerances.
+    pub precision: ComputePrecision,
+    /// Also run greedy parity on the real default model (installed on first use).
+    pub real_model: bool,
+    /// Where generated checkpoints are cached.
+    pub cache_dir: PathBuf,
+    /// Run only cases whose name contains this.
+    pub case_filter: Option<String>,
+    /// Print each result to stderr as it completes.
+    pub progress: bool,
+}
+
+impl Default for SuiteOptions {
+    fn default() -> Self {
+        SuiteOptions {
+            backends: Vec::new(),
+            formats: WeightFormat::ALL.to_vec(),
+            precision: ComputePrecision::F32,
+            real_model: true,
+            cache_dir: models::default_cache_dir(),
+            case_filter: None,
+            progress: false,
+        }
+    }
+}
+
+impl SuiteOptions {
+    /// Defaults, adjusted by the environment: `SEAM_CONFORMANCE_CASES` (a case-name filter),
+    /// `SEAM_CONFORMANCE_REAL_MODEL=0` (skip the real model), `SEAM_CONFORMANCE_FORMATS`
+    /// (`f16`, `int4` or `f16,int4`); progress on.
+    pub fn from_env() -> SuiteOptions {
+        let mut options = SuiteOptions { progress: true, ..SuiteOptions::default() };
+        if let Ok(filter) = std::env::var("SEAM_CONFORMANCE_CASES") {
+            options.case_filter = Some(filter).filter(|f| !f.is_empty());
+        }
+        if std::env::var("SEAM_CONFORMANCE_REAL_MODEL").is_ok_and(|v| v == "0") {
+            options.real_model = false;
+        }
+        if let Ok(formats) = std::env::var("SEAM_CONFORMANCE_FORMATS") {
+            let parsed: Vec<WeightFormat> = formats.split(',').filter_map(|f| f.trim().parse().ok()).collect();
+            if !parsed.is_empty() {
+                options.formats = parsed;
+            }
+        }
+        options
+    }
+}
+
+/// A fault-injection hook a backend may give the suite, so that it can check poisoning: the
+/// contract itself offers a caller no way to make a step fail inside the backend.
+pub trait FaultInjection: Send + Sync {
+    /// Loads `request` and returns a session (made with `options`) whose next `prefill` or
+    /// `decode` fails inside the backend, once, the way a device error would; `reset` must then
+    /// make it usable.
+    fn failing_session(&self, request: &LoadRequest, options: SessionOptions) -> session_api::Result<Box<dyn Session>>;
+}
+
+/// A backend to test, with what the suite needs to know about it.
+pub struct Target {
+    backend: Box<dyn Backend>,
+    precision: ComputePrecision,
+    fault_injection: Option<Box<dyn FaultInjection>>,
+}
+
+impl Target {
+    /// A backend, held to f32 tolerances, without fault injection.
+    pub fn new(backend: Box<dyn Backend>) -> Target {
+        Target { backend, precision: ComputePrecision::F32, fault_injection: None }
+    }
+
+    /// The backend registered under `name`. A backend built against another contract version is
+    /// still returned (wrapped so that it reports itself unavailable with the reason).
+    pub fn registered(name: &str) -> Result<Target, SuiteError> {
+        backend_reference::link();
+        let entry = session_api::registered_backends().into_iter().find(|b| b.name == name);
+        match entry {
+            Some(entry) => match entry.instantiate() {
+                Ok(backend) => Ok(Target::new(backend)),
+                Err(e) => Ok(Target::new(Box::new(IncompatibleBackend { name: entry.name, reason: e.to_string() }))),
+            },
+            None => Err(SuiteError::UnknownBackend(session_api::find_backend(name).err().unwrap_or(
+                SeamError::UnknownBackend { name: name.to_string(), known: String::new() },
+            ))),
+        }
+    }
+
+    /// Applies the tolerances of `precision` (see [`tolerance`]).
+    pub fn with_precision(mut self, precision: ComputePrecision) -> Target {
+        self.precision = precision;
+        self
+    }
+
+    /// Lets the suite run `input.poisoned_session` through `hook`.
+    pub fn with_fault_injection(mut self, hook: impl FaultInjection + 'static) -> Target {
+        self.fault_injection = Some(Box::new(hook));
+        self
+    }
+
+    /// The backend's registry name.
+    pub fn name(&self) -> &str {
+        self.backend.name()
+    }
+}
+
+/// Stands in for a registered backend built against another session-api version.
+struct IncompatibleBackend {
+    name: &'static str,
+    reason: String,
+}
+
+impl Backend for IncompatibleBackend {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn description(&self) -> &str {
+        "built against another session-api version"
+    }
+    fn availability(&self) -> session_api::Availability {
+        session_api::Availability::Unavailable { reason: self.reason.clone() }
+    }
+    fn capabilities(&self) -> session_api::Capabilities {
+        unreachable!("the suite never asks an unavailable backend for capabilities")
+    }
+    fn load(&self, _: &LoadRequest) -> session_api::Result<std::sync::Arc<dyn session_api::Engine>> {
+        Err(SeamError::Unavailable { backend: self.name.to_string(), reason: self.reason.clone() })
+    }
+}
+
+/// Runs the suite on the registered backends named in `options.backends` (all registered
+/// backends when empty), at `options.precision`. Unavailable backends are in the report, with
+/// their reason.
+pub fn run_suite(options: &SuiteOptions) -> Result<Report, SuiteError> {
+    backend_reference::link();
+    let names: Vec<String> = if options.backends.is_empty() {
+        session_api::registered_backends().iter().map(|b| b.name.to_string()).collect()
+    } else {
+        options.backends.clone()
+    };
+    let targets = names
+        .iter()
+        .map(|name| Target::registered(name).map(|t| t.with_precision(options.precision)))
+        .collect::<Result<Vec<_>, _>>()?;
+    run_targets(&targets, options)
+}
+
+/// Runs the suite on `targets`, in order, sharing the oracle's runs between them.
+pub fn run_targets(targets: &[Target], options: &SuiteOptions) -> Result<Report, SuiteError> {
+    let oracle = oracle::Oracle::new().map_err(SuiteError::NoReference)?;
+    let tiny = models::tiny_models(&options.cache_dir).map_err(SuiteError::Models)?;
+    let suite = runner::Suite::new(options, oracle, tiny);
+    let mut report = Report::default();
+    for target in targets {
+        let started = Instant::now();
+        if options.progress {
+            eprintln!("conformance: {} ...", target.name());
+        }
+        report.backends.push(suite.run_target(target));
+        if options.progress {
+            eprintln!("conformance: {} done in {:.1} s", target.name(), started.elapsed().as_secs_f64());
+        }
+    }
+    Ok(report)
+}
+
+/// The `main` of a `harness = false` test: runs the whole suite on `target` with
+/// [`SuiteOptions::from_env`], prints the matrix, and exits with status 1 on any failure (or
+/// when the suite cannot run, or the backend is unavailable: a test of a backend that did not run
+/// must not pass).
+pub fn test_main(target: Target) {
+    let options = SuiteOptions::from_env();
+    let name = target.name().to_string();
+    match run_targets(&[target], &options) {
+        Ok(report) => {
+            report.print_matrix();
+            let unavailable = report.backends.iter().any(|b| !b.availability.is_available());
+            if report.has_failures() || unavailable {
+                eprintln!("conformance: {name} {}", if unavailable { "is unavailable" } else { "FAILED" });
+                std::process::exit(1);
+            }
+            println!("conformance: {name} passed");
+        }
+        Err(e) => {
+            eprintln!("conformance: {e}");
+            std::process::exit(1);
+        }
+    }
+}
+
+/// Every case: its name and what it checks (for `--list` and the docs).
+pub fn list_cases() -> Vec<(&'static str, &'static str)> {
+    let mut all: Vec<_> = cases::lifecycle_cases().iter().map(|c| (c.name, c.about)).collect();
+    all.push((cases::parity::CASE.name, cases::parity::CASE.about));
+    all
+}

@@ -1,0 +1,48 @@
+//! The fixed prompts: deterministic token ids of chosen lengths.
+//!
+//! Lengths sit at and around the prefill buckets a compiler backend is likely to compile
+//! (16, 64, 128, 256, ...), since an off-by-one in padding or masking shows exactly there.
+
+/// Prompt lengths of the greedy-parity case on the tiny models.
+pub const TINY_PARITY_LENGTHS: &[usize] = &[1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257, 400];
+
+/// Prompt lengths of the greedy-parity case on the real model (each costs a real prefill and 64
+/// real decode steps on both the backend and the reference, so fewer of them).
+pub const REAL_PARITY_LENGTHS: &[usize] = &[1, 16, 17, 64, 65, 300];
+
+/// Greedy tokens generated (and compared) after each parity prompt.
+pub const PARITY_STEPS: usize = 64;
+
+/// A prompt of `len` token ids below `vocab_size`, the same on every run for a given `salt`.
+/// The lowest ids are avoided because real vocabularies keep their special tokens there.
+pub fn prompt(len: usize, vocab_size: usize, salt: u64) -> Vec<u32> {
+    let low = (vocab_size / 4).min(32) as u64;
+    let span = (vocab_size as u64).saturating_sub(low).max(1);
+    let mut state = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (len as u64);
+    (0..len)
+        .map(|_| {
+            // SplitMix64: stable across releases, unlike a dependency's generator.
+            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
+            let mut z = state;
+            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
+            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
+            z ^= z >> 31;
+            (low + z % span) as u32
+        })
+        .collect()
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn prompts_are_deterministic_and_in_range() {
+        let a = prompt(300, 500, 1);
+        assert_eq!(a, prompt(300, 500, 1));
+        assert_ne!(a, prompt(300, 500, 2));
+        assert!(a.iter().all(|&t| (32..500).contains(&t)));
+        assert_eq!(prompt(5, 8, 0).len(), 5);
+        assert!(prompt(50, 8, 0).iter().all(|&t| (2..8).contains(&t)));
+    }
+}

@@ -1,0 +1,245 @@
+//! Runs the cases on one backend: availability, engines per model and format, each case inside
+//! `catch_unwind` so that a panicking backend fails that case and the suite goes on.
+
+use crate::cases::{self, Case, CaseContext};
+use crate::models::{self, ModelKind, MissingModel, TestModel};
+use crate::oracle::Oracle;
+use crate::prompts::{REAL_PARITY_LENGTHS, TINY_PARITY_LENGTHS};
+use crate::report::{BackendReport, CaseResult, Outcome};
+use crate::verdict::{call_failed, Verdict};
+use crate::{SuiteOptions, Target};
+use session_api::{Availability, Capabilities, Engine, LoadRequest, WeightFormat};
+use std::any::Any;
+use std::panic::{catch_unwind, AssertUnwindSafe};
+use std::sync::{Arc, OnceLock};
+use std::time::Instant;
+
+/// The tiny model the lifecycle, bad-input and sampling cases run on (the others get parity only).
+pub const LIFECYCLE_MODEL: &str = "tiny-llama32";
+
+/// Prompt lengths for the reference's own parity smoke on the real model: the reference compared
+/// with itself proves nothing beyond the harness, so it is not worth a minute of real decoding.
+const SELF_REAL_PARITY_LENGTHS: &[usize] = &[17];
+
+/// Shared state of one suite run: options, oracle, models.
+pub(crate) struct Suite<'a> {
+    pub options: &'a SuiteOptions,
+    pub oracle: Oracle,
+    pub tiny: Vec<TestModel>,
+    real: OnceLock<Result<TestModel, MissingModel>>,
+}
+
+impl<'a> Suite<'a> {
+    pub fn new(options: &'a SuiteOptions, oracle: Oracle, tiny: Vec<TestModel>) -> Suite<'a> {
+        Suite { options, oracle, tiny, real: OnceLock::new() }
+    }
+
+    fn real_model(&self) -> &Result<TestModel, MissingModel> {
+        self.real.get_or_init(models::default_model)
+    }
+
+    fn wants(&self, case: &str) -> bool {
+        self.options.case_filter.as_deref().is_none_or(|f| case.contains(f))
+    }
+
+    /// Runs every case on `target`.
+    pub fn run_target(&self, target: &Target) -> BackendReport {
+        let started = Instant::now();
+        let backend = &*target.backend;
+        let name = backend.name().to_string();
+        let tolerances = target.precision.tolerances();
+        let mut report = BackendReport {
+            backend: name.clone(),
+            availability: Availability::Unavailable { reason: "not checked".into() },
+            precision: target.precision,
+            tolerances,
+            capabilities: None,
+            results: Vec::new(),
+            duration_ms: 0.0,
+        };
+        let mut sink = ResultSink { report: &mut report, progress: self.options.progress };
+
+        match guarded(|| backend.availability()) {
+            Ok(availability) => sink.report.availability = availability,
+            Err(panic) => {
+                sink.report.availability = Availability::Unavailable { reason: format!("availability() panicked: {panic}") };
+                sink.push(CaseResult::new("backend.availability", None, None, Verdict::fail(format!("availability() panicked: {panic}"))));
+            }
+        }
+        if let Availability::Unavailable { reason } = &sink.report.availability {
+            let reason = reason.clone();
+            if sink.report.results.is_empty() {
+                sink.push(CaseResult::new("backend", None, None, Verdict::unavailable(reason)));
+            }
+            report.duration_ms = ms_since(started);
+            return report;
+        }
+        let capabilities = match guarded(|| backend.capabilities()) {
+            Ok(c) => c,
+            Err(panic) => {
+                sink.push(CaseResult::new("backend.capabilities", None, None, Verdict::fail(format!("capabilities() panicked: {panic}"))));
+                report.duration_ms = ms_since(started);
+                return report;
+            }
+        };
+        sink.report.capabilities = Some(capabilities.clone());
+
+        let self_comparison = name == "reference";
+        for &format in &self.options.formats {
+            for model in &self.tiny {
+                let lengths = TINY_PARITY_LENGTHS;
+                self.run_model(target, &capabilities, model, format, lengths, self_comparison, &mut sink);
+            }
+            if !self.options.real_model || !self.wants(cases::parity::CASE.name) {
+                continue;
+            }
+            match self.real_model() {
+                Ok(model) => {
+                    let lengths = if self_comparison { SELF_REAL_PARITY_LENGTHS } else { REAL_PARITY_LENGTHS };
+                    self.run_model(target, &capabilities, model, format, lengths, self_comparison, &mut sink);
+                }
+                Err(missing) => sink.push(CaseResult::new(
+                    cases::parity::CASE.name,
+                    Some(&missing.name),
+                    Some(format),
+                    Verdict::unavailable(missing.reason.clone()),
+                )),
+            }
+        }
+        report.duration_ms = ms_since(started);
+        report
+    }
+
+    /// The cases for `model` in `format`: parity everywhere, the rest on the lifecycle model.
+    fn cases_for(&self, model: &TestModel) -> Vec<Case> {
+        let mut list = if model.kind == ModelKind::Tiny && model.name == LIFECYCLE_MODEL { cases::lifecycle_cases() } else { vec![] };
+        list.push(cases::parity::CASE);
+        list.retain(|c| self.wants(c.name));
+        list
+    }
+
+    #[allow(clippy::too_many_arguments)]
+    fn run_model(
+        &self,
+        target: &Target,
+        claimed: &Capabilities,
+        model: &TestModel,
+        format: WeightFormat,
+        parity_lengths: &[usize],
+        self_comparison: bool,
+        sink: &mut ResultSink<'_>,
+    ) {
+        let cases = self.cases_for(model);
+        if cases.is_empty() {
+            return;
+        }
+        let all = |sink: &mut ResultSink<'_>, verdict: Verdict| {
+            for case in &cases {
+                sink.push(CaseResult::new(case.name, Some(&model.name), Some(format), verdict.clone()));
+            }
+        };
+        if !claimed.supports_format(format) {
+            all(sink, Verdict::unsupported(format!("needs weight format {format}")));
+            return;
+        }
+        let request = LoadRequest::new(&model.dir, format);
+        let started = Instant::now();
+        let engine: Arc<dyn Engine> = match guarded(|| target.backend.load(&request)) {
+            Ok(Ok(engine)) => engine,
+            Ok(Err(e)) => return all(sink, call_failed(&format!("loading {} as {format}", model.name), &e)),
+            Err(panic) => return all(sink, Verdict::fail(format!("load panicked: {panic}"))),
+        };
+        if sink.progress {
+            eprintln!("  {} loaded {} ({format}) in {:.1} s", target.backend.name(), model.name, started.elapsed().as_secs_f64());
+        }
+        let capabilities = match guarded(|| engine.capabilities()) {
+            Ok(c) => c,
+            Err(panic) => return all(sink, Verdict::fail(format!("engine capabilities() panicked: {panic}"))),
+        };
+        let ctx = CaseContext {
+            backend: &*target.backend,
+            engine: &engine,
+            capabilities: &capabilities,
+            request: &request,
+            model,
+            format,
+            oracle: &self.oracle,
+            tolerances: target.precision.tolerances(),
+            fault_injection: target.fault_injection.as_deref(),
+            parity_lengths,
+        };
+        for case in &cases {
+            let started = Instant::now();
+            let verdict = match (case.missing)(&capabilities) {
+                Some(capability) => Verdict::unsupported(format!("needs {capability}")),
+                None => match guarded(|| (case.run)(&ctx)) {
+                    Ok(Ok(verdict)) | Ok(Err(verdict)) => verdict,
+                    Err(panic) => Verdict::fail(format!("the backend panicked: {panic}")),
+                },
+            };
+            let mut result = CaseResult::new(case.name, Some(&model.name), Some(format), verdict);
+            result.self_comparison = self_comparison && case.name == cases::parity::CASE.name && result.outcome == Outcome::Pass;
+            result.duration_ms = ms_since(started);
+            sink.push(result);
+        }
+    }
+}
+
+/// Appends results, echoing each to stderr when progress is on.
+struct ResultSink<'r> {
+    report: &'r mut BackendReport,
+    progress: bool,
+}
+
+impl ResultSink<'_> {
+    fn push(&mut self, result: CaseResult) {
+        if self.progress {
+            let format = result.weights.map(|w| format!("/{w}")).unwrap_or_default();
+            let model = result.model.as_ref().map(|m| format!(" [{m}]")).unwrap_or_default();
+            eprintln!(
+                "  {:11} {}{format} {}{model} ({:.0} ms){}",
+                result.outcome.as_str(),
+                self.report.backend,
+                result.case,
+                result.duration_ms,
+                if result.outcome == Outcome::Pass { String::new() } else { format!(": {}", result.detail) }
+            );
+        }
+        self.report.results.push(result);
+    }
+}
+
+impl CaseResult {
+    fn new(case: &str, model: Option<&str>, weights: Option<WeightFormat>, verdict: Verdict) -> CaseResult {
+        CaseResult {
+            case: case.to_string(),
+            model: model.map(str::to_string),
+            weights,
+            outcome: verdict.outcome,
+            detail: verdict.detail,
+            figures: verdict.figures,
+            self_comparison: false,
+            duration_ms: 0.0,
+        }
+    }
+}
+
+/// Runs `f`, turning a panic into its message.
+fn guarded<T>(f: impl FnOnce() -> T) -> Result<T, String> {
+    catch_unwind(AssertUnwindSafe(f)).map_err(|payload| panic_message(&*payload))
+}
+
+/// The message of a panic payload.
+pub fn panic_message(payload: &(dyn Any + Send)) -> String {
+    if let Some(s) = payload.downcast_ref::<&str>() {
+        (*s).to_string()
+    } else if let Some(s) = payload.downcast_ref::<String>() {
+        s.clone()
+    } else {
+        "a panic with a non-string payload".to_string()
+    }
+}
+
+fn ms_since(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1000.0
+}

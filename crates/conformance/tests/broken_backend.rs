@@ -1,0 +1,76 @@
+//! The suite must catch a broken backend: one that corrupts its KV cache after a few decode steps
+//! fails with the case and the step named; one that panics inside decode fails those cases
+//! (caught), and the suite goes on to the others; one that leaks every dropped session fails the
+//! memory case.
+
+mod support;
+
+use conformance::{Outcome, Report, SuiteOptions, Target};
+use support::broken_backends::{Breakage, BrokenBackend};
+
+/// Decode steps a broken session gets right before it breaks.
+const GOOD_DECODES: usize = 8;
+
+fn result<'r>(report: &'r Report, case: &str, model: &str) -> &'r conformance::CaseResult {
+    report.backends[0]
+        .results
+        .iter()
+        .find(|r| r.case == case && r.model.as_deref() == Some(model))
+        .unwrap_or_else(|| panic!("no result for {case} [{model}]"))
+}
+
+fn main() {
+    // Tiny models in f16 are enough to show the breakage; the real model would only add minutes.
+    let options = SuiteOptions { real_model: false, formats: vec![session_api::WeightFormat::F16], ..SuiteOptions::from_env() };
+    let targets = [
+        Target::new(Box::new(BrokenBackend::new(Breakage::CorruptKv, GOOD_DECODES))),
+        Target::new(Box::new(BrokenBackend::new(Breakage::PanicInDecode, GOOD_DECODES))),
+        Target::new(Box::new(BrokenBackend::new(Breakage::LeakSessions, GOOD_DECODES))),
+    ];
+    let report = conformance::run_targets(&targets, &options).expect("the suite runs");
+    report.print_matrix();
+
+    let corrupt = Report { backends: vec![report.backends[0].clone()] };
+    let panicking = Report { backends: vec![report.backends[1].clone()] };
+    let leaking = Report { backends: vec![report.backends[2].clone()] };
+    assert!(corrupt.has_failures() && panicking.has_failures());
+
+    // The corrupted cache shows in greedy parity, at a step after the corruption, and the report
+    // says which prompt and which step.
+    let parity = result(&corrupt, "parity.greedy", conformance::LIFECYCLE_MODEL);
+    assert_eq!(parity.outcome, Outcome::Fail, "{parity:?}");
+    let step = parity.figures.first_divergent_step.expect("the failing step is reported");
+    assert!(step > GOOD_DECODES, "the divergence (step {step}) cannot precede the corruption (after step {GOOD_DECODES})");
+    assert!(parity.figures.divergent_prompt_len.is_some(), "{parity:?}");
+    assert!(parity.detail.contains(&format!("step {step}")), "{}", parity.detail);
+    println!("broken-kv caught: parity.greedy fails at step {step}: {}", parity.detail);
+
+    // Lifecycle cases that decode past the corruption fail too; those that decode less do not.
+    for case in ["kv.chunked_prefill", "kv.interleaved_sessions", "kv.decode_equals_prefill"] {
+        assert_eq!(result(&corrupt, case, conformance::LIFECYCLE_MODEL).outcome, Outcome::Fail, "{case}");
+    }
+    for case in ["input.empty_prompt", "input.token_out_of_vocabulary", "contract.capabilities"] {
+        assert_eq!(result(&corrupt, case, conformance::LIFECYCLE_MODEL).outcome, Outcome::Pass, "{case}");
+    }
+
+    // A panic inside decode fails the case that hit it, with the panic's message, and every case
+    // still ran.
+    let panicked = result(&panicking, "parity.greedy", conformance::LIFECYCLE_MODEL);
+    assert_eq!(panicked.outcome, Outcome::Fail);
+    assert!(panicked.detail.contains("panicked") && panicked.detail.contains("blew up"), "{}", panicked.detail);
+    assert_eq!(panicking.backends[0].results.len(), corrupt.backends[0].results.len());
+    assert_eq!(result(&panicking, "input.empty_prompt", conformance::LIFECYCLE_MODEL).outcome, Outcome::Pass);
+    println!("broken-panic caught: {}", panicked.detail);
+
+    // Leaked sessions show as resident memory growth; everything else about that backend is fine.
+    let memory = result(&leaking, "kv.many_sessions_memory", conformance::LIFECYCLE_MODEL);
+    if memory.outcome != Outcome::Unavailable {
+        assert_eq!(memory.outcome, Outcome::Fail, "{memory:?}");
+        let (growth, tolerance) = (memory.figures.rss_growth_bytes.unwrap(), memory.figures.rss_tolerance_bytes.unwrap());
+        assert!(growth > tolerance, "{memory:?}");
+        println!("broken-leak caught: {} ({})", memory.detail, memory.figures.describe());
+    }
+    let expected_failures = usize::from(memory.outcome == Outcome::Fail);
+    assert_eq!(leaking.backends[0].count(Outcome::Fail), expected_failures, "only the memory case may fail on broken-leak");
+    println!("the suite reported every broken backend as failing, with case and step");
+}
