@@ -126,7 +126,7 @@ impl ChatTemplate {
     /// A directory without any template gives [`TokenizerError::NoChatTemplate`].
     pub fn from_model_dir(dir: impl AsRef<Path>) -> Result<Self> {
         let dir = dir.as_ref();
-        let config_path = dir.join(Self::CONFIG_FILE_NAME);
+        let config_path = Self::config_path(dir);
         let config = match read_model_file(&config_path) {
             Ok(bytes) => Some(TokenizerConfig::parse(&config_path, &bytes)?),
             Err(TokenizerError::MissingFile { .. }) => None,
@@ -217,6 +217,11 @@ impl ChatTemplate {
         })
     }
 
+    /// The path of `tokenizer_config.json` in `dir` (for callers' messages).
+    pub fn config_path(dir: impl AsRef<Path>) -> PathBuf {
+        dir.as_ref().join(Self::CONFIG_FILE_NAME)
+    }
+
     /// The template's Jinja source.
     pub fn source(&self) -> &str {
         &self.source
@@ -295,12 +300,4 @@ fn default_named_template(named: &[serde_json::Value]) -> std::result::Result<St
         names.push(name.to_owned());
     }
     Err(format!("chat_template lists named templates ({}) but none named 'default'", names.join(", ")))
-}
-
-/// Where a model directory's files are looked for; public for callers' error messages.
-impl ChatTemplate {
-    /// The path of `tokenizer_config.json` in `dir`.
-    pub fn config_path(dir: impl AsRef<Path>) -> PathBuf {
-        dir.as_ref().join(Self::CONFIG_FILE_NAME)
-    }
 }
