@@ -8,7 +8,7 @@
 //! four bytes per weight (about 540 MB for SmolLM2-135M, 5 GB for Llama-3.2-1B), acceptable for a
 //! reference, and decode reads f32 weights instead of half or an eighth as many bytes.
 
-use crate::kernels::{dot, dot4};
+use crate::kernels::dot;
 use llama_model::Matrix;
 use rayon::prelude::*;
 use session_api::SeamError;
@@ -98,14 +98,8 @@ impl DenseMatrix {
         let mut by_row = vec![0.0f32; self.rows * n];
         by_row.par_chunks_mut(n).with_min_len(ROWS_PER_TASK).enumerate().for_each(|(r, out)| {
             let w = self.row(r);
-            let input = |t: usize| &x[t * self.cols..(t + 1) * self.cols];
-            // Four tokens per pass over the weight row, the rest one at a time.
-            let blocks = n / 4 * 4;
-            for t in (0..blocks).step_by(4) {
-                out[t..t + 4].copy_from_slice(&dot4(w, [input(t), input(t + 1), input(t + 2), input(t + 3)]));
-            }
-            for (t, o) in out.iter_mut().enumerate().skip(blocks) {
-                *o = dot(w, input(t));
+            for (t, o) in out.iter_mut().enumerate() {
+                *o = dot(w, &x[t * self.cols..(t + 1) * self.cols]);
             }
         });
         if n == 1 {

@@ -27,33 +27,6 @@ pub fn dot(a: &[f32], b: &[f32]) -> f32 {
     sum
 }
 
-/// Dot products of one vector `w` with four vectors at once, each accumulated in f32 exactly as
-/// [`dot`] accumulates it (same lanes, same order), so a batched product equals four single ones
-/// bit for bit. Reading `w` once for four inputs is what makes prefill faster than decode per token.
-pub fn dot4(w: &[f32], x: [&[f32]; 4]) -> [f32; 4] {
-    const LANES: usize = 8;
-    let mut lanes = [[0.0f32; LANES]; 4];
-    let n = w.len() / LANES * LANES;
-    for start in (0..n).step_by(LANES) {
-        let wc = &w[start..start + LANES];
-        for (acc, xv) in lanes.iter_mut().zip(&x) {
-            let xc = &xv[start..start + LANES];
-            for i in 0..LANES {
-                acc[i] += wc[i] * xc[i];
-            }
-        }
-    }
-    let mut out = [0.0f32; 4];
-    for ((o, acc), xv) in out.iter_mut().zip(&lanes).zip(&x) {
-        let mut sum: f32 = acc.iter().sum();
-        for (a, b) in w[n..].iter().zip(&xv[n..]) {
-            sum += a * b;
-        }
-        *o = sum;
-    }
-    out
-}
-
 /// RMSNorm as transformers computes it: `weight * (x * rsqrt(mean(x²) + eps))`, all in f32.
 pub fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
     debug_assert!(x.len() == weight.len() && x.len() == out.len());
@@ -183,16 +156,6 @@ mod tests {
         let b: Vec<f32> = (0..19).map(|i| (i % 3) as f32 - 1.0).collect();
         let expected: f32 = a.iter().zip(&b).map(|(x, y)| x * y).sum();
         assert_eq!(dot(&a, &b), expected); // small integers: exact in any order
-    }
-
-    #[test]
-    fn dot4_equals_four_dots_bit_for_bit() {
-        let w: Vec<f32> = (0..45).map(|i| (i as f32 * 0.37).sin()).collect();
-        let xs: Vec<Vec<f32>> = (0..4).map(|k| (0..45).map(|i| ((i * (k + 3)) as f32 * 0.11).cos()).collect()).collect();
-        let got = dot4(&w, [&xs[0], &xs[1], &xs[2], &xs[3]]);
-        for k in 0..4 {
-            assert_eq!(got[k], dot(&w, &xs[k]));
-        }
     }
 
     #[test]
