@@ -133,6 +133,8 @@ pub struct Comparison {
     pub tolerated: usize,
     /// Worst logit error over the steps, when both sides had logits.
     pub logit_error: Option<LogitError>,
+    /// The first step whose logits were out of tolerance.
+    pub first_logit_excess: Option<usize>,
 }
 
 /// Compares `actual` with `expected`, step by step.
@@ -154,12 +156,13 @@ pub fn compare(actual: &Trace, expected: Expected<'_>, tolerances: &Tolerances) 
         }
     }
     if let (Some(actual_logits), Some(expected_logits)) = (actual.logits(), expected.logits) {
-        comparison.logit_error = actual_logits
-            .iter()
-            .zip(expected_logits)
-            .take(steps)
-            .map(|(a, e)| LogitError::between(a, e))
-            .reduce(LogitError::worst);
+        for (step, (a, e)) in actual_logits.iter().zip(expected_logits).take(steps).enumerate() {
+            let error = LogitError::between(a, e);
+            if !error.within(tolerances) && comparison.first_logit_excess.is_none() {
+                comparison.first_logit_excess = Some(step);
+            }
+            comparison.logit_error = Some(comparison.logit_error.map_or(error, |worst| worst.worst(error)));
+        }
     }
     if actual.tokens.len() != expected.tokens.len() && comparison.first_intolerable.is_none() {
         // A stream of the wrong length is a suite or backend bug; never let it pass quietly.
@@ -175,7 +178,7 @@ impl Comparison {
         let shown = self.first_intolerable.or(self.first_divergence);
         Figures {
             steps_compared: Some(self.steps),
-            first_divergent_step: shown.map(|d| d.step),
+            first_divergent_step: shown.map(|d| d.step).or(self.first_logit_excess),
             margin_at_divergence: shown.map(|d| d.margin).filter(|m| m.is_finite()),
             tolerated_divergences: Some(self.tolerated),
             logit_nmse: self.logit_error.map(|e| e.nmse),
@@ -201,8 +204,12 @@ impl Comparison {
         if let Some(e) = self.logit_error {
             if !e.within(tolerances) {
                 return Err(Verdict::fail(format!(
-                    "{what}: logits out of tolerance: nmse {:.2e} (max {:.0e}), max|Δ| {:.2e} (max {:.0e})",
-                    e.nmse, tolerances.max_nmse, e.max_abs, tolerances.max_abs
+                    "{what}: logits out of tolerance from step {}: worst nmse {:.2e} (max {:.0e}), max|Δ| {:.2e} (max {:.0e})",
+                    self.first_logit_excess.unwrap_or(0),
+                    e.nmse,
+                    tolerances.max_nmse,
+                    e.max_abs,
+                    tolerances.max_abs
                 ))
                 .with_figures(self.figures()));
             }
@@ -219,6 +226,9 @@ impl Comparison {
         }
         if self.first_intolerable.is_none() {
             self.first_intolerable = other.first_intolerable;
+        }
+        if self.first_logit_excess.is_none() {
+            self.first_logit_excess = other.first_logit_excess;
         }
         self.logit_error = match (self.logit_error, other.logit_error) {
             (Some(a), Some(b)) => Some(a.worst(b)),
@@ -263,6 +273,7 @@ mod tests {
         let expected = Expected { tokens: &[1, 0], margins: &[1.0, 2.0], logits: Some(&reference) };
         let c = compare(&actual, expected, &tol);
         assert!(c.logit_error.unwrap().max_abs > 1.0);
+        assert_eq!(c.first_logit_excess, Some(1));
         assert!(c.check("x", &tol).is_err());
     }
 }

@@ -48,7 +48,7 @@ fn unchanged(session: &dyn Session, position: usize, what: &str) -> Checked<()> 
 fn empty_prompt(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let prompt = ctx.prompt(12, 150);
     let baseline = ctx.baseline(&prompt, STEPS)?;
-    let mut driver = ctx.forced_driver(&baseline.tokens, "session given an empty prompt")?;
+    let mut driver = ctx.forced_driver(&baseline.trace.tokens, "session given an empty prompt")?;
     expect_error(driver.session.prefill(&[]), ErrorKind::InvalidInput, "prefill(&[]) on a new session")?;
     unchanged(&*driver.session, 0, "an empty prefill")?;
     driver.prefill(&prompt, true)?;
@@ -57,7 +57,7 @@ fn empty_prompt(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     while driver.trace.tokens.len() < STEPS {
         driver.step()?;
     }
-    let comparison = ctx.check_against_baseline(&prompt, &baseline, &driver.trace, "a session after refused empty prefills")?;
+    let comparison = ctx.check_against(&baseline, &driver.trace, "a session after refused empty prefills")?;
     pass_with("empty prefill refused with InvalidInput, twice; the session continued unharmed", &comparison)
 }
 
@@ -65,7 +65,7 @@ fn token_out_of_vocabulary(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let vocab = ctx.vocab_size() as u32;
     let prompt = ctx.prompt(12, 151);
     let baseline = ctx.baseline(&prompt, STEPS)?;
-    let mut driver = ctx.forced_driver(&baseline.tokens, "session given bad token ids")?;
+    let mut driver = ctx.forced_driver(&baseline.trace.tokens, "session given bad token ids")?;
     let mut bad_prompt = prompt.clone();
     bad_prompt[5] = vocab;
     let error = expect_error(driver.session.prefill(&bad_prompt), ErrorKind::InvalidInput, &format!("prefill with token id {vocab}"))?;
@@ -81,14 +81,14 @@ fn token_out_of_vocabulary(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     while driver.trace.tokens.len() < STEPS {
         driver.step()?;
     }
-    let comparison = ctx.check_against_baseline(&prompt, &baseline, &driver.trace, "a session after refused bad token ids")?;
+    let comparison = ctx.check_against(&baseline, &driver.trace, "a session after refused bad token ids")?;
     pass_with(format!("token ids {vocab} and {} refused with TokenOutOfVocabulary; the session continued unharmed", u32::MAX), &comparison)
 }
 
 fn decode_before_prefill(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let prompt = ctx.prompt(12, 152);
     let baseline = ctx.baseline(&prompt, STEPS)?;
-    let mut driver = ctx.forced_driver(&baseline.tokens, "session decoded before prefill")?;
+    let mut driver = ctx.forced_driver(&baseline.trace.tokens, "session decoded before prefill")?;
     let error = expect_error(driver.session.decode(prompt[0]), ErrorKind::InvalidState, "decode on a new session")?;
     if !matches!(error, SeamError::NotPrefilled) {
         return Err(Verdict::fail(format!("decode on a new session: expected NotPrefilled, got {error:?}")));
@@ -97,7 +97,7 @@ fn decode_before_prefill(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     driver.run(&prompt, STEPS)?;
     driver.session.reset();
     expect_error(driver.session.decode(prompt[0]), ErrorKind::InvalidState, "decode right after reset")?;
-    let comparison = ctx.check_against_baseline(&prompt, &baseline, &driver.trace, "a session after a refused decode")?;
+    let comparison = ctx.check_against(&baseline, &driver.trace, "a session after a refused decode")?;
     pass_with("decode before prefill (and after reset) refused with NotPrefilled; the session worked afterwards", &comparison)
 }
 
@@ -113,7 +113,7 @@ fn poisoned_session(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let session = hook
         .failing_session(ctx.request, ctx.greedy_options())
         .or_fail(|| "the fault-injection hook's failing_session".to_string())?;
-    let mut driver = Driver::forced(session, &baseline.tokens, "session with an injected fault");
+    let mut driver = Driver::forced(session, &baseline.trace.tokens, "session with an injected fault");
     let failure = match driver.session.prefill(&prompt) {
         Ok(_) => return Err(Verdict::fail("the fault-injection hook's session did not fail its first step")),
         Err(e) => e,
@@ -137,6 +137,6 @@ fn poisoned_session(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     }
     driver.session.reset();
     driver.run(&prompt, STEPS)?;
-    let comparison = ctx.check_against_baseline(&prompt, &baseline, &driver.trace, "a poisoned session after reset")?;
+    let comparison = ctx.check_against(&baseline, &driver.trace, "a poisoned session after reset")?;
     pass_with(format!("injected {:?} failure poisoned the session; prefill and decode then Poisoned; reset recovered", failure.kind()), &comparison)
 }

@@ -12,7 +12,7 @@ pub mod parity;
 pub mod sampling;
 
 use crate::models::TestModel;
-use crate::oracle::{Continuation, Oracle};
+use crate::oracle::{Continuation, Oracle, OracleRun};
 use crate::stream::{compare, Comparison, Driver, Expected, Trace};
 use crate::tolerance::Tolerances;
 use crate::verdict::{Checked, OrFail, Verdict};
@@ -98,11 +98,12 @@ impl CaseContext<'_> {
         self.session(self.greedy_options())
     }
 
-    /// The backend's own free-running greedy run of `prompt`, `steps` tokens long.
-    pub fn baseline(&self, prompt: &[u32], steps: usize) -> Checked<Trace> {
-        let mut driver = Driver::free(self.greedy_session()?, "baseline session");
-        driver.run(prompt, steps)?;
-        Ok(driver.trace)
+    /// The reference's greedy run of `prompt`, `steps` tokens long, with logits and margins: the
+    /// expected stream of every lifecycle case. Holding each path to a sequence state (chunked,
+    /// interleaved, reset, truncated, forked) against the reference, rather than against the
+    /// backend's own plain run, also catches a backend that is wrong the same way on both paths.
+    pub fn baseline(&self, prompt: &[u32], steps: usize) -> Checked<Arc<OracleRun>> {
+        self.oracle.run(self.model, self.format, prompt, Continuation::Greedy(steps)).map_err(Verdict::fail)
     }
 
     /// A greedy driver forced along `forced`.
@@ -110,21 +111,11 @@ impl CaseContext<'_> {
         Ok(Driver::forced(self.greedy_session()?, forced, label))
     }
 
-    /// The reference's margin at each step of `baseline` (a run of the backend itself after
-    /// `prompt`), used to decide which of the backend's self-inconsistencies are near-ties.
-    pub fn reference_margins(&self, prompt: &[u32], baseline: &Trace) -> Checked<Vec<f32>> {
-        let run = self
-            .oracle
-            .run(self.model, self.format, prompt, Continuation::Forced(baseline.tokens.clone()))
-            .map_err(Verdict::fail)?;
-        Ok(run.margins.clone())
-    }
-
-    /// Compares `actual` (forced along `baseline`'s tokens) with `baseline`, a run of the same
-    /// backend after `prompt`; `what` names the comparison in a failure.
-    pub fn check_against_baseline(&self, prompt: &[u32], baseline: &Trace, actual: &Trace, what: &str) -> Checked<Comparison> {
-        let margins = self.reference_margins(prompt, baseline)?;
-        let expected = Expected { tokens: &baseline.tokens, margins: &margins, logits: baseline.logits() };
+    /// Compares `actual` (a run of the backend forced along `baseline`'s tokens) with `baseline`;
+    /// `what` names the comparison in a failure.
+    pub fn check_against(&self, baseline: &OracleRun, actual: &Trace, what: &str) -> Checked<Comparison> {
+        let expected =
+            Expected { tokens: &baseline.trace.tokens, margins: &baseline.margins, logits: baseline.trace.logits() };
         let comparison = compare(actual, expected, &self.tolerances);
         comparison.check(what, &self.tolerances)?;
         Ok(comparison)
