@@ -1,1 +1,209 @@
-//! (in progress)
+//! GGUF → seam model directory (`seam convert`).
+//!
+//! [`import_gguf`] reads a llama.cpp GGUF Llama and writes a model directory (see
+//! [`crate::model_dir`]): `config.json`, `generation_config.json`, `tokenizer.json`,
+//! `tokenizer_config.json`, `model.safetensors` (f16 matrices, f32 norms) and
+//! `model.int4.safetensors` (seam int4 matrices, f32 norms).
+//!
+//! - Q4_1 tensors are carried into the int4 file exactly (`d` → scale, `m` → bias, nibbles
+//!   repacked); tensors of other types are dequantized and quantized with [`crate::int4::quantize`].
+//! - llama.cpp's converter permutes the rows of `attn_q` / `attn_k` for its rope layout; the
+//!   importer moves them back to the Hugging Face (rotate-half) order.
+//! - Only byte-level BPE tokenizers (`tokenizer.ggml.model = "gpt2"`) are converted; SentencePiece
+//!   GGUFs are a typed [`ModelError::Unsupported`].
+
+mod hparams;
+mod tensors;
+mod tokenizer;
+
+use crate::config::LlamaConfig;
+use crate::error::ModelError;
+use crate::int4::int4_metadata;
+use crate::model_dir::{
+    CONFIG_FILE, GENERATION_CONFIG_FILE, INT4_WEIGHTS_FILE, SAFETENSORS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
+};
+use crate::tensor_store::{write_safetensors, OwnedTensor};
+use crate::weights::{expected_tensors, TensorRole};
+use gguf::{GgufError, GgufFile};
+use rayon::prelude::*;
+use std::collections::{BTreeMap, HashSet};
+use std::io::Write;
+use std::path::{Path, PathBuf};
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::time::{Duration, Instant};
+use tensors::{Converted, Int4Source};
+
+/// Options of [`import_gguf`].
+#[derive(Default, Clone, Copy)]
+pub struct ImportOptions<'a> {
+    /// Called after each tensor is converted with `(tensors done, tensors in total)`; may be called
+    /// from several threads.
+    pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+}
+
+impl std::fmt::Debug for ImportOptions<'_> {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("ImportOptions").field("progress", &self.progress.is_some()).finish()
+    }
+}
+
+/// What [`import_gguf`] did.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ImportReport {
+    /// The model's configuration, as written to `config.json`.
+    pub config: LlamaConfig,
+    /// The directory written.
+    pub out_dir: PathBuf,
+    /// Matrices whose int4 form is the GGUF's Q4_1 data, carried over without requantization.
+    pub int4_exact: usize,
+    /// Matrices of other GGUF types, dequantized and quantized to int4.
+    pub int4_requantized: usize,
+    /// Matrices dequantized to f16 for `model.safetensors` (every matrix).
+    pub f16_dequantized: usize,
+    /// Norm vectors, written as f32 to both weight files.
+    pub norms: usize,
+    /// GGUF tensors per ggml type (`"Q4_1" → 210`, ...).
+    pub gguf_types: BTreeMap<String, usize>,
+    /// Time spent converting tensors (dequantizing, repacking, quantizing).
+    pub convert_time: Duration,
+    /// Time spent writing files.
+    pub write_time: Duration,
+}
+
+/// Converts the GGUF Llama at `gguf` into a model directory `out_dir` (created if needed; each
+/// file is written to a temporary name and renamed into place).
+pub fn import_gguf(gguf: &Path, out_dir: &Path, options: &ImportOptions<'_>) -> Result<ImportReport, ModelError> {
+    let file = GgufFile::open(gguf).map_err(|e| gguf_error(gguf, e))?;
+    let (config, generation) = hparams::read_config(&file, gguf)?;
+    let specs = expected_tensors(&config);
+
+    // Every GGUF tensor must be used: an unknown one (biases, a vision tower, ...) would otherwise be
+    // dropped silently and the model would compute something else.
+    let mut known: HashSet<String> = specs.iter().filter_map(|s| tensors::gguf_name(&s.name)).collect();
+    known.insert(hparams::ROPE_FREQS_TENSOR.to_string());
+    if let Some(extra) = file.tensors().iter().find(|t| !known.contains(&t.name)) {
+        return Err(ModelError::Unsupported {
+            what: format!("GGUF tensor '{}' has no counterpart in a Llama model seam runs", extra.name),
+        });
+    }
+    let tokenizer = tokenizer::build(&file, gguf, config.max_position_embeddings)?;
+    if let Ok(tokens) = file.get_strings("tokenizer.ggml.tokens") {
+        if tokens.len() > config.vocab_size {
+            return Err(ModelError::Corrupt {
+                path: gguf.to_path_buf(),
+                message: format!("{} tokens but only {} embedding rows", tokens.len(), config.vocab_size),
+            });
+        }
+    }
+
+    let mut gguf_types = BTreeMap::new();
+    for t in file.tensors() {
+        *gguf_types.entry(t.ggml_type.to_string()).or_insert(0) += 1;
+    }
+
+    let started = Instant::now();
+    let total = specs.len() as u64;
+    let done = AtomicU64::new(0);
+    let converted: Vec<Converted> = specs
+        .par_iter()
+        .map(|spec| {
+            let c = tensors::convert(&file, gguf, spec, &config)?;
+            let n = done.fetch_add(1, Ordering::Relaxed) + 1;
+            if let Some(progress) = options.progress {
+                progress(n, total);
+            }
+            Ok(c)
+        })
+        .collect::<Result<_, ModelError>>()?;
+    let convert_time = started.elapsed();
+
+    let started = Instant::now();
+    let mut float_tensors = Vec::with_capacity(specs.len());
+    let mut int4_tensors = Vec::with_capacity(specs.len() * 3);
+    let (mut int4_exact, mut int4_requantized, mut norms) = (0, 0, 0);
+    for (spec, c) in specs.iter().zip(converted) {
+        match c {
+            Converted::Norm(v) => {
+                debug_assert_eq!(spec.role, TensorRole::Norm);
+                norms += 1;
+                let t = OwnedTensor::F32 { shape: spec.shape.clone(), data: v };
+                int4_tensors.push((spec.name.clone(), t.clone()));
+                float_tensors.push((spec.name.clone(), t));
+            }
+            Converted::Matrix { f16, int4, source } => {
+                match source {
+                    Int4Source::Exact => int4_exact += 1,
+                    Int4Source::Requantized => int4_requantized += 1,
+                }
+                float_tensors.push((spec.name.clone(), OwnedTensor::F16 { shape: spec.shape.clone(), data: f16 }));
+                int4_tensors.extend(int4.to_tensors(&spec.name));
+            }
+        }
+    }
+    let f16_dequantized = float_tensors.len() - norms;
+
+    std::fs::create_dir_all(out_dir).map_err(|e| ModelError::io(out_dir, e))?;
+    let source = BTreeMap::from([("source".to_string(), "gguf".to_string())]);
+    let mut float_meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
+    float_meta.extend(source.clone());
+    write_safetensors(&out_dir.join(SAFETENSORS_FILE), &float_tensors, &float_meta)?;
+    drop(float_tensors);
+    write_safetensors(&out_dir.join(INT4_WEIGHTS_FILE), &int4_tensors, &int4_metadata())?;
+    drop(int4_tensors);
+    write_text(&out_dir.join(TOKENIZER_FILE), &tokenizer.tokenizer_json)?;
+    write_text(&out_dir.join(TOKENIZER_CONFIG_FILE), &tokenizer.tokenizer_config_json)?;
+    write_text(&out_dir.join(GENERATION_CONFIG_FILE), &generation.to_json())?;
+    // config.json last: a directory is recognized as a model by it, so an import that fails
+    // midway does not leave something that looks complete.
+    write_text(&out_dir.join(CONFIG_FILE), &config.to_json())?;
+    let write_time = started.elapsed();
+
+    Ok(ImportReport {
+        config,
+        out_dir: out_dir.to_path_buf(),
+        int4_exact,
+        int4_requantized,
+        f16_dequantized,
+        norms,
+        gguf_types,
+        convert_time,
+        write_time,
+    })
+}
+
+/// A [`GgufError`] as the [`ModelError`] that says the same about the file at `path`.
+pub(crate) fn gguf_error(path: &Path, e: GgufError) -> ModelError {
+    let path = path.to_path_buf();
+    match e {
+        GgufError::Io { path, source } => ModelError::from_io(&path, source),
+        GgufError::Truncated { .. } => ModelError::Truncated { path, message: e.to_string() },
+        GgufError::MissingKey { .. } | GgufError::WrongType { .. } => {
+            ModelError::Config { path: Some(path), message: e.to_string() }
+        }
+        GgufError::UnsupportedType { .. } | GgufError::UnsupportedVersion { .. } | GgufError::UnknownTensorType { .. } => {
+            ModelError::Unsupported { what: format!("{}: {e}", path.display()) }
+        }
+        GgufError::TensorNotFound { name } => ModelError::MissingTensor { name },
+        other => ModelError::Corrupt { path, message: other.to_string() },
+    }
+}
+
+/// Writes `text` to `path` through a temporary file in the same directory renamed into place.
+fn write_text(path: &Path, text: &str) -> Result<(), ModelError> {
+    let dir = path.parent().unwrap_or(Path::new("."));
+    let io = |e| ModelError::io(path, e);
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(".import-").suffix(".partial");
+    // tempfile creates files readable by their owner only; a model directory is shared like any
+    // other checkpoint.
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    let mut temp = builder.tempfile_in(dir).map_err(io)?;
+    temp.write_all(text.as_bytes()).map_err(io)?;
+    temp.as_file().sync_all().map_err(io)?;
+    temp.persist(path).map_err(|e| io(e.error))?;
+    Ok(())
+}
