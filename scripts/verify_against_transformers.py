@@ -13,7 +13,7 @@ import json
 import sys
 
 import torch
-from transformers import LlamaForCausalLM
+from transformers import DynamicCache, LlamaForCausalLM
 
 
 def main() -> int:
@@ -27,7 +27,7 @@ def main() -> int:
     model.eval()
     ids = torch.tensor([prompt])
     hf_tokens, margins = [], []
-    past = None
+    past = DynamicCache()
     with torch.no_grad():
         for _ in range(len(seam_tokens)):
             out = model(input_ids=ids, past_key_values=past, use_cache=True)

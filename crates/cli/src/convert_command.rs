@@ -5,7 +5,6 @@ use crate::progress::StageBar;
 use clap::Args;
 use llama_model::import::{import_gguf, ImportOptions};
 use std::path::PathBuf;
-use std::sync::Arc;
 
 #[derive(Args)]
 pub struct ConvertArgs {
@@ -39,11 +38,23 @@ pub fn run(args: ConvertArgs) -> Result<(), CliError> {
         let out = args.out.unwrap_or_else(|| gguf.with_extension(""));
         (gguf, out)
     };
-    let bar = Arc::new(StageBar::new());
-    let options = ImportOptions { progress: Some(bar.callback()), ..ImportOptions::default() };
+    let bar = StageBar::new();
+    let report = |done, total| bar.count("converting tensors", done, total);
+    let options = ImportOptions { progress: Some(&report), ..ImportOptions::default() };
     let report = import_gguf(&gguf, &out, &options)?;
     bar.finish();
-    eprintln!("{report}");
+    let types: Vec<String> = report.gguf_types.iter().map(|(t, n)| format!("{n} x {t}")).collect();
+    eprintln!(
+        "converted {} ({}) in {:.1} s + {:.1} s writing: {} int4 matrices carried exactly from Q4_1, {} quantized to int4, {} dequantized to f16, {} norms",
+        gguf.display(),
+        types.join(", "),
+        report.convert_time.as_secs_f64(),
+        report.write_time.as_secs_f64(),
+        report.int4_exact,
+        report.int4_requantized,
+        report.f16_dequantized,
+        report.norms
+    );
     println!("{}", out.display());
     Ok(())
 }

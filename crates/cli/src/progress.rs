@@ -34,6 +34,11 @@ impl StageBar {
         self.bar.set_position(progress.done);
     }
 
+    /// Applies a `(done, total)` report of a single-stage job (conversion, installation).
+    pub fn count(&self, stage: &str, done: u64, total: u64) {
+        self.update(&LoadProgress { stage: stage.to_string(), done, total: Some(total) });
+    }
+
     /// Removes the bar.
     pub fn finish(&self) {
         self.bar.finish_and_clear();

@@ -74,9 +74,9 @@ pub fn resolve_model_dir(model: Option<PathBuf>) -> Result<PathBuf, CliError> {
             let dir = llama_model::default_model::default_model_dir();
             if !llama_model::default_model::is_installed(&dir) {
                 eprintln!("installing the default model (SmolLM2-135M-Instruct) into {} ...", dir.display());
-                let bar = Arc::new(StageBar::new());
-                let callback = bar.callback();
-                let installed = llama_model::default_model::ensure_default_model(Some(&*callback))?;
+                let bar = StageBar::new();
+                let report = |done, total| bar.count("converting", done, total);
+                let installed = llama_model::default_model::ensure_default_model(Some(&report))?;
                 bar.finish();
                 return Ok(installed);
             }
