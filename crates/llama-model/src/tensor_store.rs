@@ -11,7 +11,7 @@
 
 use crate::error::ModelError;
 use crate::model_dir::{SAFETENSORS_FILE, SAFETENSORS_INDEX_FILE};
-use half::{bf16, f16};
+use half::{bf16, f16, slice::HalfFloatSliceExt};
 use memmap2::Mmap;
 use rayon::prelude::*;
 use safetensors::SafeTensorError;
@@ -221,9 +221,18 @@ impl TensorStore {
         let entry = self.entry(name)?;
         let bytes = &self.files[entry.file].map[entry.start..entry.end];
         match entry.dtype {
-            Dtype::F32 => Ok(convert::<_, 4>(bytes, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
-            Dtype::F16 => Ok(convert::<_, 2>(bytes, |b| f16::from_le_bytes([b[0], b[1]]).to_f32())),
-            Dtype::BF16 => Ok(convert::<_, 2>(bytes, |b| bf16::from_le_bytes([b[0], b[1]]).to_f32())),
+            Dtype::F32 => Ok(match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+                Ok(values) => values.to_vec(),
+                Err(_) => convert::<_, 4>(bytes, |b| f32::from_le_bytes([b[0], b[1], b[2], b[3]])),
+            }),
+            Dtype::F16 => Ok(match bytemuck::try_cast_slice::<u8, f16>(bytes) {
+                Ok(values) => convert_slices(values, |src, dst: &mut [f32]| src.convert_to_f32_slice(dst)),
+                Err(_) => convert::<_, 2>(bytes, |b| f16::from_le_bytes([b[0], b[1]]).to_f32()),
+            }),
+            Dtype::BF16 => Ok(match bytemuck::try_cast_slice::<u8, bf16>(bytes) {
+                Ok(values) => convert_slices(values, |src, dst: &mut [f32]| src.convert_to_f32_slice(dst)),
+                Err(_) => convert::<_, 2>(bytes, |b| bf16::from_le_bytes([b[0], b[1]]).to_f32()),
+            }),
             other => Err(dtype_error(name, other, "F32, F16 or BF16")),
         }
     }
@@ -233,8 +242,14 @@ impl TensorStore {
         let entry = self.entry(name)?;
         let bytes = &self.files[entry.file].map[entry.start..entry.end];
         match entry.dtype {
-            Dtype::F32 => Ok(convert::<_, 4>(bytes, |b| f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]])))),
-            Dtype::F16 => Ok(convert::<_, 2>(bytes, |b| f16::from_le_bytes([b[0], b[1]]))),
+            Dtype::F32 => Ok(match bytemuck::try_cast_slice::<u8, f32>(bytes) {
+                Ok(values) => convert_slices(values, |src, dst: &mut [f16]| dst.convert_from_f32_slice(src)),
+                Err(_) => convert::<_, 4>(bytes, |b| f16::from_f32(f32::from_le_bytes([b[0], b[1], b[2], b[3]]))),
+            }),
+            Dtype::F16 => Ok(match bytemuck::try_cast_slice::<u8, f16>(bytes) {
+                Ok(values) => values.to_vec(),
+                Err(_) => convert::<_, 2>(bytes, |b| f16::from_le_bytes([b[0], b[1]])),
+            }),
             Dtype::BF16 => Ok(convert::<_, 2>(bytes, |b| f16::from_f32(bf16::from_le_bytes([b[0], b[1]]).to_f32()))),
             other => Err(dtype_error(name, other, "F32, F16 or BF16")),
         }
@@ -250,8 +265,21 @@ impl TensorStore {
     }
 }
 
-/// Converts little-endian elements of `N` bytes, in parallel for large tensors. Reads byte-wise
-/// because offsets in a safetensors file need not be aligned for the element type.
+/// Converts an aligned slice with a vectorized slice conversion (half's F16C path where the CPU
+/// has it), in parallel chunks for large tensors.
+fn convert_slices<S: Sync, T: Copy + Default + Send>(src: &[S], f: impl Fn(&[S], &mut [T]) + Sync) -> Vec<T> {
+    const CHUNK: usize = 1 << 16;
+    let mut out = vec![T::default(); src.len()];
+    if src.len() >= PARALLEL_ELEMENTS {
+        out.par_chunks_mut(CHUNK).zip(src.par_chunks(CHUNK)).for_each(|(dst, src)| f(src, dst));
+    } else {
+        f(src, &mut out);
+    }
+    out
+}
+
+/// Converts little-endian elements of `N` bytes byte-wise, in parallel for large tensors: the
+/// fallback for tensors whose offset in the file is not aligned for their type.
 fn convert<T: Send, const N: usize>(bytes: &[u8], f: impl Fn(&[u8]) -> T + Sync) -> Vec<T> {
     if bytes.len() / N >= PARALLEL_ELEMENTS {
         bytes.par_chunks_exact(N).map(&f).collect()
@@ -274,6 +302,25 @@ fn safetensors_error(path: &Path, error: SafeTensorError) -> ModelError {
         SafeTensorError::IoError(source) => ModelError::Io { path, source },
         other => ModelError::Corrupt { path, message: other.to_string() },
     }
+}
+
+/// A temporary file in `dest`'s directory, to be renamed onto `dest` once complete (so `dest` is
+/// never seen half-written). Created readable by everyone the umask allows, like a plain file,
+/// rather than the owner-only mode temporary files get by default.
+pub(crate) fn sibling_temp_file(dest: &Path) -> Result<tempfile::NamedTempFile, ModelError> {
+    let dir = match dest.parent() {
+        Some(p) if !p.as_os_str().is_empty() => p,
+        _ => Path::new("."),
+    };
+    let prefix = format!(".{}.", dest.file_name().and_then(|n| n.to_str()).unwrap_or("file"));
+    let mut builder = tempfile::Builder::new();
+    builder.prefix(&prefix).suffix(".partial");
+    #[cfg(unix)]
+    {
+        use std::os::unix::fs::PermissionsExt;
+        builder.permissions(std::fs::Permissions::from_mode(0o644));
+    }
+    builder.tempfile_in(dir).map_err(|e| ModelError::from_io(dir, e))
 }
 
 /// A tensor held in memory, to be written with [`write_safetensors`].
@@ -385,15 +432,7 @@ pub fn write_safetensors_raw(
     // The data section starts 8-byte aligned (the safetensors convention; readers may rely on it).
     header_bytes.resize(header_bytes.len().next_multiple_of(8), b' ');
 
-    let dir = match path.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let mut temp = tempfile::Builder::new()
-        .prefix(&format!(".{}.", path.file_name().and_then(|n| n.to_str()).unwrap_or("tensors")))
-        .suffix(".partial")
-        .tempfile_in(dir)
-        .map_err(|e| ModelError::from_io(dir, e))?;
+    let mut temp = sibling_temp_file(path)?;
     let io = |e| ModelError::io(path, e);
     {
         let mut out = std::io::BufWriter::with_capacity(1 << 20, temp.as_file_mut());
@@ -444,6 +483,16 @@ mod tests {
         assert_eq!(store.read_f16("a").unwrap()[4], f16::from_f32(1e-3));
         assert_eq!(store.read_u8("c").unwrap(), vec![0, 7, 255]);
         assert_eq!(store.metadata().get("format").map(String::as_str), Some("test"));
+        #[cfg(unix)]
+        {
+            use std::os::unix::fs::PermissionsExt;
+            // Readable like any file created here (not the owner-only mode of temporary files).
+            let plain = dir.path().join("plain");
+            std::fs::write(&plain, b"").unwrap();
+            let mode = |p: &Path| std::fs::metadata(p).unwrap().permissions().mode() & 0o644;
+            assert_eq!(mode(&path), mode(&plain));
+            std::fs::remove_file(&plain).unwrap();
+        }
         // No temporary file is left behind.
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().collect();
         assert_eq!(leftovers.len(), 1);

@@ -8,7 +8,7 @@ use crate::error::ModelError;
 use crate::int4::{self, Int4Matrix};
 use crate::model_dir::{CONFIG_FILE, INT4_WEIGHTS_FILE};
 use crate::tensor_store::{write_safetensors_raw, Dtype, RawTensor, TensorStore};
-use half::f16;
+use half::{f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 use session_api::WeightFormat;
 use std::collections::BTreeMap;
@@ -192,7 +192,11 @@ impl Matrix {
     /// The whole matrix as row-major f32.
     pub fn to_f32(&self) -> Vec<f32> {
         match self {
-            Matrix::F16 { data, .. } => data.par_iter().map(|v| v.to_f32()).collect(),
+            Matrix::F16 { data, .. } => {
+                let mut out = vec![0.0f32; data.len()];
+                data.convert_to_f32_slice(&mut out);
+                out
+            }
             Matrix::Int4(m) => m.dequantize(),
         }
     }
@@ -200,10 +204,7 @@ impl Matrix {
     /// The matrix in int4 (quantized when it is f16; cloned when it already is int4).
     pub fn to_int4(&self) -> Result<Int4Matrix, ModelError> {
         match self {
-            Matrix::F16 { rows, cols, data } => {
-                let values: Vec<f32> = data.par_iter().map(|v| v.to_f32()).collect();
-                int4::quantize(&values, *rows, *cols)
-            }
+            Matrix::F16 { rows, cols, .. } => int4::quantize(&self.to_f32(), *rows, *cols),
             Matrix::Int4(m) => Ok(m.clone()),
         }
     }
@@ -533,7 +534,12 @@ pub fn write_f16_weights(path: &Path, weights: &LlamaWeights) -> Result<(), Mode
     let converted: Vec<Option<Vec<f16>>> = tensors
         .par_iter()
         .map(|(_, t)| match t {
-            TensorRef::Matrix(Matrix::Int4(q)) => Some(q.dequantize().into_iter().map(f16::from_f32).collect()),
+            TensorRef::Matrix(Matrix::Int4(q)) => {
+                let values = q.dequantize();
+                let mut data = vec![f16::ZERO; values.len()];
+                data.convert_from_f32_slice(&values);
+                Some(data)
+            }
             _ => None,
         })
         .collect();
