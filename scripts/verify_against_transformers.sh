@@ -18,7 +18,7 @@ MODEL="${SEAM_HOME:-$PWD/.seam}/models/SmolLM2-135M-Instruct"
 target/debug/seam convert --default-model >/dev/null
 mkdir -p .seam/verify
 status=0
-for prompt in "The capital of France is" "Once upon a time, in a small village by the sea," "def fibonacci(n):"; do
+for prompt in "The three primary colors are" "The capital of France is" "Once upon a time, in a small village by the sea," "def fibonacci(n):"; do
   target/debug/seam run --weights f16 --ignore-eos --max-tokens "$TOKENS" --json --prompt "$prompt" > .seam/verify/run.json
   PYTHONPATH="$PY" python3 scripts/verify_against_transformers.py "$MODEL" .seam/verify/run.json \
     > .seam/verify/report.json || status=1
