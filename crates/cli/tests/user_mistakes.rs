@@ -1,0 +1,93 @@
+//! A user's mistake gets one clear sentence on stderr and a failing exit status, never a panic or
+//! a backtrace; and the happy paths of `seam backends` / `seam run --json` produce what they promise.
+
+use std::path::Path;
+use std::process::{Command, Output};
+
+fn seam(args: &[&str]) -> Output {
+    Command::new(env!("CARGO_BIN_EXE_seam")).args(args).env("RUST_BACKTRACE", "1").output().expect("seam runs")
+}
+
+/// Asserts a failure reported as a single `error: ...` line (clap's usage errors are allowed their
+/// usage hint) with no panic.
+fn assert_clean_failure(output: &Output, expected: &str) {
+    let stderr = String::from_utf8_lossy(&output.stderr);
+    assert!(!output.status.success(), "should fail: {stderr}");
+    assert!(!stderr.contains("panicked") && !stderr.contains("backtrace"), "no panic expected: {stderr}");
+    let first = stderr.lines().next().unwrap_or("");
+    assert!(first.starts_with("error: "), "one error sentence expected first, got: {stderr}");
+    assert!(stderr.contains(expected), "expected '{expected}' in: {stderr}");
+}
+
+#[test]
+fn unknown_backend_names_the_known_ones() {
+    let out = seam(&["run", "--backend", "nope", "--prompt", "hi", "--model", "/nonexistent"]);
+    assert_clean_failure(&out, "no backend named 'nope' is registered (known: reference");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+}
+
+#[test]
+fn missing_model_directory_is_one_sentence() {
+    let out = seam(&["run", "--model", "/nonexistent/model", "--prompt", "hi"]);
+    assert_clean_failure(&out, "/nonexistent/model");
+    assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
+}
+
+#[test]
+fn model_without_a_tokenizer_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    llama_model::random::write_random_checkpoint(&model, &llama_model::random::tiny_config(), 1).unwrap();
+    let out = seam(&["run", "--model", model.to_str().unwrap(), "--prompt", "hi"]);
+    assert_clean_failure(&out, "tokenizer.json");
+}
+
+#[test]
+fn bad_flags_and_values_are_refused_by_the_parser() {
+    assert_clean_failure(&seam(&["run", "--no-such-flag"]), "--no-such-flag");
+    assert_clean_failure(&seam(&["run", "--weights", "int8", "--prompt", "x"]), "unknown weight format 'int8'");
+    assert_clean_failure(&seam(&["run", "--system", "be brief", "--prompt", "x"]), "--chat");
+}
+
+#[test]
+fn bad_sampling_settings_are_refused() {
+    let out = seam(&["run", "--temperature", "0.8", "--top-p", "1.5", "--prompt", "x", "--model", "/nonexistent"]);
+    assert_clean_failure(&out, "top-p must be in (0, 1]");
+}
+
+#[test]
+fn empty_prompt_is_refused() {
+    assert_clean_failure(&seam(&["run", "--prompt", "  ", "--model", "/nonexistent"]), "prompt is empty");
+}
+
+#[test]
+fn convert_of_a_missing_file_is_one_sentence() {
+    let dir = tempfile::tempdir().unwrap();
+    let out = seam(&["convert", "/nonexistent/model.gguf", "--out", dir.path().join("m").to_str().unwrap()]);
+    assert_clean_failure(&out, "/nonexistent/model.gguf");
+}
+
+#[test]
+fn backends_lists_the_reference_backend_as_available() {
+    let out = seam(&["backends", "--json"]);
+    assert!(out.status.success());
+    let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    let reference = listing.as_array().unwrap().iter().find(|b| b["name"] == "reference").expect("reference is registered");
+    assert_eq!(reference["availability"]["status"], "available");
+    assert_eq!(reference["capabilities"]["logits"], true);
+    let text = seam(&["backends"]);
+    assert!(String::from_utf8_lossy(&text.stdout).contains("weight formats  f16, int4"));
+}
+
+#[test]
+fn run_json_on_the_default_model_reports_ids_and_stats() {
+    let dir = llama_model::default_model::ensure_default_model(None).unwrap();
+    assert!(Path::new(&dir).join("tokenizer.json").is_file());
+    let out = seam(&["run", "--prompt", "The capital of France is", "--max-tokens", "6", "--ignore-eos", "--json"]);
+    assert!(out.status.success(), "{}", String::from_utf8_lossy(&out.stderr));
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["token_ids"].as_array().unwrap().len(), 6);
+    assert_eq!(report["finish_reason"], "max_tokens");
+    assert_eq!(report["stats"]["decode_steps"], 5);
+    assert!(report["text"].as_str().unwrap().contains("Paris"), "{}", report["text"]);
+}
