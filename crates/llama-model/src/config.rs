@@ -811,6 +811,29 @@ mod tests {
         }
     }
 
+    /// Bit patterns of `inv_freq` for the Llama-3.2-1B config as computed by Hugging Face
+    /// transformers 4.46.3 (`ROPE_INIT_FUNCTIONS["llama3"]`, torch 2.5.1, CPU, float32).
+    const TRANSFORMERS_LLAMA32_INV_FREQ_BITS: [u32; 32] = [
+        1065353216, 1059709382, 1054963644, 1049992931, 1044812720, 1040434848, 1034871981, 1030233703,
+        1025116360, 1020030793, 1015523779, 1010044269, 1005516623, 1000248322, 995260192, 984164251,
+        971060768, 952867063, 933446029, 928558209, 923781368, 918476020, 914179523, 908595819,
+        903811268, 898893515, 893679120, 889347892, 883754919, 879076685, 874013863, 868893104,
+    ];
+
+    #[test]
+    fn llama3_inv_freq_matches_transformers() {
+        let c = LlamaConfig::from_json_str(LLAMA32_1B).unwrap();
+        let ours: Vec<u32> = c.rope_inv_freq().iter().map(|f| f.to_bits()).collect();
+        let mismatches: Vec<(usize, u32, u32)> = ours
+            .iter()
+            .zip(TRANSFORMERS_LLAMA32_INV_FREQ_BITS)
+            .enumerate()
+            .filter(|(_, (a, b))| **a != *b)
+            .map(|(i, (a, b))| (i, *a, b))
+            .collect();
+        assert!(mismatches.is_empty(), "(index, ours, transformers): {mismatches:?}");
+    }
+
     #[test]
     fn generation_config_round_trip_and_default() {
         let text = r#"{"bos_token_id": 128000, "eos_token_id": [128001, 128009], "do_sample": true,
