@@ -238,7 +238,7 @@ mod tests {
         assert_eq!(f16::from_le_bytes([bytes[0], bytes[1]]), f16::ONE);
         assert_eq!(f16::from_le_bytes([bytes[2], bytes[3]]), f16::ZERO);
         assert_eq!(bytes[4], 15 << 4); // element 0 = 0 low, element 16 = 15 high
-        assert_eq!(bytes[4 + 15], 15 | (0 << 4));
+        assert_eq!(bytes[4 + 15], 15); // element 15 = 15 low, element 31 = 0 high
         let block = BlockQ4_1::parse(bytes[..20].try_into().unwrap());
         assert_eq!(block.q.iter().map(|&q| q as f32).collect::<Vec<_>>(), v);
         let mut back = vec![0.0; 32];

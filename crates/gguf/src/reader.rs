@@ -388,7 +388,7 @@ impl<'a> Cursor<'a> {
         let count = self.u64(&what)?;
         if let Some(size) = ty.fixed_size() {
             // Fixed-size elements: the whole array must be present before anything is allocated.
-            let bytes = self.take(count.checked_mul(size as u64).unwrap_or(u64::MAX), &what)?;
+            let bytes = self.take(count.saturating_mul(size as u64), &what)?;
             return Ok(fixed_array(ty, bytes));
         }
         match ty {
