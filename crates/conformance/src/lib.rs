@@ -74,8 +74,8 @@ pub struct SuiteOptions {
     pub formats: Vec<WeightFormat>,
     /// Compute precision of the backends selected by name, which picks the tolerances.
     pub precision: ComputePrecision,
-    /// Also run greedy parity on the real default model (installed on first use).
-    pub real_model: bool,
+    /// Greedy parity on the real default model (installed on first use): skipped, quick, or full.
+    pub real_model: RealModelParity,
     /// Where generated checkpoints are cached.
     pub cache_dir: PathBuf,
     /// Run only cases whose name contains this.
@@ -90,7 +90,7 @@ impl Default for SuiteOptions {
             backends: Vec::new(),
             formats: WeightFormat::ALL.to_vec(),
             precision: ComputePrecision::F32,
-            real_model: true,
+            real_model: RealModelParity::Full,
             cache_dir: models::default_cache_dir(),
             case_filter: None,
             progress: false,
@@ -99,16 +99,19 @@ impl Default for SuiteOptions {
 }
 
 impl SuiteOptions {
-    /// Defaults, adjusted by the environment: `SEAM_CONFORMANCE_CASES` (a case-name filter),
-    /// `SEAM_CONFORMANCE_REAL_MODEL=0` (skip the real model), `SEAM_CONFORMANCE_FORMATS`
-    /// (`f16`, `int4` or `f16,int4`); progress on.
+    /// The options of a test run: defaults with quick real-model parity and progress on, adjusted
+    /// by the environment: `SEAM_CONFORMANCE_CASES` (a case-name filter),
+    /// `SEAM_CONFORMANCE_REAL_MODEL` (`0` skips the real model, `full` runs every prompt on it),
+    /// `SEAM_CONFORMANCE_FORMATS` (`f16`, `int4` or `f16,int4`).
     pub fn from_env() -> SuiteOptions {
-        let mut options = SuiteOptions { progress: true, ..SuiteOptions::default() };
+        let mut options = SuiteOptions { progress: true, real_model: RealModelParity::Quick, ..SuiteOptions::default() };
         if let Ok(filter) = std::env::var("SEAM_CONFORMANCE_CASES") {
             options.case_filter = Some(filter).filter(|f| !f.is_empty());
         }
-        if std::env::var("SEAM_CONFORMANCE_REAL_MODEL").is_ok_and(|v| v == "0") {
-            options.real_model = false;
+        match std::env::var("SEAM_CONFORMANCE_REAL_MODEL").as_deref() {
+            Ok("0") => options.real_model = RealModelParity::Skip,
+            Ok("full") => options.real_model = RealModelParity::Full,
+            _ => {}
         }
         if let Ok(formats) = std::env::var("SEAM_CONFORMANCE_FORMATS") {
             let parsed: Vec<WeightFormat> = formats.split(',').filter_map(|f| f.trim().parse().ok()).collect();
@@ -118,6 +121,18 @@ impl SuiteOptions {
         }
         options
     }
+}
+
+/// How much greedy parity to run on the real default model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum RealModelParity {
+    /// None (the parity rows of the real model are then absent from the report).
+    Skip,
+    /// Two prompts ([`prompts::QUICK_REAL_PARITY_LENGTHS`]): the default of `cargo test`.
+    Quick,
+    /// Every real-model prompt ([`prompts::REAL_PARITY_LENGTHS`]): the default of the library and
+    /// of `seam conformance`.
+    Full,
 }
 
 /// A fault-injection hook a backend may give the suite, so that it can check poisoning: the

@@ -6,9 +6,14 @@
 /// Prompt lengths of the greedy-parity case on the tiny models.
 pub const TINY_PARITY_LENGTHS: &[usize] = &[1, 15, 16, 17, 63, 64, 65, 127, 128, 129, 255, 256, 257, 400];
 
-/// Prompt lengths of the greedy-parity case on the real model (each costs a real prefill and 64
-/// real decode steps on both the backend and the reference, so fewer of them).
+/// Prompt lengths of the greedy-parity case on the real model, [`crate::RealModelParity::Full`]
+/// (each costs a real prefill and 64 real decode steps on both the backend and the reference).
 pub const REAL_PARITY_LENGTHS: &[usize] = &[1, 16, 17, 64, 65, 300];
+
+/// Prompt lengths on the real model for [`crate::RealModelParity::Quick`], the default of tests:
+/// one short prompt just past a bucket, one of several hundred tokens. About 15 s per backend and
+/// format on 2 idle cores.
+pub const QUICK_REAL_PARITY_LENGTHS: &[usize] = &[17, 300];
 
 /// Greedy tokens generated (and compared) after each parity prompt.
 pub const PARITY_STEPS: usize = 64;

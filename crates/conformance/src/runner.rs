@@ -4,10 +4,10 @@
 use crate::cases::{self, Case, CaseContext};
 use crate::models::{self, ModelKind, MissingModel, TestModel};
 use crate::oracle::Oracle;
-use crate::prompts::{REAL_PARITY_LENGTHS, TINY_PARITY_LENGTHS};
+use crate::prompts::{QUICK_REAL_PARITY_LENGTHS, REAL_PARITY_LENGTHS, TINY_PARITY_LENGTHS};
 use crate::report::{BackendReport, CaseResult, Outcome};
 use crate::verdict::{call_failed, Verdict};
-use crate::{SuiteOptions, Target};
+use crate::{RealModelParity, SuiteOptions, Target};
 use session_api::{Availability, Capabilities, Engine, LoadRequest, WeightFormat};
 use std::any::Any;
 use std::panic::{catch_unwind, AssertUnwindSafe};
@@ -90,12 +90,16 @@ impl<'a> Suite<'a> {
                 let lengths = TINY_PARITY_LENGTHS;
                 self.run_model(target, &capabilities, model, format, lengths, self_comparison, &mut sink);
             }
-            if !self.options.real_model || !self.wants(cases::parity::CASE.name) {
+            if self.options.real_model == RealModelParity::Skip || !self.wants(cases::parity::CASE.name) {
                 continue;
             }
             match self.real_model() {
                 Ok(model) => {
-                    let lengths = if self_comparison { SELF_REAL_PARITY_LENGTHS } else { REAL_PARITY_LENGTHS };
+                    let lengths = match self.options.real_model {
+                        _ if self_comparison => SELF_REAL_PARITY_LENGTHS,
+                        RealModelParity::Full => REAL_PARITY_LENGTHS,
+                        _ => QUICK_REAL_PARITY_LENGTHS,
+                    };
                     self.run_model(target, &capabilities, model, format, lengths, self_comparison, &mut sink);
                 }
                 Err(missing) => sink.push(CaseResult::new(
