@@ -207,9 +207,9 @@ impl Report {
         let _ = writeln!(out, "{}", "-".repeat(label_width + column_width.iter().map(|w| w + 2).sum::<usize>()));
         for (r, row) in rows.iter().enumerate() {
             let _ = write!(out, "{:label_width$}", row_label(row));
-            for c in 0..columns.len() {
+            for (c, width) in column_width.iter().enumerate() {
                 let cell = cells.get(&(r, c)).map(String::as_str).unwrap_or("-");
-                let _ = write!(out, "  {:w$}", cell, w = column_width[c]);
+                let _ = write!(out, "  {cell:width$}");
             }
             out.push('\n');
         }
