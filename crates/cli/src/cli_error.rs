@@ -11,6 +11,9 @@ pub enum CliError {
     /// A mistake in how the command was called that clap cannot see (a missing prompt, ...).
     #[error("{0}")]
     Usage(String),
+    /// The command ran, and what it checks did not hold (a conformance failure).
+    #[error("{0}")]
+    CheckFailed(String),
     /// Writing the output failed (a closed pipe, a full disk).
     #[error("could not write output: {0}")]
     Output(#[from] std::io::Error),

@@ -2,6 +2,7 @@
 
 mod backends_command;
 mod cli_error;
+mod conformance_command;
 mod convert_command;
 mod linked_backends;
 mod progress;
@@ -25,6 +26,8 @@ enum Command {
     Run(run_command::RunArgs),
     /// List the registered backends: available or why not, devices, capabilities.
     Backends(backends_command::BackendsArgs),
+    /// Run the conformance suite against registered backends and print the matrix.
+    Conformance(conformance_command::ConformanceArgs),
     /// Import a GGUF Llama file into a seam model directory (fp16 and int4 weights, tokenizer).
     Convert(convert_command::ConvertArgs),
 }
@@ -36,6 +39,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run_command::run(args),
         Command::Backends(args) => backends_command::run(args),
         Command::Convert(args) => convert_command::run(args),
+        Command::Conformance(args) => conformance_command::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

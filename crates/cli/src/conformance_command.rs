@@ -1,0 +1,67 @@
+//! `seam conformance`: the suite of `crates/conformance`, from the command line.
+
+use crate::cli_error::CliError;
+use clap::{Args, ValueEnum};
+use conformance::{run_suite, ComputePrecision, RealModelParity, SuiteOptions};
+use session_api::WeightFormat;
+use std::path::PathBuf;
+
+#[derive(Clone, Copy, ValueEnum)]
+enum RealModel {
+    /// No greedy parity on the real default model.
+    Skip,
+    /// Two prompts on the real default model.
+    Quick,
+    /// Every parity prompt on the real default model.
+    Full,
+}
+
+#[derive(Args)]
+pub struct ConformanceArgs {
+    /// Backend to test (repeatable); all registered backends when absent.
+    #[arg(long = "backend")]
+    backends: Vec<String>,
+    /// Weight format to test (repeatable); both when absent.
+    #[arg(long = "weights")]
+    formats: Vec<WeightFormat>,
+    /// Compute precision of the backend, which selects the tolerances: f32, f16 or bf16.
+    #[arg(long, default_value = "f32")]
+    precision: ComputePrecision,
+    /// How much greedy parity to run on the real default model (SmolLM2-135M-Instruct).
+    #[arg(long, value_enum, default_value = "full")]
+    real_model: RealModel,
+    /// Run only cases whose name contains this text.
+    #[arg(long)]
+    cases: Option<String>,
+    /// Also write the report as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+pub fn run(args: ConformanceArgs) -> Result<(), CliError> {
+    let mut options = SuiteOptions {
+        backends: args.backends,
+        precision: args.precision,
+        real_model: match args.real_model {
+            RealModel::Skip => RealModelParity::Skip,
+            RealModel::Quick => RealModelParity::Quick,
+            RealModel::Full => RealModelParity::Full,
+        },
+        case_filter: args.cases,
+        progress: true,
+        ..SuiteOptions::default()
+    };
+    if !args.formats.is_empty() {
+        options.formats = args.formats;
+    }
+    let report = run_suite(&options).map_err(|e| CliError::CheckFailed(format!("the suite could not run: {e}")))?;
+    report.print_matrix();
+    if let Some(path) = &args.json {
+        std::fs::write(path, report.to_json()).map_err(CliError::Output)?;
+        eprintln!("report written to {}", path.display());
+    }
+    if report.has_failures() {
+        return Err(CliError::CheckFailed("conformance failed: see the matrix above".into()));
+    }
+    Ok(())
+}
