@@ -90,6 +90,12 @@ pub fn ensure_default_model(progress: Option<&(dyn Fn(u64, u64) + Sync)>) -> Res
     if is_installed(&dir) {
         return Ok(dir);
     }
+    // Tests in one binary run on several threads, and several processes (the cli, test binaries)
+    // may install at once: one installs while the others wait, then find the model in place.
+    let _install = InstallLock::acquire()?;
+    if is_installed(&dir) {
+        return Ok(dir);
+    }
     let gguf = fetch_default_gguf()?;
     // The importer writes each file under a temporary name and renames it into place, so an
     // interrupted install leaves files that are absent or complete, never half-written; the next
@@ -102,6 +108,23 @@ pub fn ensure_default_model(progress: Option<&(dyn Fn(u64, u64) + Sync)>) -> Res
         });
     }
     Ok(dir)
+}
+
+/// An exclusive advisory lock on `seam_home()/.install.lock`, released when dropped (or when the
+/// process dies, so a crashed install never blocks the next one).
+struct InstallLock {
+    _file: File,
+}
+
+impl InstallLock {
+    fn acquire() -> Result<InstallLock, ModelError> {
+        let home = seam_home();
+        std::fs::create_dir_all(&home).map_err(|e| ModelError::io(&home, e))?;
+        let path = home.join(".install.lock");
+        let file = File::options().create(true).truncate(false).write(true).open(&path).map_err(|e| ModelError::io(&path, e))?;
+        file.lock().map_err(|e| ModelError::io(&path, e))?;
+        Ok(InstallLock { _file: file })
+    }
 }
 
 fn wheel_prefix() -> String {
