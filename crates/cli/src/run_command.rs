@@ -183,9 +183,9 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             "finish_reason": output.finish_reason,
             "stats": output.stats,
         });
-        println!("{}", serde_json::to_string_pretty(&report).expect("the report serializes"));
+        writeln!(stdout.lock(), "{}", serde_json::to_string_pretty(&report).expect("the report serializes"))?;
     } else {
-        println!();
+        writeln!(stdout.lock())?;
         eprintln!("\n[{} on {}, {} weights resident as {}]", info.model, info.backend, info.weights, info.resident_precision);
         eprintln!("{}", output.stats.summary());
     }
