@@ -1,0 +1,18 @@
+//! # stablehlo-llama: Llama graphs as StableHLO text, for seam's compiler backends
+//!
+//! [`emit_module`] writes the decode-step and prefill graphs of a Llama model (from its
+//! [`llama_model::LlamaConfig`]) as an MLIR module in StableHLO's generic form, which IREE's
+//! `iree-compile` and XLA's PJRT plugins both accept. Weights are runtime arguments
+//! ([`weight_args`] gives their order, shapes and types; [`host_args`] the bytes to upload from a
+//! [`llama_model::LlamaWeights`]), never constants. The KV cache is an f16 argument returned
+//! updated, written with `dynamic_update_slice`, so a runtime that donates the input buffer updates
+//! it in place. The full contract is in `docs/backends/stablehlo-graphs.md`.
+
+pub mod arguments;
+pub mod error;
+pub mod graph;
+pub mod mlir;
+
+pub use arguments::{host_args, weight_args, ArgDtype, HostArg, WeightArg, WeightPart};
+pub use error::GraphError;
+pub use graph::{emit_module, GraphKind, GraphOptions, GraphSpec};

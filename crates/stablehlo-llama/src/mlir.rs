@@ -1,0 +1,409 @@
+//! A small typed builder for StableHLO in MLIR's generic operation form.
+//!
+//! Why generic form: it is one syntax for every operation (`"stablehlo.op"(operands) {attrs} :
+//! (types) -> types`), stable across StableHLO versions, and accepted by every MLIR parser that
+//! knows the dialect; the pretty forms differ per operation and have changed between releases.
+//! Every builder method computes the result type itself, so a shape mistake in the graph code is
+//! caught here (as a panic: it is a bug of this crate, never a user error) rather than as an
+//! unreadable compiler diagnostic.
+
+use std::fmt::Write;
+
+/// Element types the graphs use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Elem {
+    F32,
+    F16,
+    I32,
+    /// Packed int4 bytes. Declared signed so that no unsigned type reaches the compiler; nibbles
+    /// are extracted with a logical shift and a mask, which read the same bits either way.
+    I8,
+    /// Predicates (`compare` results).
+    I1,
+}
+
+impl Elem {
+    /// The MLIR spelling.
+    pub fn mlir(self) -> &'static str {
+        match self {
+            Elem::F32 => "f32",
+            Elem::F16 => "f16",
+            Elem::I32 => "i32",
+            Elem::I8 => "i8",
+            Elem::I1 => "i1",
+        }
+    }
+}
+
+/// A ranked tensor type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Ty {
+    pub dims: Vec<usize>,
+    pub elem: Elem,
+}
+
+impl Ty {
+    /// `tensor<d0xd1x...xelem>`.
+    pub fn new(dims: &[usize], elem: Elem) -> Ty {
+        Ty { dims: dims.to_vec(), elem }
+    }
+
+    /// The MLIR spelling, e.g. `tensor<4x64xf32>` or `tensor<i32>`.
+    pub fn mlir(&self) -> String {
+        let mut s = String::from("tensor<");
+        for d in &self.dims {
+            write!(s, "{d}x").unwrap();
+        }
+        s.push_str(self.elem.mlir());
+        s.push('>');
+        s
+    }
+
+    fn count(&self) -> usize {
+        self.dims.iter().product()
+    }
+}
+
+/// An SSA value with its type.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Val {
+    pub name: String,
+    pub ty: Ty,
+}
+
+impl Val {
+    pub fn dims(&self) -> &[usize] {
+        &self.ty.dims
+    }
+    pub fn elem(&self) -> Elem {
+        self.ty.elem
+    }
+    pub fn rank(&self) -> usize {
+        self.ty.dims.len()
+    }
+}
+
+/// Reductions the graphs need.
+#[derive(Debug, Clone, Copy)]
+pub enum Reduction {
+    Sum,
+    Max,
+    Min,
+}
+
+/// Comparison directions.
+#[derive(Debug, Clone, Copy)]
+pub enum Cmp {
+    Eq,
+    Le,
+}
+
+fn i64_array(values: &[usize]) -> String {
+    let items: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+    if items.is_empty() {
+        "array<i64>".to_string()
+    } else {
+        format!("array<i64: {}>", items.join(", "))
+    }
+}
+
+fn list(values: &[usize]) -> String {
+    let items: Vec<String> = values.iter().map(|v| v.to_string()).collect();
+    format!("[{}]", items.join(", "))
+}
+
+/// A float constant written as its exact bit pattern, so that no decimal round trip can change it.
+fn f32_literal(x: f32) -> String {
+    format!("0x{:08X}", x.to_bits())
+}
+
+/// The body of one `func.func`, built operation by operation.
+#[derive(Debug, Default)]
+pub struct FnBuilder {
+    body: String,
+    next: usize,
+}
+
+impl FnBuilder {
+    /// A builder whose first SSA names follow the function's arguments.
+    pub fn new() -> FnBuilder {
+        FnBuilder::default()
+    }
+
+    /// A comment line in the body (ignored by the parser, read by people and snapshot diffs).
+    pub fn comment(&mut self, text: &str) {
+        writeln!(self.body, "    // {text}").unwrap();
+    }
+
+    /// Emits one operation with one result and returns the result.
+    fn op(&mut self, name: &str, operands: &[&Val], attrs: &str, ty: Ty) -> Val {
+        let result = format!("%{}", self.next);
+        self.next += 1;
+        let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
+        let types: Vec<String> = operands.iter().map(|v| v.ty.mlir()).collect();
+        let attrs = if attrs.is_empty() { String::new() } else { format!(" {{{attrs}}}") };
+        writeln!(
+            self.body,
+            "    {result} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {}",
+            names.join(", "),
+            types.join(", "),
+            ty.mlir()
+        )
+        .unwrap();
+        Val { name: result, ty }
+    }
+
+    /// A splat f32 constant of shape `dims`.
+    pub fn const_f32(&mut self, x: f32, dims: &[usize]) -> Val {
+        let ty = Ty::new(dims, Elem::F32);
+        self.op("constant", &[], &format!("value = dense<{}> : {}", f32_literal(x), ty.mlir()), ty)
+    }
+
+    /// An f32 vector constant, written as exact bit patterns.
+    pub fn const_f32_vec(&mut self, xs: &[f32]) -> Val {
+        let ty = Ty::new(&[xs.len()], Elem::F32);
+        let items: Vec<String> = xs.iter().map(|&x| f32_literal(x)).collect();
+        self.op("constant", &[], &format!("value = dense<[{}]> : {}", items.join(", "), ty.mlir()), ty)
+    }
+
+    /// A splat integer constant (`elem` is I32 or I8).
+    pub fn const_int(&mut self, x: i64, elem: Elem, dims: &[usize]) -> Val {
+        assert!(matches!(elem, Elem::I32 | Elem::I8), "integer constant of type {elem:?}");
+        let ty = Ty::new(dims, elem);
+        self.op("constant", &[], &format!("value = dense<{x}> : {}", ty.mlir()), ty)
+    }
+
+    fn binary(&mut self, name: &str, a: &Val, b: &Val) -> Val {
+        assert_eq!(a.ty, b.ty, "{name} of mismatched operands");
+        let ty = a.ty.clone();
+        self.op(name, &[a, b], "", ty)
+    }
+
+    pub fn add(&mut self, a: &Val, b: &Val) -> Val {
+        self.binary("add", a, b)
+    }
+    pub fn sub(&mut self, a: &Val, b: &Val) -> Val {
+        self.binary("subtract", a, b)
+    }
+    pub fn mul(&mut self, a: &Val, b: &Val) -> Val {
+        self.binary("multiply", a, b)
+    }
+    pub fn div(&mut self, a: &Val, b: &Val) -> Val {
+        self.binary("divide", a, b)
+    }
+    pub fn and(&mut self, a: &Val, b: &Val) -> Val {
+        self.binary("and", a, b)
+    }
+    pub fn shift_right_logical(&mut self, a: &Val, b: &Val) -> Val {
+        self.binary("shift_right_logical", a, b)
+    }
+
+    fn unary(&mut self, name: &str, a: &Val) -> Val {
+        let ty = a.ty.clone();
+        self.op(name, &[a], "", ty)
+    }
+
+    pub fn neg(&mut self, a: &Val) -> Val {
+        self.unary("negate", a)
+    }
+    pub fn exp(&mut self, a: &Val) -> Val {
+        self.unary("exponential", a)
+    }
+    pub fn sqrt(&mut self, a: &Val) -> Val {
+        self.unary("sqrt", a)
+    }
+    pub fn cos(&mut self, a: &Val) -> Val {
+        self.unary("cosine", a)
+    }
+    pub fn sin(&mut self, a: &Val) -> Val {
+        self.unary("sine", a)
+    }
+
+    /// Element type conversion.
+    pub fn convert(&mut self, a: &Val, elem: Elem) -> Val {
+        if a.elem() == elem {
+            return a.clone();
+        }
+        self.op("convert", &[a], "", Ty::new(a.dims(), elem))
+    }
+
+    /// Same elements, new shape.
+    pub fn reshape(&mut self, a: &Val, dims: &[usize]) -> Val {
+        let ty = Ty::new(dims, a.elem());
+        assert_eq!(ty.count(), a.ty.count(), "reshape {:?} to {dims:?}", a.dims());
+        if a.dims() == dims {
+            return a.clone();
+        }
+        self.op("reshape", &[a], "", ty)
+    }
+
+    /// Result dimension `i` is operand dimension `perm[i]`.
+    pub fn transpose(&mut self, a: &Val, perm: &[usize]) -> Val {
+        assert_eq!(perm.len(), a.rank());
+        let dims: Vec<usize> = perm.iter().map(|&p| a.dims()[p]).collect();
+        self.op("transpose", &[a], &format!("permutation = {}", i64_array(perm)), Ty::new(&dims, a.elem()))
+    }
+
+    /// Operand dimension `i` becomes result dimension `map[i]`.
+    pub fn broadcast(&mut self, a: &Val, dims: &[usize], map: &[usize]) -> Val {
+        assert_eq!(map.len(), a.rank());
+        for (i, &m) in map.iter().enumerate() {
+            assert!(a.dims()[i] == dims[m] || a.dims()[i] == 1, "broadcast {:?} to {dims:?} by {map:?}", a.dims());
+        }
+        if a.dims() == dims {
+            return a.clone();
+        }
+        self.op("broadcast_in_dim", &[a], &format!("broadcast_dimensions = {}", i64_array(map)), Ty::new(dims, a.elem()))
+    }
+
+    /// `0, 1, 2, ...` along `dim` of an i32 tensor of shape `dims`.
+    pub fn iota(&mut self, dims: &[usize], dim: usize) -> Val {
+        self.op("iota", &[], &format!("iota_dimension = {dim} : i64"), Ty::new(dims, Elem::I32))
+    }
+
+    pub fn compare(&mut self, a: &Val, b: &Val, cmp: Cmp) -> Val {
+        assert_eq!(a.ty, b.ty);
+        let dir = match cmp {
+            Cmp::Eq => "EQ",
+            Cmp::Le => "LE",
+        };
+        self.op("compare", &[a, b], &format!("comparison_direction = #stablehlo<comparison_direction {dir}>"), Ty::new(a.dims(), Elem::I1))
+    }
+
+    pub fn select(&mut self, pred: &Val, a: &Val, b: &Val) -> Val {
+        assert_eq!(pred.elem(), Elem::I1);
+        assert_eq!(pred.dims(), a.dims());
+        assert_eq!(a.ty, b.ty);
+        let ty = a.ty.clone();
+        self.op("select", &[pred, a, b], "", ty)
+    }
+
+    /// Static slice `[start, limit)` per dimension, stride 1.
+    pub fn slice(&mut self, a: &Val, start: &[usize], limit: &[usize]) -> Val {
+        assert!(start.len() == a.rank() && limit.len() == a.rank());
+        let dims: Vec<usize> = start.iter().zip(limit).map(|(s, l)| l - s).collect();
+        let attrs = format!(
+            "limit_indices = {}, start_indices = {}, strides = {}",
+            i64_array(limit),
+            i64_array(start),
+            i64_array(&vec![1; a.rank()])
+        );
+        self.op("slice", &[a], &attrs, Ty::new(&dims, a.elem()))
+    }
+
+    /// Runtime-offset slice; `starts` are scalar i32 values.
+    pub fn dynamic_slice(&mut self, a: &Val, starts: &[&Val], sizes: &[usize]) -> Val {
+        assert!(starts.len() == a.rank() && sizes.len() == a.rank());
+        let mut operands = vec![a];
+        operands.extend_from_slice(starts);
+        self.op("dynamic_slice", &operands, &format!("slice_sizes = {}", i64_array(sizes)), Ty::new(sizes, a.elem()))
+    }
+
+    /// `a` with `update` written at runtime offsets `starts` (scalar i32 values).
+    pub fn dynamic_update_slice(&mut self, a: &Val, update: &Val, starts: &[&Val]) -> Val {
+        assert!(starts.len() == a.rank() && update.rank() == a.rank() && update.elem() == a.elem());
+        let mut operands = vec![a, update];
+        operands.extend_from_slice(starts);
+        let ty = a.ty.clone();
+        self.op("dynamic_update_slice", &operands, "", ty)
+    }
+
+    pub fn concatenate(&mut self, parts: &[&Val], dim: usize) -> Val {
+        let first = parts[0];
+        let mut dims = first.dims().to_vec();
+        dims[dim] = parts.iter().map(|p| p.dims()[dim]).sum();
+        self.op("concatenate", parts, &format!("dimension = {dim} : i64"), Ty::new(&dims, first.elem()))
+    }
+
+    /// Rows `ids` (i32 `[n]`) of the 2-D `table`: `[n, table.cols]`.
+    pub fn gather_rows(&mut self, table: &Val, ids: &Val) -> Val {
+        assert_eq!(table.rank(), 2);
+        assert_eq!(ids.rank(), 1);
+        let n = ids.dims()[0];
+        let ids2 = self.reshape(ids, &[n, 1]);
+        let cols = table.dims()[1];
+        let attrs = format!(
+            "dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [0], start_index_map = [0], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = {}",
+            i64_array(&[1, cols])
+        );
+        self.op("gather", &[table, &ids2], &attrs, Ty::new(&[n, cols], table.elem()))
+    }
+
+    /// `dot_general`: result dims are the batch dims, then lhs free dims, then rhs free dims.
+    pub fn dot_general(&mut self, a: &Val, b: &Val, batch: (&[usize], &[usize]), contract: (&[usize], &[usize])) -> Val {
+        assert_eq!(a.elem(), b.elem());
+        for (&i, &j) in batch.0.iter().zip(batch.1).chain(contract.0.iter().zip(contract.1)) {
+            assert_eq!(a.dims()[i], b.dims()[j], "dot_general of {:?} and {:?}", a.dims(), b.dims());
+        }
+        let mut dims: Vec<usize> = batch.0.iter().map(|&i| a.dims()[i]).collect();
+        let free = |v: &Val, used: Vec<usize>| -> Vec<usize> {
+            (0..v.rank()).filter(|d| !used.contains(d)).map(|d| v.dims()[d]).collect()
+        };
+        dims.extend(free(a, [batch.0, contract.0].concat()));
+        dims.extend(free(b, [batch.1, contract.1].concat()));
+        let attrs = format!(
+            "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = {}, rhs_batching_dimensions = {}, lhs_contracting_dimensions = {}, rhs_contracting_dimensions = {}>",
+            list(batch.0),
+            list(batch.1),
+            list(contract.0),
+            list(contract.1)
+        );
+        self.op("dot_general", &[a, b], &attrs, Ty::new(&dims, a.elem()))
+    }
+
+    /// Reduces `dims` of `a` away.
+    pub fn reduce(&mut self, a: &Val, dims: &[usize], kind: Reduction) -> Val {
+        let elem = a.elem();
+        let init = match (kind, elem) {
+            (Reduction::Sum, Elem::F32) => self.const_f32(0.0, &[]),
+            (Reduction::Max, Elem::F32) => self.const_f32(f32::NEG_INFINITY, &[]),
+            (Reduction::Min, Elem::I32) => self.const_int(i32::MAX as i64, Elem::I32, &[]),
+            other => panic!("reduction {other:?} is not used by the graphs"),
+        };
+        let op = match kind {
+            Reduction::Sum => "add",
+            Reduction::Max => "maximum",
+            Reduction::Min => "minimum",
+        };
+        let out_dims: Vec<usize> = (0..a.rank()).filter(|d| !dims.contains(d)).map(|d| a.dims()[d]).collect();
+        let ty = Ty::new(&out_dims, elem);
+        let result = format!("%{}", self.next);
+        self.next += 1;
+        let scalar = Ty::new(&[], elem).mlir();
+        writeln!(self.body, "    {result} = \"stablehlo.reduce\"({}, {}) ({{", a.name, init.name).unwrap();
+        writeln!(self.body, "    ^bb0(%lhs: {scalar}, %rhs: {scalar}):").unwrap();
+        writeln!(self.body, "      %r = \"stablehlo.{op}\"(%lhs, %rhs) : ({scalar}, {scalar}) -> {scalar}").unwrap();
+        writeln!(self.body, "      \"stablehlo.return\"(%r) : ({scalar}) -> ()").unwrap();
+        writeln!(
+            self.body,
+            "    }}) {{dimensions = {}}} : ({}, {scalar}) -> {}",
+            i64_array(dims),
+            a.ty.mlir(),
+            ty.mlir()
+        )
+        .unwrap();
+        Val { name: result, ty }
+    }
+
+    /// Finishes the function: `func.func @name(args) -> (results)` with this body.
+    pub fn finish(self, name: &str, args: &[(Val, String)], results: &[&Val]) -> String {
+        let mut s = String::new();
+        writeln!(s, "  func.func @{name}(").unwrap();
+        for (i, (arg, doc)) in args.iter().enumerate() {
+            let sep = if i + 1 == args.len() { "" } else { "," };
+            writeln!(s, "      {}: {}{sep} // {doc}", arg.name, arg.ty.mlir()).unwrap();
+        }
+        let types: Vec<String> = results.iter().map(|r| r.ty.mlir()).collect();
+        writeln!(s, "  ) -> ({}) {{", types.join(", ")).unwrap();
+        s.push_str(&self.body);
+        let names: Vec<&str> = results.iter().map(|r| r.name.as_str()).collect();
+        writeln!(s, "    func.return {} : {}", names.join(", "), types.join(", ")).unwrap();
+        writeln!(s, "  }}").unwrap();
+        s
+    }
+}
+
+/// A function argument `%argN` of type `ty`.
+pub fn arg(index: usize, ty: Ty) -> Val {
+    Val { name: format!("%arg{index}"), ty }
+}
