@@ -1,0 +1,254 @@
+//! Numeric check of the emitted graphs against the reference backend, through IREE 3.13's
+//! command-line tools (the Rust IREE runtime is the next step of the IREE backend).
+//!
+//! The test installs `iree-base-compiler==3.13.0` and `iree-base-runtime==3.13.0` into
+//! `.seam/py-iree` (once), compiles the tiny model's graphs with `iree-compile` for llvm-cpu, and
+//! runs a session with `iree-run-module`: a prompt through the prefill graph, decode steps, an
+//! extension through the prefill graph at a non-zero offset, more decode steps. The KV cache goes
+//! from one call to the next as `.npy` files. Every step's logits and greedy token are compared
+//! with `backend_reference` on the same weights, teacher-forced with the reference's tokens.
+//! If pip cannot install the wheels (no network), the test prints why and returns.
+
+use backend_reference::{EngineOptions, ReferenceEngine};
+use llama_model::{LlamaWeights, Matrix};
+use session_api::{Session, SessionOptions, WeightFormat};
+use stablehlo_llama::{emit_module, host_args, ArgDtype, GraphKind, GraphOptions, GraphSpec};
+use std::path::{Path, PathBuf};
+use std::process::Command;
+
+const MAX_CONTEXT: usize = 32;
+const BUCKET: usize = 8;
+
+/// `.seam/py-iree` with both wheels installed, or why not.
+fn iree_tools() -> Result<PathBuf, String> {
+    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.seam/py-iree");
+    let ready = |d: &Path| d.join("bin/iree-compile").is_file() && d.join("bin/iree-run-module").is_file();
+    if ready(&dir) {
+        return Ok(dir);
+    }
+    let status = Command::new("python3")
+        .args(["-m", "pip", "install", "--quiet", "--target"])
+        .arg(&dir)
+        .args(["iree-base-compiler==3.13.0", "iree-base-runtime==3.13.0"])
+        .status()
+        .map_err(|e| format!("running python3 -m pip: {e}"))?;
+    if !status.success() || !ready(&dir) {
+        return Err(format!("pip install --target {} iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 failed ({status})", dir.display()));
+    }
+    Ok(dir)
+}
+
+fn tool(dir: &Path, name: &str) -> Command {
+    let mut cmd = Command::new(dir.join("bin").join(name));
+    cmd.env("PYTHONPATH", dir);
+    cmd
+}
+
+fn run(mut cmd: Command) {
+    let out = cmd.output().expect("starting an IREE tool");
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
+}
+
+/// A minimal `.npy` (version 1.0) writer.
+fn write_npy(path: &Path, descr: &str, shape: &[usize], data: &[u8]) {
+    let shape = match shape {
+        [] => "()".to_string(),
+        [n] => format!("({n},)"),
+        dims => format!("({})", dims.iter().map(|d| d.to_string()).collect::<Vec<_>>().join(", ")),
+    };
+    let mut header = format!("{{'descr': '{descr}', 'fortran_order': False, 'shape': {shape}, }}");
+    while (10 + header.len() + 1) % 64 != 0 {
+        header.push(' ');
+    }
+    header.push('\n');
+    let mut bytes = b"\x93NUMPY\x01\x00".to_vec();
+    bytes.extend_from_slice(&(header.len() as u16).to_le_bytes());
+    bytes.extend_from_slice(header.as_bytes());
+    bytes.extend_from_slice(data);
+    std::fs::write(path, bytes).unwrap();
+}
+
+/// The data bytes of an `.npy` file and its `descr`.
+fn read_npy(path: &Path) -> (String, Vec<u8>) {
+    let bytes = std::fs::read(path).unwrap();
+    assert_eq!(&bytes[..6], b"\x93NUMPY", "{} is not .npy", path.display());
+    let (len, start) = match bytes[6] {
+        1 => (u16::from_le_bytes([bytes[8], bytes[9]]) as usize, 10),
+        _ => (u32::from_le_bytes(bytes[8..12].try_into().unwrap()) as usize, 12),
+    };
+    let header = std::str::from_utf8(&bytes[start..start + len]).unwrap();
+    let descr = header.split("'descr': '").nth(1).unwrap().split('\'').next().unwrap().to_string();
+    (descr, bytes[start + len..].to_vec())
+}
+
+fn read_f32s(path: &Path) -> Vec<f32> {
+    let (descr, data) = read_npy(path);
+    assert_eq!(descr, "<f4");
+    data.chunks_exact(4).map(|c| f32::from_le_bytes(c.try_into().unwrap())).collect()
+}
+
+fn read_i32(path: &Path) -> i32 {
+    let (descr, data) = read_npy(path);
+    assert_eq!(descr, "<i4");
+    i32::from_le_bytes(data[..4].try_into().unwrap())
+}
+
+fn int4_weights(w: &LlamaWeights) -> LlamaWeights {
+    let q = |m: &Matrix| Matrix::Int4(m.to_int4().unwrap());
+    let mut out = w.clone();
+    out.embed = q(&w.embed);
+    out.lm_head = w.lm_head.as_ref().map(q);
+    for (o, l) in out.layers.iter_mut().zip(&w.layers) {
+        for (dst, src) in [
+            (&mut o.wq, &l.wq),
+            (&mut o.wk, &l.wk),
+            (&mut o.wv, &l.wv),
+            (&mut o.wo, &l.wo),
+            (&mut o.w_gate, &l.w_gate),
+            (&mut o.w_up, &l.w_up),
+            (&mut o.w_down, &l.w_down),
+        ] {
+            *dst = q(src);
+        }
+    }
+    out
+}
+
+/// One IREE session over the compiled module: the cache lives in `.npy` files between calls.
+struct IreeSession<'a> {
+    tools: &'a Path,
+    dir: &'a Path,
+    vmfb: PathBuf,
+    weight_inputs: Vec<String>,
+    k: PathBuf,
+    v: PathBuf,
+    position: usize,
+    calls: usize,
+}
+
+impl IreeSession<'_> {
+    /// Feeds `tokens` (one: `@decode_logits`; more: `@prefill_8_logits`) and returns the greedy
+    /// token and the logits of the last one.
+    fn step(&mut self, tokens: &[u32]) -> (u32, Vec<f32>) {
+        self.calls += 1;
+        let mut cmd = tool(self.tools, "iree-run-module");
+        cmd.arg(format!("--module={}", self.vmfb.display())).arg("--device=local-task");
+        if tokens.len() == 1 {
+            cmd.arg("--function=decode_logits").arg(format!("--input=1xi32={}", tokens[0]));
+            cmd.arg(format!("--input=i32={}", self.position));
+        } else {
+            let mut padded: Vec<String> = tokens.iter().map(u32::to_string).collect();
+            padded.resize(BUCKET, "0".into());
+            cmd.arg(format!("--function=prefill_{BUCKET}_logits"));
+            cmd.arg(format!("--input={BUCKET}xi32={}", padded.join(",")));
+            cmd.arg(format!("--input=i32={}", self.position));
+            cmd.arg(format!("--input=i32={}", tokens.len()));
+        }
+        cmd.arg(format!("--input=@{}", self.k.display())).arg(format!("--input=@{}", self.v.display()));
+        cmd.args(&self.weight_inputs);
+        let out = |name: &str| self.dir.join(format!("{name}_{}.npy", self.calls));
+        let (token, k, v, logits) = (out("token"), out("k"), out("v"), out("logits"));
+        for p in [&token, &k, &v, &logits] {
+            cmd.arg(format!("--output=@{}", p.display()));
+        }
+        run(cmd);
+        self.k = k;
+        self.v = v;
+        self.position += tokens.len();
+        (read_i32(&token) as u32, read_f32s(&logits))
+    }
+}
+
+/// Runs the session script on IREE and the reference; returns the largest logit difference.
+fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat) -> f32 {
+    let config = &weights.config;
+    let dir = tempfile::tempdir().unwrap();
+    let options = GraphOptions { max_context: MAX_CONTEXT, format };
+    let specs = [
+        GraphSpec { kind: GraphKind::Decode, logits: true },
+        GraphSpec { kind: GraphKind::Prefill { bucket: BUCKET }, logits: true },
+    ];
+    let mlir = dir.path().join("model.mlir");
+    std::fs::write(&mlir, emit_module(config, &options, &specs).unwrap()).unwrap();
+    let vmfb = dir.path().join("model.vmfb");
+    let mut compile = tool(tools, "iree-compile");
+    compile
+        .arg(&mlir)
+        .args(["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", "-o"])
+        .arg(&vmfb);
+    run(compile);
+
+    let mut weight_inputs = Vec::new();
+    for (i, arg) in host_args(weights, format).unwrap().iter().enumerate() {
+        let descr = match arg.spec.dtype {
+            ArgDtype::F32 => "<f4",
+            ArgDtype::F16 => "<f2",
+            ArgDtype::I32 => "<i4",
+            ArgDtype::I8 => "|i1",
+        };
+        let path = dir.path().join(format!("w{i}.npy"));
+        write_npy(&path, descr, &arg.spec.shape, &arg.bytes);
+        weight_inputs.push(format!("--input=@{}", path.display()));
+    }
+    let cache_shape = [config.num_hidden_layers, config.num_key_value_heads, MAX_CONTEXT, config.head_dim];
+    let zeros = vec![0u8; cache_shape.iter().product::<usize>() * 2];
+    let (k, v) = (dir.path().join("k0.npy"), dir.path().join("v0.npy"));
+    write_npy(&k, "<f2", &cache_shape, &zeros);
+    write_npy(&v, "<f2", &cache_shape, &zeros);
+    let mut iree = IreeSession { tools, dir: dir.path(), vmfb, weight_inputs, k, v, position: 0, calls: 0 };
+
+    let engine = ReferenceEngine::from_weights(weights, EngineOptions::default()).unwrap();
+    let mut reference = engine.session(SessionOptions { return_logits: true, ..Default::default() }).unwrap();
+
+    // Prompt (5 of 8), 3 decode steps, an extension of 3 tokens at offset 8, 3 decode steps.
+    let prompt = [1u32, 17, 42, 99, 200];
+    let extension = [7u32, 250, 3];
+    let mut worst = 0.0f32;
+    let mut check = |what: &str, iree: (u32, Vec<f32>), reference: session_api::StepOutput| -> u32 {
+        let ref_logits = reference.logits.unwrap();
+        let diff = iree.1.iter().zip(&ref_logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
+        eprintln!("{format} {what}: max |logit diff| {diff:.2e}, tokens iree {} reference {}", iree.0, reference.token);
+        assert_eq!(iree.1.len(), ref_logits.len());
+        assert_eq!(iree.0, reference.token, "{format} {what}: greedy token");
+        worst = worst.max(diff);
+        reference.token
+    };
+    let mut next = check("prefill", iree.step(&prompt), reference.prefill(&prompt).unwrap());
+    for i in 0..3 {
+        next = check(&format!("decode {i}"), iree.step(&[next]), reference.decode(next).unwrap());
+    }
+    next = check("extend", iree.step(&extension), reference.prefill(&extension).unwrap());
+    for i in 0..3 {
+        next = check(&format!("decode {}", i + 3), iree.step(&[next]), reference.decode(next).unwrap());
+    }
+    assert_eq!(iree.position, reference.position());
+    worst
+}
+
+#[test]
+fn iree_matches_the_reference_in_f16_and_int4() {
+    let tools = match iree_tools() {
+        Ok(t) => t,
+        Err(reason) => {
+            eprintln!("SKIPPED iree_matches_the_reference_in_f16_and_int4: {reason}");
+            return;
+        }
+    };
+    // f16 on the Llama-3.2-shaped tiny config (tied head read from the embedding table, llama3
+    // rope scaling); int4 on the plain tiny config (untied head, plain rope). Between them every
+    // branch of the emitter runs.
+    let f16 = llama_model::random::random_weights(&llama_model::random::tiny_llama32_config(), 11).unwrap();
+    let err = compare(&tools, &f16, WeightFormat::F16);
+    eprintln!("f16: worst max |logit diff| {err:.2e}");
+    assert!(err < 1e-2, "f16 logits differ by {err}");
+    let plain = llama_model::random::random_weights(&llama_model::random::tiny_config(), 12).unwrap();
+    let int4 = int4_weights(&plain);
+    let err = compare(&tools, &int4, WeightFormat::Int4);
+    eprintln!("int4: worst max |logit diff| {err:.2e}");
+    assert!(err < 1e-2, "int4 logits differ by {err}");
+}
