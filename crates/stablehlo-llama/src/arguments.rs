@@ -180,3 +180,59 @@ pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<Hos
     }
     Ok(out)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llama_model::random::{random_weights, tiny_config, tiny_llama32_config};
+
+    #[test]
+    fn order_and_shapes() {
+        let c = tiny_config();
+        let f16 = weight_args(&c, WeightFormat::F16);
+        assert_eq!(f16.len(), 1 + 9 * c.num_hidden_layers + 1 + 1);
+        assert_eq!(f16[0].name, "model.embed_tokens.weight");
+        assert_eq!((f16[0].shape.clone(), f16[0].part), (vec![256, 64], WeightPart::F16RowMajor));
+        assert_eq!(f16[1].name, "model.layers.0.input_layernorm.weight");
+        assert_eq!((f16[1].shape.clone(), f16[1].dtype), (vec![64], ArgDtype::F32));
+        // k_proj is [32, 64] in Hugging Face layout, uploaded as [64, 32].
+        assert_eq!((f16[3].name.as_str(), f16[3].shape.clone()), ("model.layers.0.self_attn.k_proj.weight", vec![64, 32]));
+        assert_eq!(f16.last().unwrap().shape, vec![64, 256]);
+        let int4 = weight_args(&c, WeightFormat::Int4);
+        assert_eq!(int4.len(), 3 * (1 + 7 * c.num_hidden_layers + 1) + 2 * c.num_hidden_layers + 1);
+        assert_eq!(int4[0].name, "model.embed_tokens.weight.qweight");
+        assert_eq!((int4[0].shape.clone(), int4[0].dtype), (vec![256, 32], ArgDtype::I8));
+        assert_eq!((int4[1].shape.clone(), int4[1].dtype), (vec![256, 2], ArgDtype::F16));
+        assert_eq!(int4[2].part, WeightPart::Int4Biases);
+        // Tied embeddings: no LM head argument.
+        let tied = weight_args(&tiny_llama32_config(), WeightFormat::F16);
+        assert_eq!(tied.len(), f16.len() - 1);
+        assert_eq!(tied.last().unwrap().name, "model.norm.weight");
+    }
+
+    #[test]
+    fn host_bytes_transpose_f16_and_keep_int4() {
+        let w = random_weights(&tiny_config(), 3).unwrap();
+        let args = host_args(&w, WeightFormat::F16).unwrap();
+        assert_eq!(args.len(), weight_args(&w.config, WeightFormat::F16).len());
+        for a in &args {
+            assert_eq!(a.bytes.len(), a.spec.shape.iter().product::<usize>() * a.spec.dtype.size(), "{}", a.spec.name);
+        }
+        // q_proj element (row 5, col 9) sits at [9, 5] of the uploaded [cols, rows] matrix.
+        let Matrix::F16 { rows, cols, data } = &w.layers[0].wq else { panic!() };
+        let q = &args[2];
+        let at = (9 * rows + 5) * 2;
+        assert_eq!(&q.bytes[at..at + 2], &data[5 * cols + 9].to_le_bytes());
+        // The embedding table is not transposed.
+        let Matrix::F16 { data: embed, .. } = &w.embed else { panic!() };
+        assert_eq!(&args[0].bytes[..2], &embed[0].to_le_bytes());
+        assert_eq!(&args[0].bytes[2..4], &embed[1].to_le_bytes());
+
+        // Asking for int4 from f16 weights is an error, not a silent conversion.
+        assert!(matches!(host_args(&w, WeightFormat::Int4), Err(GraphError::Weight { .. })));
+
+        let mut q4 = w.clone();
+        q4.layers[0].wq = Matrix::Int4(w.layers[0].wq.to_int4().unwrap());
+        assert!(matches!(host_args(&q4, WeightFormat::F16), Err(GraphError::Weight { .. })));
+    }
+}

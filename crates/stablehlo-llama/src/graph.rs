@@ -437,3 +437,87 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec) -> Str
     }
     b.finish(&spec.name(), &args, &results)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use llama_model::random::{tiny_config, tiny_llama32_config};
+
+    const DECODE: GraphSpec = GraphSpec { kind: GraphKind::Decode, logits: false };
+
+    fn options(format: WeightFormat) -> GraphOptions {
+        GraphOptions { max_context: 16, format }
+    }
+
+    #[test]
+    fn function_names() {
+        assert_eq!(DECODE.name(), "decode");
+        assert_eq!(GraphSpec { kind: GraphKind::Decode, logits: true }.name(), "decode_logits");
+        assert_eq!(GraphSpec { kind: GraphKind::Prefill { bucket: 64 }, logits: false }.name(), "prefill_64");
+        assert_eq!(GraphSpec { kind: GraphKind::Prefill { bucket: 8 }, logits: true }.name(), "prefill_8_logits");
+    }
+
+    #[test]
+    fn bad_options_are_typed_errors() {
+        let c = tiny_config();
+        let prefill = |bucket| GraphSpec { kind: GraphKind::Prefill { bucket }, logits: false };
+        let cases: Vec<(GraphOptions, Vec<GraphSpec>)> = vec![
+            (GraphOptions { max_context: 0, format: WeightFormat::F16 }, vec![DECODE]),
+            (GraphOptions { max_context: c.max_position_embeddings + 1, format: WeightFormat::F16 }, vec![DECODE]),
+            (options(WeightFormat::F16), vec![prefill(0)]),
+            (options(WeightFormat::F16), vec![prefill(17)]),
+            (options(WeightFormat::F16), vec![DECODE, DECODE]),
+        ];
+        for (o, specs) in cases {
+            assert!(matches!(emit_module(&c, &o, &specs), Err(GraphError::Options(_))), "{o:?} {specs:?}");
+        }
+        // int4 groups of 32 must tile the input dimensions.
+        let narrow = LlamaConfig { hidden_size: 48, num_attention_heads: 3, num_key_value_heads: 1, ..c.clone() };
+        assert!(matches!(emit_module(&narrow, &options(WeightFormat::Int4), &[DECODE]), Err(GraphError::Options(_))));
+        assert!(emit_module(&narrow, &options(WeightFormat::F16), &[DECODE]).is_ok());
+        let broken = LlamaConfig { num_key_value_heads: 3, ..c };
+        assert!(matches!(emit_module(&broken, &options(WeightFormat::F16), &[DECODE]), Err(GraphError::Config(_))));
+    }
+
+    /// Weights are runtime arguments: the only non-splat constant is the rope frequency table.
+    #[test]
+    fn weights_are_arguments_not_constants() {
+        for (c, format) in [(tiny_config(), WeightFormat::F16), (tiny_llama32_config(), WeightFormat::Int4)] {
+            let text = emit_module(&c, &options(format), &[DECODE, GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: true }]).unwrap();
+            let vectors: Vec<&str> = text.lines().filter(|l| l.contains("value = dense<[")).collect();
+            assert_eq!(vectors.len(), 2, "one rope table per function");
+            assert!(vectors.iter().all(|l| l.contains(&format!("tensor<{}xf32>", c.head_dim / 2))));
+            // Decode: tokens, position, k, v, then exactly the weights.
+            let decode = emit_module(&c, &options(format), &[DECODE]).unwrap();
+            let n_args = 4 + crate::weight_args(&c, format).len();
+            assert!(decode.contains(&format!("%arg{}: ", n_args - 1)) && !decode.contains(&format!("%arg{n_args}: ")));
+        }
+    }
+
+    /// The rope table is written bit-exactly from `LlamaConfig::rope_inv_freq`.
+    #[test]
+    fn rope_table_is_bit_exact() {
+        let c = tiny_llama32_config();
+        let text = emit_module(&c, &options(WeightFormat::F16), &[DECODE]).unwrap();
+        let line = text.lines().find(|l| l.contains("value = dense<[")).unwrap();
+        let inner = line.split("dense<[").nth(1).unwrap().split(']').next().unwrap();
+        let bits: Vec<u32> = inner.split(", ").map(|s| u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()).collect();
+        let want: Vec<u32> = c.rope_inv_freq().iter().map(|f| f.to_bits()).collect();
+        assert_eq!(bits, want);
+    }
+
+    #[test]
+    fn signature_of_prefill() {
+        let c = tiny_config();
+        let spec = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: true };
+        let text = emit_module(&c, &options(WeightFormat::F16), &[spec]).unwrap();
+        assert!(text.contains("func.func @prefill_4_logits("));
+        assert!(text.contains("%arg0: tensor<4xi32>"));
+        assert!(text.contains("%arg1: tensor<i32>"));
+        assert!(text.contains("%arg2: tensor<i32>"));
+        assert!(text.contains("%arg3: tensor<2x2x16x16xf16>"));
+        assert!(text.contains(") -> (tensor<i32>, tensor<2x2x16x16xf16>, tensor<2x2x16x16xf16>, tensor<256xf32>) {"));
+        // One cache write per layer and cache.
+        assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * c.num_hidden_layers);
+    }
+}
