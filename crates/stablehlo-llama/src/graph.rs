@@ -15,7 +15,7 @@
 
 use crate::arguments::{weight_args, WeightArg, WeightPart};
 use crate::error::GraphError;
-use crate::mlir::{arg, Cmp, Elem, FnBuilder, Reduction, Ty, Val};
+use crate::mlir::{arg, Cmp, Elem, FnArg, FnBuilder, Reduction, Ty, Val};
 use llama_model::int4::GROUP_SIZE;
 use llama_model::LlamaConfig;
 use session_api::WeightFormat;
@@ -290,22 +290,25 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec) -> Str
     let eps = config.rms_norm_eps;
     let prefill = matches!(spec.kind, GraphKind::Prefill { .. });
 
-    let mut args: Vec<(Val, String)> = Vec::new();
-    let mut push = |ty: Ty, doc: String| {
-        let v = arg(args.len(), ty);
-        args.push((v.clone(), doc));
-        v
+    let mut args: Vec<FnArg> = Vec::new();
+    let mut push_with = |ty: Ty, attrs: &str, doc: String| {
+        let val = arg(args.len(), ty);
+        args.push(FnArg { val: val.clone(), attrs: attrs.to_string(), doc });
+        val
     };
-    let tokens = push(Ty::new(&[t], Elem::I32), format!("token ids, padded to {t}"));
-    let position = push(Ty::new(&[], Elem::I32), "position of the first token (tokens already in the cache)".into());
-    let count = prefill.then(|| push(Ty::new(&[], Elem::I32), format!("real tokens, 1..={t}")));
+    let tokens = push_with(Ty::new(&[t], Elem::I32), "", format!("token ids, padded to {t}"));
+    let position = push_with(Ty::new(&[], Elem::I32), "", "position of the first token (tokens already in the cache)".into());
+    let count = prefill.then(|| push_with(Ty::new(&[], Elem::I32), "", format!("real tokens, 1..={t}")));
     let cache_ty = Ty::new(&[layers, n_kv, c, d], Elem::F16);
-    let k_cache = push(cache_ty.clone(), "k cache [layers, kv_heads, max_context, head_dim]".into());
-    let v_cache = push(cache_ty.clone(), "v cache".into());
+    // The caches alias results 1 and 2 (`tf.aliasing_output`, which IREE turns into
+    // `iree.abi.output` and XLA into an input/output alias): the step writes into the caller's
+    // buffers instead of copying the whole cache into fresh ones. The input buffers are consumed.
+    let k_cache = push_with(cache_ty.clone(), "tf.aliasing_output = 1 : i32", "k cache [layers, kv_heads, max_context, head_dim], updated in place".into());
+    let v_cache = push_with(cache_ty.clone(), "tf.aliasing_output = 2 : i32", "v cache, updated in place".into());
     let specs = weight_args(config, options.format);
     let vals: Vec<Val> = specs
         .iter()
-        .map(|s| push(Ty::new(&s.shape, s.dtype.elem()), s.name.clone()))
+        .map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone()))
         .collect();
     let mut w = Weights { vals, specs, next: 0 };
 

@@ -386,12 +386,13 @@ impl FnBuilder {
     }
 
     /// Finishes the function: `func.func @name(args) -> (results)` with this body.
-    pub fn finish(self, name: &str, args: &[(Val, String)], results: &[&Val]) -> String {
+    pub fn finish(self, name: &str, args: &[FnArg], results: &[&Val]) -> String {
         let mut s = String::new();
         writeln!(s, "  func.func @{name}(").unwrap();
-        for (i, (arg, doc)) in args.iter().enumerate() {
+        for (i, arg) in args.iter().enumerate() {
             let sep = if i + 1 == args.len() { "" } else { "," };
-            writeln!(s, "      {}: {}{sep} // {doc}", arg.name, arg.ty.mlir()).unwrap();
+            let attrs = if arg.attrs.is_empty() { String::new() } else { format!(" {{{}}}", arg.attrs) };
+            writeln!(s, "      {}: {}{attrs}{sep} // {}", arg.val.name, arg.val.ty.mlir(), arg.doc).unwrap();
         }
         let types: Vec<String> = results.iter().map(|r| r.ty.mlir()).collect();
         writeln!(s, "  ) -> ({}) {{", types.join(", ")).unwrap();
@@ -401,6 +402,14 @@ impl FnBuilder {
         writeln!(s, "  }}").unwrap();
         s
     }
+}
+
+/// A function argument with its attributes (MLIR text, may be empty) and a comment.
+#[derive(Debug, Clone)]
+pub struct FnArg {
+    pub val: Val,
+    pub attrs: String,
+    pub doc: String,
 }
 
 /// A function argument `%argN` of type `ty`.

@@ -252,3 +252,49 @@ fn iree_matches_the_reference_in_f16_and_int4() {
     eprintln!("int4: worst max |logit diff| {err:.2e}");
     assert!(err < 1e-2, "int4 logits differ by {err}");
 }
+
+/// The KV cache is updated in place: with the graphs' `tf.aliasing_output` attributes IREE 3.13
+/// imports the cache buffers as consumed and writes the results into them; without them (the
+/// control) it copies both caches into new buffers on every call. Read from the compiler's
+/// stream-level IR, where every buffer copy is explicit.
+#[test]
+fn iree_updates_the_kv_cache_in_place() {
+    let tools = match iree_tools() {
+        Ok(t) => t,
+        Err(reason) => {
+            eprintln!("SKIPPED iree_updates_the_kv_cache_in_place: {reason}");
+            return;
+        }
+    };
+    let config = llama_model::random::tiny_config();
+    // 24 positions: 2 * 2 * 24 * 16 f16 = 3072 bytes per cache, a size no weight has.
+    let options = GraphOptions { max_context: 24, format: WeightFormat::F16 };
+    let cache_bytes = config.num_hidden_layers * config.num_key_value_heads * 24 * config.head_dim * 2;
+    let text = emit_module(&config, &options, &[GraphSpec { kind: GraphKind::Decode, logits: false }]).unwrap();
+    assert!(text.contains("tf.aliasing_output"));
+    let control = text.replace(" {tf.aliasing_output = 1 : i32}", "").replace(" {tf.aliasing_output = 2 : i32}", "");
+    let dir = tempfile::tempdir().unwrap();
+    let stream_ir = |name: &str, mlir: &str| -> String {
+        let input = dir.path().join(format!("{name}.mlir"));
+        let output = dir.path().join(format!("{name}.stream.mlir"));
+        std::fs::write(&input, mlir).unwrap();
+        let mut cmd = tool(&tools, "iree-compile");
+        cmd.arg(&input)
+            .args(["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", "--compile-to=stream", "-o"])
+            .arg(&output);
+        run(cmd);
+        let ir = std::fs::read_to_string(&output).unwrap();
+        // The public wrapper function holds the imports, exports and copies.
+        ir[ir.find("util.func public @decode").expect("the exported function")..].to_string()
+    };
+    let cache_copies = |ir: &str| ir.lines().filter(|l| l.contains("stream.cmd.copy") && l.contains(&format!(", %c{cache_bytes} :"))).count();
+    let consumed = |ir: &str| ir.lines().filter(|l| l.contains("stream.tensor.import") && l.contains(" consume %arg")).count();
+
+    let aliased = stream_ir("aliased", &text);
+    let copied = stream_ir("control", &control);
+    eprintln!("cache copies per decode step: {} with aliasing, {} without", cache_copies(&aliased), cache_copies(&copied));
+    assert_eq!(cache_copies(&copied), 2, "the control must show the copies this test looks for");
+    assert_eq!(consumed(&copied), 0);
+    assert_eq!(cache_copies(&aliased), 0);
+    assert_eq!(consumed(&aliased), 2);
+}
