@@ -425,13 +425,7 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec) -> Str
     let logits = linear(&mut b, &last, &head);
     let logits = b.reshape(&logits, &[vocab]);
     // First index of the maximum, like session_api's argmax.
-    let max = b.reduce(&logits, &[0], Reduction::Max);
-    let max = b.broadcast(&max, &[vocab], &[]);
-    let is_max = b.compare(&logits, &max, Cmp::Eq);
-    let ids = b.iota(&[vocab], 0);
-    let none = b.const_int(vocab as i64, Elem::I32, &[vocab]);
-    let candidates = b.select(&is_max, &ids, &none);
-    let token = b.reduce(&candidates, &[0], Reduction::Min);
+    let token = b.argmax(&logits);
     debug_assert_eq!(w.next, w.vals.len(), "every weight argument is used");
 
     let mut results = vec![&token, &k_cache, &v_cache];

@@ -385,6 +385,43 @@ impl FnBuilder {
         Val { name: result, ty }
     }
 
+    /// Index of the first maximum of a 1-D f32 tensor, as an i32 scalar.
+    ///
+    /// One variadic reduction over (value, index) pairs whose combiner keeps the larger value, and
+    /// the smaller index on a tie: associative and commutative, so any reduction order gives the
+    /// first maximum, and the compiler needs no vocab-sized temporary (a max reduction followed by
+    /// a compare/select/min reduction made IREE fuse them into one dispatch with a 192 KiB stack
+    /// buffer at vocab 49152, over its 32 KiB limit). An all `-inf` input gives 0, like
+    /// `session_api::sampling::argmax`.
+    pub fn argmax(&mut self, v: &Val) -> Val {
+        assert!(v.rank() == 1 && v.elem() == Elem::F32);
+        let n = v.dims()[0];
+        let ids = self.iota(&[n], 0);
+        let init_v = self.const_f32(f32::NEG_INFINITY, &[]);
+        let init_i = self.const_int(0, Elem::I32, &[]);
+        let result = format!("%{}", self.next);
+        self.next += 1;
+        let (f, i, b) = ("tensor<f32>", "tensor<i32>", "tensor<i1>");
+        let cmp = |dir: &str| format!("{{comparison_direction = #stablehlo<comparison_direction {dir}>}}");
+        let lines = [
+            format!("    {result}:2 = \"stablehlo.reduce\"({}, {}, {}, {}) ({{", v.name, ids.name, init_v.name, init_i.name),
+            format!("    ^bb0(%av: {f}, %ai: {i}, %bv: {f}, %bi: {i}):"),
+            format!("      %gt = \"stablehlo.compare\"(%av, %bv) {} : ({f}, {f}) -> {b}", cmp("GT")),
+            format!("      %eq = \"stablehlo.compare\"(%av, %bv) {} : ({f}, {f}) -> {b}", cmp("EQ")),
+            format!("      %lt = \"stablehlo.compare\"(%ai, %bi) {} : ({i}, {i}) -> {b}", cmp("LT")),
+            format!("      %tie = \"stablehlo.and\"(%eq, %lt) : ({b}, {b}) -> {b}"),
+            format!("      %a = \"stablehlo.or\"(%gt, %tie) : ({b}, {b}) -> {b}"),
+            format!("      %v = \"stablehlo.select\"(%a, %av, %bv) : ({b}, {f}, {f}) -> {f}"),
+            format!("      %i = \"stablehlo.select\"(%a, %ai, %bi) : ({b}, {i}, {i}) -> {i}"),
+            format!("      \"stablehlo.return\"(%v, %i) : ({f}, {i}) -> ()"),
+            format!("    }}) {{dimensions = array<i64: 0>}} : ({}, {}, {f}, {i}) -> ({f}, {i})", v.ty.mlir(), ids.ty.mlir()),
+        ];
+        for line in lines {
+            writeln!(self.body, "{line}").unwrap();
+        }
+        Val { name: format!("{result}#1"), ty: Ty::new(&[], Elem::I32) }
+    }
+
     /// Finishes the function: `func.func @name(args) -> (results)` with this body.
     pub fn finish(self, name: &str, args: &[FnArg], results: &[&Val]) -> String {
         let mut s = String::new();
