@@ -5,7 +5,7 @@
 //!
 //! ```text
 //! (tokens i32[T], position i32[], [count i32[]  (prefill only)],
-//!  k_cache f16[L, KVH, C, D], v_cache f16[L, KVH, C, D], weights...)
+//!  k_cache f16[L, KVH, D, C], v_cache f16[L, KVH, C, D], weights...)
 //!   -> (next_token i32[], k_cache, v_cache [, logits f32[vocab]])
 //! ```
 //!
@@ -299,12 +299,16 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec) -> Str
     let tokens = push_with(Ty::new(&[t], Elem::I32), "", format!("token ids, padded to {t}"));
     let position = push_with(Ty::new(&[], Elem::I32), "", "position of the first token (tokens already in the cache)".into());
     let count = prefill.then(|| push_with(Ty::new(&[], Elem::I32), "", format!("real tokens, 1..={t}")));
-    let cache_ty = Ty::new(&[layers, n_kv, c, d], Elem::F16);
+    // Keys are stored transposed, [D, C] per head, so that the score product reads them in the
+    // [K, M] layout IREE's CPU code generation prefers (measured: see the docs); values are [C, D],
+    // already [K, M] for the probability-weighted sum.
+    let k_cache_ty = Ty::new(&[layers, n_kv, d, c], Elem::F16);
+    let v_cache_ty = Ty::new(&[layers, n_kv, c, d], Elem::F16);
     // The caches alias results 1 and 2 (`tf.aliasing_output`, which IREE turns into
     // `iree.abi.output` and XLA into an input/output alias): the step writes into the caller's
     // buffers instead of copying the whole cache into fresh ones. The input buffers are consumed.
-    let k_cache = push_with(cache_ty.clone(), "tf.aliasing_output = 1 : i32", "k cache [layers, kv_heads, max_context, head_dim], updated in place".into());
-    let v_cache = push_with(cache_ty.clone(), "tf.aliasing_output = 2 : i32", "v cache, updated in place".into());
+    let k_cache = push_with(k_cache_ty, "tf.aliasing_output = 1 : i32", "k cache [layers, kv_heads, head_dim, max_context], updated in place".into());
+    let v_cache = push_with(v_cache_ty, "tf.aliasing_output = 2 : i32", "v cache [layers, kv_heads, max_context, head_dim], updated in place".into());
     let specs = weight_args(config, options.format);
     let vals: Vec<Val> = specs
         .iter()
@@ -363,27 +367,28 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec) -> Str
 
         // Write the new keys and values at [layer, :, position..position + T, :].
         let layer_index = b.const_int(layer as i64, Elem::I32, &[]);
-        let write = |b: &mut FnBuilder, cache: &Val, new: &Val| {
-            let new = b.transpose(new, &[1, 0, 2]);
-            let new = b.convert(&new, Elem::F16);
-            let new = b.reshape(&new, &[1, n_kv, t, d]);
-            b.dynamic_update_slice(cache, &new, &[&layer_index, &zero, &position, &zero])
-        };
-        k_cache = write(&mut b, &k_cache, &k);
-        v_cache = write(&mut b, &v_cache, &v);
+        let new_k = b.transpose(&k, &[1, 2, 0]); // [KVH, D, T]
+        let new_k = b.convert(&new_k, Elem::F16);
+        let new_k = b.reshape(&new_k, &[1, n_kv, d, t]);
+        k_cache = b.dynamic_update_slice(&k_cache, &new_k, &[&layer_index, &zero, &zero, &position]);
+        let new_v = b.transpose(&v, &[1, 0, 2]); // [KVH, T, D]
+        let new_v = b.convert(&new_v, Elem::F16);
+        let new_v = b.reshape(&new_v, &[1, n_kv, t, d]);
+        v_cache = b.dynamic_update_slice(&v_cache, &new_v, &[&layer_index, &zero, &position, &zero]);
         let read = |b: &mut FnBuilder, cache: &Val| {
-            let s = b.slice(cache, &[layer, 0, 0, 0], &[layer + 1, n_kv, c, d]);
-            let s = b.reshape(&s, &[n_kv, c, d]);
+            let dims = cache.dims().to_vec();
+            let s = b.slice(cache, &[layer, 0, 0, 0], &[layer + 1, dims[1], dims[2], dims[3]]);
+            let s = b.reshape(&s, &dims[1..]);
             b.convert(&s, Elem::F32)
         };
-        let keys = read(&mut b, &k_cache);
-        let values = read(&mut b, &v_cache);
+        let keys = read(&mut b, &k_cache); // [KVH, D, C]
+        let values = read(&mut b, &v_cache); // [KVH, C, D]
 
         // GQA without repeating KV heads: queries grouped as [kv_heads, group * T, D].
         let q = b.reshape(&q, &[t, n_kv, group, d]);
         let q = b.transpose(&q, &[1, 2, 0, 3]);
         let q = b.reshape(&q, &[n_kv, group * t, d]);
-        let scores = b.dot_general(&q, &keys, (&[0], &[0]), (&[2], &[2])); // [KVH, G*T, C]
+        let scores = b.dot_general(&q, &keys, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, C]
         let scores = b.mul(&scores, &scale);
         let scores = b.reshape(&scores, &mask_dims);
         let scores = b.select(&visible, &scores, &neg_inf);
@@ -512,7 +517,7 @@ mod tests {
         assert!(text.contains("%arg0: tensor<4xi32>"));
         assert!(text.contains("%arg1: tensor<i32>"));
         assert!(text.contains("%arg2: tensor<i32>"));
-        assert!(text.contains("%arg3: tensor<2x2x16x16xf16>"));
+        assert!(text.contains("%arg3: tensor<2x2x16x16xf16> {tf.aliasing_output = 1 : i32}"));
         assert!(text.contains(") -> (tensor<i32>, tensor<2x2x16x16xf16>, tensor<2x2x16x16xf16>, tensor<256xf32>) {"));
         // One cache write per layer and cache.
         assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * c.num_hidden_layers);

@@ -195,11 +195,13 @@ fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat) -> f32 {
         write_npy(&path, descr, &arg.spec.shape, &arg.bytes);
         weight_inputs.push(format!("--input=@{}", path.display()));
     }
-    let cache_shape = [config.num_hidden_layers, config.num_key_value_heads, MAX_CONTEXT, config.head_dim];
-    let zeros = vec![0u8; cache_shape.iter().product::<usize>() * 2];
+    // Keys [layers, kv_heads, head_dim, max_context], values [layers, kv_heads, max_context, head_dim].
+    let k_shape = [config.num_hidden_layers, config.num_key_value_heads, config.head_dim, MAX_CONTEXT];
+    let v_shape = [config.num_hidden_layers, config.num_key_value_heads, MAX_CONTEXT, config.head_dim];
+    let zeros = vec![0u8; k_shape.iter().product::<usize>() * 2];
     let (k, v) = (dir.path().join("k0.npy"), dir.path().join("v0.npy"));
-    write_npy(&k, "<f2", &cache_shape, &zeros);
-    write_npy(&v, "<f2", &cache_shape, &zeros);
+    write_npy(&k, "<f2", &k_shape, &zeros);
+    write_npy(&v, "<f2", &v_shape, &zeros);
     let mut iree = IreeSession { tools, dir: dir.path(), vmfb, weight_inputs, k, v, position: 0, calls: 0 };
 
     let engine = ReferenceEngine::from_weights(weights, EngineOptions::default()).unwrap();
