@@ -9,10 +9,12 @@
 //! it in place. The full contract is in `docs/backends/stablehlo-graphs.md`.
 
 pub mod arguments;
+pub mod buckets;
 pub mod error;
 pub mod graph;
 pub mod mlir;
 
 pub use arguments::{host_args, weight_args, ArgDtype, HostArg, WeightArg, WeightPart};
+pub use buckets::{plan_prefill, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;
 pub use graph::{emit_module, GraphKind, GraphOptions, GraphSpec};

@@ -1,0 +1,116 @@
+//! How a runtime feeds `n` tokens at `position` to the compiled graphs.
+//!
+//! The prefill graphs exist for a few bucket lengths only (each is a compile). A call writes a
+//! whole bucket of keys and values at `position`, padding included, so it needs
+//! `position + bucket <= max_context`: `dynamic_update_slice` clamps an out-of-range start index
+//! instead of failing, which would shift the write onto earlier positions. [`plan_prefill`] cuts
+//! the tokens into calls that respect that rule:
+//!
+//! - one call of the smallest bucket that holds all remaining tokens and fits;
+//! - otherwise a full call of the largest bucket that fits, and continue;
+//! - when no bucket fits the room left (near the end of the context), or one token remains, a
+//!   decode step per token (the decode graph is the one-token bucket and always fits).
+
+use crate::error::GraphError;
+use crate::graph::GraphKind;
+
+/// One call of a plan: which graph, and how many real tokens it takes.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct PlannedCall {
+    pub graph: GraphKind,
+    /// Real tokens of this call (the rest of a prefill bucket is padding).
+    pub count: usize,
+}
+
+/// The default prefill buckets: short prompts compile-cheap, long prompts in few calls.
+pub const DEFAULT_BUCKETS: [usize; 3] = [16, 64, 256];
+
+/// Cuts `tokens` new tokens at `position` into calls of the decode graph and the prefill
+/// graphs of `buckets` (any order). Fails when the tokens do not fit in `max_context`.
+pub fn plan_prefill(position: usize, tokens: usize, buckets: &[usize], max_context: usize) -> Result<Vec<PlannedCall>, GraphError> {
+    if position + tokens > max_context {
+        return Err(GraphError::Options(format!(
+            "{tokens} tokens at position {position} exceed the context of {max_context}"
+        )));
+    }
+    if buckets.contains(&0) {
+        return Err(GraphError::Options("a prefill bucket of 0 tokens".into()));
+    }
+    let mut sorted = buckets.to_vec();
+    sorted.sort_unstable();
+    sorted.dedup();
+    let mut calls = Vec::new();
+    let (mut at, mut left) = (position, tokens);
+    while left > 0 {
+        let room = max_context - at;
+        let fitting: Vec<usize> = sorted.iter().copied().filter(|&b| b <= room).collect();
+        let call = if left == 1 || fitting.is_empty() {
+            PlannedCall { graph: GraphKind::Decode, count: 1 }
+        } else if let Some(&b) = fitting.iter().find(|&&b| b >= left) {
+            PlannedCall { graph: GraphKind::Prefill { bucket: b }, count: left }
+        } else {
+            let b = *fitting.last().expect("fitting is not empty");
+            PlannedCall { graph: GraphKind::Prefill { bucket: b }, count: b }
+        };
+        at += call.count;
+        left -= call.count;
+        calls.push(call);
+    }
+    Ok(calls)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    fn prefill(bucket: usize, count: usize) -> PlannedCall {
+        PlannedCall { graph: GraphKind::Prefill { bucket }, count }
+    }
+    const DECODE: PlannedCall = PlannedCall { graph: GraphKind::Decode, count: 1 };
+
+    #[test]
+    fn plans() {
+        let b = DEFAULT_BUCKETS;
+        assert_eq!(plan_prefill(0, 5, &b, 1024).unwrap(), vec![prefill(16, 5)]);
+        assert_eq!(plan_prefill(0, 16, &b, 1024).unwrap(), vec![prefill(16, 16)]);
+        assert_eq!(plan_prefill(0, 17, &b, 1024).unwrap(), vec![prefill(64, 17)]);
+        assert_eq!(plan_prefill(3, 600, &b, 1024).unwrap(), vec![prefill(256, 256), prefill(256, 256), prefill(256, 88)]);
+        assert_eq!(plan_prefill(7, 1, &b, 1024).unwrap(), vec![DECODE]);
+        assert_eq!(plan_prefill(7, 0, &b, 1024).unwrap(), vec![]);
+        // Near the end: 20 positions left, 18 tokens: 16 fits (full), then 2 decode steps.
+        assert_eq!(plan_prefill(1004, 18, &b, 1024).unwrap(), vec![prefill(16, 16), DECODE, DECODE]);
+        // No bucket fits at all: decode steps.
+        assert_eq!(plan_prefill(1020, 3, &b, 1024).unwrap(), vec![DECODE, DECODE, DECODE]);
+        // No buckets configured.
+        assert_eq!(plan_prefill(0, 2, &[], 8).unwrap(), vec![DECODE, DECODE]);
+    }
+
+    #[test]
+    fn every_call_fits_and_every_token_is_fed() {
+        let buckets = [4, 16, 8];
+        for max_context in [1, 5, 16, 37] {
+            for position in 0..=max_context {
+                for tokens in 0..=(max_context - position) {
+                    let plan = plan_prefill(position, tokens, &buckets, max_context).unwrap();
+                    let mut at = position;
+                    for call in &plan {
+                        let width = match call.graph {
+                            GraphKind::Decode => 1,
+                            GraphKind::Prefill { bucket } => bucket,
+                        };
+                        assert!(call.count >= 1 && call.count <= width);
+                        assert!(at + width <= max_context, "{position} {tokens} {max_context}: {plan:?}");
+                        at += call.count;
+                    }
+                    assert_eq!(at, position + tokens);
+                }
+            }
+        }
+    }
+
+    #[test]
+    fn errors() {
+        assert!(matches!(plan_prefill(10, 7, &DEFAULT_BUCKETS, 16), Err(GraphError::Options(_))));
+        assert!(matches!(plan_prefill(0, 3, &[0, 4], 16), Err(GraphError::Options(_))));
+    }
+}
