@@ -170,28 +170,34 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
         }
         MatrixArg::Int4 { packed, scales, biases } => {
             // Per group g of 32 inputs: y_m = sum_g s_mg (x_g . q_mg) + b_mg sum(x_g). The
-            // dequantized matrix is never formed; FACTS.md measured this form 10x faster on IREE.
+            // dequantized matrix is never formed (FACTS.md: 10x faster on IREE than dequantize-then-dot).
             let (t, k) = (x.dims()[0], x.dims()[1]);
             let m = packed.dims()[0];
             let g = k / GROUP_SIZE;
             let p = b.reshape(packed, &[m, g, GROUP_SIZE / 2]);
             let mask = b.const_int(15, Elem::I8, &[m, g, GROUP_SIZE / 2]);
             let four = b.const_int(4, Elem::I8, &[m, g, GROUP_SIZE / 2]);
-            let lo = b.and(&p, &mask);
-            let hi = b.shift_right_logical(&p, &four);
-            // q[m, g, 0..16] are the even inputs of the group (low nibbles), q[m, g, 16..32] the odd.
-            let q = b.concatenate(&[&lo, &hi], 2);
-            let q = b.convert(&q, Elem::F32);
-            // x reordered the same way: [T, g, 16, 2] -> [T, g, 2, 16] -> [T, g, 32].
+            let lo = b.and(&p, &mask); // inputs 2i of each group
+            let hi = b.shift_right_logical(&p, &four); // inputs 2i + 1
+            let lo = b.convert(&lo, Elem::F32);
+            let hi = b.convert(&hi, Elem::F32);
+            // x split the same way: [T, g, 16, 2] -> even and odd inputs, [T, g, 16] each. Two
+            // dots instead of one over concatenated nibbles: measured 1.8x faster on IREE 3.13
+            // (no [M, g, 32] temporary), see docs/backends/stablehlo-graphs.md.
             let xg = b.reshape(x, &[t, g, GROUP_SIZE / 2, 2]);
-            let xg = b.transpose(&xg, &[0, 1, 3, 2]);
-            let xg = b.reshape(&xg, &[t, g, GROUP_SIZE]);
-            let dots = b.dot_general(&xg, &q, (&[1], &[1]), (&[2], &[2])); // [g, T, M]
+            let x_even = b.slice(&xg, &[0, 0, 0, 0], &[t, g, GROUP_SIZE / 2, 1]);
+            let x_even = b.reshape(&x_even, &[t, g, GROUP_SIZE / 2]);
+            let x_odd = b.slice(&xg, &[0, 0, 0, 1], &[t, g, GROUP_SIZE / 2, 2]);
+            let x_odd = b.reshape(&x_odd, &[t, g, GROUP_SIZE / 2]);
+            let d_even = b.dot_general(&x_even, &lo, (&[1], &[1]), (&[2], &[2])); // [g, T, M]
+            let d_odd = b.dot_general(&x_odd, &hi, (&[1], &[1]), (&[2], &[2]));
+            let dots = b.add(&d_even, &d_odd);
             let s = b.convert(scales, Elem::F32); // [M, g]
             let s = b.broadcast(&s, &[g, t, m], &[2, 0]);
             let scaled = b.mul(&dots, &s);
             let y = b.reduce(&scaled, &[0], Reduction::Sum); // [T, M]
-            let xsum = b.reduce(&xg, &[2], Reduction::Sum); // [T, g]
+            let x32 = b.reshape(x, &[t, g, GROUP_SIZE]);
+            let xsum = b.reduce(&x32, &[2], Reduction::Sum); // [T, g]
             let bias = b.convert(biases, Elem::F32); // [M, g]
             let offset = b.dot_general(&xsum, &bias, (&[], &[]), (&[1], &[1])); // [T, M]
             b.add(&y, &offset)
