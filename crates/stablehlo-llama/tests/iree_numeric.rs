@@ -19,8 +19,14 @@ use std::process::Command;
 const MAX_CONTEXT: usize = 32;
 const BUCKET: usize = 8;
 
-/// `.seam/py-iree` with both wheels installed, or why not.
+/// `.seam/py-iree` with both wheels installed, or why not. Installed once per test binary:
+/// the tests run on parallel threads and must not run two pip installs into one folder.
 fn iree_tools() -> Result<PathBuf, String> {
+    static TOOLS: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
+    TOOLS.get_or_init(install_iree_tools).clone()
+}
+
+fn install_iree_tools() -> Result<PathBuf, String> {
     let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.seam/py-iree");
     let ready = |d: &Path| d.join("bin/iree-compile").is_file() && d.join("bin/iree-run-module").is_file();
     if ready(&dir) {
