@@ -1,0 +1,123 @@
+//! # backend-iree: seam on IREE
+//!
+//! `iree-cpu` runs the StableHLO graphs of [`stablehlo_llama`] through IREE 3.13: the compiler
+//! is the `iree-base-compiler==3.13.0` wheel's library (see [`compiler`]), the runtime is built
+//! from source by the `eerie` crate and driven on IREE's `local-task` driver (every core).
+//!
+//! - Compiled modules are cached on disk ([`compiler::compile_cached`]): a second load of the same
+//!   model, context and format compiles nothing.
+//! - The runtime is not `Send`, so one thread owns it ([`worker`]); engines and sessions talk to it
+//!   over channels.
+//! - Weights are uploaded once per engine and shared by its sessions; each session has its own KV
+//!   cache on the device, updated in place; greedy argmax runs on the device, so a decode step
+//!   copies back 4 bytes ([`engine`]).
+//!
+//! Register with the binary by calling [`link`] (see `session_api::registry` on why).
+
+pub mod compiler;
+pub mod engine;
+pub mod error;
+pub mod worker;
+
+pub use engine::{IreeEngine, IreeSession, DEFAULT_MAX_CONTEXT, PREFILL_BUCKETS};
+pub use error::IreeError;
+
+use engine::{capabilities_with, load_greedy_module, LoadedModel};
+use llama_model::model_dir::ModelDir;
+use llama_model::weights::load_weights;
+use session_api::{Availability, Backend, Capabilities, Engine, EngineInfo, LoadRequest, Result, SeamError};
+use stablehlo_llama::{host_args, GraphOptions};
+use std::sync::Arc;
+use std::time::Instant;
+use worker::WorkerHandle;
+
+/// The registry name of the CPU backend.
+pub const BACKEND_NAME: &str = "iree-cpu";
+
+session_api::register_backend!(BACKEND_NAME, || Box::new(IreeCpuBackend));
+
+/// Referenced by binaries so the linker keeps this crate's registration.
+pub fn link() {}
+
+/// IREE on the CPU: llvm-cpu code, local-task driver.
+#[derive(Debug, Clone, Copy, Default)]
+pub struct IreeCpuBackend;
+
+impl Backend for IreeCpuBackend {
+    fn name(&self) -> &str {
+        BACKEND_NAME
+    }
+
+    fn description(&self) -> &str {
+        "IREE 3.13 on the CPU: StableHLO graphs compiled for llvm-cpu, local-task driver, greedy on device"
+    }
+
+    /// Available when the compiler library is found and loads. (A missing library is installed
+    /// by `load`, and by `scripts/setup.sh`.)
+    fn availability(&self) -> Availability {
+        let library = match compiler::find_compiler_library() {
+            Ok(library) => library,
+            Err(e) => return Availability::Unavailable { reason: e.to_string() },
+        };
+        match compiler::load_compiler(&library) {
+            Ok(_) => Availability::Available { devices: vec![backend_reference::cpu_device()] },
+            Err(e) => Availability::Unavailable { reason: e.to_string() },
+        }
+    }
+
+    /// What any engine offers; `max_context` is the default cap (a load request may ask for
+    /// more, up to the model's `max_position_embeddings`).
+    fn capabilities(&self) -> Capabilities {
+        capabilities_with(DEFAULT_MAX_CONTEXT)
+    }
+
+    fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {
+        Ok(Arc::new(self.load_engine(request)?))
+    }
+}
+
+impl IreeCpuBackend {
+    /// [`Backend::load`], returning the concrete engine.
+    pub fn load_engine(&self, request: &LoadRequest) -> Result<IreeEngine> {
+        if let Some(device) = request.device.filter(|&d| d != 0) {
+            return Err(SeamError::InvalidInput(format!("{BACKEND_NAME} has one device (index 0, the CPU), not {device}")));
+        }
+        if request.max_context == Some(0) {
+            return Err(SeamError::InvalidInput("max_context must be at least 1".into()));
+        }
+        let started = Instant::now();
+        let compiler_library = compiler::ensure_compiler_library()?;
+        compiler::load_compiler(&compiler_library)?;
+        let dir = ModelDir::open(&request.model_dir)?;
+        let report_read = |done: u64, total: u64| request.report("reading weights", done, Some(total));
+        let weights = load_weights(&request.model_dir, request.weights, Some(&report_read))?;
+        let config = weights.config.clone();
+        let max_context = request.max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings);
+        let options = GraphOptions { max_context, format: request.weights };
+        let args = host_args(&weights, request.weights).map_err(IreeError::from)?;
+        drop(weights);
+        let weight_bytes: u64 = args.iter().map(|a| a.bytes.len() as u64).sum();
+
+        let worker = WorkerHandle::spawn_local_task()?;
+        request.report("compiling graphs (cached after the first load)", 0, Some(1));
+        load_greedy_module(&worker, &compiler_library, &config, &options)?;
+        request.report("compiling graphs (cached after the first load)", 1, Some(1));
+        request.report("uploading weights", 0, Some(1));
+        worker.upload_weights(args)?;
+        request.report("uploading weights", 1, Some(1));
+
+        let info = EngineInfo {
+            backend: BACKEND_NAME.to_string(),
+            model: dir.name(),
+            weights: request.weights,
+            resident_precision: request.weights.as_str().to_string(),
+            vocab_size: config.vocab_size,
+            hidden_size: config.hidden_size,
+            load_time: Default::default(),
+            weight_bytes,
+        };
+        let mut engine = IreeEngine::new(LoadedModel { worker, config, options, compiler_library, info });
+        engine.set_load_time(started.elapsed());
+        Ok(engine)
+    }
+}

@@ -1,0 +1,261 @@
+//! The runtime owner thread.
+//!
+//! eerie's `Runtime`, `Program`, `Function` and buffer views are neither `Send` nor `Sync`, while
+//! the session contract wants a `Send + Sync` engine and `Send` sessions. So one dedicated thread
+//! creates and owns everything IREE: the device, the loaded modules, the weight buffers (uploaded
+//! once, shared by every session) and each session's KV cache buffers. Engines and sessions hold a
+//! [`WorkerHandle`] and send it [`Request`]s over a channel; each request carries its own reply
+//! channel. The thread ends when the last handle is dropped, releasing the device memory.
+//!
+//! The KV cache stays on the device: a step passes the session's cache buffers to the function,
+//! which (through the graphs' `tf.aliasing_output` attributes) imports them as consumed and writes
+//! the new keys and values into them in place; the returned views, which alias the same storage,
+//! replace the session's handles. Only the token id (4 bytes) and, when asked for, the logits come
+//! back to the host.
+
+use crate::error::IreeError;
+use eerie::runtime::{BufferElement, BufferView, Value};
+use eerie::runtime::{DeviceSpec, Program, Runtime};
+use half::f16;
+use stablehlo_llama::{ArgDtype, HostArg};
+use std::collections::HashMap;
+use std::sync::mpsc::{channel, Sender};
+
+/// A session's KV cache on the worker.
+pub type CacheId = u64;
+
+/// Shapes of a session's two f16 cache tensors, as the graphs declare them (keys
+/// `[layers, kv_heads, head_dim, max_context]`, values `[layers, kv_heads, max_context, head_dim]`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct CacheShape {
+    pub k: [usize; 4],
+    pub v: [usize; 4],
+}
+
+/// One call of a compiled function.
+#[derive(Debug, Clone)]
+pub struct StepCall {
+    /// Which loaded module (see [`Request::LoadModule`]).
+    pub module: String,
+    /// The function's name (`decode`, `prefill_16_logits`, ...).
+    pub function: String,
+    /// The token ids, padded to the function's bucket.
+    pub tokens: Vec<i32>,
+    /// Where they go in the sequence.
+    pub position: i32,
+    /// Real tokens among `tokens` (prefill functions only).
+    pub count: Option<i32>,
+    /// Whether the function also returns logits.
+    pub logits: bool,
+}
+
+/// What a step returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct StepResult {
+    pub token: u32,
+    pub logits: Option<Vec<f32>>,
+}
+
+type Reply<T> = Sender<Result<T, IreeError>>;
+
+/// A request to the runtime thread.
+enum Request {
+    LoadModule { name: String, vmfb: Vec<u8>, reply: Reply<()> },
+    UploadWeights { args: Vec<HostArg>, reply: Reply<()> },
+    NewCache { shape: CacheShape, reply: Reply<CacheId> },
+    CopyCache { from: CacheId, reply: Reply<CacheId> },
+    DropCache { id: CacheId },
+    Step { cache: CacheId, call: StepCall, reply: Reply<StepResult> },
+}
+
+/// A handle on the runtime thread; cheap to clone, `Send + Sync`.
+#[derive(Clone)]
+pub struct WorkerHandle {
+    sender: Sender<Request>,
+}
+
+impl WorkerHandle {
+    /// Starts a runtime thread on IREE's `local-task` driver and waits until its device exists.
+    pub fn spawn_local_task() -> Result<WorkerHandle, IreeError> {
+        let (sender, receiver) = channel::<Request>();
+        let (ready_tx, ready_rx) = channel::<Result<(), IreeError>>();
+        std::thread::Builder::new()
+            .name("seam-iree-runtime".into())
+            .spawn(move || {
+                let runtime = match Runtime::new(DeviceSpec::local_task()) {
+                    Ok(runtime) => runtime,
+                    Err(e) => {
+                        let _ = ready_tx.send(Err(e.into()));
+                        return;
+                    }
+                };
+                let _ = ready_tx.send(Ok(()));
+                let mut state = WorkerState { runtime, modules: HashMap::new(), weights: Vec::new(), caches: HashMap::new(), next_cache: 0 };
+                // Ends when every handle (engine and sessions) is gone.
+                while let Ok(request) = receiver.recv() {
+                    state.serve(request);
+                }
+            })
+            .map_err(|e| IreeError::Runtime(format!("starting the runtime thread: {e}")))?;
+        ready_rx.recv().map_err(|_| IreeError::WorkerGone)??;
+        Ok(WorkerHandle { sender })
+    }
+
+    fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, IreeError> {
+        let (reply, answer) = channel();
+        self.sender.send(make(reply)).map_err(|_| IreeError::WorkerGone)?;
+        answer.recv().map_err(|_| IreeError::WorkerGone)?
+    }
+
+    /// Loads a compiled module under `name`.
+    pub fn load_module(&self, name: &str, vmfb: Vec<u8>) -> Result<(), IreeError> {
+        self.ask(|reply| Request::LoadModule { name: name.to_string(), vmfb, reply })
+    }
+
+    /// Uploads the weights, in the graphs' argument order, once for every later step.
+    pub fn upload_weights(&self, args: Vec<HostArg>) -> Result<(), IreeError> {
+        self.ask(|reply| Request::UploadWeights { args, reply })
+    }
+
+    /// Allocates a zeroed KV cache (keys and values) of `shape`.
+    pub fn new_cache(&self, shape: CacheShape) -> Result<CacheId, IreeError> {
+        self.ask(|reply| Request::NewCache { shape, reply })
+    }
+
+    /// A new cache holding a copy of `from`'s contents.
+    pub fn copy_cache(&self, from: CacheId) -> Result<CacheId, IreeError> {
+        self.ask(|reply| Request::CopyCache { from, reply })
+    }
+
+    /// Frees a cache (no reply: called from `Drop`).
+    pub fn drop_cache(&self, id: CacheId) {
+        let _ = self.sender.send(Request::DropCache { id });
+    }
+
+    /// Runs one step on `cache`.
+    pub fn step(&self, cache: CacheId, call: StepCall) -> Result<StepResult, IreeError> {
+        self.ask(|reply| Request::Step { cache, call, reply })
+    }
+}
+
+/// A cache's two buffers; `None` after a failed step consumed them (the session is then poisoned
+/// and its reset allocates fresh ones through [`Request::NewCache`]).
+struct Cache {
+    shape: CacheShape,
+    buffers: Option<(BufferView<f16>, BufferView<f16>)>,
+}
+
+struct WorkerState {
+    runtime: Runtime,
+    modules: HashMap<String, Program>,
+    weights: Vec<Value>,
+    caches: HashMap<CacheId, Cache>,
+    next_cache: CacheId,
+}
+
+fn typed<T: BufferElement>(bytes: &[u8], size: usize, decode: impl Fn(&[u8]) -> T) -> Vec<T> {
+    bytes.chunks_exact(size).map(decode).collect()
+}
+
+impl WorkerState {
+    fn serve(&mut self, request: Request) {
+        match request {
+            Request::LoadModule { name, vmfb, reply } => {
+                let result = self.runtime.load_vmfb(&vmfb).map(|program| {
+                    self.modules.insert(name, program);
+                });
+                let _ = reply.send(result.map_err(Into::into));
+            }
+            Request::UploadWeights { args, reply } => {
+                let _ = reply.send(self.upload(args));
+            }
+            Request::NewCache { shape, reply } => {
+                let _ = reply.send(self.new_cache(shape, None));
+            }
+            Request::CopyCache { from, reply } => {
+                let result = match self.caches.get(&from) {
+                    Some(Cache { shape, buffers: Some((k, v)) }) => {
+                        let shape = *shape;
+                        // A copy through the host: IREE's high-level API has no device-to-device
+                        // copy, and a fork is rare next to the steps.
+                        match (k.read(), v.read()) {
+                            (Ok(k), Ok(v)) => self.new_cache(shape, Some((k, v))),
+                            (Err(e), _) | (_, Err(e)) => Err(e.into()),
+                        }
+                    }
+                    _ => Err(IreeError::Runtime(format!("no live KV cache {from} to copy"))),
+                };
+                let _ = reply.send(result);
+            }
+            Request::DropCache { id } => {
+                self.caches.remove(&id);
+            }
+            Request::Step { cache, call, reply } => {
+                let _ = reply.send(self.step(cache, call));
+            }
+        }
+    }
+
+    fn upload(&mut self, args: Vec<HostArg>) -> Result<(), IreeError> {
+        let mut weights = Vec::with_capacity(args.len());
+        for arg in args {
+            let shape = &arg.spec.shape;
+            let value: Value = match arg.spec.dtype {
+                ArgDtype::F32 => self.runtime.buffer_view(shape, &typed(&arg.bytes, 4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))?.into(),
+                ArgDtype::F16 => self.runtime.buffer_view(shape, &typed(&arg.bytes, 2, |c| f16::from_le_bytes([c[0], c[1]])))?.into(),
+                ArgDtype::I32 => self.runtime.buffer_view(shape, &typed(&arg.bytes, 4, |c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])))?.into(),
+                ArgDtype::I8 => self.runtime.buffer_view(shape, &typed(&arg.bytes, 1, |c| c[0] as i8))?.into(),
+            };
+            weights.push(value);
+        }
+        self.weights = weights;
+        Ok(())
+    }
+
+    fn new_cache(&mut self, shape: CacheShape, contents: Option<(Vec<f16>, Vec<f16>)>) -> Result<CacheId, IreeError> {
+        let (k, v) = match contents {
+            Some(kv) => kv,
+            None => (vec![f16::ZERO; shape.k.iter().product()], vec![f16::ZERO; shape.v.iter().product()]),
+        };
+        let k = self.runtime.buffer_view(&shape.k, &k)?;
+        let v = self.runtime.buffer_view(&shape.v, &v)?;
+        let id = self.next_cache;
+        self.next_cache += 1;
+        self.caches.insert(id, Cache { shape, buffers: Some((k, v)) });
+        Ok(id)
+    }
+
+    fn step(&mut self, cache_id: CacheId, call: StepCall) -> Result<StepResult, IreeError> {
+        let program = self.modules.get(&call.module).ok_or_else(|| IreeError::Runtime(format!("module {} is not loaded", call.module)))?;
+        let function = program.function(&call.function)?;
+        let cache = self.caches.get_mut(&cache_id).ok_or_else(|| IreeError::Runtime(format!("no KV cache {cache_id}")))?;
+        // Taken out: the function consumes these buffers and returns the updated ones.
+        let (k, v) = cache.buffers.take().ok_or_else(|| IreeError::Runtime("the KV cache was lost by an earlier failure".into()))?;
+        let mut inputs: Vec<Value> = Vec::with_capacity(5 + self.weights.len());
+        inputs.push(self.runtime.buffer_view(&[call.tokens.len()], &call.tokens)?.into());
+        inputs.push(self.runtime.buffer_view::<i32>(&[], &[call.position])?.into());
+        if let Some(count) = call.count {
+            inputs.push(self.runtime.buffer_view::<i32>(&[], &[count])?.into());
+        }
+        inputs.push(k.into());
+        inputs.push(v.into());
+        inputs.extend(self.weights.iter().cloned());
+        let mut outputs = function.invoke(inputs)?.into_iter();
+        let expected = if call.logits { 4 } else { 3 };
+        if outputs.len() != expected {
+            return Err(IreeError::Runtime(format!("{} returned {} results, expected {expected}", call.function, outputs.len())));
+        }
+        let token: BufferView<i32> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
+        let k: BufferView<f16> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
+        let v: BufferView<f16> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
+        cache.buffers = Some((k, v));
+        let token = token.read()?;
+        let token = *token.first().ok_or_else(|| IreeError::Runtime("empty token result".into()))?;
+        let logits = match outputs.next() {
+            Some(value) => Some(BufferView::<f32>::try_from(value)?.read()?),
+            None => None,
+        };
+        let token = u32::try_from(token).map_err(|_| IreeError::Runtime(format!("the graph returned token id {token}")))?;
+        Ok(StepResult { token, logits })
+    }
+}

@@ -1,0 +1,43 @@
+# Sourced by scripts/test.sh and scripts/setup.sh: makes the tools that cargo *build scripts* need
+# available, installing them project-locally into .seam/py-build (pip --target, no root) when the
+# system lacks them. Idempotent: a second run only checks.
+#
+# - cmake >= 3.26: eerie-sys builds the IREE runtime from its vendored source with cmake (Debian 12
+#   ships 3.25).
+# - libclang: eerie-sys generates its bindings with bindgen, which loads libclang at build time.
+#   The PyPI wheel `libclang` carries libclang.so but not clang's builtin headers (stddef.h, ...),
+#   so gcc's are passed to it instead.
+seam_prereq_dir="$PWD/.seam/py-build"
+
+seam_cmake_ok() {
+  local version
+  version="$(cmake --version 2>/dev/null | sed -n 's/^cmake version \([0-9]*\)\.\([0-9]*\).*/\1 \2/p')" || return 1
+  [ -n "$version" ] || return 1
+  set -- $version
+  [ "$1" -gt 3 ] || { [ "$1" -eq 3 ] && [ "$2" -ge 26 ]; }
+}
+
+seam_system_libclang() {
+  ldconfig -p 2>/dev/null | grep -q 'libclang\(-[0-9.]*\)\?\.so' ||
+    ls /usr/lib/llvm-*/lib/libclang.so* >/dev/null 2>&1
+}
+
+# The wheel's bin/cmake is a Python launcher that needs the package on PYTHONPATH; the real binary
+# lives under cmake/data/bin.
+seam_cmake_bin="$seam_prereq_dir/cmake/data/bin"
+if [ -x "$seam_cmake_bin/cmake" ]; then
+  export PATH="$seam_cmake_bin:$PATH"
+fi
+if ! seam_cmake_ok; then
+  echo "== installing cmake>=3.26,<4 into $seam_prereq_dir (the IREE runtime build needs it)" >&2
+  python3 -m pip install -q --disable-pip-version-check --target "$seam_prereq_dir" --upgrade "cmake>=3.26,<4" >&2
+  export PATH="$seam_cmake_bin:$PATH"
+fi
+if [ -z "${LIBCLANG_PATH:-}" ] && ! seam_system_libclang; then
+  if [ ! -f "$seam_prereq_dir/clang/native/libclang.so" ]; then
+    echo "== installing libclang==18.1.1 into $seam_prereq_dir (bindgen needs it)" >&2
+    python3 -m pip install -q --disable-pip-version-check --target "$seam_prereq_dir" "libclang==18.1.1" >&2
+  fi
+  export LIBCLANG_PATH="$seam_prereq_dir/clang/native"
+  export BINDGEN_EXTRA_CLANG_ARGS="${BINDGEN_EXTRA_CLANG_ARGS:-} -isystem $(cc -print-file-name=include)"
+fi
