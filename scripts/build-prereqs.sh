@@ -1,5 +1,6 @@
-# Sourced by scripts/test.sh and scripts/setup.sh: makes the tools that cargo *build scripts* need
-# available, installing them project-locally into .seam/py-build (pip --target, no root) when the
+# To be sourced before building crates/backend-iree (outside the workspace until it passes
+# conformance, see the root Cargo.toml; test.sh will source it then): makes the tools that cargo
+# *build scripts* need available, installing them project-locally into .seam/py-build (pip --target, no root) when the
 # system lacks them. Idempotent: a second run only checks.
 #
 # - cmake >= 3.26: eerie-sys builds the IREE runtime from its vendored source with cmake (Debian 12

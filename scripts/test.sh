@@ -4,7 +4,4 @@
 # run reuses it and is fast.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-# Build prerequisites (cargo build scripts run before any test can install them): the IREE runtime
-# of backend-iree builds with cmake >= 3.26 and generates its bindings with libclang.
-source scripts/build-prereqs.sh
 cargo test --workspace --no-fail-fast "$@"
