@@ -175,19 +175,7 @@ impl Engine for IreeEngine {
     }
 
     fn new_session(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
-        options.check_against(crate::BACKEND_NAME, &self.capabilities())?;
-        if options.return_logits {
-            self.ensure_logits_module()?;
-        }
-        let cache = self.shared.worker.new_cache(self.shared.cache_shape)?;
-        Ok(Box::new(IreeSession {
-            shared: Arc::clone(&self.shared),
-            cache,
-            position: 0,
-            logits: options.return_logits,
-            guard: SessionGuard::default(),
-            inject_fault: false,
-        }))
+        self.open_session(options, false)
     }
 }
 
@@ -196,6 +184,11 @@ impl IreeEngine {
     /// for the conformance suite's poisoning checks. Not for production use.
     #[doc(hidden)]
     pub fn session_with_injected_fault(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
+        self.open_session(options, true)
+    }
+
+    /// Checks `options`, compiles the logits module if asked for, and allocates a device cache.
+    fn open_session(&self, options: SessionOptions, inject_fault: bool) -> Result<Box<dyn Session>> {
         options.check_against(crate::BACKEND_NAME, &self.capabilities())?;
         if options.return_logits {
             self.ensure_logits_module()?;
@@ -207,7 +200,7 @@ impl IreeEngine {
             position: 0,
             logits: options.return_logits,
             guard: SessionGuard::default(),
-            inject_fault: true,
+            inject_fault,
         }))
     }
 }
