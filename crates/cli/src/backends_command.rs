@@ -28,7 +28,12 @@ fn describe_capabilities(c: &Capabilities) -> Vec<String> {
         [flag(c.inputs.tokens, "tokens"), flag(c.inputs.embeddings, "embeddings")].into_iter().flatten().collect();
     let formats: Vec<String> = c.weight_formats.iter().map(|f| f.to_string()).collect();
     vec![
-        format!("max context     {}", c.max_context),
+        // A backend reports usize::MAX when only the loaded model sets the limit.
+        if c.max_context == usize::MAX {
+            "max context     the model's".to_string()
+        } else {
+            format!("max context     {}", c.max_context)
+        },
         format!("weight formats  {}", formats.join(", ")),
         format!("sampling        {}", sampling.join(", ")),
         format!("logits          {}", if c.logits { "yes" } else { "no" }),
@@ -42,34 +47,54 @@ fn describe_capabilities(c: &Capabilities) -> Vec<String> {
     ]
 }
 
+/// One registry entry as probed once: availability may touch devices, so it is asked only once.
+struct Probed {
+    name: String,
+    description: String,
+    availability: Availability,
+    capabilities: Option<Capabilities>,
+}
+
+fn probe_all() -> Vec<Probed> {
+    registered_backends()
+        .into_iter()
+        .map(|entry| match entry.instantiate() {
+            Ok(backend) => Probed {
+                name: backend.name().to_string(),
+                description: backend.description().to_string(),
+                availability: backend.availability(),
+                capabilities: Some(backend.capabilities()),
+            },
+            Err(e) => Probed {
+                name: entry.name.to_string(),
+                description: String::new(),
+                availability: Availability::Unavailable { reason: e.to_string() },
+                capabilities: None,
+            },
+        })
+        .collect()
+}
+
 pub fn run(args: BackendsArgs) -> Result<(), CliError> {
-    let mut listing = Vec::new();
-    for entry in registered_backends() {
-        let backend = match entry.instantiate() {
-            Ok(b) => b,
-            Err(e) => {
-                listing.push(serde_json::json!({ "name": entry.name, "availability": { "status": "unavailable", "reason": e.to_string() } }));
-                continue;
-            }
-        };
-        listing.push(serde_json::json!({
-            "name": backend.name(),
-            "description": backend.description(),
-            "availability": backend.availability(),
-            "capabilities": backend.capabilities(),
-        }));
-    }
+    let probed = probe_all();
     if args.json {
+        let listing: Vec<serde_json::Value> = probed
+            .iter()
+            .map(|b| {
+                serde_json::json!({
+                    "name": b.name,
+                    "description": b.description,
+                    "availability": b.availability,
+                    "capabilities": b.capabilities,
+                })
+            })
+            .collect();
         println!("{}", serde_json::to_string_pretty(&listing).expect("the listing serializes"));
         return Ok(());
     }
-    for entry in registered_backends() {
-        let Ok(backend) = entry.instantiate() else {
-            println!("{}\n  unavailable: built against another session-api version\n", entry.name);
-            continue;
-        };
-        println!("{}  {}", backend.name(), backend.description());
-        match backend.availability() {
+    for b in &probed {
+        println!("{}  {}", b.name, b.description);
+        match &b.availability {
             Availability::Available { devices } => {
                 println!("  available");
                 for d in devices {
@@ -78,7 +103,7 @@ pub fn run(args: BackendsArgs) -> Result<(), CliError> {
             }
             Availability::Unavailable { reason } => println!("  unavailable: {reason}"),
         }
-        for line in describe_capabilities(&backend.capabilities()) {
+        for line in b.capabilities.iter().flat_map(describe_capabilities) {
             println!("  {line}");
         }
         println!();
