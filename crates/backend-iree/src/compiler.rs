@@ -36,10 +36,14 @@ fn library_in(dir: &Path) -> PathBuf {
     dir.join("iree/compiler/_mlir_libs").join(LIBRARY_NAME)
 }
 
+/// The compiler library named by [`COMPILER_ENV`], if set (it may not exist).
+pub fn explicit_compiler_path() -> Option<PathBuf> {
+    std::env::var_os(COMPILER_ENV).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
 /// Finds the compiler library without installing anything. The error says where it looked.
 pub fn find_compiler_library() -> Result<PathBuf, IreeError> {
-    if let Some(explicit) = std::env::var_os(COMPILER_ENV).filter(|v| !v.is_empty()) {
-        let explicit = PathBuf::from(explicit);
+    if let Some(explicit) = explicit_compiler_path() {
         let file = if explicit.is_dir() { explicit.join(LIBRARY_NAME) } else { explicit.clone() };
         // An explicit choice that is wrong is an error, not a reason to silently take another one.
         return if file.is_file() {
@@ -85,7 +89,7 @@ pub fn ensure_compiler_library() -> Result<PathBuf, IreeError> {
     if let Ok(found) = find_compiler_library() {
         return Ok(found);
     }
-    if std::env::var_os(COMPILER_ENV).is_some_and(|v| !v.is_empty()) {
+    if explicit_compiler_path().is_some() {
         return find_compiler_library();
     }
     let dir = local_install_dir();

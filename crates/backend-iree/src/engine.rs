@@ -1,18 +1,24 @@
 //! The engine (a loaded model on the runtime thread) and its sessions.
 //!
 //! ## Graphs and buckets
-//! One module holds the greedy functions: `decode` (one token) and `prefill_{B}` for each bucket
-//! `B` of [`PREFILL_BUCKETS`] that fits the context. A prefill of `n` tokens at position `p` runs
-//! in the calls of [`stablehlo_llama::plan_prefill`]: the smallest bucket holding the rest of the
-//! tokens, else the largest bucket full of real tokens, padded with zeros (the graph masks padding
-//! rows and the positions after the real tokens, which later steps overwrite). A call never runs
-//! past the cache's end (the graph's `dynamic_update_slice` would clamp its offset), so near the
-//! end of the context the tail goes through `decode`. The `_logits` variants sit in a second module, compiled (or read from the
-//! cache) on the first session that asks for logits, so greedy-only use never pays for them.
+//! One module per model, context and format holds `decode_logits` (one token) and
+//! `prefill_{B}_logits` for each bucket `B` of [`PREFILL_BUCKETS`] that fits the context. Every
+//! function returns the greedy token (argmax on the device) *and* the last position's logits; a
+//! session reads the logits buffer back only when it needs them (it returns logits, or samples),
+//! so a greedy step still copies 4 bytes to the host. One module instead of a greedy one and a
+//! logits one halves compile time (the graphs compute the full logits for the argmax anyway).
+//!
+//! A prefill of `n` tokens at position `p` runs in the calls of [`stablehlo_llama::plan_prefill`]:
+//! the smallest bucket holding the rest of the tokens, else the largest bucket full of real
+//! tokens, padded with zeros (the graph masks padding rows and the positions after the real
+//! tokens, which later steps overwrite). A call never runs past the cache's end (the graph's
+//! `dynamic_update_slice` would clamp its offset), so near the end of the context the tail goes
+//! through `decode`.
 //!
 //! ## Sequence state
-//! A session owns one KV cache pair on the device, `f16[layers, kv_heads, max_context, head_dim]`,
-//! and its position on the host. Attention reads only keys at positions `<= position + t`, so a
+//! A session owns one KV cache pair on the device (keys `f16[layers, kv_heads, head_dim,
+//! max_context]`, values `f16[layers, kv_heads, max_context, head_dim]`) and its position on the
+//! host. Attention reads only keys at positions `<= position + t`, so a
 //! rewind ([`Session::truncate`]) is the position alone: stale entries after it are masked and
 //! overwritten by the next step. A fork copies the cache (through the host).
 
@@ -22,12 +28,11 @@ use crate::worker::{CacheId, CacheShape, StepCall, WorkerHandle};
 use llama_model::LlamaConfig;
 use session_api::session::SessionGuard;
 use session_api::{
-    Capabilities, Engine, EngineInfo, InputKinds, KvOps, Result, SamplingModes, SeamError, Session, SessionOptions, StateKind,
-    StepOutput,
+    Capabilities, Engine, EngineInfo, InputKinds, KvOps, Result, Sampler, SamplingConfig, SamplingModes, SeamError, Session,
+    SessionOptions, StateKind, StepOutput,
 };
 use stablehlo_llama::{emit_module, plan_prefill, GraphKind, GraphOptions, GraphSpec};
-use std::path::PathBuf;
-use std::sync::{Arc, Mutex};
+use std::sync::Arc;
 use std::time::Duration;
 
 /// Prefill bucket lengths: the emitter's defaults (those above the context are dropped; a context
@@ -39,11 +44,11 @@ pub const PREFILL_BUCKETS: [usize; 3] = stablehlo_llama::DEFAULT_BUCKETS;
 /// cache with a mask, so it is kept moderate.
 pub const DEFAULT_MAX_CONTEXT: usize = 2048;
 
-const GREEDY_MODULE: &str = "greedy";
+/// The name the model's module is loaded under on the worker.
+const MODEL_MODULE: &str = "model";
 /// The VM module name of the emitted graphs (`module @seam_llama`): functions are resolved as
 /// `seam_llama.<function>`.
 const VM_MODULE: &str = "seam_llama";
-const LOGITS_MODULE: &str = "logits";
 
 /// The buckets for a context of `max_context` positions.
 pub fn buckets_for(max_context: usize) -> Vec<usize> {
@@ -55,10 +60,11 @@ pub fn buckets_for(max_context: usize) -> Vec<usize> {
     }
 }
 
-/// The function specs of one module.
-pub fn module_specs(buckets: &[usize], logits: bool) -> Vec<GraphSpec> {
-    let mut specs = vec![GraphSpec { kind: GraphKind::Decode, logits }];
-    specs.extend(buckets.iter().filter(|&&b| b > 1).map(|&bucket| GraphSpec { kind: GraphKind::Prefill { bucket }, logits }));
+/// The functions of the model's module: decode and one prefill per bucket, each returning the
+/// greedy token and the logits.
+pub fn module_specs(buckets: &[usize]) -> Vec<GraphSpec> {
+    let mut specs = vec![GraphSpec { kind: GraphKind::Decode, logits: true }];
+    specs.extend(buckets.iter().filter(|&&b| b > 1).map(|&bucket| GraphSpec { kind: GraphKind::Prefill { bucket }, logits: true }));
     specs
 }
 
@@ -76,19 +82,13 @@ pub(crate) struct LoadedModel {
     pub worker: WorkerHandle,
     pub config: LlamaConfig,
     pub options: GraphOptions,
-    pub compiler_library: PathBuf,
     pub info: EngineInfo,
 }
 
 /// A model loaded on IREE's local-task device.
 pub struct IreeEngine {
     shared: Arc<Shared>,
-    config: LlamaConfig,
-    options: GraphOptions,
-    compiler_library: PathBuf,
     info: EngineInfo,
-    /// Whether the logits module is loaded; the mutex also serializes its first compilation.
-    logits_loaded: Mutex<bool>,
 }
 
 /// The engine's capabilities for a context of `max_context`.
@@ -96,7 +96,10 @@ pub fn capabilities_with(max_context: usize) -> Capabilities {
     Capabilities {
         max_context,
         weight_formats: session_api::WeightFormat::ALL.to_vec(),
-        sampling: SamplingModes::GREEDY_ONLY,
+        // Greedy runs on the device (4 bytes back per step); the other modes read the step's
+        // logits back and sample on the host with the shared `Sampler`, whose arithmetic is the
+        // reference backend's.
+        sampling: SamplingModes::ALL,
         logits: true,
         kv_ops: KvOps { truncate: true, fork: true },
         inputs: InputKinds { tokens: true, embeddings: false },
@@ -123,45 +126,25 @@ impl IreeEngine {
             max_context,
             vocab_size: c.vocab_size,
         };
-        IreeEngine {
-            shared: Arc::new(shared),
-            config: loaded.config,
-            options: loaded.options,
-            compiler_library: loaded.compiler_library,
-            info: loaded.info,
-            logits_loaded: Mutex::new(false),
-        }
+        IreeEngine { shared: Arc::new(shared), info: loaded.info }
     }
 
     pub(crate) fn set_load_time(&mut self, load_time: Duration) {
         self.info.load_time = load_time;
     }
-
-    /// Compiles (or reads from the cache) and loads the module of `_logits` functions, once.
-    fn ensure_logits_module(&self) -> std::result::Result<(), IreeError> {
-        let mut loaded = self.logits_loaded.lock().unwrap_or_else(|p| p.into_inner());
-        if *loaded {
-            return Ok(());
-        }
-        let text = emit_module(&self.config, &self.options, &module_specs(&self.shared.buckets, true))?;
-        let module = compile_cached(&self.compiler_library, "logits", &text, &LLVM_CPU_FLAGS)?;
-        self.shared.worker.load_module(LOGITS_MODULE, module.vmfb)?;
-        *loaded = true;
-        Ok(())
-    }
 }
 
-/// Compiles (or reads from the cache) the greedy module and loads it on `worker`. Returns whether
-/// it was a cache hit.
-pub(crate) fn load_greedy_module(
+/// Compiles (or reads from the cache) the model's module and loads it on `worker`. Returns
+/// whether it was a cache hit.
+pub(crate) fn load_model_module(
     worker: &WorkerHandle,
     compiler_library: &std::path::Path,
     config: &LlamaConfig,
     options: &GraphOptions,
 ) -> std::result::Result<CacheOutcome, IreeError> {
-    let text = emit_module(config, options, &module_specs(&buckets_for(options.max_context), false))?;
-    let module = compile_cached(compiler_library, "greedy", &text, &LLVM_CPU_FLAGS)?;
-    worker.load_module(GREEDY_MODULE, module.vmfb)?;
+    let text = emit_module(config, options, &module_specs(&buckets_for(options.max_context)))?;
+    let module = compile_cached(compiler_library, "model", &text, &LLVM_CPU_FLAGS)?;
+    worker.load_module(MODEL_MODULE, module.vmfb)?;
     Ok(module.outcome)
 }
 
@@ -187,18 +170,18 @@ impl IreeEngine {
         self.open_session(options, true)
     }
 
-    /// Checks `options`, compiles the logits module if asked for, and allocates a device cache.
+    /// Checks `options` and allocates a device cache.
     fn open_session(&self, options: SessionOptions, inject_fault: bool) -> Result<Box<dyn Session>> {
         options.check_against(crate::BACKEND_NAME, &self.capabilities())?;
-        if options.return_logits {
-            self.ensure_logits_module()?;
-        }
+        let sampling_on_host = !matches!(options.sampling, SamplingConfig::Greedy);
         let cache = self.shared.worker.new_cache(self.shared.cache_shape)?;
         Ok(Box::new(IreeSession {
             shared: Arc::clone(&self.shared),
             cache,
             position: 0,
-            logits: options.return_logits,
+            read_logits: options.return_logits || sampling_on_host,
+            return_logits: options.return_logits,
+            sampler: sampling_on_host.then(|| Sampler::new(options.sampling)),
             guard: SessionGuard::default(),
             inject_fault,
         }))
@@ -210,7 +193,12 @@ pub struct IreeSession {
     shared: Arc<Shared>,
     cache: CacheId,
     position: usize,
-    logits: bool,
+    /// Whether steps read the logits back (the caller wants them, or the session samples).
+    read_logits: bool,
+    /// Whether the caller gets the logits back.
+    return_logits: bool,
+    /// The host-side sampler of a non-greedy session; `None` takes the device's argmax.
+    sampler: Option<Sampler>,
     guard: SessionGuard,
     /// Test hook: the next step calls a missing function (see `session_with_injected_fault`).
     inject_fault: bool,
@@ -218,20 +206,19 @@ pub struct IreeSession {
 
 impl IreeSession {
     fn call(&self, bucket: Option<usize>, tokens: &[u32], position: usize) -> StepCall {
-        let suffix = if self.logits { "_logits" } else { "" };
         let (function, padded) = match bucket {
-            None => (format!("{VM_MODULE}.decode{suffix}"), 1),
-            Some(b) => (format!("{VM_MODULE}.prefill_{b}{suffix}"), b),
+            None => (format!("{VM_MODULE}.decode_logits"), 1),
+            Some(b) => (format!("{VM_MODULE}.prefill_{b}_logits"), b),
         };
         let mut ids: Vec<i32> = tokens.iter().map(|&t| t as i32).collect();
         ids.resize(padded, 0);
         StepCall {
-            module: if self.logits { LOGITS_MODULE } else { GREEDY_MODULE }.to_string(),
+            module: MODEL_MODULE.to_string(),
             function,
             tokens: ids,
             position: position as i32,
             count: bucket.map(|_| tokens.len() as i32),
-            logits: self.logits,
+            logits: self.read_logits,
         }
     }
 
@@ -261,7 +248,7 @@ impl IreeSession {
                 first.function.push_str("_injected_fault");
             }
         }
-        let position = &mut self.position;
+        let (position, sampler, return_logits) = (&mut self.position, &mut self.sampler, self.return_logits);
         self.guard.step(|| {
             let mut last = None;
             for (call, chunk) in calls.into_iter().zip(&chunks) {
@@ -269,7 +256,12 @@ impl IreeSession {
                 *position += chunk.count;
             }
             let last = last.ok_or(SeamError::EmptyInput)?;
-            Ok(StepOutput { token: last.token, logits: last.logits })
+            let token = match (sampler.as_mut(), &last.logits) {
+                (Some(sampler), Some(logits)) => sampler.sample(logits),
+                (Some(_), None) => return Err(IreeError::Runtime("a sampling step returned no logits".into()).into()),
+                (None, _) => last.token,
+            };
+            Ok(StepOutput { token, logits: if return_logits { last.logits } else { None } })
         })
     }
 }
@@ -296,6 +288,9 @@ impl Session for IreeSession {
 
     fn reset(&mut self) {
         self.position = 0;
+        if let Some(sampler) = &mut self.sampler {
+            sampler.restart();
+        }
         if self.guard.is_poisoned() {
             // A failed step may have consumed the cache buffers: start from a fresh cache.
             self.shared.worker.drop_cache(self.cache);
@@ -333,7 +328,9 @@ impl Session for IreeSession {
             shared: Arc::clone(&self.shared),
             cache,
             position: self.position,
-            logits: self.logits,
+            read_logits: self.read_logits,
+            return_logits: self.return_logits,
+            sampler: self.sampler.clone(),
             guard: SessionGuard::default(),
             inject_fault: false,
         }))

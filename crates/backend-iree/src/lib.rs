@@ -22,11 +22,11 @@ pub mod worker;
 pub use engine::{IreeEngine, IreeSession, DEFAULT_MAX_CONTEXT, PREFILL_BUCKETS};
 pub use error::IreeError;
 
-use engine::{capabilities_with, load_greedy_module, LoadedModel};
+use engine::{capabilities_with, load_model_module, LoadedModel};
 use llama_model::model_dir::ModelDir;
 use llama_model::weights::load_weights;
 use session_api::{Availability, Backend, Capabilities, Engine, EngineInfo, LoadRequest, Result, SeamError};
-use stablehlo_llama::{host_args, GraphOptions};
+use stablehlo_llama::{graph_host_args, GraphOptions, LayerMode};
 use std::sync::Arc;
 use std::time::Instant;
 use worker::WorkerHandle;
@@ -38,6 +38,20 @@ session_api::register_backend!(BACKEND_NAME, || Box::new(IreeCpuBackend));
 
 /// Referenced by binaries so the linker keeps this crate's registration.
 pub fn link() {}
+
+/// Environment variable choosing how the graphs lay out the decoder layers: `loop` (the default)
+/// or `unrolled`. The loop compiles 3-5x faster at the same step time (docs/backends/iree.md); the
+/// knob is there to measure the difference.
+pub const LAYERS_ENV: &str = "SEAM_IREE_LAYERS";
+
+/// The layer layout [`LAYERS_ENV`] asks for.
+pub fn layer_mode() -> Result<LayerMode> {
+    match std::env::var(LAYERS_ENV).ok().as_deref() {
+        None | Some("") | Some("loop") => Ok(LayerMode::Loop),
+        Some("unrolled") => Ok(LayerMode::Unrolled),
+        Some(other) => Err(SeamError::InvalidInput(format!("{LAYERS_ENV}={other}: expected `loop` or `unrolled`"))),
+    }
+}
 
 /// IREE on the CPU: llvm-cpu code, local-task driver.
 #[derive(Debug, Clone, Copy, Default)]
@@ -52,12 +66,15 @@ impl Backend for IreeCpuBackend {
         "IREE 3.13 on the CPU: StableHLO graphs compiled for llvm-cpu, local-task driver, greedy on device"
     }
 
-    /// Available when the compiler library is found and loads. (A missing library is installed
-    /// by `load`, and by `scripts/setup.sh`.)
+    /// Available when the compiler library loads, or when it is not installed yet: `load`
+    /// installs the pinned wheel first (as `scripts/setup.sh` does), and reports the backend
+    /// unavailable if that fails. An explicit `SEAM_IREE_COMPILER` that holds no library, or a
+    /// library that does not load, makes it unavailable now.
     fn availability(&self) -> Availability {
         let library = match compiler::find_compiler_library() {
             Ok(library) => library,
-            Err(e) => return Availability::Unavailable { reason: e.to_string() },
+            Err(e) if compiler::explicit_compiler_path().is_some() => return Availability::Unavailable { reason: e.to_string() },
+            Err(_) => return Availability::Available { devices: vec![backend_reference::cpu_device()] },
         };
         match compiler::load_compiler(&library) {
             Ok(_) => Availability::Available { devices: vec![backend_reference::cpu_device()] },
@@ -93,14 +110,14 @@ impl IreeCpuBackend {
         let weights = load_weights(&request.model_dir, request.weights, Some(&report_read))?;
         let config = weights.config.clone();
         let max_context = request.max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings);
-        let options = GraphOptions { max_context, format: request.weights };
-        let args = host_args(&weights, request.weights).map_err(IreeError::from)?;
+        let options = GraphOptions { max_context, format: request.weights, layers: layer_mode()? };
+        let args = graph_host_args(&weights, &options).map_err(IreeError::from)?;
         drop(weights);
         let weight_bytes: u64 = args.iter().map(|a| a.bytes.len() as u64).sum();
 
         let worker = WorkerHandle::spawn_local_task()?;
         request.report("compiling graphs (cached after the first load)", 0, Some(1));
-        load_greedy_module(&worker, &compiler_library, &config, &options)?;
+        load_model_module(&worker, &compiler_library, &config, &options)?;
         request.report("compiling graphs (cached after the first load)", 1, Some(1));
         request.report("uploading weights", 0, Some(1));
         worker.upload_weights(args)?;
@@ -116,7 +133,7 @@ impl IreeCpuBackend {
             load_time: Default::default(),
             weight_bytes,
         };
-        let mut engine = IreeEngine::new(LoadedModel { worker, config, options, compiler_library, info });
+        let mut engine = IreeEngine::new(LoadedModel { worker, config, options, info });
         engine.set_load_time(started.elapsed());
         Ok(engine)
     }

@@ -45,7 +45,7 @@ pub struct StepCall {
     pub position: i32,
     /// Real tokens among `tokens` (prefill functions only).
     pub count: Option<i32>,
-    /// Whether the function also returns logits.
+    /// Whether to read the logits the function returns back to the host.
     pub logits: bool,
 }
 
@@ -241,7 +241,9 @@ impl WorkerState {
         inputs.push(v.into());
         inputs.extend(self.weights.iter().cloned());
         let mut outputs = function.invoke(inputs)?.into_iter();
-        let expected = if call.logits { 4 } else { 3 };
+        // (token, k cache, v cache, logits): every function of the module returns the logits; they
+        // stay in device memory unless the call asks for them.
+        let expected = 4;
         if outputs.len() != expected {
             return Err(IreeError::Runtime(format!("{} returned {} results, expected {expected}", call.function, outputs.len())));
         }
@@ -252,8 +254,8 @@ impl WorkerState {
         let token = token.read()?;
         let token = *token.first().ok_or_else(|| IreeError::Runtime("empty token result".into()))?;
         let logits = match outputs.next() {
-            Some(value) => Some(BufferView::<f32>::try_from(value)?.read()?),
-            None => None,
+            Some(value) if call.logits => Some(BufferView::<f32>::try_from(value)?.read()?),
+            _ => None,
         };
         let token = u32::try_from(token).map_err(|_| IreeError::Runtime(format!("the graph returned token id {token}")))?;
         Ok(StepResult { token, logits })

@@ -6,4 +6,5 @@
 /// References every backend crate this binary ships with.
 pub fn link_all() {
     backend_reference::link();
+    backend_iree::link();
 }

@@ -11,14 +11,18 @@ use std::io::{IsTerminal, Read, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
 
-/// The backend `seam run` uses when `--backend` is not given.
-pub const DEFAULT_BACKEND: &str = "reference";
+/// The backend `seam run` uses when `--backend` is not given: IREE on the CPU, which passes the
+/// conformance suite and runs the compiled graphs.
+pub const DEFAULT_BACKEND: &str = "iree-cpu";
+/// Where an unavailable default backend falls back to (an explicitly named one never does).
+pub const FALLBACK_BACKEND: &str = "reference";
 
 #[derive(Args)]
 pub struct RunArgs {
-    /// Backend to run on (see `seam backends`).
-    #[arg(long, default_value = DEFAULT_BACKEND)]
-    backend: String,
+    /// Backend to run on (see `seam backends`). Default: iree-cpu, or the reference backend
+    /// (with a note) where iree-cpu is unavailable.
+    #[arg(long)]
+    backend: Option<String>,
     /// Model directory; the default model (SmolLM2-135M-Instruct) when absent, installed on first use.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -98,6 +102,24 @@ fn read_prompt(args: &RunArgs) -> Result<String, CliError> {
     Ok(prompt)
 }
 
+/// The backend named on the command line, or the default one. A named backend that is
+/// unavailable is an error; an unavailable default falls back to [`FALLBACK_BACKEND`] with a note,
+/// so `seam run` works wherever the reference does.
+fn choose_backend(named: Option<&str>) -> Result<Box<dyn session_api::Backend>, CliError> {
+    let name = named.unwrap_or(DEFAULT_BACKEND);
+    let backend = find_backend(name)?;
+    match backend.availability() {
+        Availability::Available { .. } => Ok(backend),
+        Availability::Unavailable { reason } if named.is_none() => fall_back(&reason),
+        Availability::Unavailable { reason } => Err(SeamError::Unavailable { backend: name.to_string(), reason }.into()),
+    }
+}
+
+fn fall_back(reason: &str) -> Result<Box<dyn session_api::Backend>, CliError> {
+    eprintln!("note: the default backend {DEFAULT_BACKEND} is unavailable ({reason}); running on {FALLBACK_BACKEND}");
+    Ok(find_backend(FALLBACK_BACKEND)?)
+}
+
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let prompt_text = read_prompt(&args)?;
     if prompt_text.trim().is_empty() {
@@ -106,10 +128,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let sampling = SamplingConfig::from_settings(Some(args.temperature), args.top_k, args.top_p, args.seed);
     sampling.validate().map_err(CliError::Usage)?;
 
-    let backend = find_backend(&args.backend)?;
-    if let Availability::Unavailable { reason } = backend.availability() {
-        return Err(SeamError::Unavailable { backend: args.backend.clone(), reason }.into());
-    }
+    let backend = choose_backend(args.backend.as_deref())?;
     let model_dir = resolve_model_dir(args.model.clone())?;
     let model = ModelDir::open(&model_dir)?;
     let tokenizer = Tokenizer::from_model_dir(&model_dir)?;
@@ -134,7 +153,14 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     request.max_context = args.max_context;
     request.threads = args.threads;
     request.progress = Some(bar.callback());
-    let engine = backend.load(&request)?;
+    // The default backend may turn out unavailable only when loading (its compiler is installed
+    // on first use, which needs the network): fall back then too.
+    let engine = match backend.load(&request) {
+        Err(e) if args.backend.is_none() && e.kind() == session_api::ErrorKind::Unavailable => {
+            fall_back(&e.to_string())?.load(&request)?
+        }
+        loaded => loaded?,
+    };
     bar.finish();
     let info = engine.info();
 

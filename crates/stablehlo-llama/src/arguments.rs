@@ -81,25 +81,48 @@ pub fn weight_args(config: &LlamaConfig, format: WeightFormat) -> Vec<WeightArg>
     let mut out = Vec::new();
     for spec in expected_tensors(config) {
         match spec.role {
-            TensorRole::Norm => {
-                out.push(WeightArg { name: spec.name, shape: spec.shape, dtype: ArgDtype::F32, part: WeightPart::Norm })
-            }
+            TensorRole::Norm => out.push(WeightArg { name: spec.name, shape: spec.shape, dtype: ArgDtype::F32, part: WeightPart::Norm }),
             TensorRole::Matrix => {
                 let (rows, cols) = (spec.shape[0], spec.shape[1]);
                 match format {
                     WeightFormat::F16 => {
                         // The embedding table is gathered by rows; everything else is a linear weight.
                         if spec.name == llama_model::weights::names::EMBED_TOKENS {
-                            out.push(WeightArg { name: spec.name, shape: vec![rows, cols], dtype: ArgDtype::F16, part: WeightPart::F16RowMajor });
+                            out.push(WeightArg {
+                                name: spec.name,
+                                shape: vec![rows, cols],
+                                dtype: ArgDtype::F16,
+                                part: WeightPart::F16RowMajor,
+                            });
                         } else {
-                            out.push(WeightArg { name: spec.name, shape: vec![cols, rows], dtype: ArgDtype::F16, part: WeightPart::F16Transposed });
+                            out.push(WeightArg {
+                                name: spec.name,
+                                shape: vec![cols, rows],
+                                dtype: ArgDtype::F16,
+                                part: WeightPart::F16Transposed,
+                            });
                         }
                     }
                     WeightFormat::Int4 => {
                         let groups = cols / GROUP_SIZE;
-                        out.push(WeightArg { name: format!("{}.qweight", spec.name), shape: vec![rows, cols / 2], dtype: ArgDtype::I8, part: WeightPart::Int4Packed });
-                        out.push(WeightArg { name: format!("{}.scales", spec.name), shape: vec![rows, groups], dtype: ArgDtype::F16, part: WeightPart::Int4Scales });
-                        out.push(WeightArg { name: format!("{}.biases", spec.name), shape: vec![rows, groups], dtype: ArgDtype::F16, part: WeightPart::Int4Biases });
+                        out.push(WeightArg {
+                            name: format!("{}.qweight", spec.name),
+                            shape: vec![rows, cols / 2],
+                            dtype: ArgDtype::I8,
+                            part: WeightPart::Int4Packed,
+                        });
+                        out.push(WeightArg {
+                            name: format!("{}.scales", spec.name),
+                            shape: vec![rows, groups],
+                            dtype: ArgDtype::F16,
+                            part: WeightPart::Int4Scales,
+                        });
+                        out.push(WeightArg {
+                            name: format!("{}.biases", spec.name),
+                            shape: vec![rows, groups],
+                            dtype: ArgDtype::F16,
+                            part: WeightPart::Int4Biases,
+                        });
                     }
                 }
             }
@@ -149,7 +172,10 @@ pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<Hos
                             f16_bytes((0..*cols).flat_map(|c| (0..*rows).map(move |r| data[r * cols + c])))
                         }
                         _ => {
-                            return Err(GraphError::Weight { name, message: format!("[{rows}, {cols}] does not fit argument {:?}", spec.shape) })
+                            return Err(GraphError::Weight {
+                                name,
+                                message: format!("[{rows}, {cols}] does not fit argument {:?}", spec.shape),
+                            })
                         }
                     };
                     out.push(HostArg { spec, bytes });
@@ -157,7 +183,10 @@ pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<Hos
                 (Matrix::Int4(q), WeightFormat::Int4) => {
                     let packed = next(&name)?;
                     if packed.shape != [q.rows, q.cols / 2] || q.packed.len() != q.rows * q.cols / 2 {
-                        return Err(GraphError::Weight { name, message: format!("int4 [{}, {}] does not fit argument {:?}", q.rows, q.cols, packed.shape) });
+                        return Err(GraphError::Weight {
+                            name,
+                            message: format!("int4 [{}, {}] does not fit argument {:?}", q.rows, q.cols, packed.shape),
+                        });
                     }
                     out.push(HostArg { spec: packed, bytes: q.packed.clone() });
                     let scales = next(&name)?;
@@ -170,7 +199,10 @@ pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<Hos
                     out.push(HostArg { spec: biases, bytes: f16_bytes(q.biases.iter().copied()) });
                 }
                 (m, _) => {
-                    return Err(GraphError::Weight { name, message: format!("stored as {}, the graphs were asked for {format}", m.format()) })
+                    return Err(GraphError::Weight {
+                        name,
+                        message: format!("stored as {}, the graphs were asked for {format}", m.format()),
+                    })
                 }
             },
         }
@@ -179,6 +211,80 @@ pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<Hos
         return Err(GraphError::Weight { name: "(end)".into(), message: "fewer tensors than the config implies".into() });
     }
     Ok(out)
+}
+
+/// The layer index and the rest of a per-layer tensor name (`model.layers.{i}.{rest}`).
+fn layer_of(name: &str) -> Option<(usize, &str)> {
+    let rest = name.strip_prefix("model.layers.")?;
+    let (index, rest) = rest.split_once('.')?;
+    Some((index.parse().ok()?, rest))
+}
+
+/// The arguments with each per-layer tensor stacked over the layers: `model.layers.{i}.X` of
+/// shape `S` for every `i` becomes one `model.layers.*.X` of shape `[layers, S...]`, placed where
+/// layer 0's tensor was. This is the argument list of graphs that loop over the layers
+/// ([`crate::LayerMode::Loop`]).
+pub fn stack_weight_args(args: Vec<WeightArg>) -> Vec<WeightArg> {
+    let layers = args.iter().filter_map(|a| layer_of(&a.name)).map(|(i, _)| i + 1).max().unwrap_or(0);
+    let mut out = Vec::new();
+    for arg in args {
+        match layer_of(&arg.name) {
+            Some((0, rest)) => {
+                let mut shape = vec![layers];
+                shape.extend_from_slice(&arg.shape);
+                out.push(WeightArg { name: format!("model.layers.*.{rest}"), shape, ..arg });
+            }
+            Some(_) => {}
+            None => out.push(arg),
+        }
+    }
+    out
+}
+
+/// [`host_args`] stacked like [`stack_weight_args`]: each stacked argument's bytes are its layers'
+/// bytes one after the other (row-major `[layers, ...]`).
+pub fn stack_host_args(args: Vec<HostArg>) -> Result<Vec<HostArg>, GraphError> {
+    let specs = stack_weight_args(args.iter().map(|a| a.spec.clone()).collect());
+    let mut out: Vec<HostArg> = specs.into_iter().map(|spec| HostArg { bytes: Vec::new(), spec }).collect();
+    for arg in args {
+        let stacked_name = match layer_of(&arg.spec.name) {
+            Some((_, rest)) => format!("model.layers.*.{rest}"),
+            None => arg.spec.name.clone(),
+        };
+        let target = out
+            .iter_mut()
+            .find(|o| o.spec.name == stacked_name)
+            .ok_or_else(|| GraphError::Weight { name: arg.spec.name.clone(), message: "no layer 0 tensor of this kind".into() })?;
+        target.bytes.extend_from_slice(&arg.bytes);
+    }
+    for o in &out {
+        let want = o.spec.shape.iter().product::<usize>() * o.spec.dtype.size();
+        if o.bytes.len() != want {
+            return Err(GraphError::Weight {
+                name: o.spec.name.clone(),
+                message: format!("{} bytes over the layers, expected {want}", o.bytes.len()),
+            });
+        }
+    }
+    Ok(out)
+}
+
+/// The weight arguments of graphs emitted with `options` (stacked when they loop over layers).
+pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) -> Vec<WeightArg> {
+    let args = weight_args(config, options.format);
+    match options.layers {
+        crate::LayerMode::Unrolled => args,
+        crate::LayerMode::Loop => stack_weight_args(args),
+    }
+}
+
+/// The bytes to upload for [`graph_weight_args`].
+pub fn graph_host_args(weights: &LlamaWeights, options: &crate::GraphOptions) -> Result<Vec<HostArg>, GraphError> {
+    let args = host_args(weights, options.format)?;
+    match options.layers {
+        crate::LayerMode::Unrolled => Ok(args),
+        crate::LayerMode::Loop => stack_host_args(args),
+    }
 }
 
 #[cfg(test)]
@@ -234,5 +340,27 @@ mod tests {
         let mut q4 = w.clone();
         q4.layers[0].wq = Matrix::Int4(w.layers[0].wq.to_int4().unwrap());
         assert!(matches!(host_args(&q4, WeightFormat::F16), Err(GraphError::Weight { .. })));
+    }
+
+    #[test]
+    fn stacking_over_layers() {
+        let c = tiny_config();
+        let flat = weight_args(&c, WeightFormat::Int4);
+        let stacked = stack_weight_args(flat.clone());
+        // embed (3 parts), 2 norms + 7 matrices x 3 parts per layer kind, final norm, LM head (3).
+        assert_eq!(stacked.len(), 3 + 2 + 7 * 3 + 1 + 3);
+        assert_eq!(stacked[3].name, "model.layers.*.input_layernorm.weight");
+        assert_eq!(stacked[3].shape, vec![c.num_hidden_layers, c.hidden_size]);
+        assert_eq!(stacked[4].name, "model.layers.*.self_attn.q_proj.weight.qweight");
+        assert_eq!(stacked[4].shape[0], c.num_hidden_layers);
+
+        let w = random_weights(&c, 5).unwrap();
+        let host = host_args(&w, WeightFormat::F16).unwrap();
+        let stacked = stack_host_args(host.clone()).unwrap();
+        let k1 = host.iter().find(|a| a.spec.name == "model.layers.1.self_attn.k_proj.weight").unwrap();
+        let ks = stacked.iter().find(|a| a.spec.name == "model.layers.*.self_attn.k_proj.weight").unwrap();
+        assert_eq!(&ks.bytes[k1.bytes.len()..], &k1.bytes[..], "layer 1 follows layer 0");
+        let total: usize = host.iter().map(|a| a.bytes.len()).sum();
+        assert_eq!(stacked.iter().map(|a| a.bytes.len()).sum::<usize>(), total);
     }
 }

@@ -9,16 +9,27 @@
 //!   -> (next_token i32[], k_cache, v_cache [, logits f32[vocab]])
 //! ```
 //!
-//! Layers are unrolled (one set of weight arguments per layer). The alternative, a
-//! `stablehlo.while` over stacked `[L, ...]` weights, compiles one layer body instead of L; it is
-//! left for when compile times on the real model are measured (see the docs).
+//! Layers are either unrolled (one set of weight arguments per layer, [`LayerMode::Unrolled`]) or
+//! one `stablehlo.while` over weights stacked `[L, ...]` ([`LayerMode::Loop`]), which compiles one
+//! layer body instead of L; `docs/backends/stablehlo-graphs.md` compares the two.
 
-use crate::arguments::{weight_args, WeightArg, WeightPart};
+use crate::arguments::{graph_weight_args, WeightArg, WeightPart};
 use crate::error::GraphError;
 use crate::mlir::{arg, Cmp, Elem, FnArg, FnBuilder, Reduction, Ty, Val};
 use llama_model::int4::GROUP_SIZE;
 use llama_model::LlamaConfig;
 use session_api::WeightFormat;
+
+/// How the graphs lay out the decoder layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum LayerMode {
+    /// Every layer written out, with its own weight arguments.
+    #[default]
+    Unrolled,
+    /// One `stablehlo.while` over the layers; per-layer weights are stacked `[layers, ...]`
+    /// arguments (see [`crate::stack_weight_args`]) sliced by the loop index.
+    Loop,
+}
 
 /// What every graph of one model shares.
 #[derive(Debug, Clone, PartialEq)]
@@ -27,6 +38,8 @@ pub struct GraphOptions {
     pub max_context: usize,
     /// The weight format the graphs read.
     pub format: WeightFormat,
+    /// Unrolled layers or a loop over them.
+    pub layers: LayerMode,
 }
 
 /// One function of the module.
@@ -284,6 +297,136 @@ fn softmax_last(b: &mut FnBuilder, x: &Val) -> Val {
     b.div(&e, &sum)
 }
 
+/// What every layer reads besides its weights: the KV cache as it was before this call, rope
+/// tables, attention masks and constants.
+struct LayerInputs {
+    /// The caches as passed in (`[L, KVH, D, C]` and `[L, KVH, C, D]`); read only by the layers.
+    k_cache: Val,
+    v_cache: Val,
+    cos: Val,
+    sin: Val,
+    /// `[KVH, G, T, C]`: cache position `j` is visible iff `j < position` (earlier calls' tokens).
+    visible_cached: Val,
+    /// `[KVH, G, T, T]`: new token `u` is visible to query `t` iff `u <= t` (causal).
+    visible_new: Val,
+    zero: Val,
+    t: usize,
+    eps: f32,
+}
+
+/// The keys and values one call adds, for all layers (`[L, KVH, D, T]` and `[L, KVH, T, D]`,
+/// f16): filled layer by layer, written into the caches once after the last layer.
+struct NewKv {
+    k: Val,
+    v: Val,
+}
+
+/// One decoder layer at index `layer` (an i32 scalar): attention over the cached positions plus
+/// this call's own tokens, then the MLP. Returns the new hidden state, with this layer's keys and
+/// values added to `new`.
+///
+/// Why the cache is not written here: inside a `stablehlo.while` a cache updated per layer is a
+/// loop-carried value, and IREE 3.13 then copies the whole cache (measured on its stream IR).
+/// Reading the cache as it was and writing all layers' new entries once afterwards keeps the
+/// update in place in both layer modes.
+fn decoder_layer(
+    b: &mut FnBuilder,
+    config: &LlamaConfig,
+    w: &mut Weights,
+    inputs: &LayerInputs,
+    layer: &Val,
+    x: Val,
+    new: NewKv,
+) -> (Val, NewKv) {
+    let LayerInputs { k_cache, v_cache, cos, sin, visible_cached, visible_new, zero, t, eps } = inputs;
+    let (t, eps) = (*t, *eps);
+    let d = config.head_dim;
+    let (n_heads, n_kv) = (config.num_attention_heads, config.num_key_value_heads);
+    let group = n_heads / n_kv;
+    let c = k_cache.dims()[3];
+    let mut x = x;
+    let attn_norm = w.norm();
+    let (wq, wk, wv, wo) = (w.matrix(), w.matrix(), w.matrix(), w.matrix());
+    let mlp_norm = w.norm();
+    let (w_gate, w_up, w_down) = (w.matrix(), w.matrix(), w.matrix());
+
+    let normed = rms_norm(b, &x, &attn_norm, eps);
+    let q = linear(b, &normed, &wq);
+    let k = linear(b, &normed, &wk);
+    let v = linear(b, &normed, &wv);
+    let q = b.reshape(&q, &[t, n_heads, d]);
+    let k = b.reshape(&k, &[t, n_kv, d]);
+    let v = b.reshape(&v, &[t, n_kv, d]);
+    let q = rope(b, &q, cos, sin);
+    let k = rope(b, &k, cos, sin);
+
+    // This call's keys and values, rounded to the cache's f16 exactly as if they had been stored
+    // and read back, and recorded for the cache write after the last layer.
+    let new_k = b.transpose(&k, &[1, 2, 0]); // [KVH, D, T]
+    let new_k = b.convert(&new_k, Elem::F16);
+    let layer_k = b.reshape(&new_k, &[1, n_kv, d, t]);
+    let k_all = b.dynamic_update_slice(&new.k, &layer_k, &[layer, zero, zero, zero]);
+    let new_v = b.transpose(&v, &[1, 0, 2]); // [KVH, T, D]
+    let new_v = b.convert(&new_v, Elem::F16);
+    let layer_v = b.reshape(&new_v, &[1, n_kv, t, d]);
+    let v_all = b.dynamic_update_slice(&new.v, &layer_v, &[layer, zero, zero, zero]);
+    let new_k = b.convert(&new_k, Elem::F32);
+    let new_v = b.convert(&new_v, Elem::F32);
+    let read = |b: &mut FnBuilder, cache: &Val| {
+        let dims = cache.dims().to_vec();
+        let s = b.dynamic_slice(cache, &[layer, zero, zero, zero], &[1, dims[1], dims[2], dims[3]]);
+        let s = b.reshape(&s, &dims[1..]);
+        b.convert(&s, Elem::F32)
+    };
+    let keys = read(b, k_cache); // [KVH, D, C]
+    let values = read(b, v_cache); // [KVH, C, D]
+
+    // GQA without repeating KV heads: queries grouped as [kv_heads, group * T, D]. Scores against
+    // the cached positions and against the new tokens share one softmax.
+    let q = b.reshape(&q, &[t, n_kv, group, d]);
+    let q = b.transpose(&q, &[1, 2, 0, 3]);
+    let q = b.reshape(&q, &[n_kv, group * t, d]);
+    let masked_scores = |b: &mut FnBuilder, keys: &Val, visible: &Val| {
+        let n = keys.dims()[2];
+        let scores = b.dot_general(&q, keys, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, n]
+        let scale = b.const_f32(1.0 / (d as f32).sqrt(), &[n_kv, group * t, n]);
+        let scores = b.mul(&scores, &scale);
+        let scores = b.reshape(&scores, &[n_kv, group, t, n]);
+        let neg_inf = b.const_f32(f32::NEG_INFINITY, &[n_kv, group, t, n]);
+        b.select(visible, &scores, &neg_inf)
+    };
+    let cached_scores = masked_scores(b, &keys, visible_cached);
+    let new_scores = masked_scores(b, &new_k, visible_new);
+    let scores = b.concatenate(&[&cached_scores, &new_scores], 3);
+    let probs = softmax_last(b, &scores); // [KVH, G, T, C + T]
+    let cached_probs = b.slice(&probs, &[0, 0, 0, 0], &[n_kv, group, t, c]);
+    let cached_probs = b.reshape(&cached_probs, &[n_kv, group * t, c]);
+    let new_probs = b.slice(&probs, &[0, 0, 0, c], &[n_kv, group, t, c + t]);
+    let new_probs = b.reshape(&new_probs, &[n_kv, group * t, t]);
+    let attn_cached = b.dot_general(&cached_probs, &values, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, D]
+    let attn_new = b.dot_general(&new_probs, &new_v, (&[0], &[0]), (&[2], &[1]));
+    let attn = b.add(&attn_cached, &attn_new);
+    let attn = b.reshape(&attn, &[n_kv, group, t, d]);
+    let attn = b.transpose(&attn, &[2, 0, 1, 3]);
+    let attn = b.reshape(&attn, &[t, n_heads * d]);
+    let projected = linear(b, &attn, &wo);
+    x = b.add(&x, &projected);
+
+    let normed = rms_norm(b, &x, &mlp_norm, eps);
+    let gate = linear(b, &normed, &w_gate);
+    let up = linear(b, &normed, &w_up);
+    // silu(g) = g / (1 + exp(-g)), as the reference writes it.
+    let ng = b.neg(&gate);
+    let e = b.exp(&ng);
+    let one = b.const_f32(1.0, gate.dims());
+    let denom = b.add(&one, &e);
+    let silu = b.div(&gate, &denom);
+    let act = b.mul(&silu, &up);
+    let down = linear(b, &act, &w_down);
+    x = b.add(&x, &down);
+    (x, NewKv { k: k_all, v: v_all })
+}
+
 /// One function of the module (see the module docs for its signature).
 fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec) -> String {
     let t = spec.tokens();
@@ -313,19 +456,18 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec) -> Str
     // The caches alias results 1 and 2 (`tf.aliasing_output`, which IREE turns into
     // `iree.abi.output` and XLA into an input/output alias): the step writes into the caller's
     // buffers instead of copying the whole cache into fresh ones. The input buffers are consumed.
-    let k_cache = push_with(k_cache_ty, "tf.aliasing_output = 1 : i32", "k cache [layers, kv_heads, head_dim, max_context], updated in place".into());
-    let v_cache = push_with(v_cache_ty, "tf.aliasing_output = 2 : i32", "v cache [layers, kv_heads, max_context, head_dim], updated in place".into());
-    let specs = weight_args(config, options.format);
-    let vals: Vec<Val> = specs
-        .iter()
-        .map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone()))
-        .collect();
+    let k_cache =
+        push_with(k_cache_ty, "tf.aliasing_output = 1 : i32", "k cache [layers, kv_heads, head_dim, max_context], updated in place".into());
+    let v_cache =
+        push_with(v_cache_ty, "tf.aliasing_output = 2 : i32", "v cache [layers, kv_heads, max_context, head_dim], updated in place".into());
+    let specs = graph_weight_args(config, options);
+    let vals: Vec<Val> = specs.iter().map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone())).collect();
     let mut w = Weights { vals, specs, next: 0 };
 
     let mut b = FnBuilder::new();
     let embed = w.matrix();
     b.comment("embeddings");
-    let mut x = embed_rows(&mut b, &embed, &tokens);
+    let x = embed_rows(&mut b, &embed, &tokens);
 
     b.comment("rope tables and the attention mask, shared by all layers");
     let offsets = b.iota(&[t], 0);
@@ -340,86 +482,96 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec) -> Str
     let sin = b.sin(&angles);
     let cos = b.concatenate(&[&cos, &cos], 1);
     let sin = b.concatenate(&[&sin, &sin], 1);
-    // Key position j is visible to query t iff j <= position + t (causal). Padding queries
-    // (t >= count) compute rows nobody reads; their keys and values land at positions after the
-    // real tokens, which no real query can see (j > position + count - 1) and which the next step
-    // overwrites before it reads them.
-    let mask_dims = [n_kv, group, t, c];
-    let key_pos = b.iota(&mask_dims, 3);
-    let query_pos = b.broadcast(&positions, &mask_dims, &[2]);
-    let visible = b.compare(&key_pos, &query_pos, Cmp::Le);
-    let neg_inf = b.const_f32(f32::NEG_INFINITY, &mask_dims);
-    let scale = b.const_f32(1.0 / (d as f32).sqrt(), &[n_kv, group * t, c]);
+    // Attention sees the positions before this call (cache position j visible iff j < position)
+    // and this call's tokens causally (token u visible to query t iff u <= t). Padding queries
+    // (t >= count) compute rows nobody reads; their keys and values land in the cache after the
+    // real tokens, where no later query looks before a later call overwrites them.
+    let cached_dims = [n_kv, group, t, c];
+    let key_pos = b.iota(&cached_dims, 3);
+    let first = b.broadcast(&position, &cached_dims, &[]);
+    let visible_cached = b.compare(&key_pos, &first, Cmp::Lt);
+    let new_dims = [n_kv, group, t, t];
+    let key_index = b.iota(&new_dims, 3);
+    let query_index = b.iota(&new_dims, 2);
+    let visible_new = b.compare(&key_index, &query_index, Cmp::Le);
     let zero = b.const_int(0, Elem::I32, &[]);
+    let new_kv = NewKv {
+        k: {
+            let z = b.const_f32(0.0, &[layers, n_kv, d, t]);
+            b.convert(&z, Elem::F16)
+        },
+        v: {
+            let z = b.const_f32(0.0, &[layers, n_kv, t, d]);
+            b.convert(&z, Elem::F16)
+        },
+    };
 
-    let mut k_cache = k_cache;
-    let mut v_cache = v_cache;
-    for layer in 0..layers {
-        b.comment(&format!("layer {layer}"));
-        let attn_norm = w.norm();
-        let (wq, wk, wv, wo) = (w.matrix(), w.matrix(), w.matrix(), w.matrix());
-        let mlp_norm = w.norm();
-        let (w_gate, w_up, w_down) = (w.matrix(), w.matrix(), w.matrix());
+    let shared = LayerInputs {
+        k_cache: k_cache.clone(),
+        v_cache: v_cache.clone(),
+        cos,
+        sin,
+        visible_cached,
+        visible_new,
+        zero: zero.clone(),
+        t,
+        eps,
+    };
+    let (x, new_kv) = match options.layers {
+        LayerMode::Unrolled => {
+            let (mut x, mut new_kv) = (x, new_kv);
+            for layer in 0..layers {
+                b.comment(&format!("layer {layer}"));
+                let index = b.const_int(layer as i64, Elem::I32, &[]);
+                (x, new_kv) = decoder_layer(&mut b, config, &mut w, &shared, &index, x, new_kv);
+            }
+            (x, new_kv)
+        }
+        LayerMode::Loop => {
+            // The stacked per-layer weights are the arguments up to the final norm; the loop body
+            // slices layer `i` out of each.
+            let first = w.next;
+            let per_layer = w.specs[first..].iter().take_while(|s| s.name.starts_with("model.layers.*.")).count();
+            w.next += per_layer;
+            let stacked: Vec<(Val, WeightArg)> = (first..first + per_layer).map(|i| (w.vals[i].clone(), w.specs[i].clone())).collect();
+            let start = b.const_int(0, Elem::I32, &[]);
+            b.comment("the decoder layers: one loop body");
+            let out = b.while_loop(
+                &[&start, &x, &new_kv.k, &new_kv.v],
+                |b, carried| {
+                    let count = b.const_int(layers as i64, Elem::I32, &[]);
+                    b.compare(&carried[0], &count, Cmp::Lt)
+                },
+                |b, carried| {
+                    let index = &carried[0];
+                    let mut vals = Vec::with_capacity(stacked.len());
+                    let mut specs = Vec::with_capacity(stacked.len());
+                    for (val, spec) in &stacked {
+                        let dims = val.dims().to_vec();
+                        let mut starts = vec![index];
+                        starts.extend(std::iter::repeat_n(&shared.zero, dims.len() - 1));
+                        let mut sizes = dims.clone();
+                        sizes[0] = 1;
+                        let one = b.dynamic_slice(val, &starts, &sizes);
+                        vals.push(b.reshape(&one, &dims[1..]));
+                        specs.push(WeightArg { shape: dims[1..].to_vec(), ..spec.clone() });
+                    }
+                    let mut layer_weights = Weights { vals, specs, next: 0 };
+                    let new_kv = NewKv { k: carried[2].clone(), v: carried[3].clone() };
+                    let (x, new_kv) = decoder_layer(b, config, &mut layer_weights, &shared, index, carried[1].clone(), new_kv);
+                    let one = b.const_int(1, Elem::I32, &[]);
+                    let next = b.add(index, &one);
+                    vec![next, x, new_kv.k, new_kv.v]
+                },
+            );
+            let [_, x, k, v]: [Val; 4] = out.try_into().unwrap_or_else(|_| unreachable!("the loop carries four values"));
+            (x, NewKv { k, v })
+        }
+    };
 
-        let normed = rms_norm(&mut b, &x, &attn_norm, eps);
-        let q = linear(&mut b, &normed, &wq);
-        let k = linear(&mut b, &normed, &wk);
-        let v = linear(&mut b, &normed, &wv);
-        let q = b.reshape(&q, &[t, n_heads, d]);
-        let k = b.reshape(&k, &[t, n_kv, d]);
-        let v = b.reshape(&v, &[t, n_kv, d]);
-        let q = rope(&mut b, &q, &cos, &sin);
-        let k = rope(&mut b, &k, &cos, &sin);
-
-        // Write the new keys and values at [layer, :, position..position + T, :].
-        let layer_index = b.const_int(layer as i64, Elem::I32, &[]);
-        let new_k = b.transpose(&k, &[1, 2, 0]); // [KVH, D, T]
-        let new_k = b.convert(&new_k, Elem::F16);
-        let new_k = b.reshape(&new_k, &[1, n_kv, d, t]);
-        k_cache = b.dynamic_update_slice(&k_cache, &new_k, &[&layer_index, &zero, &zero, &position]);
-        let new_v = b.transpose(&v, &[1, 0, 2]); // [KVH, T, D]
-        let new_v = b.convert(&new_v, Elem::F16);
-        let new_v = b.reshape(&new_v, &[1, n_kv, t, d]);
-        v_cache = b.dynamic_update_slice(&v_cache, &new_v, &[&layer_index, &zero, &position, &zero]);
-        let read = |b: &mut FnBuilder, cache: &Val| {
-            let dims = cache.dims().to_vec();
-            let s = b.slice(cache, &[layer, 0, 0, 0], &[layer + 1, dims[1], dims[2], dims[3]]);
-            let s = b.reshape(&s, &dims[1..]);
-            b.convert(&s, Elem::F32)
-        };
-        let keys = read(&mut b, &k_cache); // [KVH, D, C]
-        let values = read(&mut b, &v_cache); // [KVH, C, D]
-
-        // GQA without repeating KV heads: queries grouped as [kv_heads, group * T, D].
-        let q = b.reshape(&q, &[t, n_kv, group, d]);
-        let q = b.transpose(&q, &[1, 2, 0, 3]);
-        let q = b.reshape(&q, &[n_kv, group * t, d]);
-        let scores = b.dot_general(&q, &keys, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, C]
-        let scores = b.mul(&scores, &scale);
-        let scores = b.reshape(&scores, &mask_dims);
-        let scores = b.select(&visible, &scores, &neg_inf);
-        let probs = softmax_last(&mut b, &scores);
-        let probs = b.reshape(&probs, &[n_kv, group * t, c]);
-        let attn = b.dot_general(&probs, &values, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, D]
-        let attn = b.reshape(&attn, &[n_kv, group, t, d]);
-        let attn = b.transpose(&attn, &[2, 0, 1, 3]);
-        let attn = b.reshape(&attn, &[t, n_heads * d]);
-        let projected = linear(&mut b, &attn, &wo);
-        x = b.add(&x, &projected);
-
-        let normed = rms_norm(&mut b, &x, &mlp_norm, eps);
-        let gate = linear(&mut b, &normed, &w_gate);
-        let up = linear(&mut b, &normed, &w_up);
-        // silu(g) = g / (1 + exp(-g)), as the reference writes it.
-        let ng = b.neg(&gate);
-        let e = b.exp(&ng);
-        let one = b.const_f32(1.0, gate.dims());
-        let denom = b.add(&one, &e);
-        let silu = b.div(&gate, &denom);
-        let act = b.mul(&silu, &up);
-        let down = linear(&mut b, &act, &w_down);
-        x = b.add(&x, &down);
-    }
+    b.comment("the new keys and values of every layer, written into the caches in place");
+    let k_cache = b.dynamic_update_slice(&k_cache, &new_kv.k, &[&zero, &zero, &zero, &position]);
+    let v_cache = b.dynamic_update_slice(&v_cache, &new_kv.v, &[&zero, &zero, &position, &zero]);
 
     b.comment("last real position: final norm, LM head, argmax");
     let final_norm = w.norm();
@@ -454,7 +606,7 @@ mod tests {
     const DECODE: GraphSpec = GraphSpec { kind: GraphKind::Decode, logits: false };
 
     fn options(format: WeightFormat) -> GraphOptions {
-        GraphOptions { max_context: 16, format }
+        GraphOptions { max_context: 16, format, layers: LayerMode::Unrolled }
     }
 
     #[test]
@@ -470,8 +622,11 @@ mod tests {
         let c = tiny_config();
         let prefill = |bucket| GraphSpec { kind: GraphKind::Prefill { bucket }, logits: false };
         let cases: Vec<(GraphOptions, Vec<GraphSpec>)> = vec![
-            (GraphOptions { max_context: 0, format: WeightFormat::F16 }, vec![DECODE]),
-            (GraphOptions { max_context: c.max_position_embeddings + 1, format: WeightFormat::F16 }, vec![DECODE]),
+            (GraphOptions { max_context: 0, format: WeightFormat::F16, layers: LayerMode::Unrolled }, vec![DECODE]),
+            (
+                GraphOptions { max_context: c.max_position_embeddings + 1, format: WeightFormat::F16, layers: LayerMode::Unrolled },
+                vec![DECODE],
+            ),
             (options(WeightFormat::F16), vec![prefill(0)]),
             (options(WeightFormat::F16), vec![prefill(17)]),
             (options(WeightFormat::F16), vec![DECODE, DECODE]),
@@ -491,7 +646,8 @@ mod tests {
     #[test]
     fn weights_are_arguments_not_constants() {
         for (c, format) in [(tiny_config(), WeightFormat::F16), (tiny_llama32_config(), WeightFormat::Int4)] {
-            let text = emit_module(&c, &options(format), &[DECODE, GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: true }]).unwrap();
+            let text =
+                emit_module(&c, &options(format), &[DECODE, GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: true }]).unwrap();
             let vectors: Vec<&str> = text.lines().filter(|l| l.contains("value = dense<[")).collect();
             assert_eq!(vectors.len(), 2, "one rope table per function");
             assert!(vectors.iter().all(|l| l.contains(&format!("tensor<{}xf32>", c.head_dim / 2))));
@@ -525,7 +681,7 @@ mod tests {
         assert!(text.contains("%arg2: tensor<i32>"));
         assert!(text.contains("%arg3: tensor<2x2x16x16xf16> {tf.aliasing_output = 1 : i32}"));
         assert!(text.contains(") -> (tensor<i32>, tensor<2x2x16x16xf16>, tensor<2x2x16x16xf16>, tensor<256xf32>) {"));
-        // One cache write per layer and cache.
-        assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * c.num_hidden_layers);
+        // Per layer, its new keys and values recorded; then one write into each cache.
+        assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * c.num_hidden_layers + 2);
     }
 }

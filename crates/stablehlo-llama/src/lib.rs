@@ -14,7 +14,10 @@ pub mod error;
 pub mod graph;
 pub mod mlir;
 
-pub use arguments::{host_args, weight_args, ArgDtype, HostArg, WeightArg, WeightPart};
+pub use arguments::{
+    graph_host_args, graph_weight_args, host_args, stack_host_args, stack_weight_args, weight_args, ArgDtype, HostArg, WeightArg,
+    WeightPart,
+};
 pub use buckets::{plan_prefill, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;
-pub use graph::{emit_module, GraphKind, GraphOptions, GraphSpec};
+pub use graph::{emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode};

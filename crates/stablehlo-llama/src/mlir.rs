@@ -96,6 +96,7 @@ pub enum Reduction {
 pub enum Cmp {
     Eq,
     Le,
+    Lt,
 }
 
 fn i64_array(values: &[usize]) -> String {
@@ -142,14 +143,8 @@ impl FnBuilder {
         let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
         let types: Vec<String> = operands.iter().map(|v| v.ty.mlir()).collect();
         let attrs = if attrs.is_empty() { String::new() } else { format!(" {{{attrs}}}") };
-        writeln!(
-            self.body,
-            "    {result} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {}",
-            names.join(", "),
-            types.join(", "),
-            ty.mlir()
-        )
-        .unwrap();
+        writeln!(self.body, "    {result} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {}", names.join(", "), types.join(", "), ty.mlir())
+            .unwrap();
         Val { name: result, ty }
     }
 
@@ -266,6 +261,7 @@ impl FnBuilder {
         let dir = match cmp {
             Cmp::Eq => "EQ",
             Cmp::Le => "LE",
+            Cmp::Lt => "LT",
         };
         self.op("compare", &[a, b], &format!("comparison_direction = #stablehlo<comparison_direction {dir}>"), Ty::new(a.dims(), Elem::I1))
     }
@@ -336,9 +332,7 @@ impl FnBuilder {
             assert_eq!(a.dims()[i], b.dims()[j], "dot_general of {:?} and {:?}", a.dims(), b.dims());
         }
         let mut dims: Vec<usize> = batch.0.iter().map(|&i| a.dims()[i]).collect();
-        let free = |v: &Val, used: Vec<usize>| -> Vec<usize> {
-            (0..v.rank()).filter(|d| !used.contains(d)).map(|d| v.dims()[d]).collect()
-        };
+        let free = |v: &Val, used: Vec<usize>| -> Vec<usize> { (0..v.rank()).filter(|d| !used.contains(d)).map(|d| v.dims()[d]).collect() };
         dims.extend(free(a, [batch.0, contract.0].concat()));
         dims.extend(free(b, [batch.1, contract.1].concat()));
         let attrs = format!(
@@ -374,14 +368,7 @@ impl FnBuilder {
         writeln!(self.body, "    ^bb0(%lhs: {scalar}, %rhs: {scalar}):").unwrap();
         writeln!(self.body, "      %r = \"stablehlo.{op}\"(%lhs, %rhs) : ({scalar}, {scalar}) -> {scalar}").unwrap();
         writeln!(self.body, "      \"stablehlo.return\"(%r) : ({scalar}) -> ()").unwrap();
-        writeln!(
-            self.body,
-            "    }}) {{dimensions = {}}} : ({}, {scalar}) -> {}",
-            i64_array(dims),
-            a.ty.mlir(),
-            ty.mlir()
-        )
-        .unwrap();
+        writeln!(self.body, "    }}) {{dimensions = {}}} : ({}, {scalar}) -> {}", i64_array(dims), a.ty.mlir(), ty.mlir()).unwrap();
         Val { name: result, ty }
     }
 
@@ -420,6 +407,51 @@ impl FnBuilder {
             writeln!(self.body, "{line}").unwrap();
         }
         Val { name: format!("{result}#1"), ty: Ty::new(&[], Elem::I32) }
+    }
+
+    /// A `stablehlo.while` loop carrying `init`. `cond` gets the carried values and returns the
+    /// i1 predicate; `body` gets them and returns their next values (same types). Both regions
+    /// may use values defined earlier in the function (implicit capture).
+    pub fn while_loop(
+        &mut self,
+        init: &[&Val],
+        cond: impl FnOnce(&mut FnBuilder, &[Val]) -> Val,
+        body: impl FnOnce(&mut FnBuilder, &[Val]) -> Vec<Val>,
+    ) -> Vec<Val> {
+        let id = self.next;
+        self.next += 1;
+        let types: Vec<String> = init.iter().map(|v| v.ty.mlir()).collect();
+        let block_args = |prefix: &str| -> Vec<Val> {
+            init.iter().enumerate().map(|(j, v)| Val { name: format!("%{prefix}{id}_{j}"), ty: v.ty.clone() }).collect()
+        };
+        let signature =
+            |vals: &[Val]| -> String { vals.iter().map(|v| format!("{}: {}", v.name, v.ty.mlir())).collect::<Vec<_>>().join(", ") };
+        let (cond_args, body_args) = (block_args("c"), block_args("b"));
+        let outer = std::mem::take(&mut self.body);
+        let predicate = cond(self, &cond_args);
+        assert!(predicate.elem() == Elem::I1 && predicate.rank() == 0, "a while condition is a scalar i1");
+        let cond_text = std::mem::take(&mut self.body);
+        let next = body(self, &body_args);
+        let body_text = std::mem::replace(&mut self.body, outer);
+        assert_eq!(
+            next.iter().map(|v| &v.ty).collect::<Vec<_>>(),
+            init.iter().map(|v| &v.ty).collect::<Vec<_>>(),
+            "a loop body keeps its types"
+        );
+        let indent = |text: &str| text.lines().map(|l| format!("  {l}\n")).collect::<String>();
+        let names: Vec<&str> = init.iter().map(|v| v.name.as_str()).collect();
+        let next_names: Vec<&str> = next.iter().map(|v| v.name.as_str()).collect();
+        let all = types.join(", ");
+        writeln!(self.body, "    %{id}:{} = \"stablehlo.while\"({}) ({{", init.len(), names.join(", ")).unwrap();
+        writeln!(self.body, "    ^bb0({}):", signature(&cond_args)).unwrap();
+        self.body.push_str(&indent(&cond_text));
+        writeln!(self.body, "      \"stablehlo.return\"({}) : (tensor<i1>) -> ()", predicate.name).unwrap();
+        writeln!(self.body, "    }}, {{").unwrap();
+        writeln!(self.body, "    ^bb0({}):", signature(&body_args)).unwrap();
+        self.body.push_str(&indent(&body_text));
+        writeln!(self.body, "      \"stablehlo.return\"({}) : ({all}) -> ()", next_names.join(", ")).unwrap();
+        writeln!(self.body, "    }}) : ({all}) -> ({all})").unwrap();
+        init.iter().enumerate().map(|(j, v)| Val { name: format!("%{id}#{j}"), ty: v.ty.clone() }).collect()
     }
 
     /// Finishes the function: `func.func @name(args) -> (results)` with this body.

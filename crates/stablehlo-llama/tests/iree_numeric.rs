@@ -12,7 +12,7 @@
 use backend_reference::{EngineOptions, ReferenceEngine};
 use llama_model::{LlamaWeights, Matrix};
 use session_api::{Session, SessionOptions, WeightFormat};
-use stablehlo_llama::{emit_module, host_args, ArgDtype, GraphKind, GraphOptions, GraphSpec};
+use stablehlo_llama::{emit_module, graph_host_args, ArgDtype, GraphKind, GraphOptions, GraphSpec, LayerMode};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -39,7 +39,10 @@ fn install_iree_tools() -> Result<PathBuf, String> {
         .status()
         .map_err(|e| format!("running python3 -m pip: {e}"))?;
     if !status.success() || !ready(&dir) {
-        return Err(format!("pip install --target {} iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 failed ({status})", dir.display()));
+        return Err(format!(
+            "pip install --target {} iree-base-compiler==3.13.0 iree-base-runtime==3.13.0 failed ({status})",
+            dir.display()
+        ));
     }
     Ok(dir)
 }
@@ -52,12 +55,7 @@ fn tool(dir: &Path, name: &str) -> Command {
 
 fn run(mut cmd: Command) {
     let out = cmd.output().expect("starting an IREE tool");
-    assert!(
-        out.status.success(),
-        "{cmd:?} failed:\n{}\n{}",
-        String::from_utf8_lossy(&out.stdout),
-        String::from_utf8_lossy(&out.stderr)
-    );
+    assert!(out.status.success(), "{cmd:?} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
 }
 
 /// A minimal `.npy` (version 1.0) writer.
@@ -171,26 +169,21 @@ impl IreeSession<'_> {
 }
 
 /// Runs the session script on IREE and the reference; returns the largest logit difference.
-fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat) -> f32 {
+fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat, layers: LayerMode) -> f32 {
     let config = &weights.config;
     let dir = tempfile::tempdir().unwrap();
-    let options = GraphOptions { max_context: MAX_CONTEXT, format };
-    let specs = [
-        GraphSpec { kind: GraphKind::Decode, logits: true },
-        GraphSpec { kind: GraphKind::Prefill { bucket: BUCKET }, logits: true },
-    ];
+    let options = GraphOptions { max_context: MAX_CONTEXT, format, layers };
+    let specs =
+        [GraphSpec { kind: GraphKind::Decode, logits: true }, GraphSpec { kind: GraphKind::Prefill { bucket: BUCKET }, logits: true }];
     let mlir = dir.path().join("model.mlir");
     std::fs::write(&mlir, emit_module(config, &options, &specs).unwrap()).unwrap();
     let vmfb = dir.path().join("model.vmfb");
     let mut compile = tool(tools, "iree-compile");
-    compile
-        .arg(&mlir)
-        .args(["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", "-o"])
-        .arg(&vmfb);
+    compile.arg(&mlir).args(["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", "-o"]).arg(&vmfb);
     run(compile);
 
     let mut weight_inputs = Vec::new();
-    for (i, arg) in host_args(weights, format).unwrap().iter().enumerate() {
+    for (i, arg) in graph_host_args(weights, &options).unwrap().iter().enumerate() {
         let descr = match arg.spec.dtype {
             ArgDtype::F32 => "<f4",
             ArgDtype::F16 => "<f2",
@@ -220,7 +213,7 @@ fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat) -> f32 {
     let mut check = |what: &str, iree: (u32, Vec<f32>), reference: session_api::StepOutput| -> u32 {
         let ref_logits = reference.logits.unwrap();
         let diff = iree.1.iter().zip(&ref_logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        eprintln!("{format} {what}: max |logit diff| {diff:.2e}, tokens iree {} reference {}", iree.0, reference.token);
+        eprintln!("{format} {layers:?} {what}: max |logit diff| {diff:.2e}, tokens iree {} reference {}", iree.0, reference.token);
         assert_eq!(iree.1.len(), ref_logits.len());
         assert_eq!(iree.0, reference.token, "{format} {what}: greedy token");
         worst = worst.max(diff);
@@ -250,15 +243,18 @@ fn iree_matches_the_reference_in_f16_and_int4() {
     // f16 on the Llama-3.2-shaped tiny config (tied head read from the embedding table, llama3
     // rope scaling); int4 on the plain tiny config (untied head, plain rope). Between them every
     // branch of the emitter runs.
+    // Both layer layouts: unrolled, and one loop over stacked weights.
     let f16 = llama_model::random::random_weights(&llama_model::random::tiny_llama32_config(), 11).unwrap();
-    let err = compare(&tools, &f16, WeightFormat::F16);
-    eprintln!("f16: worst max |logit diff| {err:.2e}");
-    assert!(err < 1e-2, "f16 logits differ by {err}");
     let plain = llama_model::random::random_weights(&llama_model::random::tiny_config(), 12).unwrap();
     let int4 = int4_weights(&plain);
-    let err = compare(&tools, &int4, WeightFormat::Int4);
-    eprintln!("int4: worst max |logit diff| {err:.2e}");
-    assert!(err < 1e-2, "int4 logits differ by {err}");
+    for layers in [LayerMode::Unrolled, LayerMode::Loop] {
+        let err = compare(&tools, &f16, WeightFormat::F16, layers);
+        eprintln!("f16 {layers:?}: worst max |logit diff| {err:.2e}");
+        assert!(err < 1e-2, "f16 {layers:?} logits differ by {err}");
+        let err = compare(&tools, &int4, WeightFormat::Int4, layers);
+        eprintln!("int4 {layers:?}: worst max |logit diff| {err:.2e}");
+        assert!(err < 1e-2, "int4 {layers:?} logits differ by {err}");
+    }
 }
 
 /// The KV cache is updated in place: with the graphs' `tf.aliasing_output` attributes IREE 3.13
@@ -275,34 +271,37 @@ fn iree_updates_the_kv_cache_in_place() {
         }
     };
     let config = llama_model::random::tiny_config();
-    // 24 positions: 2 * 2 * 24 * 16 f16 = 3072 bytes per cache, a size no weight has.
-    let options = GraphOptions { max_context: 24, format: WeightFormat::F16 };
-    let cache_bytes = config.num_hidden_layers * config.num_key_value_heads * 24 * config.head_dim * 2;
-    let text = emit_module(&config, &options, &[GraphSpec { kind: GraphKind::Decode, logits: false }]).unwrap();
-    assert!(text.contains("tf.aliasing_output"));
-    let control = text.replace(" {tf.aliasing_output = 1 : i32}", "").replace(" {tf.aliasing_output = 2 : i32}", "");
-    let dir = tempfile::tempdir().unwrap();
-    let stream_ir = |name: &str, mlir: &str| -> String {
-        let input = dir.path().join(format!("{name}.mlir"));
-        let output = dir.path().join(format!("{name}.stream.mlir"));
-        std::fs::write(&input, mlir).unwrap();
-        let mut cmd = tool(&tools, "iree-compile");
-        cmd.arg(&input)
-            .args(["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", "--compile-to=stream", "-o"])
-            .arg(&output);
-        run(cmd);
-        let ir = std::fs::read_to_string(&output).unwrap();
-        // The public wrapper function holds the imports, exports and copies.
-        ir[ir.find("util.func public @decode").expect("the exported function")..].to_string()
-    };
-    let cache_copies = |ir: &str| ir.lines().filter(|l| l.contains("stream.cmd.copy") && l.contains(&format!(", %c{cache_bytes} :"))).count();
-    let consumed = |ir: &str| ir.lines().filter(|l| l.contains("stream.tensor.import") && l.contains(" consume %arg")).count();
+    for layers in [LayerMode::Unrolled, LayerMode::Loop] {
+        // 24 positions: 2 * 2 * 24 * 16 f16 = 3072 bytes per cache, a size no weight has.
+        let options = GraphOptions { max_context: 24, format: WeightFormat::F16, layers };
+        let cache_bytes = config.num_hidden_layers * config.num_key_value_heads * 24 * config.head_dim * 2;
+        let text = emit_module(&config, &options, &[GraphSpec { kind: GraphKind::Decode, logits: false }]).unwrap();
+        assert!(text.contains("tf.aliasing_output"));
+        let control = text.replace(" {tf.aliasing_output = 1 : i32}", "").replace(" {tf.aliasing_output = 2 : i32}", "");
+        let dir = tempfile::tempdir().unwrap();
+        let stream_ir = |name: &str, mlir: &str| -> String {
+            let input = dir.path().join(format!("{name}.mlir"));
+            let output = dir.path().join(format!("{name}.stream.mlir"));
+            std::fs::write(&input, mlir).unwrap();
+            let mut cmd = tool(&tools, "iree-compile");
+            cmd.arg(&input)
+                .args(["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", "--compile-to=stream", "-o"])
+                .arg(&output);
+            run(cmd);
+            let ir = std::fs::read_to_string(&output).unwrap();
+            // The public wrapper function holds the imports, exports and copies.
+            ir[ir.find("util.func public @decode").expect("the exported function")..].to_string()
+        };
+        let cache_copies =
+            |ir: &str| ir.lines().filter(|l| l.contains("stream.cmd.copy") && l.contains(&format!(", %c{cache_bytes} :"))).count();
+        let consumed = |ir: &str| ir.lines().filter(|l| l.contains("stream.tensor.import") && l.contains(" consume %arg")).count();
 
-    let aliased = stream_ir("aliased", &text);
-    let copied = stream_ir("control", &control);
-    eprintln!("cache copies per decode step: {} with aliasing, {} without", cache_copies(&aliased), cache_copies(&copied));
-    assert_eq!(cache_copies(&copied), 2, "the control must show the copies this test looks for");
-    assert_eq!(consumed(&copied), 0);
-    assert_eq!(cache_copies(&aliased), 0);
-    assert_eq!(consumed(&aliased), 2);
+        let aliased = stream_ir(&format!("aliased_{layers:?}"), &text);
+        let copied = stream_ir(&format!("control_{layers:?}"), &control);
+        eprintln!("{layers:?}: cache copies per decode step: {} with aliasing, {} without", cache_copies(&aliased), cache_copies(&copied));
+        assert_eq!(cache_copies(&copied), 2, "the control must show the copies this test looks for");
+        assert_eq!(consumed(&copied), 0);
+        assert_eq!(cache_copies(&aliased), 0, "{layers:?}: the cache is copied");
+        assert_eq!(consumed(&aliased), 2);
+    }
 }
