@@ -4,8 +4,8 @@
 //! Layouts (chosen for IREE's llvm-cpu code generation, see `docs/backends/stablehlo-graphs.md`):
 //! - f16 linear weights are uploaded **transposed**, `[in_features, out_features]` (`[K, M]`):
 //!   measured 2.5-5x faster than `[M, K]` for the decode gemv on IREE 3.13 (FACTS.md).
-//! - The f16 embedding table stays `[vocab, hidden]` (rows are gathered); a tied LM head reads
-//!   it in that layout, an untied LM head is uploaded transposed like every other linear weight.
+//! - An untied f16 embedding table stays `[vocab, hidden]` (rows are gathered); a tied one is the LM
+//!   head too and is uploaded transposed like every linear weight (embeddings gather its columns).
 //! - int4 matrices keep seam's layout: packed bytes `[rows, cols / 2]` (as i8, bit-identical to
 //!   the u8 on disk), f16 scales and biases `[rows, cols / 32]`.
 //! - RMSNorm weights are f32 `[hidden]`.
@@ -86,8 +86,11 @@ pub fn weight_args(config: &LlamaConfig, format: WeightFormat) -> Vec<WeightArg>
                 let (rows, cols) = (spec.shape[0], spec.shape[1]);
                 match format {
                     WeightFormat::F16 => {
-                        // The embedding table is gathered by rows; everything else is a linear weight.
-                        if spec.name == llama_model::weights::names::EMBED_TOKENS {
+                        // An untied embedding table is only gathered, by rows; everything else is read
+                        // as a linear weight, transposed, including a tied table (the LM head: the
+                        // biggest matrix of a small model; its [vocab, hidden] gemv took 10.8 ms of a
+                        // 46 ms SmolLM2 decode step on IREE, about 4x its bandwidth cost).
+                        if spec.name == llama_model::weights::names::EMBED_TOKENS && !config.tie_word_embeddings {
                             out.push(WeightArg {
                                 name: spec.name,
                                 shape: vec![rows, cols],
@@ -310,9 +313,10 @@ mod tests {
         assert_eq!((int4[0].shape.clone(), int4[0].dtype), (vec![256, 32], ArgDtype::I8));
         assert_eq!((int4[1].shape.clone(), int4[1].dtype), (vec![256, 2], ArgDtype::F16));
         assert_eq!(int4[2].part, WeightPart::Int4Biases);
-        // Tied embeddings: no LM head argument.
+        // Tied embeddings: no LM head argument, and the table is transposed (it is the LM head).
         let tied = weight_args(&tiny_llama32_config(), WeightFormat::F16);
         assert_eq!(tied.len(), f16.len() - 1);
+        assert_eq!((tied[0].shape.clone(), tied[0].part), (vec![64, 256], WeightPart::F16Transposed));
         assert_eq!(tied.last().unwrap().name, "model.norm.weight");
     }
 

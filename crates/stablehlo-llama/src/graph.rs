@@ -221,8 +221,13 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
 /// Rows `ids` of the embedding table as f32 `[T, hidden]`.
 fn embed_rows(b: &mut FnBuilder, table: &MatrixArg, ids: &Val) -> Val {
     match table {
-        MatrixArg::F16 { w, .. } => {
+        MatrixArg::F16 { w, transposed: false } => {
             let rows = b.gather_rows(w, ids);
+            b.convert(&rows, Elem::F32)
+        }
+        MatrixArg::F16 { w, transposed: true } => {
+            // A tied table uploaded [hidden, vocab] for the LM head: gather its columns.
+            let rows = b.gather_columns(w, ids);
             b.convert(&rows, Elem::F32)
         }
         MatrixArg::Int4 { packed, scales, biases } => {

@@ -325,6 +325,20 @@ impl FnBuilder {
         self.op("gather", &[table, &ids2], &attrs, Ty::new(&[n, cols], table.elem()))
     }
 
+    /// Columns `ids` (i32 `[n]`) of the 2-D `table`, as rows: `[n, table.rows]`.
+    pub fn gather_columns(&mut self, table: &Val, ids: &Val) -> Val {
+        assert_eq!(table.rank(), 2);
+        assert_eq!(ids.rank(), 1);
+        let n = ids.dims()[0];
+        let ids2 = self.reshape(ids, &[n, 1]);
+        let rows = table.dims()[0];
+        let attrs = format!(
+            "dimension_numbers = #stablehlo.gather<offset_dims = [1], collapsed_slice_dims = [1], start_index_map = [1], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = {}",
+            i64_array(&[rows, 1])
+        );
+        self.op("gather", &[table, &ids2], &attrs, Ty::new(&[n, rows], table.elem()))
+    }
+
     /// `dot_general`: result dims are the batch dims, then lhs free dims, then rhs free dims.
     pub fn dot_general(&mut self, a: &Val, b: &Val, batch: (&[usize], &[usize]), contract: (&[usize], &[usize])) -> Val {
         assert_eq!(a.elem(), b.elem());
