@@ -22,7 +22,8 @@
 //! rewind ([`Session::truncate`]) is the position alone: stale entries after it are masked and
 //! overwritten by the next step. A fork copies the cache (through the host).
 
-use crate::compiler::{compile_cached, CacheOutcome, LLVM_CPU_FLAGS};
+use crate::compiler::{compile_cached, CacheOutcome};
+use crate::device::IreeDevice;
 use crate::error::IreeError;
 use crate::worker::{CacheId, CacheShape, StepCall, WorkerHandle};
 use llama_model::LlamaConfig;
@@ -71,6 +72,8 @@ pub fn module_specs(buckets: &[usize]) -> Vec<GraphSpec> {
 /// What the engine and its sessions share.
 pub(crate) struct Shared {
     pub worker: WorkerHandle,
+    /// The registry name of the backend (`iree-cpu`, `iree-cuda`).
+    pub backend: &'static str,
     pub buckets: Vec<usize>,
     pub cache_shape: CacheShape,
     pub max_context: usize,
@@ -80,6 +83,7 @@ pub(crate) struct Shared {
 /// How a model was loaded: what [`crate::IreeCpuBackend::load`] hands to the engine.
 pub(crate) struct LoadedModel {
     pub worker: WorkerHandle,
+    pub device: IreeDevice,
     pub config: LlamaConfig,
     pub options: GraphOptions,
     pub info: EngineInfo,
@@ -118,6 +122,7 @@ impl IreeEngine {
         let max_context = loaded.options.max_context;
         let shared = Shared {
             worker: loaded.worker,
+            backend: loaded.device.backend_name(),
             buckets: buckets_for(max_context),
             cache_shape: CacheShape {
                 k: [c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_context],
@@ -139,11 +144,13 @@ impl IreeEngine {
 pub(crate) fn load_model_module(
     worker: &WorkerHandle,
     compiler_library: &std::path::Path,
+    flags: &[String],
     config: &LlamaConfig,
     options: &GraphOptions,
 ) -> std::result::Result<CacheOutcome, IreeError> {
     let text = emit_module(config, options, &module_specs(&buckets_for(options.max_context)))?;
-    let module = compile_cached(compiler_library, "model", &text, &LLVM_CPU_FLAGS)?;
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let module = compile_cached(compiler_library, "model", &text, &flags)?;
     worker.load_module(MODEL_MODULE, module.vmfb)?;
     Ok(module.outcome)
 }
@@ -172,7 +179,7 @@ impl IreeEngine {
 
     /// Checks `options` and allocates a device cache.
     fn open_session(&self, options: SessionOptions, inject_fault: bool) -> Result<Box<dyn Session>> {
-        options.check_against(crate::BACKEND_NAME, &self.capabilities())?;
+        options.check_against(self.shared.backend, &self.capabilities())?;
         let sampling_on_host = !matches!(options.sampling, SamplingConfig::Greedy);
         let cache = self.shared.worker.new_cache(self.shared.cache_shape)?;
         Ok(Box::new(IreeSession {
@@ -337,7 +344,7 @@ impl Session for IreeSession {
     }
 
     fn backend_name(&self) -> &str {
-        crate::BACKEND_NAME
+        self.shared.backend
     }
 }
 

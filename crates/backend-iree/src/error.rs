@@ -23,6 +23,9 @@ pub enum IreeError {
     /// Reading or writing the module cache.
     #[error("{}: {source}", path.display())]
     Io { path: PathBuf, #[source] source: std::io::Error },
+    /// The device cannot be used here (no driver in this build, no GPU, no architecture).
+    #[error("{0}")]
+    Unavailable(String),
     /// The runtime thread is gone (it panicked, or the engine was torn down).
     #[error("the IREE runtime thread is gone")]
     WorkerGone,
@@ -40,11 +43,20 @@ impl From<eerie::runtime::RuntimeError> for IreeError {
     }
 }
 
+/// `error` with an `Unavailable` error attributed to `backend` (the `From` conversion below names
+/// the CPU backend; the CUDA one renames).
+pub(crate) fn for_backend(error: session_api::SeamError, backend: &str) -> session_api::SeamError {
+    match error {
+        session_api::SeamError::Unavailable { reason, .. } => session_api::SeamError::Unavailable { backend: backend.to_string(), reason },
+        other => other,
+    }
+}
+
 impl From<IreeError> for session_api::SeamError {
     fn from(e: IreeError) -> Self {
         use session_api::SeamError;
         match e {
-            IreeError::CompilerMissing(_) | IreeError::CompilerLoad { .. } => {
+            IreeError::CompilerMissing(_) | IreeError::CompilerLoad { .. } | IreeError::Unavailable(_) => {
                 SeamError::Unavailable { backend: crate::BACKEND_NAME.to_string(), reason: e.to_string() }
             }
             IreeError::Graph(stablehlo_llama::GraphError::Options(message)) => SeamError::InvalidInput(message),

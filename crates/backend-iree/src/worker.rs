@@ -15,7 +15,8 @@
 
 use crate::error::IreeError;
 use eerie::runtime::{BufferElement, BufferView, Value};
-use eerie::runtime::{DeviceSpec, Program, Runtime};
+use crate::device::IreeDevice;
+use eerie::runtime::{Program, Runtime};
 use half::f16;
 use stablehlo_llama::{ArgDtype, HostArg};
 use std::collections::HashMap;
@@ -75,14 +76,15 @@ pub struct WorkerHandle {
 }
 
 impl WorkerHandle {
-    /// Starts a runtime thread on IREE's `local-task` driver and waits until its device exists.
-    pub fn spawn_local_task() -> Result<WorkerHandle, IreeError> {
+    /// Starts a runtime thread on `device` and waits until its runtime device exists.
+    pub fn spawn(device: IreeDevice) -> Result<WorkerHandle, IreeError> {
+        let spec = device.device_spec()?;
         let (sender, receiver) = channel::<Request>();
         let (ready_tx, ready_rx) = channel::<Result<(), IreeError>>();
         std::thread::Builder::new()
             .name("seam-iree-runtime".into())
             .spawn(move || {
-                let runtime = match Runtime::new(DeviceSpec::local_task()) {
+                let runtime = match Runtime::new(spec) {
                     Ok(runtime) => runtime,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e.into()));
