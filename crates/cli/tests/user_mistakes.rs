@@ -22,7 +22,7 @@ fn assert_clean_failure(output: &Output, expected: &str) {
 #[test]
 fn unknown_backend_names_the_known_ones() {
     let out = seam(&["run", "--backend", "nope", "--prompt", "hi", "--model", "/nonexistent"]);
-    assert_clean_failure(&out, "no backend named 'nope' is registered (known: reference");
+    assert_clean_failure(&out, "no backend named 'nope' is registered (known: iree-cpu, iree-cuda, reference)");
     assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
 }
 
@@ -90,4 +90,24 @@ fn run_json_on_the_default_model_reports_ids_and_stats() {
     assert_eq!(report["finish_reason"], "max_tokens");
     assert_eq!(report["stats"]["decode_steps"], 5);
     assert!(report["text"].as_str().unwrap().contains("Paris"), "{}", report["text"]);
+    assert_eq!(report["backend"], "iree-cpu", "the default backend");
+}
+
+/// With the IREE compiler pointed somewhere wrong, iree-cpu is unavailable: `seam run` without
+/// `--backend` says so and runs on the reference backend; naming iree-cpu is a clean error.
+#[test]
+fn unavailable_default_backend_falls_back_to_the_reference() {
+    llama_model::default_model::ensure_default_model(None).unwrap();
+    let run = |args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_seam")).args(args).env("SEAM_IREE_COMPILER", "/nonexistent/libIREECompiler.so").output().unwrap()
+    };
+    let out = run(&["run", "--prompt", "The capital of France is", "--max-tokens", "2", "--json"]);
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(out.status.success(), "{stderr}");
+    assert!(stderr.contains("note: the default backend iree-cpu is unavailable") && stderr.contains("running on reference"), "{stderr}");
+    let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
+    assert_eq!(report["backend"], "reference");
+
+    let named = run(&["run", "--backend", "iree-cpu", "--prompt", "hi", "--max-tokens", "2"]);
+    assert_clean_failure(&named, "backend iree-cpu is unavailable");
 }
