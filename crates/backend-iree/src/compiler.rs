@@ -149,9 +149,10 @@ pub struct CompiledModule {
     pub path: PathBuf,
 }
 
-/// The cache of compiled modules: `seam_home()/cache/iree/<sha256>.vmfb`.
+/// The cache of compiled modules: `cache_home()/iree/<sha256>.vmfb` (`.seam/cache/iree` unless
+/// `SEAM_CACHE_DIR` says otherwise).
 pub fn cache_dir() -> PathBuf {
-    llama_model::default_model::seam_home().join("cache").join("iree")
+    llama_model::default_model::cache_home().join("iree")
 }
 
 /// The host CPU's identity for the cache key: modules are compiled with `target-cpu=host`.

@@ -1,6 +1,7 @@
 //! `seam`: run a model on a backend, list backends, convert GGUF files.
 
 mod backends_command;
+mod bench_command;
 mod cli_error;
 mod conformance_command;
 mod convert_command;
@@ -28,6 +29,8 @@ enum Command {
     Backends(backends_command::BackendsArgs),
     /// Run the conformance suite against registered backends and print the matrix.
     Conformance(conformance_command::ConformanceArgs),
+    /// Measure load, prefill and decode speed of backends (min / median over repeats).
+    Bench(bench_command::BenchArgs),
     /// Import a GGUF Llama file into a seam model directory (fp16 and int4 weights, tokenizer).
     Convert(convert_command::ConvertArgs),
 }
@@ -40,6 +43,7 @@ fn main() -> ExitCode {
         Command::Backends(args) => backends_command::run(args),
         Command::Convert(args) => convert_command::run(args),
         Command::Conformance(args) => conformance_command::run(args),
+        Command::Bench(args) => bench_command::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

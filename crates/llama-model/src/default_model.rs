@@ -38,6 +38,15 @@ pub fn seam_home() -> PathBuf {
     }
 }
 
+/// Where backends cache compiled graphs: `$SEAM_CACHE_DIR` if set, else `seam_home()/cache`.
+/// (`seam bench` points it at an empty folder to measure a cold load.)
+pub fn cache_home() -> PathBuf {
+    match std::env::var_os("SEAM_CACHE_DIR") {
+        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
+        _ => seam_home().join("cache"),
+    }
+}
+
 /// Where the default model is installed: `seam_home()/models/SmolLM2-135M-Instruct`.
 pub fn default_model_dir() -> PathBuf {
     seam_home().join("models").join(DEFAULT_MODEL_NAME)

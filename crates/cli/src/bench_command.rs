@@ -1,0 +1,332 @@
+//! `seam bench`: how fast a backend loads, prefills and decodes a model, measured the same way for
+//! every backend and weight format, repeated, with min and median.
+//!
+//! For each backend and weight format:
+//! - load, cold (the backend's compiled-graph cache pointed at an empty folder through
+//!   `SEAM_CACHE_DIR`, so whatever a first load compiles is compiled) and warm (the same load
+//!   again, now cached); the bytes of the weights the engine holds (`EngineInfo::weight_bytes`)
+//!   and the process's resident memory after the warm load (RSS, which also holds whatever earlier
+//!   loads of this run left behind: bench one backend and format per run for a clean figure);
+//! - prefill throughput at each prompt length (a new session, one `prefill` of the whole prompt;
+//!   time to first token is the same call plus creating the session);
+//! - decode throughput over `--decode-tokens` greedy steps after a short prompt, with per-step
+//!   p50 / p90.
+//!
+//! Prompts are deterministic token ids spread over the vocabulary, so every backend sees the same
+//! work; greedy decoding then follows the model. Results print as a table and, with `--json`, as
+//! one object with the machine, versions and settings.
+
+use crate::cli_error::CliError;
+use crate::run_command::resolve_model_dir;
+use clap::Args;
+use serde::Serialize;
+use session_api::stats::StepTimeSummary;
+use session_api::{find_backend, Availability, Engine, LoadRequest, SessionOptions, WeightFormat};
+use std::path::PathBuf;
+use std::sync::Arc;
+use std::time::Instant;
+
+#[derive(Args)]
+pub struct BenchArgs {
+    /// Backend to measure (repeatable); every available backend when absent.
+    #[arg(long = "backend")]
+    backends: Vec<String>,
+    /// Weight format (repeatable); f16 and int4 when absent.
+    #[arg(long = "weights")]
+    formats: Vec<WeightFormat>,
+    /// Model directory; the default model when absent.
+    #[arg(long)]
+    model: Option<PathBuf>,
+    /// Prompt lengths for prefill throughput, comma-separated.
+    #[arg(long, value_delimiter = ',', default_value = "16,128,512")]
+    prompt_lengths: Vec<usize>,
+    /// Greedy decode steps to time (after a 16-token prompt).
+    #[arg(long, default_value_t = 64)]
+    decode_tokens: usize,
+    /// Repetitions of each measurement (min and median are reported).
+    #[arg(long, default_value_t = 3)]
+    repeats: usize,
+    /// Context to load with (must hold the longest prompt, and 16 + decode tokens).
+    #[arg(long)]
+    max_context: Option<usize>,
+    /// Skip the cold load (which compiles every graph again).
+    #[arg(long)]
+    no_cold: bool,
+    /// Also write the results as JSON to this file.
+    #[arg(long)]
+    json: Option<PathBuf>,
+}
+
+/// Min and median of repeated measurements.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Spread {
+    pub min: f64,
+    pub median: f64,
+}
+
+impl Spread {
+    fn of(values: &[f64]) -> Spread {
+        let mut sorted = values.to_vec();
+        sorted.sort_by(f64::total_cmp);
+        let n = sorted.len();
+        let median = if n % 2 == 1 { sorted[n / 2] } else { (sorted[n / 2 - 1] + sorted[n / 2]) / 2.0 };
+        Spread { min: sorted[0], median }
+    }
+}
+
+#[derive(Debug, Serialize)]
+struct PrefillResult {
+    prompt_tokens: usize,
+    tokens_per_s: Spread,
+    time_to_first_token_ms: Spread,
+}
+
+#[derive(Debug, Serialize)]
+struct DecodeResult {
+    steps: usize,
+    tokens_per_s: Spread,
+    /// Per-step times of the run with the median throughput.
+    step_ms: StepTimeSummary,
+}
+
+#[derive(Debug, Serialize)]
+struct BenchResult {
+    backend: String,
+    weights: WeightFormat,
+    resident_precision: String,
+    weight_bytes: u64,
+    load_cold_ms: Option<f64>,
+    load_warm_ms: f64,
+    rss_after_load_bytes: Option<u64>,
+    prefill: Vec<PrefillResult>,
+    decode: DecodeResult,
+}
+
+#[derive(Debug, Serialize)]
+struct Machine {
+    cpu: String,
+    cores: usize,
+    os: String,
+}
+
+#[derive(Debug, Serialize)]
+struct BenchReport {
+    seam_version: &'static str,
+    machine: Machine,
+    model: String,
+    settings: serde_json::Value,
+    results: Vec<BenchResult>,
+}
+
+/// Resident set size of this process, from `/proc/self/status` (Linux).
+fn rss_bytes() -> Option<u64> {
+    let status = std::fs::read_to_string("/proc/self/status").ok()?;
+    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
+    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
+    Some(kb * 1024)
+}
+
+/// `n` token ids spread over the vocabulary (skipping the first 100, where special tokens live).
+fn prompt_ids(n: usize, vocab: usize) -> Vec<u32> {
+    let span = vocab.saturating_sub(100).max(1) as u64;
+    (0..n as u64).map(|i| (100 + (i * 7919 + 13) % span) as u32).collect()
+}
+
+fn ms_since(start: Instant) -> f64 {
+    start.elapsed().as_secs_f64() * 1000.0
+}
+
+fn measure_prefill(engine: &Arc<dyn Engine>, tokens: &[u32], repeats: usize) -> Result<PrefillResult, CliError> {
+    let (mut rates, mut ttft) = (Vec::new(), Vec::new());
+    for _ in 0..repeats {
+        let started = Instant::now();
+        let mut session = engine.new_session(SessionOptions::default())?;
+        let prefill_started = Instant::now();
+        session.prefill(tokens)?;
+        let prefill_ms = ms_since(prefill_started);
+        ttft.push(ms_since(started));
+        rates.push(tokens.len() as f64 / (prefill_ms / 1000.0));
+    }
+    Ok(PrefillResult { prompt_tokens: tokens.len(), tokens_per_s: Spread::of(&rates), time_to_first_token_ms: Spread::of(&ttft) })
+}
+
+fn measure_decode(engine: &Arc<dyn Engine>, prompt: &[u32], steps: usize, repeats: usize) -> Result<DecodeResult, CliError> {
+    let mut runs: Vec<(f64, Vec<f64>)> = Vec::new();
+    for _ in 0..repeats {
+        let mut session = engine.new_session(SessionOptions::default())?;
+        let mut next = session.prefill(prompt)?.token;
+        let mut step_ms = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let started = Instant::now();
+            next = session.decode(next)?.token;
+            step_ms.push(ms_since(started));
+        }
+        let total: f64 = step_ms.iter().sum();
+        runs.push((steps as f64 / (total / 1000.0), step_ms));
+    }
+    let rates: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    let spread = Spread::of(&rates);
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let median_run = &runs[runs.len() / 2].1;
+    Ok(DecodeResult { steps, tokens_per_s: spread, step_ms: StepTimeSummary::from_steps(median_run) })
+}
+
+/// Loads with the compiled-graph cache in an empty folder (so the load compiles), then with the
+/// project's cache twice (the first fills it if needed, the second is the warm load). Returns the
+/// warm engine, both load times, and the process RSS after the warm load.
+fn load_cold_and_warm(
+    backend: &dyn session_api::Backend,
+    request: &LoadRequest,
+    cold: bool,
+) -> Result<(Arc<dyn Engine>, Option<f64>, f64, Option<u64>), CliError> {
+    let cold_ms = if cold {
+        let cache = tempfile::tempdir().map_err(CliError::Output)?;
+        let previous = std::env::var_os("SEAM_CACHE_DIR");
+        // Single-threaded here (no engine exists yet), so changing the environment is safe.
+        std::env::set_var("SEAM_CACHE_DIR", cache.path());
+        let started = Instant::now();
+        let loaded = backend.load(request);
+        let cold_ms = ms_since(started);
+        match previous {
+            Some(value) => std::env::set_var("SEAM_CACHE_DIR", value),
+            None => std::env::remove_var("SEAM_CACHE_DIR"),
+        }
+        drop(loaded?);
+        Some(cold_ms)
+    } else {
+        None
+    };
+    // Warm: the project's cache, filled now if it was empty, then timed on a second load.
+    drop(backend.load(request)?);
+    let started = Instant::now();
+    let engine = backend.load(request)?;
+    let warm_ms = ms_since(started);
+    Ok((engine, cold_ms, warm_ms, rss_bytes()))
+}
+
+pub fn run(args: BenchArgs) -> Result<(), CliError> {
+    if args.repeats == 0 || args.decode_tokens == 0 || args.prompt_lengths.iter().any(|&n| n == 0) {
+        return Err(CliError::Usage("--repeats, --decode-tokens and every prompt length must be at least 1".into()));
+    }
+    let longest = args.prompt_lengths.iter().copied().max().unwrap_or(16).max(16 + args.decode_tokens);
+    if let Some(max) = args.max_context {
+        if max < longest {
+            return Err(CliError::Usage(format!("--max-context {max} cannot hold {longest} tokens")));
+        }
+    }
+    let model_dir = resolve_model_dir(args.model.clone())?;
+    let model = llama_model::model_dir::ModelDir::open(&model_dir)?;
+    let vocab = model.config().vocab_size;
+    let backends: Vec<String> = if args.backends.is_empty() {
+        session_api::registered_backends()
+            .into_iter()
+            .filter(|b| b.is_compatible())
+            .map(|b| b.name.to_string())
+            .filter(|name| find_backend(name).is_ok_and(|b| matches!(b.availability(), Availability::Available { .. })))
+            .collect()
+    } else {
+        args.backends.clone()
+    };
+    let formats = if args.formats.is_empty() { WeightFormat::ALL.to_vec() } else { args.formats.clone() };
+
+    let mut results = Vec::new();
+    for name in &backends {
+        let backend = find_backend(name)?;
+        if let Availability::Unavailable { reason } = backend.availability() {
+            return Err(session_api::SeamError::Unavailable { backend: name.clone(), reason }.into());
+        }
+        for &format in &formats {
+            eprintln!("bench: {name} {format} ...");
+            let mut request = LoadRequest::new(&model_dir, format);
+            request.max_context = Some(args.max_context.unwrap_or(longest.max(2048)));
+            let (engine, load_cold_ms, load_warm_ms, resident) = load_cold_and_warm(backend.as_ref(), &request, !args.no_cold)?;
+            let info = engine.info();
+            let mut prefill = Vec::new();
+            for &n in &args.prompt_lengths {
+                prefill.push(measure_prefill(&engine, &prompt_ids(n, vocab), args.repeats)?);
+            }
+            let decode = measure_decode(&engine, &prompt_ids(16, vocab), args.decode_tokens, args.repeats)?;
+            results.push(BenchResult {
+                backend: name.clone(),
+                weights: format,
+                resident_precision: info.resident_precision,
+                weight_bytes: info.weight_bytes,
+                load_cold_ms,
+                load_warm_ms,
+                rss_after_load_bytes: resident,
+                prefill,
+                decode,
+            });
+        }
+    }
+
+    print_table(&results);
+    if let Some(path) = &args.json {
+        let cpu = backend_reference::cpu_device();
+        let report = BenchReport {
+            seam_version: env!("CARGO_PKG_VERSION"),
+            machine: Machine {
+                cpu: cpu.name,
+                cores: std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1),
+                os: std::env::consts::OS.to_string(),
+            },
+            model: model.name(),
+            settings: serde_json::json!({
+                "prompt_lengths": args.prompt_lengths,
+                "decode_tokens": args.decode_tokens,
+                "decode_prompt_tokens": 16,
+                "repeats": args.repeats,
+                "max_context": request_context(&args, longest),
+                "profile": if cfg!(debug_assertions) { "debug (dependencies at opt-level 3)" } else { "release" },
+            }),
+            results,
+        };
+        let text = serde_json::to_string_pretty(&report).expect("the report serializes");
+        std::fs::write(path, text).map_err(CliError::Output)?;
+    }
+    Ok(())
+}
+
+fn request_context(args: &BenchArgs, longest: usize) -> usize {
+    args.max_context.unwrap_or(longest.max(2048))
+}
+
+fn print_table(results: &[BenchResult]) {
+    let lengths: Vec<usize> = results.first().map(|r| r.prefill.iter().map(|p| p.prompt_tokens).collect()).unwrap_or_default();
+    let mut header = format!("{:<12} {:<5} {:>10} {:>9} {:>10} {:>8}", "backend", "wts", "load cold", "warm", "weights MB", "rss MB");
+    for n in &lengths {
+        header.push_str(&format!(" {:>12}", format!("prefill@{n}")));
+    }
+    header.push_str(&format!(" {:>10} {:>9} {:>9}", "decode t/s", "p50 ms", "p90 ms"));
+    println!("{header}");
+    println!("{}", "-".repeat(header.len()));
+    for r in results {
+        let cold = r.load_cold_ms.map(|ms| format!("{:.2} s", ms / 1000.0)).unwrap_or_else(|| "-".into());
+        let rss = r.rss_after_load_bytes.map(|b| format!("{:.0}", b as f64 / 1e6)).unwrap_or_else(|| "-".into());
+        let warm = format!("{:.2} s", r.load_warm_ms / 1000.0);
+        let weights = format!("{:.0}", r.weight_bytes as f64 / 1e6);
+        let mut line = format!("{:<12} {:<5} {:>10} {:>9} {:>10} {:>8}", r.backend, r.weights.as_str(), cold, warm, weights, rss);
+        for p in &r.prefill {
+            line.push_str(&format!(" {:>12}", format!("{:.1}", p.tokens_per_s.median)));
+        }
+        line.push_str(&format!(" {:>10.1} {:>9.1} {:>9.1}", r.decode.tokens_per_s.median, r.decode.step_ms.p50_ms, r.decode.step_ms.p90_ms));
+        println!("{line}");
+    }
+    println!("(medians of the repeats; prefill in tokens/s; min and every figure in --json)");
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn spread_and_prompts() {
+        let s = Spread::of(&[3.0, 1.0, 2.0]);
+        assert_eq!((s.min, s.median), (1.0, 2.0));
+        assert_eq!(Spread::of(&[4.0, 1.0]).median, 2.5);
+        let ids = prompt_ids(512, 256);
+        assert_eq!(ids.len(), 512);
+        assert!(ids.iter().all(|&t| (100..256).contains(&t)));
+        assert_eq!(ids, prompt_ids(512, 256), "deterministic");
+    }
+}
