@@ -171,6 +171,15 @@ fn load_engine_inner(device: IreeDevice, request: &LoadRequest) -> Result<IreeEn
     if request.max_context == Some(0) {
         return Err(SeamError::InvalidInput("max_context must be at least 1".into()));
     }
+    // IREE's local-task driver sizes its worker pool from the machine, and eerie exposes no way to
+    // change that: a thread count other than "every core" would be silently ignored, so refuse it.
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    if let Some(threads) = request.threads.filter(|&t| t != cores && device == IreeDevice::Cpu) {
+        return Err(SeamError::Unsupported {
+            backend: name.to_string(),
+            feature: format!("a thread count ({threads}) other than every core ({cores}): the local-task driver uses all of them"),
+        });
+    }
     let started = Instant::now();
     let flags = device.compile_flags()?;
     let compiler_library = compiler::ensure_compiler_library()?;
