@@ -169,6 +169,11 @@ impl Weights {
     }
 }
 
+/// From this many tokens on, an int4 matrix is dequantized to f32 inside the graph and multiplied
+/// in one matmul (prefill); below it (decode), the per-group form that never forms the matrix.
+/// Measured on SmolLM2 with IREE 3.13: see docs/backends/iree.md.
+pub const PREFILL_DEQUANTIZE_MIN_TOKENS: usize = 8;
+
 /// `y = x W^T` for `x` f32 `[T, K]` and a weight of Hugging Face shape `[M, K]`: f32 `[T, M]`.
 fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
     match w {
@@ -181,9 +186,36 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
                 b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
             }
         }
+        MatrixArg::Int4 { packed, scales, biases } if x.dims()[0] >= PREFILL_DEQUANTIZE_MIN_TOKENS => {
+            // Many tokens: form the f32 matrix once (scale * q + bias, exactly the format's values)
+            // and run one matmul; the dequantization is amortized over the tokens, while the
+            // per-group form below runs a batched dot of inner length 16 per group and token.
+            let (t, k) = (x.dims()[0], x.dims()[1]);
+            let m = packed.dims()[0];
+            let g = k / GROUP_SIZE;
+            let half = GROUP_SIZE / 2;
+            let p = b.reshape(packed, &[m, g, half, 1]);
+            let mask = b.const_int(15, Elem::I8, &[m, g, half, 1]);
+            let four = b.const_int(4, Elem::I8, &[m, g, half, 1]);
+            let lo = b.and(&p, &mask); // element 2i of the group
+            let hi = b.shift_right_logical(&p, &four); // element 2i + 1
+            let q = b.concatenate(&[&lo, &hi], 3); // [M, g, 16, 2]
+            let q = b.reshape(&q, &[m, g, GROUP_SIZE]);
+            let q = b.convert(&q, Elem::F32);
+            let s = b.convert(scales, Elem::F32);
+            let s = b.broadcast(&s, &[m, g, GROUP_SIZE], &[0, 1]);
+            let bias = b.convert(biases, Elem::F32);
+            let bias = b.broadcast(&bias, &[m, g, GROUP_SIZE], &[0, 1]);
+            let w = b.mul(&s, &q);
+            let w = b.add(&w, &bias);
+            let w = b.reshape(&w, &[m, k]);
+            debug_assert_eq!(t, x.dims()[0]);
+            b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
+        }
         MatrixArg::Int4 { packed, scales, biases } => {
             // Per group g of 32 inputs: y_m = sum_g s_mg (x_g . q_mg) + b_mg sum(x_g). The
-            // dequantized matrix is never formed (FACTS.md: 10x faster on IREE than dequantize-then-dot).
+            // dequantized matrix is never formed (FACTS.md: 10x faster on IREE than dequantize-then-dot
+            // for one token).
             let (t, k) = (x.dims()[0], x.dims()[1]);
             let m = packed.dims()[0];
             let g = k / GROUP_SIZE;
