@@ -80,7 +80,7 @@ pub(crate) struct Shared {
     pub vocab_size: usize,
 }
 
-/// How a model was loaded: what [`crate::IreeCpuBackend::load`] hands to the engine.
+/// How a model was loaded: what [`crate::IreeBackend::load`] hands to the engine.
 pub(crate) struct LoadedModel {
     pub worker: WorkerHandle,
     pub device: IreeDevice,

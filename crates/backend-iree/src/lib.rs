@@ -41,8 +41,8 @@ pub const BACKEND_NAME: &str = "iree-cpu";
 /// The registry name of the CUDA backend.
 pub const CUDA_BACKEND_NAME: &str = "iree-cuda";
 
-session_api::register_backend!(BACKEND_NAME, || Box::new(IreeCpuBackend));
-session_api::register_backend!(CUDA_BACKEND_NAME, || Box::new(IreeCudaBackend));
+session_api::register_backend!(BACKEND_NAME, || Box::new(IreeBackend::CPU));
+session_api::register_backend!(CUDA_BACKEND_NAME, || Box::new(IreeBackend::CUDA));
 
 /// Referenced by binaries so the linker keeps this crate's registration.
 pub fn link() {}
@@ -61,25 +61,41 @@ pub fn layer_mode() -> Result<LayerMode> {
     }
 }
 
-/// IREE on the CPU: llvm-cpu code, local-task driver.
-#[derive(Debug, Clone, Copy, Default)]
-pub struct IreeCpuBackend;
+/// An IREE backend on one kind of device: [`IreeBackend::CPU`] (`iree-cpu`) or
+/// [`IreeBackend::CUDA`] (`iree-cuda`).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct IreeBackend {
+    device: IreeDevice,
+}
 
-/// IREE on an NVIDIA GPU: the compiler's cuda target, IREE's CUDA driver (`cuda` feature).
-#[derive(Debug, Clone, Copy, Default)]
-pub struct IreeCudaBackend;
+impl IreeBackend {
+    /// IREE on the CPU: llvm-cpu code, local-task driver.
+    pub const CPU: IreeBackend = IreeBackend { device: IreeDevice::Cpu };
+    /// IREE on an NVIDIA GPU: the compiler's cuda target, IREE's CUDA driver (`cuda` feature).
+    pub const CUDA: IreeBackend = IreeBackend { device: IreeDevice::Cuda };
 
-impl Backend for IreeCpuBackend {
+    /// [`Backend::load`], returning the concrete engine.
+    pub fn load_engine(&self, request: &LoadRequest) -> Result<IreeEngine> {
+        load_engine(self.device, request)
+    }
+}
+
+impl Backend for IreeBackend {
     fn name(&self) -> &str {
-        BACKEND_NAME
+        self.device.backend_name()
     }
 
     fn description(&self) -> &str {
-        "IREE 3.13 on the CPU: StableHLO graphs compiled for llvm-cpu, local-task driver, greedy on device"
+        match self.device {
+            IreeDevice::Cpu => "IREE 3.13 on the CPU: StableHLO graphs compiled for llvm-cpu, local-task driver, greedy on device",
+            IreeDevice::Cuda => {
+                "IREE 3.13 on an NVIDIA GPU: StableHLO graphs compiled for the cuda target, CUDA driver, greedy on device"
+            }
+        }
     }
 
     fn availability(&self) -> Availability {
-        availability(IreeDevice::Cpu)
+        availability(self.device)
     }
 
     /// What any engine offers; `max_context` is the default cap (a load request may ask for
@@ -90,42 +106,6 @@ impl Backend for IreeCpuBackend {
 
     fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {
         Ok(Arc::new(self.load_engine(request)?))
-    }
-}
-
-impl IreeCpuBackend {
-    /// [`Backend::load`], returning the concrete engine.
-    pub fn load_engine(&self, request: &LoadRequest) -> Result<IreeEngine> {
-        load_engine(IreeDevice::Cpu, request)
-    }
-}
-
-impl Backend for IreeCudaBackend {
-    fn name(&self) -> &str {
-        CUDA_BACKEND_NAME
-    }
-
-    fn description(&self) -> &str {
-        "IREE 3.13 on an NVIDIA GPU: StableHLO graphs compiled for the cuda target, CUDA driver, greedy on device"
-    }
-
-    fn availability(&self) -> Availability {
-        availability(IreeDevice::Cuda)
-    }
-
-    fn capabilities(&self) -> Capabilities {
-        capabilities_with(DEFAULT_MAX_CONTEXT)
-    }
-
-    fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {
-        Ok(Arc::new(self.load_engine(request)?))
-    }
-}
-
-impl IreeCudaBackend {
-    /// [`Backend::load`], returning the concrete engine.
-    pub fn load_engine(&self, request: &LoadRequest) -> Result<IreeEngine> {
-        load_engine(IreeDevice::Cuda, request)
     }
 }
 

@@ -10,7 +10,7 @@
 //! one more for the logits variants), cached in `.seam/cache/iree`; cold, that is most of this
 //! test's time (see docs/backends/iree.md), warm it takes about a minute.
 
-use backend_iree::{compiler::ensure_compiler_library, IreeCpuBackend, IreeEngine};
+use backend_iree::{compiler::ensure_compiler_library, IreeBackend, IreeEngine};
 use conformance::{ComputePrecision, FaultInjection, Target};
 use session_api::{LoadRequest, Session, SessionOptions};
 
@@ -19,7 +19,7 @@ struct InjectedFaults;
 
 impl FaultInjection for InjectedFaults {
     fn failing_session(&self, request: &LoadRequest, options: SessionOptions) -> session_api::Result<Box<dyn Session>> {
-        let engine: IreeEngine = IreeCpuBackend.load_engine(request)?;
+        let engine: IreeEngine = IreeBackend::CPU.load_engine(request)?;
         engine.session_with_injected_fault(options)
     }
 }
@@ -30,6 +30,6 @@ fn main() {
         return;
     }
     conformance::test_main(
-        Target::new(Box::new(IreeCpuBackend)).with_precision(ComputePrecision::F16).with_fault_injection(InjectedFaults),
+        Target::new(Box::new(IreeBackend::CPU)).with_precision(ComputePrecision::F16).with_fault_injection(InjectedFaults),
     );
 }
