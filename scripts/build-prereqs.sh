@@ -42,3 +42,12 @@ if [ -z "${LIBCLANG_PATH:-}" ] && ! seam_system_libclang; then
   export LIBCLANG_PATH="$seam_prereq_dir/clang/native"
   export BINDGEN_EXTRA_CLANG_ARGS="${BINDGEN_EXTRA_CLANG_ARGS:-} -isystem $(cc -print-file-name=include)"
 fi
+
+# The PJRT C API header: crates/pjrt-runtime generates its bindings from the header that the pinned
+# OpenXLA CPU plugin wheel ships, and the same install is where the pjrt-cpu backend finds its
+# plugin (.seam/pjrt/xla_plugins/xla_cpu_pjrt/).
+seam_pjrt_dir="$PWD/.seam/pjrt"
+if [ ! -f "$seam_pjrt_dir/xla_plugins/xla_cpu_pjrt/include/pjrt_c_api.h" ]; then
+  echo "== installing xla-cpu-pjrt==0.0.1 into $seam_pjrt_dir (PJRT header and CPU plugin)" >&2
+  python3 -m pip install -q --disable-pip-version-check --no-deps --target "$seam_pjrt_dir" "xla-cpu-pjrt==0.0.1" >&2
+fi

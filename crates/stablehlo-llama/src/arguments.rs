@@ -52,10 +52,11 @@ impl ArgDtype {
 pub enum WeightPart {
     /// An RMSNorm weight, f32 `[hidden]`.
     Norm,
-    /// An f16 matrix in its Hugging Face layout `[rows, cols]` (the embedding table, and a tied LM head).
-    F16RowMajor,
-    /// An f16 matrix transposed to `[cols, rows]`.
-    F16Transposed,
+    /// A dense (f16 or f32, see [`DenseDtype`]) matrix in its Hugging Face layout `[rows, cols]`
+    /// (an untied embedding table).
+    DenseRowMajor,
+    /// A dense matrix transposed to `[cols, rows]` (linear weights, and a tied embedding table).
+    DenseTransposed,
     /// int4 packed nibbles `[rows, cols / 2]`.
     Int4Packed,
     /// int4 scales `[rows, cols / 32]`.
@@ -74,10 +75,37 @@ pub struct WeightArg {
     pub part: WeightPart,
 }
 
+/// The element type the matrices of the fp16 format are uploaded in.
+///
+/// f16 halves the bytes and suits IREE; XLA's CPU backend runs f16 matrices 6-9x slower than f32
+/// (FACTS.md), so a backend may keep them resident in f32 (the values are the f16 weights,
+/// widened exactly). int4 matrices are unaffected.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DenseDtype {
+    #[default]
+    F16,
+    F32,
+}
+
+impl DenseDtype {
+    fn arg_dtype(self) -> ArgDtype {
+        match self {
+            DenseDtype::F16 => ArgDtype::F16,
+            DenseDtype::F32 => ArgDtype::F32,
+        }
+    }
+}
+
 /// The weight arguments of every graph for `config` in `format`, in order: the tensors of
 /// `llama_model::weights::expected_tensors` (embeddings; per layer attention norm, q, k, v, o, MLP
 /// norm, gate, up, down; final norm; LM head when untied), an int4 matrix as three arguments.
+/// Dense matrices are f16; [`weight_args_with`] chooses.
 pub fn weight_args(config: &LlamaConfig, format: WeightFormat) -> Vec<WeightArg> {
+    weight_args_with(config, format, DenseDtype::F16)
+}
+
+/// [`weight_args`] with the fp16 format's matrices uploaded as `dense`.
+pub fn weight_args_with(config: &LlamaConfig, format: WeightFormat, dense: DenseDtype) -> Vec<WeightArg> {
     let mut out = Vec::new();
     for spec in expected_tensors(config) {
         match spec.role {
@@ -94,15 +122,15 @@ pub fn weight_args(config: &LlamaConfig, format: WeightFormat) -> Vec<WeightArg>
                             out.push(WeightArg {
                                 name: spec.name,
                                 shape: vec![rows, cols],
-                                dtype: ArgDtype::F16,
-                                part: WeightPart::F16RowMajor,
+                                dtype: dense.arg_dtype(),
+                                part: WeightPart::DenseRowMajor,
                             });
                         } else {
                             out.push(WeightArg {
                                 name: spec.name,
                                 shape: vec![cols, rows],
-                                dtype: ArgDtype::F16,
-                                part: WeightPart::F16Transposed,
+                                dtype: dense.arg_dtype(),
+                                part: WeightPart::DenseTransposed,
                             });
                         }
                     }
@@ -141,20 +169,25 @@ pub struct HostArg {
     pub bytes: Vec<u8>,
 }
 
-/// `data` (`rows x cols`, row-major) transposed to `cols x rows`, as little-endian f16 bytes.
+/// `data` (`rows x cols`, row-major) transposed to `cols x rows`, as little-endian bytes of
+/// `dense`.
 ///
 /// In tiles, so that both the rows read and the rows written stay in cache: the plain
 /// column-by-column walk over SmolLM2's 49152 x 576 embedding took seconds of every load.
-fn transposed_f16_bytes(data: &[f16], rows: usize, cols: usize) -> Vec<u8> {
+fn transposed_dense_bytes(data: &[f16], rows: usize, cols: usize, dense: DenseDtype) -> Vec<u8> {
     const TILE: usize = 64;
-    let mut out = vec![0u8; rows * cols * 2];
+    let size = dense.arg_dtype().size();
+    let mut out = vec![0u8; rows * cols * size];
     for r0 in (0..rows).step_by(TILE) {
         for c0 in (0..cols).step_by(TILE) {
             for r in r0..(r0 + TILE).min(rows) {
                 let row = &data[r * cols..(r + 1) * cols];
                 for c in c0..(c0 + TILE).min(cols) {
-                    let at = (c * rows + r) * 2;
-                    out[at..at + 2].copy_from_slice(&row[c].to_le_bytes());
+                    let at = (c * rows + r) * size;
+                    match dense {
+                        DenseDtype::F16 => out[at..at + 2].copy_from_slice(&row[c].to_le_bytes()),
+                        DenseDtype::F32 => out[at..at + 4].copy_from_slice(&row[c].to_f32().to_le_bytes()),
+                    }
                 }
             }
         }
@@ -170,10 +203,22 @@ fn f16_bytes(values: impl ExactSizeIterator<Item = f16>) -> Vec<u8> {
     out
 }
 
+fn dense_bytes(values: &[f16], dense: DenseDtype) -> Vec<u8> {
+    match dense {
+        DenseDtype::F16 => f16_bytes(values.iter().copied()),
+        DenseDtype::F32 => values.iter().flat_map(|v| v.to_f32().to_le_bytes()).collect(),
+    }
+}
+
 /// The bytes to upload for every argument of [`weight_args`], from weights in one format.
 /// Fails if a matrix is in another format than `format` or a shape disagrees with the config.
 pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<HostArg>, GraphError> {
-    let specs = weight_args(&weights.config, format);
+    host_args_with(weights, format, DenseDtype::F16)
+}
+
+/// [`host_args`] for the arguments of [`weight_args_with`].
+pub fn host_args_with(weights: &LlamaWeights, format: WeightFormat, dense: DenseDtype) -> Result<Vec<HostArg>, GraphError> {
+    let specs = weight_args_with(&weights.config, format, dense);
     let mut specs = specs.into_iter();
     let mut out = Vec::new();
     let mut next = |name: &str| {
@@ -195,9 +240,9 @@ pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<Hos
                         return Err(GraphError::Weight { name, message: "data length does not match its shape".into() });
                     }
                     let bytes = match spec.part {
-                        WeightPart::F16RowMajor if spec.shape == [*rows, *cols] => f16_bytes(data.iter().copied()),
-                        WeightPart::F16Transposed if spec.shape == [*cols, *rows] => {
-                            transposed_f16_bytes(data, *rows, *cols)
+                        WeightPart::DenseRowMajor if spec.shape == [*rows, *cols] => dense_bytes(data, dense),
+                        WeightPart::DenseTransposed if spec.shape == [*cols, *rows] => {
+                            transposed_dense_bytes(data, *rows, *cols, dense)
                         }
                         _ => {
                             return Err(GraphError::Weight {
@@ -299,7 +344,7 @@ pub fn stack_host_args(args: Vec<HostArg>) -> Result<Vec<HostArg>, GraphError> {
 
 /// The weight arguments of graphs emitted with `options` (stacked when they loop over layers).
 pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) -> Vec<WeightArg> {
-    let args = weight_args(config, options.format);
+    let args = weight_args_with(config, options.format, options.dense);
     match options.layers {
         crate::LayerMode::Unrolled => args,
         crate::LayerMode::Loop => stack_weight_args(args),
@@ -308,7 +353,7 @@ pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) ->
 
 /// The bytes to upload for [`graph_weight_args`].
 pub fn graph_host_args(weights: &LlamaWeights, options: &crate::GraphOptions) -> Result<Vec<HostArg>, GraphError> {
-    let args = host_args(weights, options.format)?;
+    let args = host_args_with(weights, options.format, options.dense)?;
     match options.layers {
         crate::LayerMode::Unrolled => Ok(args),
         crate::LayerMode::Loop => stack_host_args(args),
@@ -326,7 +371,7 @@ mod tests {
         let f16 = weight_args(&c, WeightFormat::F16);
         assert_eq!(f16.len(), 1 + 9 * c.num_hidden_layers + 1 + 1);
         assert_eq!(f16[0].name, "model.embed_tokens.weight");
-        assert_eq!((f16[0].shape.clone(), f16[0].part), (vec![256, 64], WeightPart::F16RowMajor));
+        assert_eq!((f16[0].shape.clone(), f16[0].part), (vec![256, 64], WeightPart::DenseRowMajor));
         assert_eq!(f16[1].name, "model.layers.0.input_layernorm.weight");
         assert_eq!((f16[1].shape.clone(), f16[1].dtype), (vec![64], ArgDtype::F32));
         // k_proj is [32, 64] in Hugging Face layout, uploaded as [64, 32].
@@ -341,7 +386,7 @@ mod tests {
         // Tied embeddings: no LM head argument, and the table is transposed (it is the LM head).
         let tied = weight_args(&tiny_llama32_config(), WeightFormat::F16);
         assert_eq!(tied.len(), f16.len() - 1);
-        assert_eq!((tied[0].shape.clone(), tied[0].part), (vec![64, 256], WeightPart::F16Transposed));
+        assert_eq!((tied[0].shape.clone(), tied[0].part), (vec![64, 256], WeightPart::DenseTransposed));
         assert_eq!(tied.last().unwrap().name, "model.norm.weight");
     }
 

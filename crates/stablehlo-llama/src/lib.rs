@@ -15,9 +15,9 @@ pub mod graph;
 pub mod mlir;
 
 pub use arguments::{
-    graph_host_args, graph_weight_args, host_args, stack_host_args, stack_weight_args, weight_args, ArgDtype, HostArg, WeightArg,
-    WeightPart,
+    graph_host_args, graph_weight_args, host_args, host_args_with, stack_host_args, stack_weight_args, weight_args, weight_args_with,
+    ArgDtype, DenseDtype, HostArg, WeightArg, WeightPart,
 };
 pub use buckets::{plan_prefill, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;
-pub use graph::{emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode};
+pub use graph::{emit_entry_module, emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode};

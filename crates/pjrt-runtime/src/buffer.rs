@@ -1,0 +1,111 @@
+//! Device buffers and their element types.
+
+use crate::client::Client;
+use crate::error::PjrtError;
+use crate::{args, call, sys, Result};
+use std::sync::Arc;
+
+/// Element types of the buffers seam's graphs use.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum ElementType {
+    F32,
+    F16,
+    BF16,
+    S32,
+    S8,
+    U8,
+}
+
+impl ElementType {
+    /// Bytes per element.
+    pub fn size(self) -> usize {
+        match self {
+            ElementType::F32 | ElementType::S32 => 4,
+            ElementType::F16 | ElementType::BF16 => 2,
+            ElementType::S8 | ElementType::U8 => 1,
+        }
+    }
+
+    pub(crate) fn to_sys(self) -> sys::PJRT_Buffer_Type {
+        use sys::PJRT_Buffer_Type as T;
+        match self {
+            ElementType::F32 => T::PJRT_Buffer_Type_F32,
+            ElementType::F16 => T::PJRT_Buffer_Type_F16,
+            ElementType::BF16 => T::PJRT_Buffer_Type_BF16,
+            ElementType::S32 => T::PJRT_Buffer_Type_S32,
+            ElementType::S8 => T::PJRT_Buffer_Type_S8,
+            ElementType::U8 => T::PJRT_Buffer_Type_U8,
+        }
+    }
+}
+
+/// Memory on a device, resident until dropped.
+pub struct Buffer {
+    pub(crate) client: Arc<Client>,
+    pub(crate) raw: *mut sys::PJRT_Buffer,
+}
+
+// SAFETY: PJRT buffers may be used from any thread; the wrapper hands out no interior pointers.
+unsafe impl Send for Buffer {}
+unsafe impl Sync for Buffer {}
+
+impl std::fmt::Debug for Buffer {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.debug_struct("Buffer").field("raw", &self.raw).finish()
+    }
+}
+
+impl Buffer {
+    /// The buffer's dimensions.
+    pub fn dims(&self) -> Result<Vec<usize>> {
+        let mut a = args!(PJRT_Buffer_Dimensions_Args { buffer: self.raw });
+        call!(self.client.plugin(), PJRT_Buffer_Dimensions, &mut a)?;
+        if a.dims.is_null() {
+            return Ok(Vec::new());
+        }
+        // SAFETY: the plugin returned `num_dims` values living as long as the buffer.
+        let dims = unsafe { std::slice::from_raw_parts(a.dims, a.num_dims) };
+        Ok(dims.iter().map(|&d| d as usize).collect())
+    }
+
+    /// Bytes the buffer occupies on its device.
+    pub fn on_device_size(&self) -> Result<usize> {
+        let mut a = args!(PJRT_Buffer_OnDeviceSizeInBytes_Args { buffer: self.raw });
+        call!(self.client.plugin(), PJRT_Buffer_OnDeviceSizeInBytes, &mut a)?;
+        Ok(a.on_device_size_in_bytes)
+    }
+
+    /// Bytes a host copy takes (dense, row-major).
+    pub fn host_size(&self) -> Result<usize> {
+        let mut a = args!(PJRT_Buffer_ToHostBuffer_Args { src: self.raw });
+        call!(self.client.plugin(), PJRT_Buffer_ToHostBuffer, &mut a)?;
+        Ok(a.dst_size)
+    }
+
+    /// Copies the buffer into `out`, which must be exactly [`Buffer::host_size`] bytes; waits for
+    /// the copy (and for the computation producing the buffer, whose error it reports).
+    pub fn copy_to_host(&self, out: &mut [u8]) -> Result<()> {
+        let need = self.host_size()?;
+        if out.len() != need {
+            return Err(PjrtError::InvalidArgument(format!("a {need}-byte buffer copied into {} bytes", out.len())));
+        }
+        let mut a = args!(PJRT_Buffer_ToHostBuffer_Args { src: self.raw, dst: out.as_mut_ptr().cast(), dst_size: out.len() });
+        call!(self.client.plugin(), PJRT_Buffer_ToHostBuffer, &mut a)?;
+        self.client.plugin().await_event(a.event)
+    }
+
+    /// The buffer's bytes on the host.
+    pub fn to_host(&self) -> Result<Vec<u8>> {
+        let mut out = vec![0u8; self.host_size()?];
+        self.copy_to_host(&mut out)?;
+        Ok(out)
+    }
+}
+
+impl Drop for Buffer {
+    fn drop(&mut self) {
+        let mut a = args!(PJRT_Buffer_Destroy_Args { buffer: self.raw });
+        // A failure to free cannot be reported from drop; the plugin logs its own errors.
+        let _ = call!(self.client.plugin(), PJRT_Buffer_Destroy, &mut a);
+    }
+}

@@ -1,0 +1,105 @@
+//! The binding against the real XLA CPU plugin (the pinned `xla-cpu-pjrt==0.0.1` wheel that the
+//! build already needs for its header, installed by `scripts/build-prereqs.sh` into `.seam/pjrt`).
+
+use pjrt_runtime::{Buffer, Client, CompileOptions, ElementType, ExecuteArg, PjrtError, Plugin, HEADER_VERSION};
+use std::path::PathBuf;
+use std::sync::Arc;
+
+fn plugin_path() -> PathBuf {
+    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.seam/pjrt/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+}
+
+fn client() -> Arc<Client> {
+    let plugin = Plugin::load(&plugin_path()).expect("the XLA CPU plugin loads");
+    Client::new(plugin).expect("a CPU client")
+}
+
+fn f16_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| half_bits(*v).to_le_bytes()).collect()
+}
+
+/// f32 -> IEEE half bits for the small exact values used here (integers and halves).
+fn half_bits(v: f32) -> u16 {
+    if v == 0.0 {
+        return 0;
+    }
+    let bits = v.to_bits();
+    let sign = ((bits >> 16) & 0x8000) as u16;
+    let exp = ((bits >> 23) & 0xff) as i32 - 127 + 15;
+    let mantissa = ((bits >> 13) & 0x3ff) as u16;
+    sign | ((exp as u16) << 10) | mantissa
+}
+
+fn f32_values(bytes: &[u8]) -> Vec<f32> {
+    bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
+}
+
+/// `state` (f16, aliased to result 0 and donated) gets `x` added; result 1 is `w . x` in f32.
+const PROGRAM: &str = r#"
+module @binding_test {
+  func.func @main(%state: tensor<4xf16> {tf.aliasing_output = 0 : i32}, %w: tensor<2x4xf32>, %x: tensor<4xf32>)
+      -> (tensor<4xf16>, tensor<2xf32>) {
+    %xh = "stablehlo.convert"(%x) : (tensor<4xf32>) -> tensor<4xf16>
+    %next = "stablehlo.add"(%state, %xh) : (tensor<4xf16>, tensor<4xf16>) -> tensor<4xf16>
+    %y = "stablehlo.dot_general"(%w, %x) {dot_dimension_numbers = #stablehlo.dot<lhs_contracting_dimensions = [1], rhs_contracting_dimensions = [0]>} : (tensor<2x4xf32>, tensor<4xf32>) -> tensor<2xf32>
+    "func.return"(%next, %y) : (tensor<4xf16>, tensor<2xf32>) -> ()
+  }
+}
+"#;
+
+#[test]
+fn plugin_reports_its_version_and_device() {
+    let plugin = Plugin::load(&plugin_path()).unwrap();
+    assert_eq!(plugin.version().major, HEADER_VERSION.major);
+    // Loaded once per process: a second load is the same object.
+    assert!(Arc::ptr_eq(&plugin, &Plugin::load(&plugin_path()).unwrap()));
+    let info = client().device_info().unwrap();
+    assert_eq!(info.platform, "cpu");
+    assert!(info.count >= 1);
+}
+
+#[test]
+fn compiles_executes_donates_and_round_trips_through_serialization() {
+    let client = client();
+    let executable = client.compile(PROGRAM, &CompileOptions::default()).unwrap();
+    assert_eq!(executable.num_outputs(), 2);
+    let w = client.buffer_from_host(&[1f32, 2., 3., 4., 0., 1., 0., 1.].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(), ElementType::F32, &[2, 4]).unwrap();
+    let x = client.buffer_from_host(&[1f32, 1., 1., 0.5].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(), ElementType::F32, &[4]).unwrap();
+    let mut state: Buffer = client.buffer_from_host(&f16_bytes(&[1., 2., 3., 4.]), ElementType::F16, &[4]).unwrap();
+    for step in 1..=3 {
+        let mut out = executable.execute(vec![ExecuteArg::Donate(state), ExecuteArg::Keep(&w), ExecuteArg::Keep(&x)]).unwrap().into_iter();
+        state = out.next().unwrap();
+        let y = f32_values(&out.next().unwrap().to_host().unwrap());
+        assert_eq!(y, vec![8.0, 1.5], "step {step}");
+        let expected: Vec<f32> = [1., 2., 3., 4.].iter().zip([1., 1., 1., 0.5]).map(|(a, b)| a + b * step as f32).collect();
+        assert_eq!(state.to_host().unwrap(), f16_bytes(&expected), "step {step}: the state carried over");
+    }
+    assert_eq!(state.dims().unwrap(), vec![4]);
+
+    // The kept weights are still intact after three executions.
+    assert_eq!(f32_values(&w.to_host().unwrap())[..4], [1., 2., 3., 4.]);
+
+    let bytes = executable.serialize().unwrap();
+    let reloaded = client.deserialize(&bytes).unwrap();
+    let mut out = reloaded.execute(vec![ExecuteArg::Donate(state), ExecuteArg::Keep(&w), ExecuteArg::Keep(&x)]).unwrap().into_iter();
+    let _ = out.next();
+    assert_eq!(f32_values(&out.next().unwrap().to_host().unwrap()), vec![8.0, 1.5]);
+}
+
+#[test]
+fn mistakes_are_typed_errors() {
+    let missing = PathBuf::from("/nonexistent/plugin.so");
+    assert!(matches!(Plugin::load(&missing), Err(PjrtError::NotFound { .. })));
+    let not_a_plugin = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("Cargo.toml");
+    assert!(matches!(Plugin::load(&not_a_plugin), Err(PjrtError::Load { .. })));
+
+    let client = client();
+    let error = client.compile("this is not MLIR", &CompileOptions::default()).err().expect("bad program refused");
+    assert!(matches!(error, PjrtError::Call { function: "PJRT_Client_Compile", .. }), "{error}");
+    // The plugin's own parser message reaches the caller (the XLA CPU plugin files it as UNKNOWN).
+    assert!(error.code().is_some() && error.to_string().contains("error:"), "{error}");
+
+    let wrong_size = client.buffer_from_host(&[0u8; 6], ElementType::F32, &[2]);
+    assert!(matches!(wrong_size, Err(PjrtError::InvalidArgument(_))));
+    assert!(client.deserialize(b"not an executable").is_err());
+}
