@@ -51,14 +51,9 @@ const MODEL_MODULE: &str = "model";
 /// `seam_llama.<function>`.
 const VM_MODULE: &str = "seam_llama";
 
-/// The buckets for a context of `max_context` positions.
+/// The buckets for a context of `max_context` positions ([`stablehlo_llama::buckets_for_context`]).
 pub fn buckets_for(max_context: usize) -> Vec<usize> {
-    let fitting: Vec<usize> = PREFILL_BUCKETS.iter().copied().filter(|&b| b <= max_context).collect();
-    if fitting.is_empty() {
-        vec![max_context]
-    } else {
-        fitting
-    }
+    stablehlo_llama::buckets_for_context(max_context)
 }
 
 /// The functions of the model's module: decode and one prefill per bucket, each returning the

@@ -7,4 +7,5 @@
 pub fn link_all() {
     backend_reference::link();
     backend_iree::link();
+    backend_pjrt::link();
 }

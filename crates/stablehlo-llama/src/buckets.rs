@@ -25,6 +25,17 @@ pub struct PlannedCall {
 /// The default prefill buckets: short prompts compile-cheap, long prompts in few calls.
 pub const DEFAULT_BUCKETS: [usize; 3] = [16, 64, 256];
 
+/// The [`DEFAULT_BUCKETS`] that fit a context of `max_context` positions; a context below the
+/// smallest bucket gets one bucket of its own length.
+pub fn buckets_for_context(max_context: usize) -> Vec<usize> {
+    let fitting: Vec<usize> = DEFAULT_BUCKETS.iter().copied().filter(|&b| b <= max_context).collect();
+    if fitting.is_empty() {
+        vec![max_context]
+    } else {
+        fitting
+    }
+}
+
 /// Cuts `tokens` new tokens at `position` into calls of the decode graph and the prefill
 /// graphs of `buckets` (any order). Fails when the tokens do not fit in `max_context`.
 pub fn plan_prefill(position: usize, tokens: usize, buckets: &[usize], max_context: usize) -> Result<Vec<PlannedCall>, GraphError> {

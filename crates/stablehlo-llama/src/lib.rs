@@ -18,6 +18,6 @@ pub use arguments::{
     graph_host_args, graph_weight_args, host_args, host_args_with, stack_host_args, stack_weight_args, weight_args, weight_args_with,
     ArgDtype, DenseDtype, HostArg, WeightArg, WeightPart,
 };
-pub use buckets::{plan_prefill, PlannedCall, DEFAULT_BUCKETS};
+pub use buckets::{buckets_for_context, plan_prefill, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;
 pub use graph::{emit_entry_module, emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode};

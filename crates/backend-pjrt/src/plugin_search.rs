@@ -1,0 +1,223 @@
+//! Where a PJRT plugin is looked for, and what was found.
+//!
+//! In order, for each device kind:
+//! 1. an explicit path: `SEAM_PJRT_CPU_PLUGIN` / `SEAM_PJRT_CUDA_PLUGIN` (only that path is tried);
+//! 2. the project's own install, `.seam/pjrt` (where `scripts/build-prereqs.sh` puts the pinned
+//!    `xla-cpu-pjrt==0.0.1` wheel; `SEAM_HOME` moves `.seam`);
+//! 3. the places pip installs the known plugin wheels: the active virtual environment, the user's
+//!    site-packages, and the system's.
+//!
+//! Every candidate that exists is tried; when none loads, the error lists each place and why it
+//! failed (no file, not a plugin, API version mismatch, no device).
+
+use pjrt_runtime::{Client, PjrtError, Plugin};
+use std::path::{Path, PathBuf};
+use std::sync::Arc;
+
+/// The kinds of device the backend drives.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum PjrtDevice {
+    Cpu,
+    Cuda,
+}
+
+impl PjrtDevice {
+    /// The registry name.
+    pub fn backend_name(self) -> &'static str {
+        match self {
+            PjrtDevice::Cpu => crate::CPU_BACKEND_NAME,
+            PjrtDevice::Cuda => crate::CUDA_BACKEND_NAME,
+        }
+    }
+
+    /// The environment variable naming an explicit plugin file.
+    pub fn plugin_env(self) -> &'static str {
+        match self {
+            PjrtDevice::Cpu => "SEAM_PJRT_CPU_PLUGIN",
+            PjrtDevice::Cuda => "SEAM_PJRT_CUDA_PLUGIN",
+        }
+    }
+
+    /// Paths of the known plugin wheels' libraries, relative to a site-packages folder.
+    fn wheel_files(self) -> &'static [&'static str] {
+        match self {
+            // xla-cpu-pjrt (OpenXLA), lammps-jax-pjrt-cpu.
+            PjrtDevice::Cpu => &["xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so", "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so"],
+            // xla-cuda12-pjrt (OpenXLA), jax-cuda12-pjrt / jax-cuda13-pjrt (JAX's plugins).
+            PjrtDevice::Cuda => &[
+                "xla_plugins/xla_cuda12_pjrt/xla_cuda12_pjrt.so",
+                "jax_plugins/xla_cuda12/xla_cuda_plugin.so",
+                "jax_plugins/xla_cuda13/xla_cuda_plugin.so",
+            ],
+        }
+    }
+
+    /// The platform the plugin's client must report.
+    fn platform(self) -> &'static str {
+        match self {
+            PjrtDevice::Cpu => "cpu",
+            PjrtDevice::Cuda => "cuda",
+        }
+    }
+}
+
+/// The project's plugin install folder.
+pub fn project_plugin_dir() -> PathBuf {
+    llama_model::default_model::seam_home().join("pjrt")
+}
+
+/// site-packages folders pip may have installed a plugin wheel into.
+fn site_packages() -> Vec<PathBuf> {
+    let mut roots: Vec<PathBuf> = Vec::new();
+    if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
+        roots.push(PathBuf::from(venv).join("lib"));
+    }
+    if let Some(home) = std::env::var_os("HOME") {
+        roots.push(PathBuf::from(home).join(".local/lib"));
+    }
+    roots.extend(["/usr/local/lib", "/usr/lib"].map(PathBuf::from));
+    let mut out = Vec::new();
+    for root in roots {
+        let Ok(entries) = std::fs::read_dir(&root) else { continue };
+        let mut pythons: Vec<PathBuf> =
+            entries.flatten().map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python3"))).collect();
+        pythons.sort();
+        for python in pythons {
+            out.push(python.join("site-packages"));
+            out.push(python.join("dist-packages"));
+        }
+    }
+    out
+}
+
+/// The candidate plugin files for `device`, in search order, and whether the path was explicit.
+pub fn candidates(device: PjrtDevice) -> (Vec<PathBuf>, bool) {
+    if let Some(path) = std::env::var_os(device.plugin_env()).filter(|p| !p.is_empty()) {
+        return (vec![PathBuf::from(path)], true);
+    }
+    let mut folders = vec![project_plugin_dir()];
+    folders.extend(site_packages());
+    let mut out = Vec::new();
+    for folder in folders {
+        for file in device.wheel_files() {
+            let path = folder.join(file);
+            if !out.contains(&path) {
+                out.push(path);
+            }
+        }
+    }
+    (out, false)
+}
+
+/// A plugin that loaded, with a client on its device.
+pub struct FoundPlugin {
+    pub plugin: Arc<Plugin>,
+    pub client: Arc<Client>,
+}
+
+/// Why no plugin could be used: every place looked at, and what happened there.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct SearchFailure {
+    pub device: PjrtDevice,
+    /// `(place, outcome)` for every candidate tried; places without a file are summarized.
+    pub tried: Vec<(PathBuf, String)>,
+    /// Candidate files that did not exist.
+    pub missing: Vec<PathBuf>,
+    pub explicit: bool,
+}
+
+impl std::fmt::Display for SearchFailure {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let env = self.device.plugin_env();
+        if self.tried.is_empty() {
+            if self.explicit {
+                let path = self.missing.first().map(|p| p.display().to_string()).unwrap_or_default();
+                return write!(f, "no PJRT plugin at {path} (from {env})");
+            }
+            let wheel = match self.device {
+                PjrtDevice::Cpu => "xla-cpu-pjrt==0.0.1 (scripts/build-prereqs.sh installs it into .seam/pjrt)",
+                PjrtDevice::Cuda => "a CUDA PJRT plugin wheel (e.g. xla-cuda12-pjrt or jax-cuda12-pjrt)",
+            };
+            return write!(
+                f,
+                "no {} PJRT plugin found: looked in {} and {} site-packages folders; install {wheel} or set {env}",
+                self.device.platform(),
+                project_plugin_dir().display(),
+                self.missing.len().saturating_sub(self.device.wheel_files().len()) / self.device.wheel_files().len().max(1)
+            );
+        }
+        let outcomes: Vec<String> = self.tried.iter().map(|(path, why)| format!("{}: {why}", path.display())).collect();
+        write!(f, "no usable {} PJRT plugin: {}", self.device.platform(), outcomes.join("; "))
+    }
+}
+
+/// Loads the first candidate plugin for `device` whose client starts and reports the right
+/// platform with at least one device.
+pub fn find_plugin(device: PjrtDevice) -> Result<FoundPlugin, SearchFailure> {
+    let (paths, explicit) = candidates(device);
+    let mut failure = SearchFailure { device, tried: Vec::new(), missing: Vec::new(), explicit };
+    for path in paths {
+        if !path.is_file() {
+            failure.missing.push(path);
+            continue;
+        }
+        match open_client(&path, device) {
+            Ok(found) => return Ok(found),
+            Err(why) => failure.tried.push((path, why)),
+        }
+    }
+    Err(failure)
+}
+
+fn open_client(path: &Path, device: PjrtDevice) -> Result<FoundPlugin, String> {
+    let plugin = Plugin::load(path).map_err(|e| match e {
+        PjrtError::ApiVersion { plugin, header, .. } => format!("API version mismatch (plugin {plugin}, seam {header})"),
+        other => other.to_string(),
+    })?;
+    let client = Client::new(Arc::clone(&plugin)).map_err(|e| match e {
+        PjrtError::NoDevice => "no device".to_string(),
+        other => format!("no client: {other}"),
+    })?;
+    let info = client.device_info().map_err(|e| e.to_string())?;
+    if info.platform != device.platform() {
+        return Err(format!("a {} plugin, not {}", info.platform, device.platform()));
+    }
+    Ok(FoundPlugin { plugin, client })
+}
+
+/// The process-wide client of `device`'s plugin, created on first use. One per device: a GPU
+/// plugin's client reserves device memory, so engines share it instead of each making one.
+pub fn shared_client(device: PjrtDevice) -> Result<Arc<FoundPlugin>, SearchFailure> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CLIENTS: OnceLock<Mutex<HashMap<PjrtDevice, Arc<FoundPlugin>>>> = OnceLock::new();
+    let mut clients = CLIENTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(found) = clients.get(&device) {
+        return Ok(Arc::clone(found));
+    }
+    if device == PjrtDevice::Cpu {
+        cap_malloc_arenas();
+    }
+    let found = Arc::new(find_plugin(device)?);
+    clients.insert(device, Arc::clone(&found));
+    Ok(found)
+}
+
+/// Caps glibc's malloc arenas at 2 before the XLA CPU client starts its worker threads, unless
+/// the user set `MALLOC_ARENA_MAX`.
+///
+/// Why: XLA allocates each execution's buffers from whichever of its threads runs it, and glibc
+/// gives every thread its own arena. With sessions created and dropped a few at a time, the
+/// resident set kept climbing (12-24 MiB per 100 tiny sessions after a flat start) although
+/// nothing leaked: freed chunks stayed stranded in per-thread arenas. With 2 arenas it stays
+/// flat (measured: 0-8 KiB per 100 sessions). Decision recorded in docs/adr/0007-pjrt-binding.md.
+fn cap_malloc_arenas() {
+    if std::env::var_os("MALLOC_ARENA_MAX").is_some() {
+        return;
+    }
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: mallopt only sets an allocator parameter; M_ARENA_MAX limits arenas created later.
+    unsafe {
+        libc::mallopt(libc::M_ARENA_MAX, 2);
+    }
+}

@@ -1,0 +1,29 @@
+//! The whole seam conformance suite on `pjrt-cpu` (XLA's CPU plugin), real default model
+//! included, fp16 and int4.
+//!
+//! `harness = false`: this `main` is the test; it prints the suite's matrix and exits non-zero on
+//! any failure. `SEAM_CONFORMANCE_CASES=kv.` runs a subset, `SEAM_CONFORMANCE_REAL_MODEL=0` skips
+//! the real model, `SEAM_CONFORMANCE_FORMATS=int4` one format.
+//!
+//! Tolerances are the f16 ones: the KV cache is f16 and int4 scales are f16 on every device, and
+//! on a GPU the matrices are f16 too. Compiled executables are cached in `.seam/cache/pjrt`.
+
+use backend_pjrt::{PjrtBackend, PjrtEngine};
+use conformance::{ComputePrecision, FaultInjection, Target};
+use session_api::{LoadRequest, Session, SessionOptions};
+
+/// Sessions whose next step fails inside the plugin, for the poisoning cases.
+struct InjectedFaults;
+
+impl FaultInjection for InjectedFaults {
+    fn failing_session(&self, request: &LoadRequest, options: SessionOptions) -> session_api::Result<Box<dyn Session>> {
+        let (engine, _): (PjrtEngine, _) = PjrtBackend::CPU.load_engine(request)?;
+        engine.session_with_injected_fault(options)
+    }
+}
+
+fn main() {
+    conformance::test_main(
+        Target::new(Box::new(PjrtBackend::CPU)).with_precision(ComputePrecision::F16).with_fault_injection(InjectedFaults),
+    );
+}
