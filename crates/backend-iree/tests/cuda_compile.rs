@@ -8,7 +8,7 @@ use backend_iree::compiler::{compile_cached, ensure_compiler_library};
 use backend_iree::engine::{buckets_for, module_specs};
 use llama_model::random::{tiny_config, tiny_llama32_config};
 use session_api::WeightFormat;
-use stablehlo_llama::{emit_module, DenseDtype, GraphOptions, LayerMode};
+use stablehlo_llama::{emit_module, StorageDtype, GraphOptions, LayerMode};
 
 #[test]
 fn graphs_compile_for_cuda() {
@@ -26,7 +26,7 @@ fn graphs_compile_for_cuda() {
         (tiny_config(), WeightFormat::F16, LayerMode::Unrolled),
     ];
     for (config, format, layers) in cases {
-        let options = GraphOptions { max_context: 32, format, layers, dense: DenseDtype::F16 };
+        let options = GraphOptions { max_context: 32, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16 };
         let text = emit_module(&config, &options, &module_specs(&buckets_for(32))).unwrap();
         let module = compile_cached(&library, "cuda test", &text, &flags)
             .unwrap_or_else(|e| panic!("{format} {layers:?} graphs did not compile for sm_89: {e}"));

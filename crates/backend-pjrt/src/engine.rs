@@ -69,6 +69,7 @@ struct Shared {
     weights: Vec<Buffer>,
     k_shape: [usize; 4],
     v_shape: [usize; 4],
+    cache_element: ElementType,
     max_context: usize,
     vocab_size: usize,
 }
@@ -154,6 +155,7 @@ impl PjrtEngine {
             weights,
             k_shape: [c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_context],
             v_shape: [c.num_hidden_layers, c.num_key_value_heads, max_context, c.head_dim],
+            cache_element: element(options.cache.arg_dtype()),
             max_context,
             vocab_size: c.vocab_size,
         };
@@ -213,10 +215,10 @@ impl Shared {
     /// A zeroed cache, or one holding `contents` (host bytes of keys and values).
     fn new_cache(&self, contents: Option<(Vec<u8>, Vec<u8>)>) -> std::result::Result<Cache, pjrt_runtime::PjrtError> {
         match contents {
-            None => Ok((self.client.zeros(ElementType::F16, &self.k_shape)?, self.client.zeros(ElementType::F16, &self.v_shape)?)),
+            None => Ok((self.client.zeros(self.cache_element, &self.k_shape)?, self.client.zeros(self.cache_element, &self.v_shape)?)),
             Some((k, v)) => Ok((
-                self.client.buffer_from_host(&k, ElementType::F16, &self.k_shape)?,
-                self.client.buffer_from_host(&v, ElementType::F16, &self.v_shape)?,
+                self.client.buffer_from_host(&k, self.cache_element, &self.k_shape)?,
+                self.client.buffer_from_host(&v, self.cache_element, &self.v_shape)?,
             )),
         }
     }

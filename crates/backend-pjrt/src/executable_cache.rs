@@ -1,7 +1,7 @@
 //! Compiled executables cached on disk, so that a second load of the same model compiles nothing.
 //!
 //! The key is a SHA-256 of everything that decides the compiled code: the module text, the
-//! compile options, and the plugin's identity (its C API version, the XLA version it reports,
+//! compile options, `XLA_FLAGS`, and the plugin's identity (its C API version, the XLA version it reports,
 //! and the library file's size and modification time: a plugin build can only deserialize its
 //! own executables). Files live in `<cache>/pjrt/<key>.pjrtexe` (`SEAM_CACHE_DIR`, default
 //! `.seam/cache`), written atomically. An entry the plugin refuses to load is compiled again and
@@ -40,6 +40,9 @@ fn plugin_identity(plugin: &Plugin) -> String {
 pub fn cache_key(plugin: &Plugin, module: &str, options: &CompileOptions) -> String {
     let mut hash = Sha256::new();
     hash.update(plugin_identity(plugin).as_bytes());
+    hash.update([0]);
+    // XLA reads its debug options (optimization switches included) from XLA_FLAGS at compile time.
+    hash.update(std::env::var("XLA_FLAGS").unwrap_or_default().as_bytes());
     hash.update([0]);
     hash.update(options.to_proto_bytes());
     hash.update([0]);

@@ -28,7 +28,7 @@ use engine::{capabilities_with, EngineParts};
 use llama_model::model_dir::ModelDir;
 use llama_model::weights::load_weights;
 use session_api::{Availability, Backend, Capabilities, DeviceInfo, Engine, EngineInfo, LoadRequest, Result, SeamError, WeightFormat};
-use stablehlo_llama::{graph_host_args, DenseDtype, GraphOptions, LayerMode};
+use stablehlo_llama::{graph_host_args, StorageDtype, GraphOptions, LayerMode};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -43,12 +43,21 @@ session_api::register_backend!(CUDA_BACKEND_NAME, || Box::new(PjrtBackend::CUDA)
 /// Referenced by binaries so the linker keeps this crate's registration.
 pub fn link() {}
 
-/// Environment variable choosing the layer layout of the graphs: `loop` (default) or `unrolled`.
+/// Environment variable choosing the layer layout of the graphs: `unrolled` (default) or `loop`.
+///
+/// Unrolled is the default on XLA, unlike on IREE: XLA compiles SmolLM2's four unrolled graphs in
+/// about 5 s, and inside the loop it copies each layer's slice of the stacked weights every
+/// iteration (decode 265 ms vs 172 ms per token, docs/backends/pjrt.md).
 pub const LAYERS_ENV: &str = "SEAM_PJRT_LAYERS";
 
 /// Environment variable overriding the resident precision of fp16 models' matrices: `f16` or
 /// `f32` (default: f32 on the CPU, f16 on a GPU). For measuring the choice.
 pub const DENSE_ENV: &str = "SEAM_PJRT_DENSE";
+
+/// Environment variable overriding the element type of the KV cache: `f16` (default) or `f32`.
+/// For measuring the choice: on XLA's CPU plugin an f32 cache was no faster (SmolLM2 decode at a
+/// 2048 context: 172 ms f32, 156 ms f16), so the cache stays f16 everywhere.
+pub const KV_CACHE_ENV: &str = "SEAM_PJRT_KV_CACHE";
 
 /// What can fail inside the backend, before it becomes a [`SeamError`].
 #[derive(Debug, thiserror::Error)]
@@ -94,30 +103,27 @@ impl PjrtBackend {
 /// The layer layout [`LAYERS_ENV`] asks for.
 fn layer_mode() -> Result<LayerMode> {
     match std::env::var(LAYERS_ENV).ok().as_deref() {
-        None | Some("") | Some("loop") => Ok(LayerMode::Loop),
-        Some("unrolled") => Ok(LayerMode::Unrolled),
+        None | Some("") | Some("unrolled") => Ok(LayerMode::Unrolled),
+        Some("loop") => Ok(LayerMode::Loop),
         Some(other) => Err(SeamError::InvalidInput(format!("{LAYERS_ENV}={other}: expected `loop` or `unrolled`"))),
     }
 }
 
-/// The resident precision of fp16 models' matrices on `device`.
-fn dense_dtype(device: PjrtDevice) -> Result<DenseDtype> {
-    match std::env::var(DENSE_ENV).ok().as_deref() {
-        None | Some("") => Ok(match device {
-            PjrtDevice::Cpu => DenseDtype::F32,
-            PjrtDevice::Cuda => DenseDtype::F16,
-        }),
-        Some("f32") => Ok(DenseDtype::F32),
-        Some("f16") => Ok(DenseDtype::F16),
-        Some(other) => Err(SeamError::InvalidInput(format!("{DENSE_ENV}={other}: expected `f16` or `f32`"))),
+/// The storage `env` asks for, else `default`.
+fn storage_dtype(env: &str, default: StorageDtype) -> Result<StorageDtype> {
+    match std::env::var(env).ok().as_deref() {
+        None | Some("") => Ok(default),
+        Some("f32") => Ok(StorageDtype::F32),
+        Some("f16") => Ok(StorageDtype::F16),
+        Some(other) => Err(SeamError::InvalidInput(format!("{env}={other}: expected `f16` or `f32`"))),
     }
 }
 
-fn resident_precision(format: WeightFormat, dense: DenseDtype) -> String {
+fn resident_precision(format: WeightFormat, dense: StorageDtype) -> String {
     match (format, dense) {
         (WeightFormat::Int4, _) => "int4".into(),
-        (WeightFormat::F16, DenseDtype::F16) => "f16".into(),
-        (WeightFormat::F16, DenseDtype::F32) => "f32".into(),
+        (WeightFormat::F16, StorageDtype::F16) => "f16".into(),
+        (WeightFormat::F16, StorageDtype::F32) => "f32".into(),
     }
 }
 
@@ -141,7 +147,7 @@ impl Backend for PjrtBackend {
             Ok(found) => {
                 let info = found.client.device_info();
                 let plugin = &found.plugin;
-                let version = plugin.attribute("xla_version").map(|v| format!(", XLA {v}")).unwrap_or_default();
+                let version = plugin.attribute("xla_version").map(|v| format!(", xla_version {v}")).unwrap_or_default();
                 let name = match (self.device, info) {
                     (PjrtDevice::Cpu, _) => backend_reference::cpu_device().name,
                     (PjrtDevice::Cuda, Ok(info)) => info.kind,
@@ -180,7 +186,11 @@ fn load_engine(device: PjrtDevice, request: &LoadRequest) -> Result<(PjrtEngine,
         });
     }
     let layers = layer_mode()?;
-    let dense = dense_dtype(device)?;
+    // Matrices of fp16 models: f32 on XLA's CPU plugin, which runs f16 matrices 6-9x slower
+    // (FACTS.md); f16 on a GPU.
+    let dense_default = if device == PjrtDevice::Cpu { StorageDtype::F32 } else { StorageDtype::F16 };
+    let dense = storage_dtype(DENSE_ENV, dense_default)?;
+    let cache = storage_dtype(KV_CACHE_ENV, StorageDtype::F16)?;
     let started = Instant::now();
     let found = plugin_search::shared_client(device)
         .map_err(|failure| SeamError::Unavailable { backend: name.to_string(), reason: failure.to_string() })?;
@@ -189,7 +199,7 @@ fn load_engine(device: PjrtDevice, request: &LoadRequest) -> Result<(PjrtEngine,
     let weights = load_weights(&request.model_dir, request.weights, Some(&report_read))?;
     let config = weights.config.clone();
     let max_context = request.max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings);
-    let options = GraphOptions { max_context, format: request.weights, layers, dense };
+    let options = GraphOptions { max_context, format: request.weights, layers, dense, cache };
     let args = graph_host_args(&weights, &options).map_err(|e| to_seam_error(e.into(), name))?;
     drop(weights);
     let weight_bytes: u64 = args.iter().map(|a| a.bytes.len() as u64).sum();

@@ -90,13 +90,19 @@ fn site_packages() -> Vec<PathBuf> {
     out
 }
 
+/// The folders searched for plugin wheels, in order.
+fn search_folders() -> Vec<PathBuf> {
+    let mut folders = vec![project_plugin_dir()];
+    folders.extend(site_packages().into_iter().filter(|p| p.is_dir()));
+    folders
+}
+
 /// The candidate plugin files for `device`, in search order, and whether the path was explicit.
 pub fn candidates(device: PjrtDevice) -> (Vec<PathBuf>, bool) {
     if let Some(path) = std::env::var_os(device.plugin_env()).filter(|p| !p.is_empty()) {
         return (vec![PathBuf::from(path)], true);
     }
-    let mut folders = vec![project_plugin_dir()];
-    folders.extend(site_packages());
+    let folders = search_folders();
     let mut out = Vec::new();
     for folder in folders {
         for file in device.wheel_files() {
@@ -123,6 +129,8 @@ pub struct SearchFailure {
     pub tried: Vec<(PathBuf, String)>,
     /// Candidate files that did not exist.
     pub missing: Vec<PathBuf>,
+    /// The folders searched (the project's install, then site-packages), when not explicit.
+    pub folders: Vec<PathBuf>,
     pub explicit: bool,
 }
 
@@ -138,12 +146,13 @@ impl std::fmt::Display for SearchFailure {
                 PjrtDevice::Cpu => "xla-cpu-pjrt==0.0.1 (scripts/build-prereqs.sh installs it into .seam/pjrt)",
                 PjrtDevice::Cuda => "a CUDA PJRT plugin wheel (e.g. xla-cuda12-pjrt or jax-cuda12-pjrt)",
             };
+            let folders: Vec<String> = self.folders.iter().map(|p| p.display().to_string()).collect();
             return write!(
                 f,
-                "no {} PJRT plugin found: looked in {} and {} site-packages folders; install {wheel} or set {env}",
+                "no {} PJRT plugin found (looked for {} in {}); install {wheel} or set {env}",
                 self.device.platform(),
-                project_plugin_dir().display(),
-                self.missing.len().saturating_sub(self.device.wheel_files().len()) / self.device.wheel_files().len().max(1)
+                self.device.wheel_files().join(", "),
+                folders.join(", ")
             );
         }
         let outcomes: Vec<String> = self.tried.iter().map(|(path, why)| format!("{}: {why}", path.display())).collect();
@@ -155,7 +164,8 @@ impl std::fmt::Display for SearchFailure {
 /// platform with at least one device.
 pub fn find_plugin(device: PjrtDevice) -> Result<FoundPlugin, SearchFailure> {
     let (paths, explicit) = candidates(device);
-    let mut failure = SearchFailure { device, tried: Vec::new(), missing: Vec::new(), explicit };
+    let folders = if explicit { Vec::new() } else { search_folders() };
+    let mut failure = SearchFailure { device, tried: Vec::new(), missing: Vec::new(), folders, explicit };
     for path in paths {
         if !path.is_file() {
             failure.missing.push(path);

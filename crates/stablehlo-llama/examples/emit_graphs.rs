@@ -9,7 +9,7 @@
 //! `--loop` emits one loop over stacked layer weights instead of unrolled layers.
 
 use session_api::WeightFormat;
-use stablehlo_llama::{emit_module, DenseDtype, GraphKind, GraphOptions, GraphSpec, LayerMode};
+use stablehlo_llama::{emit_module, StorageDtype, GraphKind, GraphOptions, GraphSpec, LayerMode};
 use std::path::Path;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -30,6 +30,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for bucket in &args[3..] {
         specs.push(GraphSpec { kind: GraphKind::Prefill { bucket: bucket.parse()? }, logits: false });
     }
-    print!("{}", emit_module(&config, &GraphOptions { max_context, format, layers, dense: DenseDtype::F16 }, &specs)?);
+    print!("{}", emit_module(&config, &GraphOptions { max_context, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16 }, &specs)?);
     Ok(())
 }

@@ -52,7 +52,7 @@ impl ArgDtype {
 pub enum WeightPart {
     /// An RMSNorm weight, f32 `[hidden]`.
     Norm,
-    /// A dense (f16 or f32, see [`DenseDtype`]) matrix in its Hugging Face layout `[rows, cols]`
+    /// A dense (f16 or f32, see [`StorageDtype`]) matrix in its Hugging Face layout `[rows, cols]`
     /// (an untied embedding table).
     DenseRowMajor,
     /// A dense matrix transposed to `[cols, rows]` (linear weights, and a tied embedding table).
@@ -75,23 +75,26 @@ pub struct WeightArg {
     pub part: WeightPart,
 }
 
-/// The element type the matrices of the fp16 format are uploaded in.
+/// f16 or f32 storage, for the matrices of the fp16 format ([`crate::GraphOptions::dense`]) and
+/// for the KV cache ([`crate::GraphOptions::cache`]).
 ///
-/// f16 halves the bytes and suits IREE; XLA's CPU backend runs f16 matrices 6-9x slower than f32
-/// (FACTS.md), so a backend may keep them resident in f32 (the values are the f16 weights,
-/// widened exactly). int4 matrices are unaffected.
+/// f16 halves the bytes and suits IREE; XLA's CPU backend handles f16 arrays several times slower
+/// than f32 (FACTS.md; a decode step on an f16 cache spent most of its time converting it), so
+/// a backend may keep them in f32 (matrices: the f16 weights widened exactly). int4 matrices are
+/// unaffected.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum DenseDtype {
+pub enum StorageDtype {
     #[default]
     F16,
     F32,
 }
 
-impl DenseDtype {
-    fn arg_dtype(self) -> ArgDtype {
+impl StorageDtype {
+    /// The argument element type of this storage.
+    pub fn arg_dtype(self) -> ArgDtype {
         match self {
-            DenseDtype::F16 => ArgDtype::F16,
-            DenseDtype::F32 => ArgDtype::F32,
+            StorageDtype::F16 => ArgDtype::F16,
+            StorageDtype::F32 => ArgDtype::F32,
         }
     }
 }
@@ -101,11 +104,11 @@ impl DenseDtype {
 /// norm, gate, up, down; final norm; LM head when untied), an int4 matrix as three arguments.
 /// Dense matrices are f16; [`weight_args_with`] chooses.
 pub fn weight_args(config: &LlamaConfig, format: WeightFormat) -> Vec<WeightArg> {
-    weight_args_with(config, format, DenseDtype::F16)
+    weight_args_with(config, format, StorageDtype::F16)
 }
 
 /// [`weight_args`] with the fp16 format's matrices uploaded as `dense`.
-pub fn weight_args_with(config: &LlamaConfig, format: WeightFormat, dense: DenseDtype) -> Vec<WeightArg> {
+pub fn weight_args_with(config: &LlamaConfig, format: WeightFormat, dense: StorageDtype) -> Vec<WeightArg> {
     let mut out = Vec::new();
     for spec in expected_tensors(config) {
         match spec.role {
@@ -174,7 +177,7 @@ pub struct HostArg {
 ///
 /// In tiles, so that both the rows read and the rows written stay in cache: the plain
 /// column-by-column walk over SmolLM2's 49152 x 576 embedding took seconds of every load.
-fn transposed_dense_bytes(data: &[f16], rows: usize, cols: usize, dense: DenseDtype) -> Vec<u8> {
+fn transposed_dense_bytes(data: &[f16], rows: usize, cols: usize, dense: StorageDtype) -> Vec<u8> {
     const TILE: usize = 64;
     let size = dense.arg_dtype().size();
     let mut out = vec![0u8; rows * cols * size];
@@ -185,8 +188,8 @@ fn transposed_dense_bytes(data: &[f16], rows: usize, cols: usize, dense: DenseDt
                 for c in c0..(c0 + TILE).min(cols) {
                     let at = (c * rows + r) * size;
                     match dense {
-                        DenseDtype::F16 => out[at..at + 2].copy_from_slice(&row[c].to_le_bytes()),
-                        DenseDtype::F32 => out[at..at + 4].copy_from_slice(&row[c].to_f32().to_le_bytes()),
+                        StorageDtype::F16 => out[at..at + 2].copy_from_slice(&row[c].to_le_bytes()),
+                        StorageDtype::F32 => out[at..at + 4].copy_from_slice(&row[c].to_f32().to_le_bytes()),
                     }
                 }
             }
@@ -203,21 +206,21 @@ fn f16_bytes(values: impl ExactSizeIterator<Item = f16>) -> Vec<u8> {
     out
 }
 
-fn dense_bytes(values: &[f16], dense: DenseDtype) -> Vec<u8> {
+fn dense_bytes(values: &[f16], dense: StorageDtype) -> Vec<u8> {
     match dense {
-        DenseDtype::F16 => f16_bytes(values.iter().copied()),
-        DenseDtype::F32 => values.iter().flat_map(|v| v.to_f32().to_le_bytes()).collect(),
+        StorageDtype::F16 => f16_bytes(values.iter().copied()),
+        StorageDtype::F32 => values.iter().flat_map(|v| v.to_f32().to_le_bytes()).collect(),
     }
 }
 
 /// The bytes to upload for every argument of [`weight_args`], from weights in one format.
 /// Fails if a matrix is in another format than `format` or a shape disagrees with the config.
 pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<HostArg>, GraphError> {
-    host_args_with(weights, format, DenseDtype::F16)
+    host_args_with(weights, format, StorageDtype::F16)
 }
 
 /// [`host_args`] for the arguments of [`weight_args_with`].
-pub fn host_args_with(weights: &LlamaWeights, format: WeightFormat, dense: DenseDtype) -> Result<Vec<HostArg>, GraphError> {
+pub fn host_args_with(weights: &LlamaWeights, format: WeightFormat, dense: StorageDtype) -> Result<Vec<HostArg>, GraphError> {
     let specs = weight_args_with(&weights.config, format, dense);
     let mut specs = specs.into_iter();
     let mut out = Vec::new();

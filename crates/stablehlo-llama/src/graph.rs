@@ -13,7 +13,7 @@
 //! one `stablehlo.while` over weights stacked `[L, ...]` ([`LayerMode::Loop`]), which compiles one
 //! layer body instead of L; `docs/backends/stablehlo-graphs.md` compares the two.
 
-use crate::arguments::{graph_weight_args, DenseDtype, WeightArg, WeightPart};
+use crate::arguments::{graph_weight_args, StorageDtype, WeightArg, WeightPart};
 use crate::error::GraphError;
 use crate::mlir::{arg, Cmp, Elem, FnArg, FnBuilder, Reduction, Ty, Val};
 use llama_model::int4::GROUP_SIZE;
@@ -41,7 +41,9 @@ pub struct GraphOptions {
     /// Unrolled layers or a loop over them.
     pub layers: LayerMode,
     /// The element type of the fp16 format's matrices (f16, or f32 for runtimes slow at f16).
-    pub dense: DenseDtype,
+    pub dense: StorageDtype,
+    /// The element type of the KV cache arguments and results.
+    pub cache: StorageDtype,
 }
 
 /// One function of the module.
@@ -414,14 +416,15 @@ fn decoder_layer(
     let q = rope(b, &q, cos, sin);
     let k = rope(b, &k, cos, sin);
 
-    // This call's keys and values, rounded to the cache's f16 exactly as if they had been stored
-    // and read back, and recorded for the cache write after the last layer.
+    // This call's keys and values, rounded to the cache's element type exactly as if they had
+    // been stored and read back, and recorded for the cache write after the last layer.
+    let cache_elem = k_cache.elem();
     let new_k = b.transpose(&k, &[1, 2, 0]); // [KVH, D, T]
-    let new_k = b.convert(&new_k, Elem::F16);
+    let new_k = b.convert(&new_k, cache_elem);
     let layer_k = b.reshape(&new_k, &[1, n_kv, d, t]);
     let k_all = b.dynamic_update_slice(&new.k, &layer_k, &[layer, zero, zero, zero]);
     let new_v = b.transpose(&v, &[1, 0, 2]); // [KVH, T, D]
-    let new_v = b.convert(&new_v, Elem::F16);
+    let new_v = b.convert(&new_v, cache_elem);
     let layer_v = b.reshape(&new_v, &[1, n_kv, t, d]);
     let v_all = b.dynamic_update_slice(&new.v, &layer_v, &[layer, zero, zero, zero]);
     let new_k = b.convert(&new_k, Elem::F32);
@@ -505,8 +508,9 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     // Keys are stored transposed, [D, C] per head, so that the score product reads them in the
     // [K, M] layout IREE's CPU code generation prefers (measured: see the docs); values are [C, D],
     // already [K, M] for the probability-weighted sum.
-    let k_cache_ty = Ty::new(&[layers, n_kv, d, c], Elem::F16);
-    let v_cache_ty = Ty::new(&[layers, n_kv, c, d], Elem::F16);
+    let cache_elem = options.cache.arg_dtype().elem();
+    let k_cache_ty = Ty::new(&[layers, n_kv, d, c], cache_elem);
+    let v_cache_ty = Ty::new(&[layers, n_kv, c, d], cache_elem);
     // The caches alias results 1 and 2 (`tf.aliasing_output`, which IREE turns into
     // `iree.abi.output` and XLA into an input/output alias): the step writes into the caller's
     // buffers instead of copying the whole cache into fresh ones. The input buffers are consumed.
@@ -552,11 +556,11 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     let new_kv = NewKv {
         k: {
             let z = b.const_f32(0.0, &[layers, n_kv, d, t]);
-            b.convert(&z, Elem::F16)
+            b.convert(&z, cache_elem)
         },
         v: {
             let z = b.const_f32(0.0, &[layers, n_kv, t, d]);
-            b.convert(&z, Elem::F16)
+            b.convert(&z, cache_elem)
         },
     };
 
@@ -660,7 +664,7 @@ mod tests {
     const DECODE: GraphSpec = GraphSpec { kind: GraphKind::Decode, logits: false };
 
     fn options(format: WeightFormat) -> GraphOptions {
-        GraphOptions { max_context: 16, format, layers: LayerMode::Unrolled, dense: DenseDtype::F16 }
+        GraphOptions { max_context: 16, format, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16 }
     }
 
     #[test]
@@ -676,9 +680,9 @@ mod tests {
         let c = tiny_config();
         let prefill = |bucket| GraphSpec { kind: GraphKind::Prefill { bucket }, logits: false };
         let cases: Vec<(GraphOptions, Vec<GraphSpec>)> = vec![
-            (GraphOptions { max_context: 0, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: DenseDtype::F16 }, vec![DECODE]),
+            (GraphOptions { max_context: 0, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16 }, vec![DECODE]),
             (
-                GraphOptions { max_context: c.max_position_embeddings + 1, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: DenseDtype::F16 },
+                GraphOptions { max_context: c.max_position_embeddings + 1, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16 },
                 vec![DECODE],
             ),
             (options(WeightFormat::F16), vec![prefill(0)]),

@@ -16,7 +16,7 @@ pub mod mlir;
 
 pub use arguments::{
     graph_host_args, graph_weight_args, host_args, host_args_with, stack_host_args, stack_weight_args, weight_args, weight_args_with,
-    ArgDtype, DenseDtype, HostArg, WeightArg, WeightPart,
+    ArgDtype, StorageDtype, HostArg, WeightArg, WeightPart,
 };
 pub use buckets::{buckets_for_context, plan_prefill, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;

@@ -12,7 +12,7 @@
 use backend_reference::{EngineOptions, ReferenceEngine};
 use llama_model::{LlamaWeights, Matrix};
 use session_api::{Session, SessionOptions, WeightFormat};
-use stablehlo_llama::{emit_module, graph_host_args, ArgDtype, DenseDtype, GraphKind, GraphOptions, GraphSpec, LayerMode};
+use stablehlo_llama::{emit_module, graph_host_args, ArgDtype, StorageDtype, GraphKind, GraphOptions, GraphSpec, LayerMode};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -172,7 +172,7 @@ impl IreeSession<'_> {
 fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat, layers: LayerMode) -> f32 {
     let config = &weights.config;
     let dir = tempfile::tempdir().unwrap();
-    let options = GraphOptions { max_context: MAX_CONTEXT, format, layers, dense: DenseDtype::F16 };
+    let options = GraphOptions { max_context: MAX_CONTEXT, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16 };
     let specs =
         [GraphSpec { kind: GraphKind::Decode, logits: true }, GraphSpec { kind: GraphKind::Prefill { bucket: BUCKET }, logits: true }];
     let mlir = dir.path().join("model.mlir");
@@ -273,7 +273,7 @@ fn iree_updates_the_kv_cache_in_place() {
     let config = llama_model::random::tiny_config();
     for layers in [LayerMode::Unrolled, LayerMode::Loop] {
         // 24 positions: 2 * 2 * 24 * 16 f16 = 3072 bytes per cache, a size no weight has.
-        let options = GraphOptions { max_context: 24, format: WeightFormat::F16, layers, dense: DenseDtype::F16 };
+        let options = GraphOptions { max_context: 24, format: WeightFormat::F16, layers, dense: StorageDtype::F16, cache: StorageDtype::F16 };
         let cache_bytes = config.num_hidden_layers * config.num_key_value_heads * 24 * config.head_dim * 2;
         let text = emit_module(&config, &options, &[GraphSpec { kind: GraphKind::Decode, logits: false }]).unwrap();
         assert!(text.contains("tf.aliasing_output"));
