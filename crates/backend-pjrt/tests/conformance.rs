@@ -5,11 +5,14 @@
 //! any failure. `SEAM_CONFORMANCE_CASES=kv.` runs a subset, `SEAM_CONFORMANCE_REAL_MODEL=0` skips
 //! the real model, `SEAM_CONFORMANCE_FORMATS=int4` one format.
 //!
+//! `pjrt-cuda` runs in the same matrix: where no CUDA plugin loads or no GPU is found it is listed
+//! as unavailable with the reason (not a failure); where it is available it must pass too.
+//!
 //! Tolerances are the f16 ones: the KV cache is f16 and int4 scales are f16 on every device, and
 //! on a GPU the matrices are f16 too. Compiled executables are cached in `.seam/cache/pjrt`.
 
 use backend_pjrt::{PjrtBackend, PjrtEngine};
-use conformance::{ComputePrecision, FaultInjection, Target};
+use conformance::{ComputePrecision, FaultInjection, SuiteOptions, Target};
 use session_api::{LoadRequest, Session, SessionOptions};
 
 /// Sessions whose next step fails inside the plugin, for the poisoning cases.
@@ -23,7 +26,24 @@ impl FaultInjection for InjectedFaults {
 }
 
 fn main() {
-    conformance::test_main(
+    let options = SuiteOptions::from_env();
+    let targets = [
         Target::new(Box::new(PjrtBackend::CPU)).with_precision(ComputePrecision::F16).with_fault_injection(InjectedFaults),
-    );
+        Target::new(Box::new(PjrtBackend::CUDA)).with_precision(ComputePrecision::F16),
+    ];
+    let report = match conformance::run_targets(&targets, &options) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("conformance: {e}");
+            std::process::exit(1);
+        }
+    };
+    report.print_matrix();
+    // The CPU backend must run here; the CUDA one only where a plugin and a GPU are present.
+    let cpu_unavailable = report.backends.iter().any(|b| b.backend == "pjrt-cpu" && !b.availability.is_available());
+    if report.has_failures() || cpu_unavailable {
+        eprintln!("conformance: {}", if cpu_unavailable { "pjrt-cpu is unavailable" } else { "FAILED" });
+        std::process::exit(1);
+    }
+    println!("conformance: pjrt passed");
 }

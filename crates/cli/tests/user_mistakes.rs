@@ -22,7 +22,7 @@ fn assert_clean_failure(output: &Output, expected: &str) {
 #[test]
 fn unknown_backend_names_the_known_ones() {
     let out = seam(&["run", "--backend", "nope", "--prompt", "hi", "--model", "/nonexistent"]);
-    assert_clean_failure(&out, "no backend named 'nope' is registered (known: iree-cpu, iree-cuda, reference)");
+    assert_clean_failure(&out, "no backend named 'nope' is registered (known: iree-cpu, iree-cuda, pjrt-cpu, pjrt-cuda, reference)");
     assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
 }
 
@@ -110,4 +110,29 @@ fn unavailable_default_backend_falls_back_to_the_reference() {
 
     let named = run(&["run", "--backend", "iree-cpu", "--prompt", "hi", "--max-tokens", "2"]);
     assert_clean_failure(&named, "backend iree-cpu is unavailable");
+}
+
+/// A PJRT plugin that is missing or is not a plugin makes pjrt-cpu unavailable with the reason:
+/// `seam backends` shows it, and `seam run --backend pjrt-cpu` is one clean sentence.
+#[test]
+fn missing_or_broken_pjrt_plugin_is_reported() {
+    let dir = tempfile::tempdir().unwrap();
+    let not_a_plugin = dir.path().join("libfake_pjrt.so");
+    std::fs::write(&not_a_plugin, b"not a shared library").unwrap();
+    let with_plugin = |plugin: &Path, args: &[&str]| {
+        Command::new(env!("CARGO_BIN_EXE_seam")).args(args).env("SEAM_PJRT_CPU_PLUGIN", plugin).output().unwrap()
+    };
+    let listing = with_plugin(Path::new("/nonexistent/pjrt.so"), &["backends", "--json"]);
+    assert!(listing.status.success());
+    let listing: serde_json::Value = serde_json::from_slice(&listing.stdout).unwrap();
+    let pjrt = listing.as_array().unwrap().iter().find(|b| b["name"] == "pjrt-cpu").expect("pjrt-cpu is registered");
+    assert_eq!(pjrt["availability"]["status"], "unavailable");
+    let reason = pjrt["availability"]["reason"].as_str().unwrap();
+    assert!(reason.contains("no PJRT plugin at /nonexistent/pjrt.so (from SEAM_PJRT_CPU_PLUGIN)"), "{reason}");
+
+    let model = dir.path().join("tiny");
+    llama_model::random::write_random_checkpoint(&model, &llama_model::random::tiny_config(), 1).unwrap();
+    let out = with_plugin(&not_a_plugin, &["run", "--backend", "pjrt-cpu", "--model", model.to_str().unwrap(), "--prompt", "hi"]);
+    assert_clean_failure(&out, "backend pjrt-cpu is unavailable");
+    assert!(String::from_utf8_lossy(&out.stderr).contains("could not be loaded as a PJRT plugin"));
 }
