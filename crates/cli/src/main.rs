@@ -8,6 +8,7 @@ mod convert_command;
 mod linked_backends;
 mod progress;
 mod run_command;
+mod synth_model_command;
 
 use clap::{Parser, Subcommand};
 use cli_error::CliError;
@@ -33,6 +34,8 @@ enum Command {
     Bench(bench_command::BenchArgs),
     /// Import a GGUF Llama file into a seam model directory (fp16 and int4 weights, tokenizer).
     Convert(convert_command::ConvertArgs),
+    /// Write a model directory with deterministic random weights in a known shape (benchmarks).
+    SynthModel(synth_model_command::SynthModelArgs),
 }
 
 fn main() -> ExitCode {
@@ -44,6 +47,7 @@ fn main() -> ExitCode {
         Command::Convert(args) => convert_command::run(args),
         Command::Conformance(args) => conformance_command::run(args),
         Command::Bench(args) => bench_command::run(args),
+        Command::SynthModel(args) => synth_model_command::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,

@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# Builds llama.cpp's `llama-bench` from the source tarball of the PyPI package llama-cpp-python
+# (pinned; its vendor/llama.cpp is the llama.cpp it ships) into .seam/llama.cpp, for side-by-side
+# speed comparisons with seam (scripts/compare-llama-cpp.sh). Idempotent: prints the binary's
+# path and does nothing else when it is already built. About 5 minutes on 2 cores.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+
+LLAMA_CPP_PYTHON_VERSION="0.3.36"
+dir="$PWD/.seam/llama.cpp"
+bin="$dir/build/bin/llama-bench"
+if [ -x "$bin" ]; then
+  echo "$bin"
+  exit 0
+fi
+
+# shellcheck source=scripts/build-prereqs.sh
+source scripts/build-prereqs.sh   # cmake >= 3.26 (pip's metadata step for the sdist needs it too)
+
+mkdir -p "$dir/dl" "$dir/src"
+tarball="$dir/dl/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION.tar.gz"
+if [ ! -f "$tarball" ]; then
+  # pip prepares the sdist's metadata even for a download, which needs its build backend.
+  echo "== downloading llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION (source tarball)" >&2
+  python3 -m pip install -q --disable-pip-version-check --target "$dir/py" "scikit-build-core==1.1.2" >&2
+  PYTHONPATH="$dir/py" python3 -m pip download -q --disable-pip-version-check --no-deps --no-binary :all: \
+    --no-build-isolation "llama-cpp-python==$LLAMA_CPP_PYTHON_VERSION" -d "$dir/dl" >&2
+fi
+src="$dir/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
+[ -d "$src" ] || tar -xzf "$tarball" -C "$dir/src"
+
+echo "== building llama-bench (Release, native CPU, no curl)" >&2
+cmake -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF >&2
+cmake --build "$dir/build" --target llama-bench -j "$(nproc)" >&2
+echo "$bin"
