@@ -5,7 +5,9 @@ mod bench_command;
 mod cli_error;
 mod conformance_command;
 mod convert_command;
+mod export_gguf_command;
 mod linked_backends;
+mod llama_cpp_gguf;
 mod progress;
 mod run_command;
 mod synth_model_command;
@@ -36,6 +38,8 @@ enum Command {
     Convert(convert_command::ConvertArgs),
     /// Write a model directory with deterministic random weights in a known shape (benchmarks).
     SynthModel(synth_model_command::SynthModelArgs),
+    /// Write a seam model directory as a llama.cpp GGUF (F16, or Q4_1 holding seam's int4 weights).
+    ExportGguf(export_gguf_command::ExportGgufArgs),
 }
 
 fn main() -> ExitCode {
@@ -48,6 +52,7 @@ fn main() -> ExitCode {
         Command::Conformance(args) => conformance_command::run(args),
         Command::Bench(args) => bench_command::run(args),
         Command::SynthModel(args) => synth_model_command::run(args),
+        Command::ExportGguf(args) => export_gguf_command::run(args),
     };
     match result {
         Ok(()) => ExitCode::SUCCESS,
