@@ -80,6 +80,13 @@ pub fn run(args: ExportGgufArgs) -> Result<(), CliError> {
         report.bytes as f64 / 1e6,
         started.elapsed().as_secs_f64()
     );
+    if !report.dropped_tokens.is_empty() {
+        eprintln!(
+            "note: left out {} added token(s) of tokenizer.json whose ids have no embedding row: {}",
+            report.dropped_tokens.len(),
+            report.dropped_tokens.join(" ")
+        );
+    }
     println!("{}", args.out.display());
     Ok(())
 }

