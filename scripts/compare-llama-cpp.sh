@@ -2,24 +2,25 @@
 # seam against llama.cpp on the same CPU and the same weights, in one invocation.
 #
 #   scripts/compare-llama-cpp.sh [--model smollm2|llama-3.2-1b] [--backends iree-cpu,pjrt-cpu]
-#                                [--repeats N] [--quick] [--out FILE]
+#                                [--threads N] [--repeats N] [--quick] [--out FILE]
 #
 # Builds llama.cpp's llama-bench from the pinned llama-cpp-python source tarball
-# (scripts/build-llama-bench.sh), makes the GGUFs llama.cpp reads (scripts/gguf_export.py), runs
+# (scripts/build-llama-bench.sh), makes the GGUFs llama.cpp reads (`seam export-gguf`), runs
 # llama-bench on the F16 and Q4_1 files and `seam bench` on the same weights, and prints the
-# ratios (scripts/compare_llama_cpp.py), writing everything to one JSON file. Both sides use every
-# core: seam's compiler backends cannot be limited to fewer (they refuse --threads), so
-# llama-bench gets -t $(nproc). Idempotent: built binaries, GGUFs and models are reused.
+# ratios (scripts/compare_llama_cpp.py), writing everything to one JSON file. seam's compiler
+# backends use every core (they refuse a thread count), so llama-bench gets -t $(nproc) unless
+# --threads says otherwise. Idempotent: built binaries, GGUFs and models are reused.
 #
 # Models:
 #   smollm2       the default model: llama.cpp runs the original Q4_1 GGUF (which seam's int4
-#                 carries exactly) and its F16 dequantization (byte-identical to seam's fp16 weights)
-#   llama-3.2-1b  `seam synth-model --shape llama-3.2-1b` (random weights, real dimensions), written
-#                 as F16 and Q4_1 GGUFs of the same weights
+#                 carries exactly) and seam's fp16 weights exported as F16 (the Q4_1 dequantized)
+#   llama-3.2-1b  `seam synth-model --shape llama-3.2-1b` (random weights, real dimensions),
+#                 exported as F16 (seam's fp16 weights) and Q4_1 (seam's int4 weights, exactly)
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
 model=smollm2
+threads="$(nproc)"
 backends=""
 repeats=3
 quick=0
@@ -28,16 +29,16 @@ while [ $# -gt 0 ]; do
   case "$1" in
     --model) model="$2"; shift 2 ;;
     --backends) backends="$2"; shift 2 ;;
+    --threads) threads="$2"; shift 2 ;;
     --repeats) repeats="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,20p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
 
 step() { echo "== $*" >&2; }
-threads="$(nproc)"
 work=".seam/llama.cpp"
 mkdir -p "$work/models" "$work/results"
 stamp="$(date -u +%Y%m%dT%H%M%SZ)"
@@ -58,13 +59,7 @@ step "building seam"
 cargo build -q -p cli
 seam="target/debug/seam"
 
-# gguf-py for the GGUF exports (the same pin as the gguf crate's tests).
-py=".seam/py"
-if ! PYTHONPATH="$py" python3 -c "import gguf, numpy" 2>/dev/null; then
-  step "installing gguf==0.19.0 and numpy into $py"
-  python3 -m pip install -q --disable-pip-version-check --target "$py" "gguf==0.19.0" numpy >&2
-fi
-export_gguf() { PYTHONPATH="$py" python3 scripts/gguf_export.py "$@" >&2; }
+export_gguf() { "$seam" export-gguf "$@" >/dev/null; }
 
 case "$model" in
   smollm2)
@@ -72,7 +67,7 @@ case "$model" in
     model_dir=".seam/models/SmolLM2-135M-Instruct"
     q4_1=".seam/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
     f16="$work/models/SmolLM2-135M-Instruct.F16.gguf"
-    [ -f "$f16" ] || { step "F16 GGUF of the default model"; export_gguf to-f16 "$q4_1" "$f16"; }
+    [ -f "$f16" ] || { step "F16 GGUF of the default model"; export_gguf --model "$model_dir" --type f16 --tokenizer-from "$q4_1" --out "$f16"; }
     ;;
   llama-3.2-1b)
     model_dir=".seam/models/llama-3.2-1b-random"
@@ -98,9 +93,9 @@ PY
       "$seam" synth-model --shape llama-3.2-1b --seed 0 --out "$model_dir" --tokenizer-from "$tokenizer" >/dev/null
     fi
     f16="$work/models/llama-3.2-1b-random.F16.gguf"
-    q4_1="$work/models/llama-3.2-1b-random.Q4_1.gguf"
-    [ -f "$f16" ] || { step "F16 GGUF of the same weights"; export_gguf from-hf "$model_dir" "$f16" --type f16; }
-    [ -f "$q4_1" ] || { step "Q4_1 GGUF of the same weights"; export_gguf from-hf "$model_dir" "$q4_1" --type q4_1; }
+    q4_1="$work/models/llama-3.2-1b-random.seam-int4.Q4_1.gguf"
+    [ -f "$f16" ] || { step "F16 GGUF of the same weights"; export_gguf --model "$model_dir" --type f16 --out "$f16"; }
+    [ -f "$q4_1" ] || { step "Q4_1 GGUF of seam's int4 weights"; export_gguf --model "$model_dir" --type q4_1 --out "$q4_1"; }
     ;;
   *) echo "unknown model $model (smollm2 or llama-3.2-1b)" >&2; exit 2 ;;
 esac
@@ -127,7 +122,8 @@ step "$seam ${bench_args[*]}"
 "$seam" "${bench_args[@]}" >&2
 
 llama_commit="$("$llama_bench" --version 2>&1 | head -1 || true)"
-context="$(python3 -c 'import json,sys; print(json.dumps({"command": sys.argv[1], "model": sys.argv[2], "threads": int(sys.argv[3]), "llama_cpp": sys.argv[4], "llama_cpp_python": "0.3.36"}))' \
-  "scripts/compare-llama-cpp.sh --model $model --backends $backends --repeats $repeats$( [ "$quick" = 1 ] && echo ' --quick')" "$model" "$threads" "$llama_commit")"
+seam_commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
+context="$(python3 -c 'import json,sys; print(json.dumps({"command": sys.argv[1], "model": sys.argv[2], "threads": int(sys.argv[3]), "llama_cpp": sys.argv[4], "llama_cpp_python": "0.3.36", "seam_commit": sys.argv[5], "ggufs": sys.argv[6:]}))' \
+  "scripts/compare-llama-cpp.sh --model $model --backends $backends --threads $threads --repeats $repeats$( [ "$quick" = 1 ] && echo ' --quick')" "$model" "$threads" "$llama_commit" "$seam_commit" "$f16" "$q4_1")"
 python3 scripts/compare_llama_cpp.py --seam "$tmp/seam.json" --llama "f16=$tmp/llama-f16.json" --llama "int4=$tmp/llama-int4.json" \
   --context "$context" --out "$out"
