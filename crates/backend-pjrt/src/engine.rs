@@ -61,6 +61,7 @@ fn specs(buckets: &[usize]) -> Vec<(Option<usize>, GraphSpec)> {
 /// What the engine and its sessions share.
 struct Shared {
     client: Arc<Client>,
+    device: PjrtDevice,
     backend: &'static str,
     decode: LoadedExecutable,
     /// `(bucket, executable)`, ascending.
@@ -148,6 +149,7 @@ impl PjrtEngine {
         let max_context = options.max_context;
         let shared = Shared {
             client,
+            device,
             backend: device.backend_name(),
             decode,
             prefill,
@@ -404,5 +406,16 @@ impl Session for PjrtSession {
 
     fn backend_name(&self) -> &str {
         self.shared.backend
+    }
+}
+
+impl Drop for PjrtSession {
+    fn drop(&mut self) {
+        // Free the cache buffers first, then give the pages back: on the CPU plugin a freed
+        // cache otherwise stays in the resident set (conformance's many-sessions memory case).
+        self.cache = None;
+        if self.shared.device == PjrtDevice::Cpu {
+            crate::plugin_search::release_free_memory();
+        }
     }
 }

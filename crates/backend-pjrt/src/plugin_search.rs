@@ -213,6 +213,18 @@ pub fn shared_client(device: PjrtDevice) -> Result<Arc<FoundPlugin>, SearchFailu
     Ok(found)
 }
 
+/// Hands memory that the allocator holds free back to the OS (glibc's `malloc_trim`, which also
+/// releases whole free pages inside every arena). Called when a session's KV cache is freed: XLA's
+/// CPU client allocates buffers from its worker threads' arenas, where a freed cache otherwise
+/// stays resident as stranded free chunks (see [`cap_malloc_arenas`]).
+pub(crate) fn release_free_memory() {
+    #[cfg(all(target_os = "linux", target_env = "gnu"))]
+    // SAFETY: malloc_trim only returns free pages to the OS; it does not touch live allocations.
+    unsafe {
+        libc::malloc_trim(0);
+    }
+}
+
 /// Caps glibc's malloc arenas at 2 before the XLA CPU client starts its worker threads, unless
 /// the user set `MALLOC_ARENA_MAX`.
 ///
