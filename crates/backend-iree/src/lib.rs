@@ -169,7 +169,7 @@ fn load_engine_inner(device: IreeDevice, request: &LoadRequest) -> Result<IreeEn
     let weights = load_weights(&request.model_dir, request.weights, Some(&report_read))?;
     let config = weights.config.clone();
     let max_context = request.max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings);
-    let options = GraphOptions { max_context, format: request.weights, layers: layer_mode()?, dense: StorageDtype::F16, cache: StorageDtype::F16 };
+    let options = GraphOptions { max_context, format: request.weights, layers: layer_mode()?, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS };
     let args = graph_host_args(&weights, &options).map_err(IreeError::from)?;
     drop(weights);
     let weight_bytes: u64 = args.iter().map(|a| a.bytes.len() as u64).sum();

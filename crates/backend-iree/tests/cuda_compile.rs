@@ -26,7 +26,7 @@ fn graphs_compile_for_cuda() {
         (tiny_config(), WeightFormat::F16, LayerMode::Unrolled),
     ];
     for (config, format, layers) in cases {
-        let options = GraphOptions { max_context: 32, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16 };
+        let options = GraphOptions { max_context: 32, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS };
         let text = emit_module(&config, &options, &module_specs(&buckets_for(32))).unwrap();
         let module = compile_cached(&library, "cuda test", &text, &flags)
             .unwrap_or_else(|e| panic!("{format} {layers:?} graphs did not compile for sm_89: {e}"));

@@ -3,16 +3,17 @@
 //! ## Executables
 //! XLA compiles one program per module, entered at `@main`, so each graph is its own executable:
 //! `decode_logits` and `prefill_{B}_logits` for each bucket `B` that fits the context
-//! ([`stablehlo_llama::buckets_for_context`]). Each returns `(token, k_cache, v_cache, logits)`:
+//! ([`stablehlo_llama::buckets_for_context`]). Each returns `(token, caches..., logits)`:
 //! the greedy token is the device's argmax, and the logits stay in device memory unless the
 //! session returns them or samples on the host.
 //!
 //! ## Weights and the KV cache
 //! The weights are uploaded once per engine and passed to every execution as kept (never
-//! donated) arguments. A session owns its two cache buffers; every step *donates* them, and the
-//! graphs alias them to outputs 1 and 2 (`tf.aliasing_output`), so XLA writes the step's keys and
-//! values into the same memory instead of copying the cache. The returned buffers replace the
-//! session's. A failed step may have consumed them: the session is then poisoned, and its reset
+//! donated) arguments. A session owns its cache buffers (a key and a value buffer per layer by
+//! default, [`stablehlo_llama::cache_arg_shapes`]); every step *donates* them, and the graphs
+//! alias them to the outputs after the token (`tf.aliasing_output`), so XLA writes the step's keys
+//! and values into the same memory instead of copying the cache. The returned buffers replace
+//! the session's. A failed step may have consumed them: the session is then poisoned, and its reset
 //! allocates a fresh cache.
 
 use crate::executable_cache::{compile_cached, CacheOutcome};
@@ -25,7 +26,7 @@ use session_api::{
     Capabilities, Engine, EngineInfo, InputKinds, KvOps, Result, Sampler, SamplingConfig, SamplingModes, SeamError, Session,
     SessionOptions, StateKind, StepOutput,
 };
-use stablehlo_llama::{buckets_for_context, emit_entry_module, plan_prefill, GraphKind, GraphOptions, GraphSpec, HostArg};
+use stablehlo_llama::{buckets_for_context, cache_arg_shapes, emit_entry_module, plan_prefill, GraphKind, GraphOptions, GraphSpec, HostArg};
 use std::sync::Arc;
 use std::time::Duration;
 
@@ -68,8 +69,8 @@ struct Shared {
     prefill: Vec<(usize, LoadedExecutable)>,
     buckets: Vec<usize>,
     weights: Vec<Buffer>,
-    k_shape: [usize; 4],
-    v_shape: [usize; 4],
+    /// The shapes of a session's cache buffers, in argument order.
+    cache_shapes: Vec<Vec<usize>>,
     cache_element: ElementType,
     max_context: usize,
     vocab_size: usize,
@@ -147,6 +148,7 @@ impl PjrtEngine {
 
         let c = &config;
         let max_context = options.max_context;
+        let cache_shapes = cache_arg_shapes(c, &options);
         let shared = Shared {
             client,
             device,
@@ -155,8 +157,7 @@ impl PjrtEngine {
             prefill,
             buckets,
             weights,
-            k_shape: [c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_context],
-            v_shape: [c.num_hidden_layers, c.num_key_value_heads, max_context, c.head_dim],
+            cache_shapes,
             cache_element: element(options.cache.arg_dtype()),
             max_context,
             vocab_size: c.vocab_size,
@@ -206,22 +207,28 @@ impl Engine for PjrtEngine {
     }
 }
 
-/// A session's KV cache: keys and values, on the device.
-type Cache = (Buffer, Buffer);
+/// A session's KV cache on the device: the buffers of [`Shared::cache_shapes`].
+type Cache = Vec<Buffer>;
 
 fn i32_bytes(values: &[i32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
 impl Shared {
-    /// A zeroed cache, or one holding `contents` (host bytes of keys and values).
-    fn new_cache(&self, contents: Option<(Vec<u8>, Vec<u8>)>) -> std::result::Result<Cache, pjrt_runtime::PjrtError> {
+    /// A zeroed cache, or one holding `contents` (host bytes of each buffer).
+    fn new_cache(&self, contents: Option<Vec<Vec<u8>>>) -> std::result::Result<Cache, pjrt_runtime::PjrtError> {
         match contents {
-            None => Ok((self.client.zeros(self.cache_element, &self.k_shape)?, self.client.zeros(self.cache_element, &self.v_shape)?)),
-            Some((k, v)) => Ok((
-                self.client.buffer_from_host(&k, self.cache_element, &self.k_shape)?,
-                self.client.buffer_from_host(&v, self.cache_element, &self.v_shape)?,
-            )),
+            None => self.cache_shapes.iter().map(|shape| self.client.zeros(self.cache_element, shape)).collect(),
+            Some(contents) => {
+                if contents.len() != self.cache_shapes.len() {
+                    return Err(pjrt_runtime::PjrtError::InvalidArgument(format!(
+                        "{} cache buffers given, expected {}",
+                        contents.len(),
+                        self.cache_shapes.len()
+                    )));
+                }
+                contents.iter().zip(&self.cache_shapes).map(|(bytes, shape)| self.client.buffer_from_host(bytes, self.cache_element, shape)).collect()
+            }
         }
     }
 
@@ -256,13 +263,20 @@ impl Shared {
         if let Some(count) = &count_buffer {
             args.push(ExecuteArg::Keep(count));
         }
-        args.push(ExecuteArg::Donate(cache.0));
-        args.push(ExecuteArg::Donate(cache.1));
+        let n_caches = cache.len();
+        args.extend(cache.into_iter().map(ExecuteArg::Donate));
         args.extend(self.weights.iter().map(ExecuteArg::Keep));
-        let outputs = executable.execute(args)?;
-        let [token, k, v, logits]: [Buffer; 4] = outputs.try_into().map_err(|outputs: Vec<Buffer>| {
-            pjrt_runtime::PjrtError::InvalidArgument(format!("the graph returned {} results, expected 4", outputs.len()))
-        })?;
+        let mut outputs = executable.execute(args)?;
+        if outputs.len() != n_caches + 2 {
+            return Err(pjrt_runtime::PjrtError::InvalidArgument(format!(
+                "the graph returned {} results, expected {}",
+                outputs.len(),
+                n_caches + 2
+            )));
+        }
+        let logits = outputs.pop().unwrap_or_else(|| unreachable!("length checked"));
+        let token = outputs.remove(0);
+        let updated = outputs;
         let mut token_bytes = [0u8; 4];
         token.copy_to_host(&mut token_bytes)?;
         let token = i32::from_le_bytes(token_bytes);
@@ -276,7 +290,7 @@ impl Shared {
         } else {
             None
         };
-        Ok((token, logits, (k, v)))
+        Ok((token, logits, updated))
     }
 }
 
@@ -385,12 +399,12 @@ impl Session for PjrtSession {
 
     fn fork(&self) -> Result<Box<dyn Session>> {
         let backend = self.shared.backend;
-        let Some((k, v)) = self.cache.as_ref().filter(|_| !self.guard.is_poisoned()) else {
+        let Some(cache) = self.cache.as_ref().filter(|_| !self.guard.is_poisoned()) else {
             return Err(SeamError::Poisoned { cause: "fork of a poisoned session".into() });
         };
         // Through the host: the C API has no device-to-device copy of a buffer on one device,
         // and a fork is rare next to the steps.
-        let contents = k.to_host().and_then(|k| Ok((k, v.to_host()?))).map_err(|e| to_seam_error(e.into(), backend))?;
+        let contents = cache.iter().map(Buffer::to_host).collect::<std::result::Result<Vec<_>, _>>().map_err(|e| to_seam_error(e.into(), backend))?;
         let cache = self.shared.new_cache(Some(contents)).map_err(|e| to_seam_error(e.into(), backend))?;
         Ok(Box::new(PjrtSession {
             shared: Arc::clone(&self.shared),

@@ -43,21 +43,31 @@ session_api::register_backend!(CUDA_BACKEND_NAME, || Box::new(PjrtBackend::CUDA)
 /// Referenced by binaries so the linker keeps this crate's registration.
 pub fn link() {}
 
-/// Environment variable choosing the layer layout of the graphs: `unrolled` (default) or `loop`.
+/// Environment variable choosing the layer layout of the graphs: `per-layer-cache` (default:
+/// unrolled layers, each with its own cache arguments), `unrolled` (one stacked cache pair) or
+/// `loop`.
 ///
 /// Unrolled is the default on XLA, unlike on IREE: XLA compiles SmolLM2's four unrolled graphs in
 /// about 5 s, and inside the loop it copies each layer's slice of the stacked weights every
-/// iteration (decode 265 ms vs 172 ms per token, docs/backends/pjrt.md).
+/// iteration (decode 265 ms vs 172 ms per token, docs/backends/pjrt.md). Per-layer caches because
+/// XLA copies stacked caches twice per step (read by every layer, updated after the last).
 pub const LAYERS_ENV: &str = "SEAM_PJRT_LAYERS";
 
 /// Environment variable overriding the resident precision of fp16 models' matrices: `f16` or
 /// `f32` (default: f32 on the CPU, f16 on a GPU). For measuring the choice.
 pub const DENSE_ENV: &str = "SEAM_PJRT_DENSE";
 
-/// Environment variable overriding the element type of the KV cache: `f16` (default) or `f32`.
-/// For measuring the choice: on XLA's CPU plugin an f32 cache was no faster (SmolLM2 decode at a
-/// 2048 context: 172 ms f32, 156 ms f16), so the cache stays f16 everywhere.
+/// Environment variable overriding the element type of the KV cache: `f16` or `f32` (default:
+/// f32 on the CPU, f16 on a GPU). For measuring the choice: with per-layer caches an f32 cache
+/// is read by attention where it is updated, while an f16 one is converted in a fusion that XLA
+/// feeds from a copy of the whole cache (SmolLM2 decode at a 2048 context: 78-82 ms f32, 145-160
+/// ms f16; docs/backends/pjrt.md).
 pub const KV_CACHE_ENV: &str = "SEAM_PJRT_KV_CACHE";
+
+/// Environment variable overriding from how many tokens per call int4 matrices are dequantized
+/// to f32 in the graph (default: 1 on the CPU, so always; the IREE threshold on a GPU). For
+/// measuring the choice ([`stablehlo_llama::GraphOptions::int4_dequantize_from`]).
+pub const INT4_DEQUANTIZE_ENV: &str = "SEAM_PJRT_INT4_DEQUANTIZE_FROM";
 
 /// What can fail inside the backend, before it becomes a [`SeamError`].
 #[derive(Debug, thiserror::Error)]
@@ -103,9 +113,12 @@ impl PjrtBackend {
 /// The layer layout [`LAYERS_ENV`] asks for.
 fn layer_mode() -> Result<LayerMode> {
     match std::env::var(LAYERS_ENV).ok().as_deref() {
-        None | Some("") | Some("unrolled") => Ok(LayerMode::Unrolled),
+        None | Some("") | Some("per-layer-cache") => Ok(LayerMode::UnrolledCachePerLayer),
+        Some("unrolled") => Ok(LayerMode::Unrolled),
         Some("loop") => Ok(LayerMode::Loop),
-        Some(other) => Err(SeamError::InvalidInput(format!("{LAYERS_ENV}={other}: expected `loop` or `unrolled`"))),
+        Some(other) => {
+            Err(SeamError::InvalidInput(format!("{LAYERS_ENV}={other}: expected `per-layer-cache`, `unrolled` or `loop`")))
+        }
     }
 }
 
@@ -190,7 +203,22 @@ fn load_engine(device: PjrtDevice, request: &LoadRequest) -> Result<(PjrtEngine,
     // (FACTS.md); f16 on a GPU.
     let dense_default = if device == PjrtDevice::Cpu { StorageDtype::F32 } else { StorageDtype::F16 };
     let dense = storage_dtype(DENSE_ENV, dense_default)?;
-    let cache = storage_dtype(KV_CACHE_ENV, StorageDtype::F16)?;
+    let cache = storage_dtype(KV_CACHE_ENV, dense_default)?;
+    // int4 matrices: XLA's CPU backend runs the per-group form that suits IREE (two small batched
+    // dots per matrix) about 2x slower than dequantizing to f32 and one dot, even for one token
+    // (SmolLM2 decode 437 vs 231 ms). Not measured on a GPU: the IREE threshold there.
+    let int4_dequantize_from = match std::env::var(INT4_DEQUANTIZE_ENV).ok().as_deref() {
+        None | Some("") => {
+            if device == PjrtDevice::Cpu {
+                1
+            } else {
+                stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS
+            }
+        }
+        Some(n) => n.parse::<usize>().ok().filter(|&n| n >= 1).ok_or_else(|| {
+            SeamError::InvalidInput(format!("{INT4_DEQUANTIZE_ENV}={n}: expected a token count of at least 1"))
+        })?,
+    };
     let started = Instant::now();
     let found = plugin_search::shared_client(device)
         .map_err(|failure| SeamError::Unavailable { backend: name.to_string(), reason: failure.to_string() })?;
@@ -199,7 +227,7 @@ fn load_engine(device: PjrtDevice, request: &LoadRequest) -> Result<(PjrtEngine,
     let weights = load_weights(&request.model_dir, request.weights, Some(&report_read))?;
     let config = weights.config.clone();
     let max_context = request.max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings);
-    let options = GraphOptions { max_context, format: request.weights, layers, dense, cache };
+    let options = GraphOptions { max_context, format: request.weights, layers, dense, cache, int4_dequantize_from };
     let args = graph_host_args(&weights, &options).map_err(|e| to_seam_error(e.into(), name))?;
     drop(weights);
     let weight_bytes: u64 = args.iter().map(|a| a.bytes.len() as u64).sum();

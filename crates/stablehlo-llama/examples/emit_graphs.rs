@@ -30,6 +30,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for bucket in &args[3..] {
         specs.push(GraphSpec { kind: GraphKind::Prefill { bucket: bucket.parse()? }, logits: false });
     }
-    print!("{}", emit_module(&config, &GraphOptions { max_context, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16 }, &specs)?);
+    print!("{}", emit_module(&config, &GraphOptions { max_context, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS }, &specs)?);
     Ok(())
 }

@@ -349,7 +349,7 @@ pub fn stack_host_args(args: Vec<HostArg>) -> Result<Vec<HostArg>, GraphError> {
 pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) -> Vec<WeightArg> {
     let args = weight_args_with(config, options.format, options.dense);
     match options.layers {
-        crate::LayerMode::Unrolled => args,
+        crate::LayerMode::Unrolled | crate::LayerMode::UnrolledCachePerLayer => args,
         crate::LayerMode::Loop => stack_weight_args(args),
     }
 }
@@ -358,7 +358,7 @@ pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) ->
 pub fn graph_host_args(weights: &LlamaWeights, options: &crate::GraphOptions) -> Result<Vec<HostArg>, GraphError> {
     let args = host_args_with(weights, options.format, options.dense)?;
     match options.layers {
-        crate::LayerMode::Unrolled => Ok(args),
+        crate::LayerMode::Unrolled | crate::LayerMode::UnrolledCachePerLayer => Ok(args),
         crate::LayerMode::Loop => stack_host_args(args),
     }
 }

@@ -11,7 +11,10 @@
 //!
 //! Layers are either unrolled (one set of weight arguments per layer, [`LayerMode::Unrolled`]) or
 //! one `stablehlo.while` over weights stacked `[L, ...]` ([`LayerMode::Loop`]), which compiles one
-//! layer body instead of L; `docs/backends/stablehlo-graphs.md` compares the two.
+//! layer body instead of L; `docs/backends/stablehlo-graphs.md` compares the two. A third form,
+//! [`LayerMode::UnrolledCachePerLayer`], unrolls the layers and gives each its own pair of cache
+//! arguments (`k_cache_l f16[KVH, D, C], v_cache_l f16[KVH, C, D]` for `l` in `0..L`, in place of
+//! the two stacked ones, returned in the same order after the token).
 
 use crate::arguments::{graph_weight_args, StorageDtype, WeightArg, WeightPart};
 use crate::error::GraphError;
@@ -29,6 +32,30 @@ pub enum LayerMode {
     /// One `stablehlo.while` over the layers; per-layer weights are stacked `[layers, ...]`
     /// arguments (see [`crate::stack_weight_args`]) sliced by the loop index.
     Loop,
+    /// Every layer written out, each with its own two cache arguments (see the module docs): a
+    /// layer writes its new keys and values at `position` first and then attends over its whole
+    /// updated cache. Each cache argument then has one in-place update whose result alone is
+    /// read, which XLA's copy insertion keeps in place; with the stacked caches it copies both
+    /// caches on every step (docs/backends/pjrt.md).
+    UnrolledCachePerLayer,
+}
+
+impl LayerMode {
+    /// Whether each layer has its own weight arguments (not stacked over the layers).
+    pub fn is_unrolled(self) -> bool {
+        !matches!(self, LayerMode::Loop)
+    }
+}
+
+/// The shapes of a graph's cache arguments, in argument (and result) order: `[L, KVH, D, C]` and
+/// `[L, KVH, C, D]`, or for [`LayerMode::UnrolledCachePerLayer`] `[KVH, D, C]` and `[KVH, C, D]`
+/// for each layer in turn.
+pub fn cache_arg_shapes(config: &LlamaConfig, options: &GraphOptions) -> Vec<Vec<usize>> {
+    let (layers, n_kv, d, c) = (config.num_hidden_layers, config.num_key_value_heads, config.head_dim, options.max_context);
+    match options.layers {
+        LayerMode::Unrolled | LayerMode::Loop => vec![vec![layers, n_kv, d, c], vec![layers, n_kv, c, d]],
+        LayerMode::UnrolledCachePerLayer => (0..layers).flat_map(|_| [vec![n_kv, d, c], vec![n_kv, c, d]]).collect(),
+    }
 }
 
 /// What every graph of one model shares.
@@ -44,6 +71,11 @@ pub struct GraphOptions {
     pub dense: StorageDtype,
     /// The element type of the KV cache arguments and results.
     pub cache: StorageDtype,
+    /// From this many tokens per call on, an int4 matrix is dequantized to f32 inside the graph
+    /// and multiplied in one dot; below it, the per-group form that never forms the matrix.
+    /// [`PREFILL_DEQUANTIZE_MIN_TOKENS`] suits IREE; XLA's CPU backend is faster dequantizing
+    /// even for one token (docs/backends/pjrt.md).
+    pub int4_dequantize_from: usize,
 }
 
 /// One function of the module.
@@ -156,12 +188,14 @@ struct Weights {
     vals: Vec<Val>,
     specs: Vec<WeightArg>,
     next: usize,
+    /// [`GraphOptions::int4_dequantize_from`].
+    dequantize_from: usize,
 }
 
 /// A matrix as the graph sees it.
 enum MatrixArg {
     Dense { w: Val, transposed: bool },
-    Int4 { packed: Val, scales: Val, biases: Val },
+    Int4 { packed: Val, scales: Val, biases: Val, dequantize_from: usize },
 }
 
 impl Weights {
@@ -181,16 +215,22 @@ impl Weights {
             }
             WeightPart::Int4Packed => {
                 self.next += 3;
-                MatrixArg::Int4 { packed: self.vals[i].clone(), scales: self.vals[i + 1].clone(), biases: self.vals[i + 2].clone() }
+                MatrixArg::Int4 {
+                    packed: self.vals[i].clone(),
+                    scales: self.vals[i + 1].clone(),
+                    biases: self.vals[i + 2].clone(),
+                    dequantize_from: self.dequantize_from,
+                }
             }
             other => unreachable!("argument order of weight_args: {other:?} where a matrix starts"),
         }
     }
 }
 
-/// From this many tokens on, an int4 matrix is dequantized to f32 inside the graph and multiplied
-/// in one matmul (prefill); below it (decode), the per-group form that never forms the matrix.
-/// Measured on SmolLM2 with IREE 3.13: see docs/backends/iree.md.
+/// IREE's [`GraphOptions::int4_dequantize_from`]: from this many tokens on, an int4 matrix is
+/// dequantized to f32 inside the graph and multiplied in one matmul (prefill); below it (decode),
+/// the per-group form that never forms the matrix. Measured on SmolLM2 with IREE 3.13: see
+/// docs/backends/iree.md.
 pub const PREFILL_DEQUANTIZE_MIN_TOKENS: usize = 8;
 
 /// `y = x W^T` for `x` f32 `[T, K]` and a weight of Hugging Face shape `[M, K]`: f32 `[T, M]`.
@@ -205,7 +245,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
                 b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
             }
         }
-        MatrixArg::Int4 { packed, scales, biases } if x.dims()[0] >= PREFILL_DEQUANTIZE_MIN_TOKENS => {
+        MatrixArg::Int4 { packed, scales, biases, dequantize_from } if x.dims()[0] >= *dequantize_from => {
             // Many tokens: form the f32 matrix once (scale * q + bias, exactly the format's values)
             // and run one matmul; the dequantization is amortized over the tokens, while the
             // per-group form below runs a batched dot of inner length 16 per group and token.
@@ -231,7 +271,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             debug_assert_eq!(t, x.dims()[0]);
             b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
         }
-        MatrixArg::Int4 { packed, scales, biases } => {
+        MatrixArg::Int4 { packed, scales, biases, .. } => {
             // Per group g of 32 inputs: y_m = sum_g s_mg (x_g . q_mg) + b_mg sum(x_g). The
             // dequantized matrix is never formed (FACTS.md: 10x faster on IREE than dequantize-then-dot
             // for one token).
@@ -281,7 +321,7 @@ fn embed_rows(b: &mut FnBuilder, table: &MatrixArg, ids: &Val) -> Val {
             let rows = b.gather_columns(w, ids);
             b.convert(&rows, Elem::F32)
         }
-        MatrixArg::Int4 { packed, scales, biases } => {
+        MatrixArg::Int4 { packed, scales, biases, .. } => {
             // Dequantized exactly as the format defines it: scale * q + bias in f32.
             let t = ids.dims()[0];
             let half = packed.dims()[1];
@@ -353,38 +393,62 @@ fn softmax_last(b: &mut FnBuilder, x: &Val) -> Val {
     b.div(&e, &sum)
 }
 
-/// What every layer reads besides its weights: the KV cache as it was before this call, rope
-/// tables, attention masks and constants.
+/// What every layer reads besides its weights and its cache: rope tables, attention masks and
+/// constants.
 struct LayerInputs {
-    /// The caches as passed in (`[L, KVH, D, C]` and `[L, KVH, C, D]`); read only by the layers.
-    k_cache: Val,
-    v_cache: Val,
     cos: Val,
     sin: Val,
-    /// `[KVH, G, T, C]`: cache position `j` is visible iff `j < position` (earlier calls' tokens).
-    visible_cached: Val,
-    /// `[KVH, G, T, T]`: new token `u` is visible to query `t` iff `u <= t` (causal).
-    visible_new: Val,
+    masks: Masks,
+    position: Val,
     zero: Val,
+    cache_elem: Elem,
     t: usize,
     eps: f32,
 }
 
+/// The attention masks of one layout of the caches.
+enum Masks {
+    /// Stacked caches, read as they were before this call.
+    Stacked {
+        /// The caches as passed in (`[L, KVH, D, C]` and `[L, KVH, C, D]`); read only by the layers.
+        k_cache: Val,
+        v_cache: Val,
+        /// `[KVH, G, T, C]`: cache position `j` is visible iff `j < position` (earlier calls' tokens).
+        visible_cached: Val,
+        /// `[KVH, G, T, T]`: new token `u` is visible to query `t` iff `u <= t` (causal).
+        visible_new: Val,
+    },
+    /// Per-layer caches, read after this call's entries are written.
+    PerLayer {
+        /// `[KVH, G, T, C]`: cache position `j` is visible to query `t` iff `j <= position + t`.
+        visible: Val,
+    },
+}
+
 /// The keys and values one call adds, for all layers (`[L, KVH, D, T]` and `[L, KVH, T, D]`,
-/// f16): filled layer by layer, written into the caches once after the last layer.
+/// f16): filled layer by layer, written into the stacked caches once after the last layer.
 struct NewKv {
     k: Val,
     v: Val,
 }
 
+/// Where a layer's keys and values go.
+enum LayerKv {
+    /// Stacked caches: this call's entries are recorded for the write after the last layer.
+    Stacked(NewKv),
+    /// The layer's own caches (`[KVH, D, C]`, `[KVH, C, D]`): written first, then read whole.
+    Own { k: Val, v: Val },
+}
+
 /// One decoder layer at index `layer` (an i32 scalar): attention over the cached positions plus
-/// this call's own tokens, then the MLP. Returns the new hidden state, with this layer's keys and
-/// values added to `new`.
+/// this call's own tokens, then the MLP. Returns the new hidden state and the layer's keys and
+/// values added to `kv`.
 ///
-/// Why the cache is not written here: inside a `stablehlo.while` a cache updated per layer is a
-/// loop-carried value, and IREE 3.13 then copies the whole cache (measured on its stream IR).
+/// Why stacked caches are not written here: inside a `stablehlo.while` a cache updated per layer
+/// is a loop-carried value, and IREE 3.13 then copies the whole cache (measured on its stream IR).
 /// Reading the cache as it was and writing all layers' new entries once afterwards keeps the
-/// update in place in both layer modes.
+/// update in place in both layer modes. Per-layer caches are independent values, so each is
+/// written here and then read.
 fn decoder_layer(
     b: &mut FnBuilder,
     config: &LlamaConfig,
@@ -392,14 +456,13 @@ fn decoder_layer(
     inputs: &LayerInputs,
     layer: &Val,
     x: Val,
-    new: NewKv,
-) -> (Val, NewKv) {
-    let LayerInputs { k_cache, v_cache, cos, sin, visible_cached, visible_new, zero, t, eps } = inputs;
-    let (t, eps) = (*t, *eps);
+    kv: LayerKv,
+) -> (Val, LayerKv) {
+    let LayerInputs { cos, sin, masks, position, zero, cache_elem, t, eps } = inputs;
+    let (t, eps, cache_elem) = (*t, *eps, *cache_elem);
     let d = config.head_dim;
     let (n_heads, n_kv) = (config.num_attention_heads, config.num_key_value_heads);
     let group = n_heads / n_kv;
-    let c = k_cache.dims()[3];
     let mut x = x;
     let attn_norm = w.norm();
     let (wq, wk, wv, wo) = (w.matrix(), w.matrix(), w.matrix(), w.matrix());
@@ -416,53 +479,81 @@ fn decoder_layer(
     let q = rope(b, &q, cos, sin);
     let k = rope(b, &k, cos, sin);
 
-    // This call's keys and values, rounded to the cache's element type exactly as if they had
-    // been stored and read back, and recorded for the cache write after the last layer.
-    let cache_elem = k_cache.elem();
-    let new_k = b.transpose(&k, &[1, 2, 0]); // [KVH, D, T]
-    let new_k = b.convert(&new_k, cache_elem);
-    let layer_k = b.reshape(&new_k, &[1, n_kv, d, t]);
-    let k_all = b.dynamic_update_slice(&new.k, &layer_k, &[layer, zero, zero, zero]);
-    let new_v = b.transpose(&v, &[1, 0, 2]); // [KVH, T, D]
-    let new_v = b.convert(&new_v, cache_elem);
-    let layer_v = b.reshape(&new_v, &[1, n_kv, t, d]);
-    let v_all = b.dynamic_update_slice(&new.v, &layer_v, &[layer, zero, zero, zero]);
-    let new_k = b.convert(&new_k, Elem::F32);
-    let new_v = b.convert(&new_v, Elem::F32);
-    let read = |b: &mut FnBuilder, cache: &Val| {
-        let dims = cache.dims().to_vec();
-        let s = b.dynamic_slice(cache, &[layer, zero, zero, zero], &[1, dims[1], dims[2], dims[3]]);
-        let s = b.reshape(&s, &dims[1..]);
-        b.convert(&s, Elem::F32)
+    // This call's keys and values go into the cache in its element type, and attention reads
+    // them rounded exactly as if they had been stored and read back.
+    let new_k_of = |b: &mut FnBuilder| {
+        let new_k = b.transpose(&k, &[1, 2, 0]); // [KVH, D, T]
+        b.convert(&new_k, cache_elem)
     };
-    let keys = read(b, k_cache); // [KVH, D, C]
-    let values = read(b, v_cache); // [KVH, C, D]
-
-    // GQA without repeating KV heads: queries grouped as [kv_heads, group * T, D]. Scores against
-    // the cached positions and against the new tokens share one softmax.
-    let q = b.reshape(&q, &[t, n_kv, group, d]);
-    let q = b.transpose(&q, &[1, 2, 0, 3]);
-    let q = b.reshape(&q, &[n_kv, group * t, d]);
-    let masked_scores = |b: &mut FnBuilder, keys: &Val, visible: &Val| {
+    let new_v_of = |b: &mut FnBuilder| {
+        let new_v = b.transpose(&v, &[1, 0, 2]); // [KVH, T, D]
+        b.convert(&new_v, cache_elem)
+    };
+    // GQA without repeating KV heads: queries grouped as [kv_heads, group * T, D].
+    let grouped_queries = |b: &mut FnBuilder| {
+        let q = b.reshape(&q, &[t, n_kv, group, d]);
+        let q = b.transpose(&q, &[1, 2, 0, 3]);
+        b.reshape(&q, &[n_kv, group * t, d])
+    };
+    let masked_scores = |b: &mut FnBuilder, q: &Val, keys: &Val, visible: &Val| {
         let n = keys.dims()[2];
-        let scores = b.dot_general(&q, keys, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, n]
+        let scores = b.dot_general(q, keys, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, n]
         let scale = b.const_f32(1.0 / (d as f32).sqrt(), &[n_kv, group * t, n]);
         let scores = b.mul(&scores, &scale);
         let scores = b.reshape(&scores, &[n_kv, group, t, n]);
         let neg_inf = b.const_f32(f32::NEG_INFINITY, &[n_kv, group, t, n]);
         b.select(visible, &scores, &neg_inf)
     };
-    let cached_scores = masked_scores(b, &keys, visible_cached);
-    let new_scores = masked_scores(b, &new_k, visible_new);
-    let scores = b.concatenate(&[&cached_scores, &new_scores], 3);
-    let probs = softmax_last(b, &scores); // [KVH, G, T, C + T]
-    let cached_probs = b.slice(&probs, &[0, 0, 0, 0], &[n_kv, group, t, c]);
-    let cached_probs = b.reshape(&cached_probs, &[n_kv, group * t, c]);
-    let new_probs = b.slice(&probs, &[0, 0, 0, c], &[n_kv, group, t, c + t]);
-    let new_probs = b.reshape(&new_probs, &[n_kv, group * t, t]);
-    let attn_cached = b.dot_general(&cached_probs, &values, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, D]
-    let attn_new = b.dot_general(&new_probs, &new_v, (&[0], &[0]), (&[2], &[1]));
-    let attn = b.add(&attn_cached, &attn_new);
+    let (attn, kv) = match (kv, masks) {
+        (LayerKv::Stacked(new), Masks::Stacked { k_cache, v_cache, visible_cached, visible_new }) => {
+            let c = k_cache.dims()[3];
+            let new_k = new_k_of(b);
+            let layer_k = b.reshape(&new_k, &[1, n_kv, d, t]);
+            let k_all = b.dynamic_update_slice(&new.k, &layer_k, &[layer, zero, zero, zero]);
+            let new_v = new_v_of(b);
+            let layer_v = b.reshape(&new_v, &[1, n_kv, t, d]);
+            let v_all = b.dynamic_update_slice(&new.v, &layer_v, &[layer, zero, zero, zero]);
+            let new_k = b.convert(&new_k, Elem::F32);
+            let new_v = b.convert(&new_v, Elem::F32);
+            let read = |b: &mut FnBuilder, cache: &Val| {
+                let dims = cache.dims().to_vec();
+                let s = b.dynamic_slice(cache, &[layer, zero, zero, zero], &[1, dims[1], dims[2], dims[3]]);
+                let s = b.reshape(&s, &dims[1..]);
+                b.convert(&s, Elem::F32)
+            };
+            let keys = read(b, k_cache); // [KVH, D, C]
+            let values = read(b, v_cache); // [KVH, C, D]
+            let q = grouped_queries(b);
+            // Scores against the cached positions and against the new tokens share one softmax.
+            let cached_scores = masked_scores(b, &q, &keys, visible_cached);
+            let new_scores = masked_scores(b, &q, &new_k, visible_new);
+            let scores = b.concatenate(&[&cached_scores, &new_scores], 3);
+            let probs = softmax_last(b, &scores); // [KVH, G, T, C + T]
+            let cached_probs = b.slice(&probs, &[0, 0, 0, 0], &[n_kv, group, t, c]);
+            let cached_probs = b.reshape(&cached_probs, &[n_kv, group * t, c]);
+            let new_probs = b.slice(&probs, &[0, 0, 0, c], &[n_kv, group, t, c + t]);
+            let new_probs = b.reshape(&new_probs, &[n_kv, group * t, t]);
+            let attn_cached = b.dot_general(&cached_probs, &values, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, D]
+            let attn_new = b.dot_general(&new_probs, &new_v, (&[0], &[0]), (&[2], &[1]));
+            (b.add(&attn_cached, &attn_new), LayerKv::Stacked(NewKv { k: k_all, v: v_all }))
+        }
+        (LayerKv::Own { k: k_cache, v: v_cache }, Masks::PerLayer { visible }) => {
+            let c = k_cache.dims()[2];
+            let new_k = new_k_of(b);
+            let k_cache = b.dynamic_update_slice(&k_cache, &new_k, &[zero, zero, position]);
+            let new_v = new_v_of(b);
+            let v_cache = b.dynamic_update_slice(&v_cache, &new_v, &[zero, position, zero]);
+            let keys = b.convert(&k_cache, Elem::F32); // [KVH, D, C]
+            let values = b.convert(&v_cache, Elem::F32); // [KVH, C, D]
+            let q = grouped_queries(b);
+            let scores = masked_scores(b, &q, &keys, visible);
+            let probs = softmax_last(b, &scores); // [KVH, G, T, C]
+            let probs = b.reshape(&probs, &[n_kv, group * t, c]);
+            let attn = b.dot_general(&probs, &values, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, D]
+            (attn, LayerKv::Own { k: k_cache, v: v_cache })
+        }
+        _ => unreachable!("the masks are built for the layout of the caches"),
+    };
     let attn = b.reshape(&attn, &[n_kv, group, t, d]);
     let attn = b.transpose(&attn, &[2, 0, 1, 3]);
     let attn = b.reshape(&attn, &[t, n_heads * d]);
@@ -481,7 +572,7 @@ fn decoder_layer(
     let act = b.mul(&silu, &up);
     let down = linear(b, &act, &w_down);
     x = b.add(&x, &down);
-    (x, NewKv { k: k_all, v: v_all })
+    (x, kv)
 }
 
 /// One function of the module (see the module docs for its signature).
@@ -508,19 +599,28 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     // Keys are stored transposed, [D, C] per head, so that the score product reads them in the
     // [K, M] layout IREE's CPU code generation prefers (measured: see the docs); values are [C, D],
     // already [K, M] for the probability-weighted sum.
-    let cache_elem = options.cache.arg_dtype().elem();
-    let k_cache_ty = Ty::new(&[layers, n_kv, d, c], cache_elem);
-    let v_cache_ty = Ty::new(&[layers, n_kv, c, d], cache_elem);
-    // The caches alias results 1 and 2 (`tf.aliasing_output`, which IREE turns into
+    //
+    // The caches alias the results after the token (`tf.aliasing_output`, which IREE turns into
     // `iree.abi.output` and XLA into an input/output alias): the step writes into the caller's
     // buffers instead of copying the whole cache into fresh ones. The input buffers are consumed.
-    let k_cache =
-        push_with(k_cache_ty, "tf.aliasing_output = 1 : i32", "k cache [layers, kv_heads, head_dim, max_context], updated in place".into());
-    let v_cache =
-        push_with(v_cache_ty, "tf.aliasing_output = 2 : i32", "v cache [layers, kv_heads, max_context, head_dim], updated in place".into());
+    let cache_elem = options.cache.arg_dtype().elem();
+    let per_layer = options.layers == LayerMode::UnrolledCachePerLayer;
+    let caches: Vec<Val> = cache_arg_shapes(config, options)
+        .iter()
+        .enumerate()
+        .map(|(i, shape)| {
+            let (which, layout) = if i % 2 == 0 { ("k", "head_dim, max_context") } else { ("v", "max_context, head_dim") };
+            let doc = if per_layer {
+                format!("{which} cache of layer {} [kv_heads, {layout}], updated in place", i / 2)
+            } else {
+                format!("{which} cache [layers, kv_heads, {layout}], updated in place")
+            };
+            push_with(Ty::new(shape, cache_elem), &format!("tf.aliasing_output = {} : i32", i + 1), doc)
+        })
+        .collect();
     let specs = graph_weight_args(config, options);
     let vals: Vec<Val> = specs.iter().map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone())).collect();
-    let mut w = Weights { vals, specs, next: 0 };
+    let mut w = Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from };
 
     let mut b = FnBuilder::new();
     let embed = w.matrix();
@@ -540,50 +640,61 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     let sin = b.sin(&angles);
     let cos = b.concatenate(&[&cos, &cos], 1);
     let sin = b.concatenate(&[&sin, &sin], 1);
-    // Attention sees the positions before this call (cache position j visible iff j < position)
-    // and this call's tokens causally (token u visible to query t iff u <= t). Padding queries
-    // (t >= count) compute rows nobody reads; their keys and values land in the cache after the
-    // real tokens, where no later query looks before a later call overwrites them.
+    // Attention sees the positions before this call and this call's tokens causally. Padding
+    // queries (t >= count) compute rows nobody reads; their keys and values land in the cache
+    // after the real tokens, where no later query looks before a later call overwrites them.
     let cached_dims = [n_kv, group, t, c];
     let key_pos = b.iota(&cached_dims, 3);
-    let first = b.broadcast(&position, &cached_dims, &[]);
-    let visible_cached = b.compare(&key_pos, &first, Cmp::Lt);
-    let new_dims = [n_kv, group, t, t];
-    let key_index = b.iota(&new_dims, 3);
-    let query_index = b.iota(&new_dims, 2);
-    let visible_new = b.compare(&key_index, &query_index, Cmp::Le);
+    let masks = if per_layer {
+        // Cache position j is visible to query t iff j <= position + t.
+        let query_pos = b.broadcast(&positions, &cached_dims, &[2]);
+        Masks::PerLayer { visible: b.compare(&key_pos, &query_pos, Cmp::Le) }
+    } else {
+        // Cache position j visible iff j < position; new token u visible to query t iff u <= t.
+        let first = b.broadcast(&position, &cached_dims, &[]);
+        let visible_cached = b.compare(&key_pos, &first, Cmp::Lt);
+        let new_dims = [n_kv, group, t, t];
+        let key_index = b.iota(&new_dims, 3);
+        let query_index = b.iota(&new_dims, 2);
+        let visible_new = b.compare(&key_index, &query_index, Cmp::Le);
+        Masks::Stacked { k_cache: caches[0].clone(), v_cache: caches[1].clone(), visible_cached, visible_new }
+    };
     let zero = b.const_int(0, Elem::I32, &[]);
-    let new_kv = NewKv {
-        k: {
-            let z = b.const_f32(0.0, &[layers, n_kv, d, t]);
+    // Stacked caches: this call's keys and values of every layer, collected for one write.
+    let new_kv = (!per_layer).then(|| {
+        let mut zeros = |dims: &[usize]| {
+            let z = b.const_f32(0.0, dims);
             b.convert(&z, cache_elem)
-        },
-        v: {
-            let z = b.const_f32(0.0, &[layers, n_kv, t, d]);
-            b.convert(&z, cache_elem)
-        },
-    };
+        };
+        NewKv { k: zeros(&[layers, n_kv, d, t]), v: zeros(&[layers, n_kv, t, d]) }
+    });
 
-    let shared = LayerInputs {
-        k_cache: k_cache.clone(),
-        v_cache: v_cache.clone(),
-        cos,
-        sin,
-        visible_cached,
-        visible_new,
-        zero: zero.clone(),
-        t,
-        eps,
-    };
-    let (x, new_kv) = match options.layers {
+    let shared = LayerInputs { cos, sin, masks, position: position.clone(), zero: zero.clone(), cache_elem, t, eps };
+    let (x, updated_caches) = match options.layers {
         LayerMode::Unrolled => {
-            let (mut x, mut new_kv) = (x, new_kv);
+            let mut x = x;
+            let mut kv = LayerKv::Stacked(new_kv.unwrap_or_else(|| unreachable!("stacked caches")));
             for layer in 0..layers {
                 b.comment(&format!("layer {layer}"));
                 let index = b.const_int(layer as i64, Elem::I32, &[]);
-                (x, new_kv) = decoder_layer(&mut b, config, &mut w, &shared, &index, x, new_kv);
+                (x, kv) = decoder_layer(&mut b, config, &mut w, &shared, &index, x, kv);
             }
-            (x, new_kv)
+            let LayerKv::Stacked(new_kv) = kv else { unreachable!("stacked in, stacked out") };
+            (x, write_stacked(&mut b, &caches, new_kv, &zero, &position))
+        }
+        LayerMode::UnrolledCachePerLayer => {
+            let mut x = x;
+            let mut updated = Vec::with_capacity(caches.len());
+            for layer in 0..layers {
+                b.comment(&format!("layer {layer}"));
+                let index = b.const_int(layer as i64, Elem::I32, &[]);
+                let own = LayerKv::Own { k: caches[2 * layer].clone(), v: caches[2 * layer + 1].clone() };
+                let kv;
+                (x, kv) = decoder_layer(&mut b, config, &mut w, &shared, &index, x, own);
+                let LayerKv::Own { k, v } = kv else { unreachable!("own caches in, own caches out") };
+                updated.extend([k, v]);
+            }
+            (x, updated)
         }
         LayerMode::Loop => {
             // The stacked per-layer weights are the arguments up to the final norm; the loop body
@@ -593,9 +704,10 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
             w.next += per_layer;
             let stacked: Vec<(Val, WeightArg)> = (first..first + per_layer).map(|i| (w.vals[i].clone(), w.specs[i].clone())).collect();
             let start = b.const_int(0, Elem::I32, &[]);
+            let NewKv { k: k0, v: v0 } = new_kv.unwrap_or_else(|| unreachable!("stacked caches"));
             b.comment("the decoder layers: one loop body");
             let out = b.while_loop(
-                &[&start, &x, &new_kv.k, &new_kv.v],
+                &[&start, &x, &k0, &v0],
                 |b, carried| {
                     let count = b.const_int(layers as i64, Elem::I32, &[]);
                     b.compare(&carried[0], &count, Cmp::Lt)
@@ -614,22 +726,19 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
                         vals.push(b.reshape(&one, &dims[1..]));
                         specs.push(WeightArg { shape: dims[1..].to_vec(), ..spec.clone() });
                     }
-                    let mut layer_weights = Weights { vals, specs, next: 0 };
-                    let new_kv = NewKv { k: carried[2].clone(), v: carried[3].clone() };
-                    let (x, new_kv) = decoder_layer(b, config, &mut layer_weights, &shared, index, carried[1].clone(), new_kv);
+                    let mut layer_weights = Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from };
+                    let kv = LayerKv::Stacked(NewKv { k: carried[2].clone(), v: carried[3].clone() });
+                    let (x, kv) = decoder_layer(b, config, &mut layer_weights, &shared, index, carried[1].clone(), kv);
+                    let LayerKv::Stacked(new_kv) = kv else { unreachable!("stacked in, stacked out") };
                     let one = b.const_int(1, Elem::I32, &[]);
                     let next = b.add(index, &one);
                     vec![next, x, new_kv.k, new_kv.v]
                 },
             );
             let [_, x, k, v]: [Val; 4] = out.try_into().unwrap_or_else(|_| unreachable!("the loop carries four values"));
-            (x, NewKv { k, v })
+            (x, write_stacked(&mut b, &caches, NewKv { k, v }, &zero, &position))
         }
     };
-
-    b.comment("the new keys and values of every layer, written into the caches in place");
-    let k_cache = b.dynamic_update_slice(&k_cache, &new_kv.k, &[&zero, &zero, &zero, &position]);
-    let v_cache = b.dynamic_update_slice(&v_cache, &new_kv.v, &[&zero, &zero, &position, &zero]);
 
     b.comment("last real position: final norm, LM head, argmax");
     let final_norm = w.norm();
@@ -649,11 +758,20 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     let token = b.argmax(&logits);
     debug_assert_eq!(w.next, w.vals.len(), "every weight argument is used");
 
-    let mut results = vec![&token, &k_cache, &v_cache];
+    let mut results = vec![&token];
+    results.extend(updated_caches.iter());
     if spec.logits {
         results.push(&logits);
     }
     b.finish(name, &args, &results)
+}
+
+/// Writes every layer's new keys and values into the stacked caches, in place.
+fn write_stacked(b: &mut FnBuilder, caches: &[Val], new_kv: NewKv, zero: &Val, position: &Val) -> Vec<Val> {
+    b.comment("the new keys and values of every layer, written into the caches in place");
+    let k_cache = b.dynamic_update_slice(&caches[0], &new_kv.k, &[zero, zero, zero, position]);
+    let v_cache = b.dynamic_update_slice(&caches[1], &new_kv.v, &[zero, zero, position, zero]);
+    vec![k_cache, v_cache]
 }
 
 #[cfg(test)]
@@ -664,7 +782,7 @@ mod tests {
     const DECODE: GraphSpec = GraphSpec { kind: GraphKind::Decode, logits: false };
 
     fn options(format: WeightFormat) -> GraphOptions {
-        GraphOptions { max_context: 16, format, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16 }
+        GraphOptions { max_context: 16, format, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS }
     }
 
     #[test]
@@ -680,9 +798,9 @@ mod tests {
         let c = tiny_config();
         let prefill = |bucket| GraphSpec { kind: GraphKind::Prefill { bucket }, logits: false };
         let cases: Vec<(GraphOptions, Vec<GraphSpec>)> = vec![
-            (GraphOptions { max_context: 0, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16 }, vec![DECODE]),
+            (GraphOptions { max_context: 0, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS }, vec![DECODE]),
             (
-                GraphOptions { max_context: c.max_position_embeddings + 1, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16 },
+                GraphOptions { max_context: c.max_position_embeddings + 1, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS },
                 vec![DECODE],
             ),
             (options(WeightFormat::F16), vec![prefill(0)]),
@@ -741,5 +859,46 @@ mod tests {
         assert!(text.contains(") -> (tensor<i32>, tensor<2x2x16x16xf16>, tensor<2x2x16x16xf16>, tensor<256xf32>) {"));
         // Per layer, its new keys and values recorded; then one write into each cache.
         assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * c.num_hidden_layers + 2);
+    }
+
+    /// Per-layer caches: two aliased arguments per layer, each written once, never sliced.
+    #[test]
+    fn signature_with_per_layer_caches() {
+        let c = tiny_llama32_config();
+        let o = GraphOptions { layers: LayerMode::UnrolledCachePerLayer, ..options(WeightFormat::Int4) };
+        let shapes = cache_arg_shapes(&c, &o);
+        let (kv, d) = (c.num_key_value_heads, c.head_dim);
+        assert_eq!(shapes.len(), 2 * c.num_hidden_layers);
+        assert!(shapes.chunks(2).all(|pair| pair[0] == vec![kv, d, 16] && pair[1] == vec![kv, 16, d]));
+        let text = emit_module(&c, &o, &[DECODE]).unwrap();
+        for (i, shape) in shapes.iter().enumerate() {
+            let ty = format!("tensor<{}xf16>", shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x"));
+            assert!(text.contains(&format!("%arg{}: {ty} {{tf.aliasing_output = {} : i32}}", i + 2, i + 1)), "cache argument {i}");
+        }
+        assert!(!text.contains(&format!("tf.aliasing_output = {} : i32", shapes.len() + 1)));
+        // One in-place write per cache, and attention reads the written caches whole.
+        assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), shapes.len());
+        assert_eq!(text.matches("stablehlo.dynamic_slice").count(), 0);
+        let results = text.lines().find(|l| l.contains(") -> (tensor<i32>")).unwrap();
+        assert_eq!(results.split(") -> (").nth(1).unwrap().matches("tensor<").count(), 1 + shapes.len());
+        // The weights are the unrolled ones.
+        let n_args = 2 + shapes.len() + crate::weight_args(&c, WeightFormat::Int4).len();
+        assert!(text.contains(&format!("%arg{}: ", n_args - 1)) && !text.contains(&format!("%arg{n_args}: ")));
+    }
+
+    /// int4 matrices in the per-group form below the threshold, dequantized from it on.
+    #[test]
+    fn int4_dequantize_threshold() {
+        let c = tiny_llama32_config();
+        let dots = |from: usize, spec: GraphSpec| {
+            let o = GraphOptions { int4_dequantize_from: from, ..options(WeightFormat::Int4) };
+            emit_module(&c, &o, &[spec]).unwrap().matches("stablehlo.dot_general").count()
+        };
+        let prefill = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: false };
+        // The per-group form takes three dots per matrix, the dequantized form one.
+        assert!(dots(1, DECODE) < dots(PREFILL_DEQUANTIZE_MIN_TOKENS, DECODE));
+        assert_eq!(dots(1, DECODE), dots(1, prefill));
+        assert_eq!(dots(5, prefill), dots(5, DECODE));
+        assert!(dots(4, prefill) < dots(5, prefill));
     }
 }

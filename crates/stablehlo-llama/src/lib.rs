@@ -20,4 +20,6 @@ pub use arguments::{
 };
 pub use buckets::{buckets_for_context, plan_prefill, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;
-pub use graph::{emit_entry_module, emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode};
+pub use graph::{
+    cache_arg_shapes, emit_entry_module, emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode, PREFILL_DEQUANTIZE_MIN_TOKENS,
+};

@@ -172,7 +172,7 @@ impl IreeSession<'_> {
 fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat, layers: LayerMode) -> f32 {
     let config = &weights.config;
     let dir = tempfile::tempdir().unwrap();
-    let options = GraphOptions { max_context: MAX_CONTEXT, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16 };
+    let options = GraphOptions { max_context: MAX_CONTEXT, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS };
     let specs =
         [GraphSpec { kind: GraphKind::Decode, logits: true }, GraphSpec { kind: GraphKind::Prefill { bucket: BUCKET }, logits: true }];
     let mlir = dir.path().join("model.mlir");
@@ -273,7 +273,7 @@ fn iree_updates_the_kv_cache_in_place() {
     let config = llama_model::random::tiny_config();
     for layers in [LayerMode::Unrolled, LayerMode::Loop] {
         // 24 positions: 2 * 2 * 24 * 16 f16 = 3072 bytes per cache, a size no weight has.
-        let options = GraphOptions { max_context: 24, format: WeightFormat::F16, layers, dense: StorageDtype::F16, cache: StorageDtype::F16 };
+        let options = GraphOptions { max_context: 24, format: WeightFormat::F16, layers, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS };
         let cache_bytes = config.num_hidden_layers * config.num_key_value_heads * 24 * config.head_dim * 2;
         let text = emit_module(&config, &options, &[GraphSpec { kind: GraphKind::Decode, logits: false }]).unwrap();
         assert!(text.contains("tf.aliasing_output"));
