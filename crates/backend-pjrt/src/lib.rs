@@ -228,9 +228,6 @@ fn load_engine(device: PjrtDevice, request: &LoadRequest) -> Result<(PjrtEngine,
     let config = weights.config.clone();
     let max_context = request.max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings);
     let options = GraphOptions { max_context, format: request.weights, layers, dense, cache, int4_dequantize_from };
-    let args = graph_host_args(&weights, &options).map_err(|e| to_seam_error(e.into(), name))?;
-    drop(weights);
-    let weight_bytes: u64 = args.iter().map(|a| a.bytes.len() as u64).sum();
     let info = EngineInfo {
         backend: name.to_string(),
         model: dir.name(),
@@ -239,11 +236,17 @@ fn load_engine(device: PjrtDevice, request: &LoadRequest) -> Result<(PjrtEngine,
         vocab_size: config.vocab_size,
         hidden_size: config.hidden_size,
         load_time: Default::default(),
-        weight_bytes,
+        weight_bytes: 0,
     };
-    let parts = EngineParts { client: Arc::clone(&found.client), device, config, options, args, info };
+    let parts = EngineParts { client: Arc::clone(&found.client), device, config, options: options.clone(), info };
+    let prepare_weights = move || {
+        let args = graph_host_args(&weights, &options)?;
+        // The host copy in the model's own format is not needed once the upload bytes exist.
+        drop(weights);
+        Ok(args)
+    };
     let report = |stage: &str, done: u64, total: Option<u64>| request.report(stage, done, total);
-    let (mut engine, compiled) = PjrtEngine::build(parts, &report).map_err(|e| to_seam_error(e, name))?;
+    let (mut engine, compiled) = PjrtEngine::build(parts, prepare_weights, &report).map_err(|e| to_seam_error(e, name))?;
     engine.set_load_time(started.elapsed());
     Ok((engine, compiled))
 }

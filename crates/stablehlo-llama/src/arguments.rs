@@ -12,6 +12,7 @@
 
 use crate::error::GraphError;
 use half::f16;
+use half::slice::HalfFloatSliceExt;
 use llama_model::int4::GROUP_SIZE;
 use llama_model::weights::{expected_tensors, TensorRole};
 use llama_model::{LlamaConfig, LlamaWeights, Matrix};
@@ -172,24 +173,39 @@ pub struct HostArg {
     pub bytes: Vec<u8>,
 }
 
+/// Values per tile edge of [`transposed_dense_bytes`], and per widening pass of [`dense_bytes`].
+const TILE: usize = 32;
+
 /// `data` (`rows x cols`, row-major) transposed to `cols x rows`, as little-endian bytes of
 /// `dense`.
 ///
-/// In tiles, so that both the rows read and the rows written stay in cache: the plain
-/// column-by-column walk over SmolLM2's 49152 x 576 embedding took seconds of every load.
+/// In tiles, so that both the rows read and the rows written stay in cache (the plain
+/// column-by-column walk over SmolLM2's 49152 x 576 embedding took seconds of every load), and
+/// straight into the one output buffer: the load of an fp16 model on `pjrt-cpu` widens 538 MB,
+/// and every intermediate buffer of that size costs its page faults again.
 fn transposed_dense_bytes(data: &[f16], rows: usize, cols: usize, dense: StorageDtype) -> Vec<u8> {
-    const TILE: usize = 64;
     let size = dense.arg_dtype().size();
     let mut out = vec![0u8; rows * cols * size];
+    let mut wide = [0f32; TILE];
     for r0 in (0..rows).step_by(TILE) {
         for c0 in (0..cols).step_by(TILE) {
+            let c1 = (c0 + TILE).min(cols);
             for r in r0..(r0 + TILE).min(rows) {
-                let row = &data[r * cols..(r + 1) * cols];
-                for c in c0..(c0 + TILE).min(cols) {
-                    let at = (c * rows + r) * size;
-                    match dense {
-                        StorageDtype::F16 => out[at..at + 2].copy_from_slice(&row[c].to_le_bytes()),
-                        StorageDtype::F32 => out[at..at + 4].copy_from_slice(&row[c].to_f32().to_le_bytes()),
+                let row = &data[r * cols + c0..r * cols + c1];
+                match dense {
+                    StorageDtype::F16 => {
+                        for (c, value) in (c0..c1).zip(row) {
+                            let at = (c * rows + r) * 2;
+                            out[at..at + 2].copy_from_slice(&value.to_le_bytes());
+                        }
+                    }
+                    StorageDtype::F32 => {
+                        let wide = &mut wide[..row.len()];
+                        row.convert_to_f32_slice(wide);
+                        for (c, value) in (c0..c1).zip(wide.iter()) {
+                            let at = (c * rows + r) * 4;
+                            out[at..at + 4].copy_from_slice(&value.to_le_bytes());
+                        }
                     }
                 }
             }
@@ -209,7 +225,18 @@ fn f16_bytes(values: impl ExactSizeIterator<Item = f16>) -> Vec<u8> {
 fn dense_bytes(values: &[f16], dense: StorageDtype) -> Vec<u8> {
     match dense {
         StorageDtype::F16 => f16_bytes(values.iter().copied()),
-        StorageDtype::F32 => values.iter().flat_map(|v| v.to_f32().to_le_bytes()).collect(),
+        StorageDtype::F32 => {
+            let mut out = vec![0u8; values.len() * 4];
+            let mut wide = [0f32; TILE];
+            for (bytes, chunk) in out.chunks_mut(TILE * 4).zip(values.chunks(TILE)) {
+                let wide = &mut wide[..chunk.len()];
+                chunk.convert_to_f32_slice(wide);
+                for (b, value) in bytes.chunks_exact_mut(4).zip(wide.iter()) {
+                    b.copy_from_slice(&value.to_le_bytes());
+                }
+            }
+            out
+        }
     }
 }
 
@@ -410,6 +437,35 @@ mod tests {
         let Matrix::F16 { data: embed, .. } = &w.embed else { panic!() };
         assert_eq!(&args[0].bytes[..2], &embed[0].to_le_bytes());
         assert_eq!(&args[0].bytes[2..4], &embed[1].to_le_bytes());
+
+        // Widened to f32 (what pjrt-cpu holds): the same positions, each value exact, for a matrix
+        // whose sides are not multiples of the conversion's tile.
+        let wide = host_args_with(&w, WeightFormat::F16, StorageDtype::F32).unwrap();
+        for (narrow, wide) in args.iter().zip(&wide) {
+            let narrow_len = narrow.bytes.len();
+            match narrow.spec.dtype {
+                ArgDtype::F16 => {
+                    assert_eq!(wide.bytes.len(), narrow_len * 2, "{}", narrow.spec.name);
+                    for (n, w) in narrow.bytes.chunks_exact(2).zip(wide.bytes.chunks_exact(4)) {
+                        let n = f16::from_le_bytes([n[0], n[1]]).to_f32();
+                        assert_eq!(n.to_bits(), f32::from_le_bytes([w[0], w[1], w[2], w[3]]).to_bits(), "{}", narrow.spec.name);
+                    }
+                }
+                _ => assert_eq!(narrow.bytes, wide.bytes, "{}", narrow.spec.name),
+            }
+        }
+        let odd = [f16::from_f32(1.5), f16::from_f32(-2.0), f16::from_f32(0.25), f16::from_f32(3.0), f16::from_f32(7.0), f16::from_f32(-0.5)];
+        let mut many = Vec::new();
+        for i in 0..(37 * 45) {
+            many.push(odd[i % odd.len()] * f16::from_f32((i % 11) as f32));
+        }
+        let t = transposed_dense_bytes(&many, 37, 45, StorageDtype::F32);
+        for r in 0..37 {
+            for c in 0..45 {
+                let at = (c * 37 + r) * 4;
+                assert_eq!(f32::from_le_bytes(t[at..at + 4].try_into().unwrap()), many[r * 45 + c].to_f32());
+            }
+        }
 
         // Asking for int4 from f16 weights is an error, not a silent conversion.
         assert!(matches!(host_args(&w, WeightFormat::Int4), Err(GraphError::Weight { .. })));
