@@ -10,7 +10,7 @@
 
 use crate::error::IreeError;
 use eerie::compiler::Compiler;
-use sha2::{Digest, Sha256};
+use graph_engine::{ArtifactCache, CacheOutcome};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
@@ -133,26 +133,10 @@ pub fn load_compiler(path: &Path) -> Result<(Compiler, String), IreeError> {
     loaded.clone().map_err(|message| IreeError::CompilerLoad { path: path.to_path_buf(), message })
 }
 
-/// Whether a module came from the cache or was compiled now.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
-pub enum CacheOutcome {
-    Hit,
-    Compiled,
-}
-
-/// A compiled module (VM flatbuffer) and where it came from.
-#[derive(Debug, Clone)]
-pub struct CompiledModule {
-    pub vmfb: Vec<u8>,
-    pub outcome: CacheOutcome,
-    /// The cache file holding it.
-    pub path: PathBuf,
-}
-
-/// The cache of compiled modules: `cache_home()/iree/<sha256>.vmfb` (`.seam/cache/iree` unless
-/// `SEAM_CACHE_DIR` says otherwise).
-pub fn cache_dir() -> PathBuf {
-    llama_model::default_model::cache_home().join("iree")
+/// The cache of compiled modules: `cache_home()/iree/<key>.vmfb` (`.seam/cache/iree` unless
+/// `SEAM_CACHE_DIR` says otherwise), verified by hash on every read.
+pub fn module_cache() -> ArtifactCache {
+    ArtifactCache::new(llama_model::default_model::cache_home().join("iree"), "vmfb")
 }
 
 /// The host CPU's identity for the cache key: modules are compiled with `target-cpu=host`.
@@ -170,38 +154,31 @@ fn host_cpu() -> String {
 
 /// The cache key of `mlir` compiled with `flags` by compiler `version`.
 pub fn cache_key(mlir: &str, flags: &[&str], version: &str) -> String {
-    let mut hash = Sha256::new();
-    // Length-prefix every part so that no two different inputs concatenate to the same bytes.
-    for part in [version, &host_cpu(), &flags.join("\n"), mlir] {
-        hash.update((part.len() as u64).to_le_bytes());
-        hash.update(part.as_bytes());
-    }
-    hash.finalize().iter().map(|b| format!("{b:02x}")).collect()
+    let flags = flags.join("\n");
+    graph_engine::artifact_cache::cache_key(&[version.as_bytes(), host_cpu().as_bytes(), flags.as_bytes(), mlir.as_bytes()])
 }
 
-/// Returns the module for `mlir`, from the cache when it holds one for this text, these flags
-/// and this compiler, otherwise compiling it (with `compiler_library`) and storing the result.
-/// `what` names the graphs in errors.
-pub fn compile_cached(compiler_library: &Path, what: &str, mlir: &str, flags: &[&str]) -> Result<CompiledModule, IreeError> {
+/// Compiles `mlir` (or takes its module from the cache, when it holds one for this text, these
+/// flags and this compiler) and hands the module to `load`. A cached module that `load` refuses
+/// is compiled again. `what` names the graphs in errors.
+pub fn compile_cached(
+    compiler_library: &Path,
+    what: &str,
+    mlir: &str,
+    flags: &[&str],
+    load: impl Fn(Vec<u8>) -> session_api::Result<()>,
+) -> session_api::Result<CacheOutcome> {
     let (compiler, version) = load_compiler(compiler_library)?;
-    let dir = cache_dir();
-    let path = dir.join(format!("{}.vmfb", cache_key(mlir, flags, &version)));
-    if let Ok(vmfb) = std::fs::read(&path) {
-        if !vmfb.is_empty() {
-            return Ok(CompiledModule { vmfb, outcome: CacheOutcome::Hit, path });
-        }
-    }
-    let vmfb = {
-        let _serial = COMPILE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
-        compiler
-            .compile_str(mlir, flags)
-            .map_err(|e| IreeError::Compile { graph: what.to_string(), message: e.to_string() })?
+    let build = || {
+        let vmfb = {
+            let _serial = COMPILE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
+            compiler
+                .compile_str(mlir, flags)
+                .map_err(|e| IreeError::Compile { graph: what.to_string(), message: e.to_string() })?
+        };
+        load(vmfb.clone())?;
+        Ok(((), vmfb))
     };
-    std::fs::create_dir_all(&dir).map_err(|e| IreeError::io(&dir, e))?;
-    // Write to a temporary name, then rename: a reader never sees half a module, and two
-    // processes compiling the same module both end with a complete file.
-    let temp = dir.join(format!(".{}.{}.tmp", path.file_name().unwrap_or_default().to_string_lossy(), std::process::id()));
-    std::fs::write(&temp, &vmfb).map_err(|e| IreeError::io(&temp, e))?;
-    std::fs::rename(&temp, &path).map_err(|e| IreeError::io(&path, e))?;
-    Ok(CompiledModule { vmfb, outcome: CacheOutcome::Compiled, path })
+    let ((), outcome) = module_cache().load_or_build(&cache_key(mlir, flags, &version), &load, build)?;
+    Ok(outcome)
 }

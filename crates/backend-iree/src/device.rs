@@ -10,7 +10,7 @@
 use crate::compiler::LLVM_CPU_FLAGS;
 use crate::error::IreeError;
 use eerie::runtime::DeviceSpec;
-use session_api::DeviceInfo;
+use session_api::{DeviceInfo, DeviceKind};
 use std::process::Command;
 
 /// Environment variable naming the CUDA architecture to compile for (`sm_90`, ...); by default
@@ -26,10 +26,19 @@ pub enum IreeDevice {
 
 impl IreeDevice {
     /// The backend's registry name.
-    pub fn backend_name(self) -> &'static str {
+    pub fn id(self) -> &'static str {
         match self {
-            IreeDevice::Cpu => "iree-cpu",
-            IreeDevice::Cuda => "iree-cuda",
+            IreeDevice::Cpu => "cpu",
+            IreeDevice::Cuda => "cuda:0",
+        }
+    }
+
+    /// The device of `id`, or an `InvalidInput` error naming the ones there are.
+    pub fn from_id(id: &str) -> Result<IreeDevice, IreeError> {
+        match id {
+            "cpu" => Ok(IreeDevice::Cpu),
+            "cuda:0" | "cuda" => Ok(IreeDevice::Cuda),
+            other => Err(IreeError::NoSuchDevice(format!("iree has no device {other} (devices: cpu, cuda:0)"))),
         }
     }
 
@@ -73,7 +82,7 @@ impl IreeDevice {
                     Some((name, mib)) => (name.trim().to_string(), mib.trim().parse::<u64>().ok().map(|m| m * 1024 * 1024)),
                     None => ("CUDA device 0".to_string(), None),
                 };
-                DeviceInfo { index: 0, name, memory_bytes }
+                DeviceInfo { id: self.id().into(), kind: DeviceKind::Gpu, name, memory_bytes }
             }
         }
     }

@@ -27,6 +27,9 @@ pub enum IreeError {
     #[error("{0}")]
     Unavailable(String),
     /// The runtime thread is gone (it panicked, or the engine was torn down).
+    /// A device id the backend does not drive.
+    #[error("{0}")]
+    NoSuchDevice(String),
     #[error("the IREE runtime thread is gone")]
     WorkerGone,
 }
@@ -59,7 +62,9 @@ impl From<IreeError> for session_api::SeamError {
             IreeError::CompilerMissing(_) | IreeError::CompilerLoad { .. } | IreeError::Unavailable(_) => {
                 SeamError::Unavailable { backend: crate::BACKEND_NAME.to_string(), reason: e.to_string() }
             }
-            IreeError::Graph(stablehlo_llama::GraphError::Options(message)) => SeamError::InvalidInput(message),
+            IreeError::Graph(stablehlo_llama::GraphError::Options(message)) | IreeError::NoSuchDevice(message) => {
+                SeamError::InvalidInput(message)
+            }
             IreeError::Graph(g) => SeamError::ModelFormat { path: None, message: g.to_string() },
             IreeError::Io { path, source } => SeamError::Io { path, source },
             other => SeamError::Backend(other.to_string()),

@@ -16,6 +16,7 @@
 use crate::error::IreeError;
 use eerie::runtime::{BufferElement, BufferView, Value};
 use crate::device::IreeDevice;
+use graph_engine::GraphInput;
 use eerie::runtime::{Program, Runtime};
 use half::f16;
 use stablehlo_llama::{ArgDtype, HostArg};
@@ -38,10 +39,12 @@ pub struct CacheShape {
 pub struct StepCall {
     /// Which loaded module (see [`Request::LoadModule`]).
     pub module: String,
-    /// The function's name (`decode`, `prefill_16_logits`, ...).
+    /// The function's name (`seam_llama.decode_logits`, ...).
     pub function: String,
-    /// The token ids, padded to the function's bucket.
-    pub tokens: Vec<i32>,
+    /// The token ids or embedding rows, padded to the function's bucket.
+    pub input: GraphInput,
+    /// Width of an embedding row.
+    pub hidden_size: usize,
     /// Where they go in the sequence.
     pub position: i32,
     /// Real tokens among `tokens` (prefill functions only).
@@ -234,7 +237,12 @@ impl WorkerState {
         // Taken out: the function consumes these buffers and returns the updated ones.
         let (k, v) = cache.buffers.take().ok_or_else(|| IreeError::Runtime("the KV cache was lost by an earlier failure".into()))?;
         let mut inputs: Vec<Value> = Vec::with_capacity(5 + self.weights.len());
-        inputs.push(self.runtime.buffer_view(&[call.tokens.len()], &call.tokens)?.into());
+        inputs.push(match &call.input {
+            GraphInput::Tokens(ids) => self.runtime.buffer_view(&[ids.len()], ids)?.into(),
+            GraphInput::Embeddings(rows) => {
+                self.runtime.buffer_view(&[rows.len() / call.hidden_size.max(1), call.hidden_size], rows)?.into()
+            }
+        });
         inputs.push(self.runtime.buffer_view::<i32>(&[], &[call.position])?.into());
         if let Some(count) = call.count {
             inputs.push(self.runtime.buffer_view::<i32>(&[], &[count])?.into());

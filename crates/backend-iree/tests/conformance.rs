@@ -10,19 +10,8 @@
 //! one more for the logits variants), cached in `.seam/cache/iree`; cold, that is most of this
 //! test's time (see docs/backends/iree.md), warm it takes about a minute.
 
-use backend_iree::{compiler::ensure_compiler_library, IreeBackend, IreeEngine};
-use conformance::{ComputePrecision, FaultInjection, Target};
-use session_api::{LoadRequest, Session, SessionOptions};
-
-/// Sessions whose next step fails inside the IREE runtime, for the poisoning cases.
-struct InjectedFaults;
-
-impl FaultInjection for InjectedFaults {
-    fn failing_session(&self, request: &LoadRequest, options: SessionOptions) -> session_api::Result<Box<dyn Session>> {
-        let engine: IreeEngine = IreeBackend::CPU.load_engine(request)?;
-        engine.session_with_injected_fault(options)
-    }
-}
+use backend_iree::compiler::ensure_compiler_library;
+use conformance::{ComputePrecision, Target};
 
 fn main() {
     if let Err(e) = ensure_compiler_library() {
@@ -30,6 +19,9 @@ fn main() {
         return;
     }
     conformance::test_main(
-        Target::new(Box::new(IreeBackend::CPU)).with_precision(ComputePrecision::F16).with_fault_injection(InjectedFaults),
+        {
+            backend_iree::link();
+            Target::registered("iree-cpu").expect("iree-cpu is registered").with_precision(ComputePrecision::F16)
+        },
     );
 }

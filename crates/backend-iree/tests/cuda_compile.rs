@@ -5,7 +5,9 @@
 //! none, so this is what CI can check of the CUDA path.
 
 use backend_iree::compiler::{compile_cached, ensure_compiler_library};
-use backend_iree::engine::{buckets_for, module_specs};
+use graph_engine::token_graphs;
+use stablehlo_llama::buckets_for_context;
+use std::cell::RefCell;
 use llama_model::random::{tiny_config, tiny_llama32_config};
 use session_api::WeightFormat;
 use stablehlo_llama::{emit_module, StorageDtype, GraphOptions, LayerMode};
@@ -27,11 +29,16 @@ fn graphs_compile_for_cuda() {
     ];
     for (config, format, layers) in cases {
         let options = GraphOptions { max_context: 32, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS };
-        let text = emit_module(&config, &options, &module_specs(&buckets_for(32))).unwrap();
-        let module = compile_cached(&library, "cuda test", &text, &flags)
-            .unwrap_or_else(|e| panic!("{format} {layers:?} graphs did not compile for sm_89: {e}"));
+        let text = emit_module(&config, &options, &token_graphs(&buckets_for_context(32))).unwrap();
+        let module = RefCell::new(Vec::new());
+        compile_cached(&library, "cuda test", &text, &flags, |vmfb| {
+            *module.borrow_mut() = vmfb;
+            Ok(())
+        })
+        .unwrap_or_else(|e| panic!("{format} {layers:?} graphs did not compile for sm_89: {e}"));
         // A CUDA module embeds PTX for the target; an llvm-cpu one would embed an ELF instead.
-        let ptx = module.vmfb.windows(b".target sm_89".len()).any(|w| w == b".target sm_89");
-        assert!(ptx, "{format} {layers:?}: no sm_89 PTX in the module ({} bytes)", module.vmfb.len());
+        let module = module.into_inner();
+        let ptx = module.windows(b".target sm_89".len()).any(|w| w == b".target sm_89");
+        assert!(ptx, "{format} {layers:?}: no sm_89 PTX in the module ({} bytes)", module.len());
     }
 }

@@ -6,7 +6,7 @@
 //! The compiler library is installed into `.seam/py-iree` on first use (pip). If that is not
 //! possible here (no network), the tests print why and return.
 
-use backend_iree::compiler::{cache_dir, ensure_compiler_library};
+use backend_iree::compiler::{ensure_compiler_library, module_cache};
 use backend_iree::IreeBackend;
 use backend_reference::ReferenceBackend;
 use llama_model::random::{tiny_config, tiny_llama32_config, write_random_checkpoint};
@@ -35,7 +35,7 @@ fn greedy(session: &mut dyn Session, prompt: &[u32], steps: usize) -> Vec<u32> {
 }
 
 fn vmfb_count() -> usize {
-    std::fs::read_dir(cache_dir()).map(|d| d.filter_map(|e| e.ok()).filter(|e| e.path().extension().is_some_and(|x| x == "vmfb")).count()).unwrap_or(0)
+    std::fs::read_dir(module_cache().dir()).map(|d| d.filter_map(|e| e.ok()).filter(|e| e.path().extension().is_some_and(|x| x == "vmfb")).count()).unwrap_or(0)
 }
 
 fn check_parity(dir: &Path, format: WeightFormat) {
@@ -47,7 +47,7 @@ fn check_parity(dir: &Path, format: WeightFormat) {
     let expected = greedy(reference.new_session(SessionOptions::default()).unwrap().as_mut(), &prompt, 16);
 
     let started = Instant::now();
-    let engine = IreeBackend::CPU.load(&request).unwrap();
+    let engine = IreeBackend.load(&request).unwrap();
     let first_load = started.elapsed();
     let mut session = engine.new_session(SessionOptions::default()).unwrap();
     let got = greedy(session.as_mut(), &prompt, 16);
@@ -59,7 +59,7 @@ fn check_parity(dir: &Path, format: WeightFormat) {
     // A second load of the same model compiles nothing: the cache holds the module.
     let before = vmfb_count();
     let started = Instant::now();
-    let again = IreeBackend::CPU.load(&request).unwrap();
+    let again = IreeBackend.load(&request).unwrap();
     let second_load = started.elapsed();
     eprintln!("{format}: second load (cache hit) {:.3} s", second_load.as_secs_f64());
     assert_eq!(vmfb_count(), before, "the second load wrote a new module");
@@ -99,7 +99,7 @@ fn logits_truncate_fork_and_the_end_of_the_context() {
     let mut request = LoadRequest::new(dir.path(), WeightFormat::F16);
     request.max_context = Some(40);
     let reference = ReferenceBackend.load(&request).unwrap();
-    let engine = IreeBackend::CPU.load(&request).unwrap();
+    let engine = IreeBackend.load(&request).unwrap();
     assert_eq!(engine.capabilities().max_context, 40);
     let with_logits = SessionOptions { return_logits: true, ..Default::default() };
 

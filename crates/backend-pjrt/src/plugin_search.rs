@@ -22,13 +22,6 @@ pub enum PjrtDevice {
 }
 
 impl PjrtDevice {
-    /// The registry name.
-    pub fn backend_name(self) -> &'static str {
-        match self {
-            PjrtDevice::Cpu => crate::CPU_BACKEND_NAME,
-            PjrtDevice::Cuda => crate::CUDA_BACKEND_NAME,
-        }
-    }
 
     /// The environment variable naming an explicit plugin file.
     pub fn plugin_env(self) -> &'static str {
@@ -171,7 +164,7 @@ pub fn find_plugin(device: PjrtDevice) -> Result<FoundPlugin, SearchFailure> {
             failure.missing.push(path);
             continue;
         }
-        match open_client(&path, device) {
+        match open_client(&path, Some(device)) {
             Ok(found) => return Ok(found),
             Err(why) => failure.tried.push((path, why)),
         }
@@ -179,7 +172,9 @@ pub fn find_plugin(device: PjrtDevice) -> Result<FoundPlugin, SearchFailure> {
     Err(failure)
 }
 
-fn open_client(path: &Path, device: PjrtDevice) -> Result<FoundPlugin, String> {
+/// Loads the plugin at `path` and starts a client; with `device`, the client must report its
+/// platform.
+fn open_client(path: &Path, device: Option<PjrtDevice>) -> Result<FoundPlugin, String> {
     let plugin = Plugin::load(path).map_err(|e| match e {
         PjrtError::ApiVersion { plugin, header, .. } => format!("API version mismatch (plugin {plugin}, seam {header})"),
         other => other.to_string(),
@@ -189,7 +184,7 @@ fn open_client(path: &Path, device: PjrtDevice) -> Result<FoundPlugin, String> {
         other => format!("no client: {other}"),
     })?;
     let info = client.device_info().map_err(|e| e.to_string())?;
-    if info.platform != device.platform() {
+    if let Some(device) = device.filter(|d| info.platform != d.platform()) {
         return Err(format!("a {} plugin, not {}", info.platform, device.platform()));
     }
     Ok(FoundPlugin { plugin, client })
@@ -210,6 +205,26 @@ pub fn shared_client(device: PjrtDevice) -> Result<Arc<FoundPlugin>, SearchFailu
     }
     let found = Arc::new(find_plugin(device)?);
     clients.insert(device, Arc::clone(&found));
+    Ok(found)
+}
+
+/// The process-wide client of the plugin at `path`, whatever its platform (a vendor's plugin), or
+/// why it cannot be used: no file, not a plugin, an API version seam cannot call, no device.
+pub fn client_at(path: &Path) -> Result<Arc<FoundPlugin>, String> {
+    use std::collections::HashMap;
+    use std::sync::{Mutex, OnceLock};
+    static CLIENTS: OnceLock<Mutex<HashMap<PathBuf, Arc<FoundPlugin>>>> = OnceLock::new();
+    let mut clients = CLIENTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
+    if let Some(found) = clients.get(path) {
+        return Ok(Arc::clone(found));
+    }
+    if !path.is_file() {
+        return Err(format!("no PJRT plugin at {} (from --plugin)", path.display()));
+    }
+    // Before the client starts its threads; harmless for a plugin whose buffers are not on the host.
+    cap_malloc_arenas();
+    let found = Arc::new(open_client(path, None).map_err(|why| format!("{}: {why}", path.display()))?);
+    clients.insert(path.to_path_buf(), Arc::clone(&found));
     Ok(found)
 }
 

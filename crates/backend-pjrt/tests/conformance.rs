@@ -11,19 +11,7 @@
 //! Tolerances are the f16 ones: the KV cache is f16 and int4 scales are f16 on every device, and
 //! on a GPU the matrices are f16 too. Compiled executables are cached in `.seam/cache/pjrt`.
 
-use backend_pjrt::{PjrtBackend, PjrtEngine};
-use conformance::{ComputePrecision, FaultInjection, SuiteOptions, Target};
-use session_api::{LoadRequest, Session, SessionOptions};
-
-/// Sessions whose next step fails inside the plugin, for the poisoning cases.
-struct InjectedFaults;
-
-impl FaultInjection for InjectedFaults {
-    fn failing_session(&self, request: &LoadRequest, options: SessionOptions) -> session_api::Result<Box<dyn Session>> {
-        let (engine, _): (PjrtEngine, _) = PjrtBackend::CPU.load_engine(request)?;
-        engine.session_with_injected_fault(options)
-    }
-}
+use conformance::{ComputePrecision, SuiteOptions, Target};
 
 /// Case groups, run one after another. The memory case runs first, in a process whose heap the
 /// other cases have not yet fragmented: XLA allocates from its worker threads' malloc arenas, and
@@ -46,11 +34,16 @@ const GROUPS: [&str; 13] = [
     "parity.",
 ];
 
+fn registered(name: &str) -> Target {
+    backend_pjrt::link();
+    Target::registered(name).unwrap_or_else(|e| panic!("{name} is registered: {e}"))
+}
+
 fn main() {
     let env_filter = SuiteOptions::from_env().case_filter;
     let targets = [
-        Target::new(Box::new(PjrtBackend::CPU)).with_precision(ComputePrecision::F16).with_fault_injection(InjectedFaults),
-        Target::new(Box::new(PjrtBackend::CUDA)).with_precision(ComputePrecision::F16),
+        registered("pjrt-cpu").with_precision(ComputePrecision::F16),
+        registered("pjrt-cuda").with_precision(ComputePrecision::F16),
     ];
     let mut failed = false;
     let mut cpu_unavailable = false;

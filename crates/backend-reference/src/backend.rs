@@ -3,7 +3,7 @@
 use crate::engine::{capabilities_with, EngineOptions, ReferenceEngine};
 use llama_model::model_dir::ModelDir;
 use llama_model::weights::load_weights;
-use session_api::{Availability, Backend, Capabilities, DeviceInfo, Engine, LoadRequest, Result, SeamError};
+use session_api::{Availability, Backend, Capabilities, DeviceInfo, DeviceKind, Engine, LoadRequest, Result};
 use std::sync::Arc;
 use std::time::Instant;
 
@@ -11,7 +11,7 @@ use std::time::Instant;
 #[derive(Debug, Clone, Copy, Default)]
 pub struct ReferenceBackend;
 
-/// The CPU this process runs on, as a [`DeviceInfo`] (index 0, the only device).
+/// The CPU this process runs on, as a [`DeviceInfo`] (id `cpu`).
 pub fn cpu_device() -> DeviceInfo {
     let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
     let model = std::fs::read_to_string("/proc/cpuinfo")
@@ -19,7 +19,7 @@ pub fn cpu_device() -> DeviceInfo {
         .and_then(|info| cpu_model_name(&info))
         .unwrap_or_else(|| std::env::consts::ARCH.to_string());
     let memory_bytes = std::fs::read_to_string("/proc/meminfo").ok().and_then(|info| mem_total_bytes(&info));
-    DeviceInfo { index: 0, name: format!("{model} ({cores} threads)"), memory_bytes }
+    DeviceInfo { id: "cpu".into(), kind: DeviceKind::Cpu, name: format!("{model} ({cores} threads)"), memory_bytes }
 }
 
 /// The `model name` line of `/proc/cpuinfo` (x86); ARM kernels may lack it.
@@ -59,11 +59,8 @@ impl Backend for ReferenceBackend {
     }
 
     fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {
-        if let Some(device) = request.device.filter(|&d| d != 0) {
-            return Err(SeamError::InvalidInput(format!(
-                "the reference backend has one device (index 0, the CPU), not {device}"
-            )));
-        }
+        DeviceInfo::select(crate::BACKEND_NAME, &[cpu_device()], request.device.as_deref())?;
+        request.check_settings(crate::BACKEND_NAME, &[])?;
         let started = Instant::now();
         let dir = ModelDir::open(&request.model_dir)?;
         let report_read = |done: u64, total: u64| request.report("reading weights", done, Some(total));
@@ -97,7 +94,7 @@ mod tests {
     fn is_always_available_on_one_cpu_device() {
         let Availability::Available { devices } = ReferenceBackend.availability() else { panic!("unavailable") };
         assert_eq!(devices.len(), 1);
-        assert_eq!(devices[0].index, 0);
+        assert_eq!(devices[0].id, "cpu");
         assert!(devices[0].name.contains("threads"), "{}", devices[0].name);
     }
 
@@ -113,7 +110,7 @@ mod tests {
         let request = LoadRequest::new("/nonexistent/seam-model", session_api::WeightFormat::F16);
         assert!(ReferenceBackend.load(&request).is_err());
         let mut other_device = request.clone();
-        other_device.device = Some(3);
+        other_device.device = Some("cuda:0".into());
         assert_eq!(ReferenceBackend.load(&other_device).err().unwrap().kind(), session_api::ErrorKind::InvalidInput);
     }
 }

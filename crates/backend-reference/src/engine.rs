@@ -1,11 +1,11 @@
 //! The reference engine: f32 weights held once, shared by every session.
 
-use crate::session::ReferenceSession;
+use crate::session::ReferenceSteps;
 use crate::transformer::Transformer;
 use llama_model::LlamaWeights;
 use session_api::{
     Capabilities, Engine, EngineInfo, InputKinds, KvOps, Result, SamplingModes, SeamError, Session, SessionOptions,
-    StateKind, WeightFormat,
+    SessionSteps, StateKind, WeightFormat,
 };
 use std::fmt;
 use std::sync::Arc;
@@ -120,10 +120,10 @@ impl ReferenceEngine {
         self.load_time = load_time;
     }
 
-    /// The same engine as a typed session factory (for tests that want [`ReferenceSession`]).
-    pub fn session(&self, options: SessionOptions) -> Result<ReferenceSession> {
-        options.check_against(crate::BACKEND_NAME, &self.capabilities())?;
-        Ok(ReferenceSession::new(Arc::clone(&self.shared), options, self.max_context))
+    /// A session of this engine, for callers that hold the concrete type (the same as
+    /// `new_session` on `dyn Engine`).
+    pub fn session(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
+        (self as &dyn Engine).new_session(options)
     }
 }
 
@@ -148,6 +148,7 @@ impl Engine for ReferenceEngine {
         let config = self.shared.model.config();
         EngineInfo {
             backend: crate::BACKEND_NAME.to_string(),
+            device: "cpu".to_string(),
             model: self.model_name.clone(),
             weights: self.format,
             resident_precision: "f32".to_string(),
@@ -162,7 +163,7 @@ impl Engine for ReferenceEngine {
         capabilities_with(self.max_context)
     }
 
-    fn new_session(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
-        Ok(Box::new(self.session(options)?))
+    fn open_steps(&self, _options: &SessionOptions) -> Result<Box<dyn SessionSteps>> {
+        Ok(Box::new(ReferenceSteps::new(Arc::clone(&self.shared))))
     }
 }

@@ -15,7 +15,7 @@ pub mod transformer;
 
 pub use backend::{cpu_device, ReferenceBackend};
 pub use engine::{EngineOptions, ReferenceEngine};
-pub use session::ReferenceSession;
+pub use session::ReferenceSteps;
 
 /// The registry name of this backend.
 pub const BACKEND_NAME: &str = "reference";

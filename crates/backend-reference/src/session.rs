@@ -1,128 +1,53 @@
-//! A reference session: one sequence's KV cache, its position, and its sampler.
+//! A reference session's raw steps: one sequence's KV cache on the host.
 
 use crate::engine::EngineShared;
 use crate::transformer::KvCache;
-use session_api::session::SessionGuard;
-use session_api::{Result, Sampler, SeamError, Session, SessionOptions, StepOutput};
+use session_api::{RawStep, Result, SessionSteps, StepInput};
 use std::sync::Arc;
 
-/// A session of the reference backend. Created by [`crate::ReferenceEngine`].
+/// The steps of one reference sequence. Created by [`crate::ReferenceEngine`]; callers get it
+/// wrapped in a [`session_api::CheckedSession`], which checks every argument first.
 #[derive(Debug)]
-pub struct ReferenceSession {
+pub struct ReferenceSteps {
     shared: Arc<EngineShared>,
     cache: KvCache,
-    capacity: usize,
-    sampler: Sampler,
-    return_logits: bool,
-    guard: SessionGuard,
 }
 
-impl ReferenceSession {
-    pub(crate) fn new(shared: Arc<EngineShared>, options: SessionOptions, capacity: usize) -> Self {
+impl ReferenceSteps {
+    pub(crate) fn new(shared: Arc<EngineShared>) -> Self {
         let cache = shared.model.new_cache();
-        ReferenceSession {
-            shared,
-            cache,
-            capacity,
-            sampler: Sampler::new(options.sampling),
-            return_logits: options.return_logits,
-            guard: SessionGuard::default(),
-        }
-    }
-
-    /// Runs `hidden` through the model at the current position and picks the next token.
-    /// Arguments must have been checked already.
-    fn step(shared: &EngineShared, cache: &mut KvCache, sampler: &mut Sampler, return_logits: bool, hidden: Vec<f32>) -> Result<StepOutput> {
-        let logits = shared.run(|| shared.model.forward(hidden, cache))?;
-        let token = sampler.sample(&logits);
-        Ok(StepOutput { token, logits: return_logits.then_some(logits) })
+        ReferenceSteps { shared, cache }
     }
 }
 
-impl Session for ReferenceSession {
-    fn prefill(&mut self, tokens: &[u32]) -> Result<StepOutput> {
-        let (shared, cache, sampler, return_logits, capacity) =
-            (&self.shared, &mut self.cache, &mut self.sampler, self.return_logits, self.capacity);
-        self.guard.step(|| {
-            SessionGuard::check_tokens(tokens, shared.model.config().vocab_size, cache.len(), capacity)?;
-            let hidden = shared.model.embed_tokens(tokens);
-            Self::step(shared, cache, sampler, return_logits, hidden)
-        })
-    }
-
-    fn decode(&mut self, token: u32) -> Result<StepOutput> {
-        let (shared, cache, sampler, return_logits, capacity) =
-            (&self.shared, &mut self.cache, &mut self.sampler, self.return_logits, self.capacity);
-        self.guard.step(|| {
-            if cache.is_empty() {
-                return Err(SeamError::NotPrefilled);
-            }
-            SessionGuard::check_tokens(&[token], shared.model.config().vocab_size, cache.len(), capacity)?;
-            let hidden = shared.model.embed_tokens(&[token]);
-            Self::step(shared, cache, sampler, return_logits, hidden)
-        })
-    }
-
-    fn position(&self) -> usize {
-        self.cache.len()
-    }
-
-    fn capacity(&self) -> usize {
-        self.capacity
-    }
-
-    fn reset(&mut self) {
-        self.cache.clear();
-        self.sampler.restart();
-        self.guard.clear();
+impl SessionSteps for ReferenceSteps {
+    fn append(&mut self, position: usize, input: StepInput<'_>, _want_logits: bool) -> Result<RawStep> {
+        debug_assert_eq!(position, self.cache.len(), "the checked session's position is the cache length");
+        let hidden = match input {
+            StepInput::Tokens(tokens) => self.shared.model.embed_tokens(tokens),
+            StepInput::Embeddings { values, .. } => values.to_vec(),
+        };
+        let (shared, cache) = (&self.shared, &mut self.cache);
+        let logits = shared.run(|| shared.model.forward(hidden, cache))?;
+        // The logits are on the host already: the checked session picks the token from them.
+        Ok(RawStep { greedy_token: None, logits: Some(logits) })
     }
 
     fn truncate(&mut self, position: usize) -> Result<()> {
-        if position > self.cache.len() {
-            return Err(SeamError::InvalidInput(format!(
-                "cannot truncate to position {position}: the session holds only {}",
-                self.cache.len()
-            )));
-        }
         self.cache.truncate(position);
         Ok(())
     }
 
-    fn fork(&self) -> Result<Box<dyn Session>> {
+    fn fork(&self, position: usize) -> Result<Box<dyn SessionSteps>> {
         // A deep copy: the cache's vectors are cloned, only the weights stay shared.
-        Ok(Box::new(ReferenceSession {
-            shared: Arc::clone(&self.shared),
-            cache: self.cache.clone(),
-            capacity: self.capacity,
-            sampler: self.sampler.clone(),
-            return_logits: self.return_logits,
-            guard: self.guard.clone(),
-        }))
+        let mut cache = self.cache.clone();
+        cache.truncate(position);
+        Ok(Box::new(ReferenceSteps { shared: Arc::clone(&self.shared), cache }))
     }
 
-    fn prefill_embeddings(&mut self, embeddings: &[f32], count: usize) -> Result<StepOutput> {
-        let (shared, cache, sampler, return_logits, capacity) =
-            (&self.shared, &mut self.cache, &mut self.sampler, self.return_logits, self.capacity);
-        self.guard.step(|| {
-            let hidden = shared.model.config().hidden_size;
-            if count == 0 {
-                return Err(SeamError::EmptyInput);
-            }
-            if embeddings.len() != count * hidden {
-                return Err(SeamError::InvalidInput(format!(
-                    "{count} embeddings of hidden size {hidden} need {} values, got {}",
-                    count * hidden,
-                    embeddings.len()
-                )));
-            }
-            if cache.len() + count > capacity {
-                return Err(SeamError::ContextOverflow { requested: cache.len() + count, capacity });
-            }
-            Self::step(shared, cache, sampler, return_logits, embeddings.to_vec())
-        })
-    }
-
-    fn backend_name(&self) -> &str {
-        crate::BACKEND_NAME
+    fn reset(&mut self, _after_failure: bool) -> Result<()> {
+        // A failed forward pass may have pushed part of a step: clearing drops it either way.
+        self.cache.clear();
+        Ok(())
     }
 }

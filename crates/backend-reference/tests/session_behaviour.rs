@@ -14,7 +14,7 @@ fn with_logits() -> SessionOptions {
 }
 
 fn logits(engine: &ReferenceEngine, tokens: &[u32]) -> Vec<f32> {
-    engine.new_session(with_logits()).unwrap().prefill(tokens).unwrap().logits.unwrap()
+    engine.session(with_logits()).unwrap().prefill(tokens).unwrap().logits.unwrap()
 }
 
 #[test]
@@ -44,7 +44,7 @@ fn forward_pass_matches_the_naive_one_with_multi_query_and_plain_multi_head_atte
 fn prefill_then_decode_equals_prefill_of_the_whole_sequence() {
     let engine = engine(&random_weights(&tiny_config(false), 1, false), None);
     let whole = logits(&engine, &PROMPT);
-    let mut s = engine.new_session(with_logits()).unwrap();
+    let mut s = engine.session(with_logits()).unwrap();
     s.prefill(&PROMPT[..3]).unwrap();
     let mut last = None;
     for &t in &PROMPT[3..] {
@@ -58,7 +58,7 @@ fn prefill_then_decode_equals_prefill_of_the_whole_sequence() {
 fn chunked_prefill_equals_one_shot() {
     let engine = engine(&random_weights(&tiny_config(true), 2, false), None);
     let whole = logits(&engine, &PROMPT);
-    let mut s = engine.new_session(with_logits()).unwrap();
+    let mut s = engine.session(with_logits()).unwrap();
     s.prefill(&PROMPT[..2]).unwrap();
     s.prefill(&PROMPT[2..5]).unwrap();
     let chunked = s.prefill(&PROMPT[5..]).unwrap().logits.unwrap();
@@ -82,7 +82,7 @@ fn reset_reproduces_the_output_greedy_and_seeded() {
         return_logits: false,
     };
     for options in [SessionOptions::default(), sampled] {
-        let mut s = engine.new_session(options).unwrap();
+        let mut s = engine.session(options).unwrap();
         let first = generate(s.as_mut(), &PROMPT, 12);
         s.reset();
         assert_eq!(s.position(), 0);
@@ -93,7 +93,7 @@ fn reset_reproduces_the_output_greedy_and_seeded() {
 #[test]
 fn truncate_then_decode_equals_a_fresh_session() {
     let engine = engine(&random_weights(&tiny_config(false), 4, false), None);
-    let mut s = engine.new_session(with_logits()).unwrap();
+    let mut s = engine.session(with_logits()).unwrap();
     s.prefill(&PROMPT).unwrap();
     s.truncate(4).unwrap();
     assert_eq!(s.position(), 4);
@@ -106,7 +106,7 @@ fn truncate_then_decode_equals_a_fresh_session() {
 #[test]
 fn fork_diverges_without_touching_the_parent() {
     let engine = engine(&random_weights(&tiny_config(false), 6, false), None);
-    let mut parent = engine.new_session(with_logits()).unwrap();
+    let mut parent = engine.session(with_logits()).unwrap();
     parent.prefill(&PROMPT[..4]).unwrap();
     let mut child = parent.fork().unwrap();
     let child_logits = child.decode(50).unwrap().logits.unwrap();
@@ -141,7 +141,7 @@ fn prefill_embeddings_equals_prefill_of_their_tokens() {
     let llama_model::Matrix::F16 { data, .. } = &weights.embed else { unreachable!() };
     let h = weights.config.hidden_size;
     let rows: Vec<f32> = PROMPT.iter().flat_map(|&t| data[t as usize * h..][..h].iter().map(|v| v.to_f32())).collect();
-    let mut s = engine.new_session(with_logits()).unwrap();
+    let mut s = engine.session(with_logits()).unwrap();
     let from_embeddings = s.prefill_embeddings(&rows, PROMPT.len()).unwrap().logits.unwrap();
     assert!(max_diff(&from_embeddings, &logits(&engine, &PROMPT)) < 1e-5);
     assert_eq!(s.prefill_embeddings(&rows[..h - 1], 1).unwrap_err().kind(), ErrorKind::InvalidInput);
@@ -152,18 +152,18 @@ fn prefill_embeddings_equals_prefill_of_their_tokens() {
 #[test]
 fn return_logits_gives_vocab_size_values_and_the_greedy_token_is_their_argmax() {
     let engine = engine(&random_weights(&tiny_config(false), 10, false), None);
-    let mut s = engine.new_session(with_logits()).unwrap();
+    let mut s = engine.session(with_logits()).unwrap();
     let out = s.prefill(&PROMPT).unwrap();
     let logits = out.logits.unwrap();
     assert_eq!(logits.len(), engine.info().vocab_size);
     assert_eq!(out.token, argmax(&logits));
-    assert!(engine.new_session(SessionOptions::default()).unwrap().prefill(&PROMPT).unwrap().logits.is_none());
+    assert!(engine.session(SessionOptions::default()).unwrap().prefill(&PROMPT).unwrap().logits.is_none());
 }
 
 #[test]
 fn bad_tokens_are_refused_and_leave_the_session_usable() {
     let engine = engine(&random_weights(&tiny_config(false), 12, false), None);
-    let mut s = engine.new_session(with_logits()).unwrap();
+    let mut s = engine.session(with_logits()).unwrap();
     assert!(matches!(s.decode(3), Err(SeamError::NotPrefilled)));
     assert!(matches!(s.prefill(&[]), Err(SeamError::EmptyInput)));
     assert!(matches!(s.prefill(&[1, 64]), Err(SeamError::TokenOutOfVocabulary { token: 64, vocab_size: 64 })));
@@ -179,7 +179,7 @@ fn bad_tokens_are_refused_and_leave_the_session_usable() {
 #[test]
 fn context_capacity_is_exact() {
     let engine = engine(&random_weights(&tiny_config(false), 13, false), Some(8));
-    let mut s = engine.new_session(SessionOptions::default()).unwrap();
+    let mut s = engine.session(SessionOptions::default()).unwrap();
     assert_eq!(s.capacity(), 8);
     assert!(matches!(s.prefill(&[1; 9]), Err(SeamError::ContextOverflow { requested: 9, capacity: 8 })));
     let t = s.prefill(&PROMPT).unwrap().token;
@@ -207,9 +207,9 @@ fn capabilities_and_info_describe_the_engine() {
     assert!(info.weight_bytes > 0);
     // Every sampling mode is accepted; invalid settings are refused as input errors.
     let top = SessionOptions { sampling: SamplingConfig::Sample { temperature: 0.7, top_k: 5, top_p: 0.9, seed: 1 }, return_logits: true };
-    assert!(capped.new_session(top).is_ok());
+    assert!(capped.session(top).is_ok());
     let bad = SessionOptions { sampling: SamplingConfig::Sample { temperature: -1.0, top_k: 0, top_p: 1.0, seed: 1 }, return_logits: false };
-    assert_eq!(capped.new_session(bad).err().unwrap().kind(), ErrorKind::InvalidInput);
+    assert_eq!(capped.session(bad).err().unwrap().kind(), ErrorKind::InvalidInput);
 }
 
 #[test]
@@ -225,11 +225,11 @@ fn a_dedicated_thread_pool_computes_the_same_logits() {
 #[test]
 fn sessions_run_in_parallel_on_one_engine() {
     let engine = std::sync::Arc::new(engine(&random_weights(&tiny_config(false), 16, false), None));
-    let expected = generate(engine.new_session(SessionOptions::default()).unwrap().as_mut(), &PROMPT, 10);
+    let expected = generate(engine.session(SessionOptions::default()).unwrap().as_mut(), &PROMPT, 10);
     let handles: Vec<_> = (0..3)
         .map(|_| {
             let engine = std::sync::Arc::clone(&engine);
-            std::thread::spawn(move || generate(engine.new_session(SessionOptions::default()).unwrap().as_mut(), &PROMPT, 10))
+            std::thread::spawn(move || generate(engine.session(SessionOptions::default()).unwrap().as_mut(), &PROMPT, 10))
         })
         .collect();
     for h in handles {

@@ -50,6 +50,8 @@ fn describe_capabilities(c: &Capabilities) -> Vec<String> {
 /// One registry entry as probed once: availability may touch devices, so it is asked only once.
 struct Probed {
     name: String,
+    /// `(backend, device)` for a device alias.
+    alias_of: Option<(&'static str, &'static str)>,
     description: String,
     availability: Availability,
     capabilities: Option<Capabilities>,
@@ -61,12 +63,14 @@ fn probe_all() -> Vec<Probed> {
         .map(|entry| match entry.instantiate() {
             Ok(backend) => Probed {
                 name: backend.name().to_string(),
+                alias_of: entry.alias_of(),
                 description: backend.description().to_string(),
                 availability: backend.availability(),
                 capabilities: Some(backend.capabilities()),
             },
             Err(e) => Probed {
                 name: entry.name.to_string(),
+                alias_of: entry.alias_of(),
                 description: String::new(),
                 availability: Availability::Unavailable { reason: e.to_string() },
                 capabilities: None,
@@ -83,6 +87,7 @@ pub fn run(args: BackendsArgs) -> Result<(), CliError> {
             .map(|b| {
                 serde_json::json!({
                     "name": b.name,
+                    "alias_of": b.alias_of.map(|(backend, device)| serde_json::json!({"backend": backend, "device": device})),
                     "description": b.description,
                     "availability": b.availability,
                     "capabilities": b.capabilities,
@@ -93,12 +98,21 @@ pub fn run(args: BackendsArgs) -> Result<(), CliError> {
         return Ok(());
     }
     for b in &probed {
+        if let Some((backend, device)) = b.alias_of {
+            let status = match &b.availability {
+                Availability::Available { .. } => "available".to_string(),
+                Availability::Unavailable { reason } => format!("unavailable: {reason}"),
+            };
+            println!("{}  = {backend} --device {device} ({status})\n", b.name);
+            continue;
+        }
         println!("{}  {}", b.name, b.description);
         match &b.availability {
             Availability::Available { devices } => {
                 println!("  available");
                 for d in devices {
-                    println!("  device {}: {}", d.index, d.name);
+                    let kind = serde_json::to_value(d.kind).ok().and_then(|k| k.as_str().map(String::from)).unwrap_or_default();
+                    println!("  device {} ({kind}): {}", d.id, d.name);
                 }
             }
             Availability::Unavailable { reason } => println!("  unavailable: {reason}"),

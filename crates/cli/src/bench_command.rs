@@ -220,7 +220,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let backends: Vec<String> = if args.backends.is_empty() {
         session_api::registered_backends()
             .into_iter()
-            .filter(|b| b.is_compatible())
+            .filter(|b| b.is_compatible() && b.alias_of().is_none())
             .map(|b| b.name.to_string())
             .filter(|name| find_backend(name).is_ok_and(|b| matches!(b.availability(), Availability::Available { .. })))
             .collect()

@@ -21,6 +21,10 @@ pub struct ConformanceArgs {
     /// Backend to test (repeatable); all registered backends when absent.
     #[arg(long = "backend")]
     backends: Vec<String>,
+    /// A PJRT plugin file for `--backend pjrt` (any plugin: the suite runs the pure-StableHLO
+    /// graphs on it).
+    #[arg(long)]
+    plugin: Option<PathBuf>,
     /// Weight format to test (repeatable); both when absent.
     #[arg(long = "weights")]
     formats: Vec<WeightFormat>,
@@ -41,6 +45,7 @@ pub struct ConformanceArgs {
 pub fn run(args: ConformanceArgs) -> Result<(), CliError> {
     let mut options = SuiteOptions {
         backends: args.backends,
+        backend_settings: crate::run_command::backend_settings(args.plugin.as_deref()),
         precision: args.precision,
         real_model: match args.real_model {
             RealModel::Skip => RealModelParity::Skip,

@@ -6,9 +6,10 @@ use chat_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use clap::Args;
 use llama_model::model_dir::ModelDir;
 use session_api::generate::{generate, CancelToken, GenerationRequest};
-use session_api::{find_backend, Availability, LoadRequest, SamplingConfig, SeamError, SessionOptions, WeightFormat};
+use session_api::{find_backend, find_backend_with, Availability, LoadRequest, SamplingConfig, SeamError, SessionOptions, WeightFormat};
+use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read, Write};
-use std::path::PathBuf;
+use std::path::{Path, PathBuf};
 use std::sync::Arc;
 
 /// The backend `seam run` uses when `--backend` is not given: IREE on the CPU, which passes the
@@ -23,6 +24,17 @@ pub struct RunArgs {
     /// (with a note) where iree-cpu is unavailable.
     #[arg(long)]
     backend: Option<String>,
+    /// Device of the backend, by the id `seam backends` lists (`cpu`, `cuda:0`); its first
+    /// device when absent.
+    #[arg(long)]
+    device: Option<String>,
+    /// A PJRT plugin file to run on (`--backend pjrt`): any plugin, a vendor's hardware included.
+    #[arg(long)]
+    plugin: Option<PathBuf>,
+    /// A backend setting of this load, KEY=VALUE (repeatable; e.g. `layers=unrolled`; see the
+    /// backend's documentation).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    settings: Vec<String>,
     /// Model directory; the default model (SmolLM2-135M-Instruct) when absent, installed on first use.
     #[arg(long)]
     model: Option<PathBuf>,
@@ -105,9 +117,9 @@ fn read_prompt(args: &RunArgs) -> Result<String, CliError> {
 /// The backend named on the command line, or the default one. A named backend that is
 /// unavailable is an error; an unavailable default falls back to [`FALLBACK_BACKEND`] with a note,
 /// so `seam run` works wherever the reference does.
-fn choose_backend(named: Option<&str>) -> Result<Box<dyn session_api::Backend>, CliError> {
+fn choose_backend(named: Option<&str>, plugin: Option<&Path>) -> Result<Box<dyn session_api::Backend>, CliError> {
     let name = named.unwrap_or(DEFAULT_BACKEND);
-    let backend = find_backend(name)?;
+    let backend = find_backend_with(name, &backend_settings(plugin))?;
     match backend.availability() {
         Availability::Available { .. } => Ok(backend),
         Availability::Unavailable { reason } if named.is_none() => fall_back(&reason),
@@ -120,6 +132,22 @@ fn fall_back(reason: &str) -> Result<Box<dyn session_api::Backend>, CliError> {
     Ok(find_backend(FALLBACK_BACKEND)?)
 }
 
+/// The backend settings of `--plugin` (the only one the command line names today).
+pub fn backend_settings(plugin: Option<&Path>) -> BTreeMap<String, String> {
+    plugin.map(|p| ("plugin".to_string(), p.display().to_string())).into_iter().collect()
+}
+
+/// `--set KEY=VALUE` arguments as load settings.
+pub fn parse_settings(pairs: &[String]) -> Result<BTreeMap<String, String>, CliError> {
+    pairs
+        .iter()
+        .map(|pair| match pair.split_once('=') {
+            Some((key, value)) if !key.trim().is_empty() => Ok((key.trim().to_string(), value.trim().to_string())),
+            _ => Err(CliError::Usage(format!("--set {pair}: expected KEY=VALUE"))),
+        })
+        .collect()
+}
+
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let prompt_text = read_prompt(&args)?;
     if prompt_text.trim().is_empty() {
@@ -128,7 +156,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let sampling = SamplingConfig::from_settings(Some(args.temperature), args.top_k, args.top_p, args.seed);
     sampling.validate().map_err(CliError::Usage)?;
 
-    let backend = choose_backend(args.backend.as_deref())?;
+    let backend = choose_backend(args.backend.as_deref(), args.plugin.as_deref())?;
     let model_dir = resolve_model_dir(args.model.clone())?;
     let model = ModelDir::open(&model_dir)?;
     let tokenizer = Tokenizer::from_model_dir(&model_dir)?;
@@ -152,6 +180,8 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let mut request = LoadRequest::new(&model_dir, args.weights);
     request.max_context = args.max_context;
     request.threads = args.threads;
+    request.device = args.device.clone();
+    request.settings = parse_settings(&args.settings)?;
     request.progress = Some(bar.callback());
     // The default backend may turn out unavailable only when loading (its compiler is installed
     // on first use, which needs the network): fall back then too.
@@ -200,6 +230,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     if args.json {
         let report = serde_json::json!({
             "backend": info.backend,
+            "device": info.device,
             "model": info.model,
             "weights": info.weights,
             "resident_precision": info.resident_precision,
@@ -212,7 +243,10 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         writeln!(stdout.lock(), "{}", serde_json::to_string_pretty(&report).expect("the report serializes"))?;
     } else {
         writeln!(stdout.lock())?;
-        eprintln!("\n[{} on {}, {} weights resident as {}]", info.model, info.backend, info.weights, info.resident_precision);
+        eprintln!(
+            "\n[{} on {} ({}), {} weights resident as {}]",
+            info.model, info.backend, info.device, info.weights, info.resident_precision
+        );
         eprintln!("{}", output.stats.summary());
     }
     Ok(())

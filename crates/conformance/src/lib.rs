@@ -50,7 +50,8 @@ pub use report::{BackendReport, CaseResult, Figures, Outcome, Report};
 pub use runner::LIFECYCLE_MODEL;
 pub use tolerance::{ComputePrecision, Tolerances};
 
-use session_api::{Backend, LoadRequest, SeamError, Session, SessionOptions, WeightFormat};
+use session_api::{Backend, LoadRequest, SeamError, WeightFormat};
+use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::time::Instant;
 
@@ -71,9 +72,12 @@ pub enum SuiteError {
 /// What to run and how.
 #[derive(Debug, Clone)]
 pub struct SuiteOptions {
-    /// Registered backends to run; empty means every registered backend. (Used by [`run_suite`];
-    /// [`run_targets`] runs the targets it is given.)
+    /// Registered backends to run; empty means every registered backend but the device aliases.
+    /// (Used by [`run_suite`]; [`run_targets`] runs the targets it is given.)
     pub backends: Vec<String>,
+    /// Settings that configure the named backends before they run (`plugin=PATH` for `pjrt`;
+    /// `session_api::Backend::configure`).
+    pub backend_settings: BTreeMap<String, String>,
     /// Weight formats to test (each only where the backend claims it).
     pub formats: Vec<WeightFormat>,
     /// Compute precision of the backends selected by name, which picks the tolerances.
@@ -92,6 +96,7 @@ impl Default for SuiteOptions {
     fn default() -> Self {
         SuiteOptions {
             backends: Vec::new(),
+            backend_settings: BTreeMap::new(),
             formats: WeightFormat::ALL.to_vec(),
             precision: ComputePrecision::F32,
             real_model: RealModelParity::Full,
@@ -139,35 +144,30 @@ pub enum RealModelParity {
     Full,
 }
 
-/// A fault-injection hook a backend may give the suite, so that it can check poisoning: the
-/// contract itself offers a caller no way to make a step fail inside the backend.
-pub trait FaultInjection: Send + Sync {
-    /// Loads `request` and returns a session (made with `options`) whose next `prefill` or
-    /// `decode` fails inside the backend, once, the way a device error would; `reset` must then
-    /// make it usable.
-    fn failing_session(&self, request: &LoadRequest, options: SessionOptions) -> session_api::Result<Box<dyn Session>>;
-}
-
 /// A backend to test, with what the suite needs to know about it.
 pub struct Target {
     backend: Box<dyn Backend>,
     precision: ComputePrecision,
-    fault_injection: Option<Box<dyn FaultInjection>>,
 }
 
 impl Target {
-    /// A backend, held to f32 tolerances, without fault injection.
+    /// A backend, held to f32 tolerances.
     pub fn new(backend: Box<dyn Backend>) -> Target {
-        Target { backend, precision: ComputePrecision::F32, fault_injection: None }
+        Target { backend, precision: ComputePrecision::F32 }
     }
 
     /// The backend registered under `name`. A backend built against another contract version is
     /// still returned (wrapped so that it reports itself unavailable with the reason).
     pub fn registered(name: &str) -> Result<Target, SuiteError> {
+        Target::registered_with(name, &BTreeMap::new())
+    }
+
+    /// [`Target::registered`], configured by `settings` (see `session_api::Backend::configure`).
+    pub fn registered_with(name: &str, settings: &BTreeMap<String, String>) -> Result<Target, SuiteError> {
         backend_reference::link();
         let entry = session_api::registered_backends().into_iter().find(|b| b.name == name);
         match entry {
-            Some(entry) => match entry.instantiate() {
+            Some(entry) => match entry.instantiate().and_then(|b| if settings.is_empty() { Ok(b) } else { b.configure(settings) }) {
                 Ok(backend) => Ok(Target::new(backend)),
                 Err(e) => Ok(Target::new(Box::new(IncompatibleBackend { name: entry.name, reason: e.to_string() }))),
             },
@@ -180,12 +180,6 @@ impl Target {
     /// Applies the tolerances of `precision` (see [`tolerance`]).
     pub fn with_precision(mut self, precision: ComputePrecision) -> Target {
         self.precision = precision;
-        self
-    }
-
-    /// Lets the suite run `input.poisoned_session` through `hook`.
-    pub fn with_fault_injection(mut self, hook: impl FaultInjection + 'static) -> Target {
-        self.fault_injection = Some(Box::new(hook));
         self
     }
 
@@ -225,13 +219,13 @@ impl Backend for IncompatibleBackend {
 pub fn run_suite(options: &SuiteOptions) -> Result<Report, SuiteError> {
     backend_reference::link();
     let names: Vec<String> = if options.backends.is_empty() {
-        session_api::registered_backends().iter().map(|b| b.name.to_string()).collect()
+        session_api::registered_backends().iter().filter(|b| b.alias_of().is_none()).map(|b| b.name.to_string()).collect()
     } else {
         options.backends.clone()
     };
     let targets = names
         .iter()
-        .map(|name| Target::registered(name).map(|t| t.with_precision(options.precision)))
+        .map(|name| Target::registered_with(name, &options.backend_settings).map(|t| t.with_precision(options.precision)))
         .collect::<Result<Vec<_>, _>>()?;
     run_targets(&targets, options)
 }

@@ -169,7 +169,6 @@ impl<'a> Suite<'a> {
             format,
             oracle: &self.oracle,
             tolerances: target.precision.tolerances(),
-            fault_injection: target.fault_injection.as_deref(),
             parity_lengths,
         };
         for case in &cases {

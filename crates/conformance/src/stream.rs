@@ -69,6 +69,18 @@ impl Driver {
         Ok(())
     }
 
+    /// Prefills `count` positions given as embedding rows (`values`: `count * hidden_size`);
+    /// `record` as for [`Driver::prefill`].
+    pub fn prefill_embeddings(&mut self, values: &[f32], count: usize, record: bool) -> Checked<()> {
+        let output = self.session.prefill_embeddings(values, count).or_fail(|| {
+            format!("{}: prefill of {count} embeddings at position {}", self.label, self.session.position())
+        })?;
+        if record {
+            self.trace.record(output);
+        }
+        Ok(())
+    }
+
     /// Decodes one more step.
     pub fn step(&mut self) -> Checked<()> {
         let done = self.trace.tokens.len();

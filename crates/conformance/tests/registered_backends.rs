@@ -5,18 +5,7 @@
 //! `harness = false`: this `main` is the test. Environment: `SEAM_CONFORMANCE_CASES=<substring>`,
 //! `SEAM_CONFORMANCE_REAL_MODEL=0`, `SEAM_CONFORMANCE_FORMATS=f16` narrow the run.
 
-use backend_example::ExampleBackend;
-use conformance::{FaultInjection, SuiteOptions, Target};
-use session_api::{LoadRequest, Session, SessionOptions};
-
-/// The example backend's test hook, so that its poisoning case runs here too.
-struct ExampleFaults;
-
-impl FaultInjection for ExampleFaults {
-    fn failing_session(&self, request: &LoadRequest, options: SessionOptions) -> session_api::Result<Box<dyn Session>> {
-        ExampleBackend::new().load_example(request)?.session_with_injected_fault(options)
-    }
-}
+use conformance::{SuiteOptions, Target};
 
 fn main() {
     // Reference both backend crates so that the linker keeps their registrations.
@@ -29,14 +18,7 @@ fn main() {
 
     let targets: Vec<Target> = names
         .iter()
-        .map(|&name| {
-            let target = Target::registered(name).expect("a registered name resolves");
-            if name == backend_example::NAME {
-                target.with_fault_injection(ExampleFaults)
-            } else {
-                target
-            }
-        })
+        .map(|&name| Target::registered(name).expect("a registered name resolves"))
         .collect();
     let report = match conformance::run_targets(&targets, &options) {
         Ok(report) => report,

@@ -101,11 +101,11 @@ impl AsyncSessionOps for AsyncSession {
 #[cfg(test)]
 mod tests {
     use super::*;
-    use crate::generate::tests::{Letters, ScriptedSession};
+    use crate::generate::tests::{scripted_session, Letters};
     use crate::stats::FinishReason;
 
     fn scripted() -> AsyncSession {
-        AsyncSession::new(Box::new(ScriptedSession { script: (0..20).collect(), position: 0, capacity: 100, produced: 0 }))
+        AsyncSession::new(Box::new(scripted_session((0..20).collect(), 100)))
     }
 
     #[tokio::test(flavor = "multi_thread", worker_threads = 2)]

@@ -2,22 +2,56 @@
 
 use crate::capabilities::{Capabilities, WeightFormat};
 use crate::error::Result;
-use crate::session::{Session, SessionOptions};
+use crate::session::{CheckedSession, Session, SessionLimits, SessionOptions, SessionSteps};
 use serde::Serialize;
+use std::collections::BTreeMap;
 use std::fmt;
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Duration;
 
-/// A device a backend can run on.
+/// What kind of hardware a device is.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+#[serde(rename_all = "snake_case")]
+pub enum DeviceKind {
+    /// The host's processor.
+    Cpu,
+    /// A GPU.
+    Gpu,
+    /// Another accelerator (a vendor's card behind its own PJRT plugin or compiler).
+    Accelerator,
+}
+
+/// A device a backend can run on: data, as ggml-backend's device properties are.
 #[derive(Debug, Clone, PartialEq, Serialize)]
 pub struct DeviceInfo {
-    /// Index to pass as [`LoadRequest::device`].
-    pub index: usize,
+    /// The id to pass as [`LoadRequest::device`]: `cpu`, `cuda:0`, ...
+    pub id: String,
+    /// What kind of device it is.
+    pub kind: DeviceKind,
     /// Human-readable name, e.g. "AMD EPYC 7B13 (2 threads)" or "NVIDIA H100 80GB".
     pub name: String,
     /// Memory available to the backend on this device, when known.
     pub memory_bytes: Option<u64>,
+}
+
+impl DeviceInfo {
+    /// The device `requested` names among `devices` (the first when `None`), or an
+    /// `InvalidInput` error listing the ids there are.
+    pub fn select<'a>(backend: &str, devices: &'a [DeviceInfo], requested: Option<&str>) -> Result<&'a DeviceInfo> {
+        let found = match requested {
+            None => devices.first(),
+            Some(id) => devices.iter().find(|d| d.id == id),
+        };
+        found.ok_or_else(|| {
+            let ids: Vec<&str> = devices.iter().map(|d| d.id.as_str()).collect();
+            crate::SeamError::InvalidInput(format!(
+                "{backend} has no device {} here (devices: {})",
+                requested.unwrap_or("at all"),
+                if ids.is_empty() { "none".to_string() } else { ids.join(", ") }
+            ))
+        })
+    }
 }
 
 /// Whether a backend can run on this machine.
@@ -60,10 +94,14 @@ pub struct LoadRequest {
     pub weights: WeightFormat,
     /// Cap on the context length; `None` takes the backend's default for the model.
     pub max_context: Option<usize>,
-    /// Which of [`Availability::Available`]'s devices; `None` takes the first.
-    pub device: Option<usize>,
+    /// The id of one of [`Availability::Available`]'s devices (`cpu`, `cuda:0`); `None` takes
+    /// the first.
+    pub device: Option<String>,
     /// Host threads the backend may use; `None` takes all cores.
     pub threads: Option<usize>,
+    /// Backend-specific settings of this load (`layers=unrolled`, ...), each documented by its
+    /// backend. A backend refuses keys it does not know with `InvalidInput`.
+    pub settings: BTreeMap<String, String>,
     /// Called as loading proceeds.
     pub progress: Option<ProgressFn>,
 }
@@ -71,7 +109,32 @@ pub struct LoadRequest {
 impl LoadRequest {
     /// A request with defaults for everything but the model and format.
     pub fn new(model_dir: impl Into<PathBuf>, weights: WeightFormat) -> Self {
-        LoadRequest { model_dir: model_dir.into(), weights, max_context: None, device: None, threads: None, progress: None }
+        LoadRequest {
+            model_dir: model_dir.into(),
+            weights,
+            max_context: None,
+            device: None,
+            threads: None,
+            settings: BTreeMap::new(),
+            progress: None,
+        }
+    }
+
+    /// Setting `key`: from [`LoadRequest::settings`], else from the environment variable `env`
+    /// (an override kept for measuring without code), else `None`.
+    pub fn setting(&self, key: &str, env: &str) -> Option<String> {
+        self.settings.get(key).cloned().or_else(|| std::env::var(env).ok().filter(|v| !v.is_empty()))
+    }
+
+    /// Refuses settings whose keys are not among `known`.
+    pub fn check_settings(&self, backend: &str, known: &[&str]) -> Result<()> {
+        match self.settings.keys().find(|k| !known.contains(&k.as_str())) {
+            Some(key) => Err(crate::SeamError::InvalidInput(format!(
+                "{backend} has no setting '{key}' (its settings: {})",
+                if known.is_empty() { "none".to_string() } else { known.join(", ") }
+            ))),
+            None => Ok(()),
+        }
     }
 
     /// Reports progress if a callback was given.
@@ -90,6 +153,7 @@ impl fmt::Debug for LoadRequest {
             .field("max_context", &self.max_context)
             .field("device", &self.device)
             .field("threads", &self.threads)
+            .field("settings", &self.settings)
             .finish_non_exhaustive()
     }
 }
@@ -111,6 +175,26 @@ pub trait Backend: Send + Sync {
     /// Loads a model. Fails with `Unavailable` when [`Backend::availability`] says so, with
     /// `Unsupported` for a weight format it does not run, and with `ModelFormat` for a bad model.
     fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>>;
+
+    /// Whether the device `id` can run here, and if not why (for `seam backends` and device
+    /// aliases). By default: available when [`Backend::availability`] lists it.
+    fn device_availability(&self, id: &str) -> Availability {
+        match self.availability() {
+            Availability::Available { devices } => match DeviceInfo::select(self.name(), &devices, Some(id)) {
+                Ok(device) => Availability::Available { devices: vec![device.clone()] },
+                Err(e) => Availability::Unavailable { reason: e.to_string() },
+            },
+            unavailable => unavailable,
+        }
+    }
+
+    /// The same backend configured by `settings` that decide what it is before anything loads
+    /// (a plugin file, for instance): its availability and devices then follow them. By default
+    /// a backend takes no such settings.
+    fn configure(&self, settings: &BTreeMap<String, String>) -> Result<Box<dyn Backend>> {
+        let keys: Vec<&str> = settings.keys().map(String::as_str).collect();
+        Err(crate::SeamError::InvalidInput(format!("{} takes no backend settings (given: {})", self.name(), keys.join(", "))))
+    }
 }
 
 /// What an engine reports about itself (for `seam run`, stats and `seam backends`).
@@ -118,6 +202,8 @@ pub trait Backend: Send + Sync {
 pub struct EngineInfo {
     /// The backend's registry name.
     pub backend: String,
+    /// The id of the device it runs on (`cpu`, `cuda:0`).
+    pub device: String,
     /// The model's name (its directory name).
     pub model: String,
     /// The weight format requested.
@@ -136,6 +222,11 @@ pub struct EngineInfo {
 }
 
 /// A loaded model: its weights, held once, shared by all of its sessions.
+///
+/// A backend implements [`Engine::open_steps`]; callers make sessions with
+/// `engine.new_session(options)` (defined on `dyn Engine`), which refuses options the engine
+/// cannot honour and wraps the steps in a [`CheckedSession`], so the contract's rules hold the
+/// same way on every backend.
 pub trait Engine: Send + Sync {
     /// Facts about the loaded model.
     fn info(&self) -> EngineInfo;
@@ -143,9 +234,36 @@ pub trait Engine: Send + Sync {
     /// Capabilities with the loaded model's limits filled in.
     fn capabilities(&self) -> Capabilities;
 
+    /// The raw steps of a new, empty sequence. `options` have already been checked against
+    /// [`Engine::capabilities`]; sampling happens above the backend, so most backends ignore them.
+    fn open_steps(&self, options: &SessionOptions) -> Result<Box<dyn SessionSteps>>;
+}
+
+impl<'a> dyn Engine + 'a {
     /// A new, empty session. Refuses options the engine cannot honour with `Unsupported`
     /// (see [`SessionOptions::check_against`]).
-    fn new_session(&self, options: SessionOptions) -> Result<Box<dyn Session>>;
+    pub fn new_session(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
+        let (limits, steps) = self.checked_parts(&options)?;
+        Ok(Box::new(CheckedSession::new(steps, limits, options)))
+    }
+
+    /// A session whose next step fails once after running (feature `fault-injection`, for test
+    /// suites): see [`crate::session::FailingSteps`].
+    #[cfg(feature = "fault-injection")]
+    pub fn new_session_failing_once(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
+        let (limits, steps) = self.checked_parts(&options)?;
+        Ok(Box::new(CheckedSession::new(Box::new(crate::session::FailingSteps::new(steps)), limits, options)))
+    }
+
+    fn checked_parts(&self, options: &SessionOptions) -> Result<(SessionLimits, Box<dyn SessionSteps>)> {
+        let info = self.info();
+        let capabilities = self.capabilities();
+        options.check_against(&info.backend, &capabilities)?;
+        let steps = self.open_steps(options)?;
+        let limits =
+            SessionLimits { backend: info.backend, vocab_size: info.vocab_size, hidden_size: info.hidden_size, capabilities };
+        Ok((limits, steps))
+    }
 }
 
 pub(crate) mod duration_ms {

@@ -103,7 +103,7 @@ pub enum StateKind {
 /// A backend's [`crate::Backend::capabilities`] describes what it offers for any model; an engine's
 /// [`crate::Engine::capabilities`] is the same with the limits of the loaded model filled in
 /// (for example `max_context`).
-#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+#[derive(Debug, Clone, PartialEq, Default, Serialize, Deserialize)]
 pub struct Capabilities {
     /// Most positions one session can hold (prompt plus generated tokens).
     pub max_context: usize,
@@ -132,5 +132,58 @@ impl Capabilities {
     /// Whether `format` is one of [`Capabilities::weight_formats`].
     pub fn supports_format(&self, format: WeightFormat) -> bool {
         self.weight_formats.contains(&format)
+    }
+
+    /// What `needed` asks for that these capabilities lack, one name per missing feature, in a
+    /// stable order (empty when everything is there). Limits (`max_context`, session counts)
+    /// are not compared: they are checked where a request meets them.
+    pub fn missing(&self, needed: &Capabilities) -> Vec<&'static str> {
+        let (n, o) = (needed, self);
+        let features = [
+            (n.sampling.greedy && !o.sampling.greedy, "greedy sampling"),
+            (n.sampling.temperature && !o.sampling.temperature, "temperature sampling"),
+            (n.sampling.top_k && !o.sampling.top_k, "top-k sampling"),
+            (n.sampling.top_p && !o.sampling.top_p, "top-p sampling"),
+            (n.sampling.seeded && !o.sampling.seeded, "seeded sampling"),
+            (n.logits && !o.logits, "returning logits"),
+            (n.kv_ops.truncate && !o.kv_ops.truncate, "truncate"),
+            (n.kv_ops.fork && !o.kv_ops.fork, "fork"),
+            (n.inputs.tokens && !o.inputs.tokens, "token input"),
+            (n.inputs.embeddings && !o.inputs.embeddings, "prefill from embeddings"),
+            (n.parallel_sessions && !o.parallel_sessions, "parallel sessions"),
+            (n.batched_decode && !o.batched_decode, "batched decode"),
+        ];
+        let formats = WeightFormat::ALL
+            .into_iter()
+            .filter(|f| n.supports_format(*f) && !o.supports_format(*f))
+            .map(|f| match f {
+                WeightFormat::F16 => "f16 weights",
+                WeightFormat::Int4 => "int4 weights",
+            });
+        features.into_iter().filter(|(lacking, _)| *lacking).map(|(_, name)| name).chain(formats).collect()
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn missing_names_what_is_needed_and_lacking() {
+        let offered = Capabilities {
+            sampling: SamplingModes::GREEDY_ONLY,
+            weight_formats: vec![WeightFormat::F16],
+            kv_ops: KvOps { truncate: true, fork: false },
+            ..Capabilities::default()
+        };
+        assert!(offered.missing(&Capabilities::default()).is_empty());
+        let needed = Capabilities {
+            sampling: SamplingModes { top_p: true, ..SamplingModes::GREEDY_ONLY },
+            weight_formats: vec![WeightFormat::Int4, WeightFormat::F16],
+            kv_ops: KvOps { truncate: true, fork: true },
+            logits: true,
+            ..Capabilities::default()
+        };
+        assert_eq!(offered.missing(&needed), vec!["top-p sampling", "returning logits", "fork", "int4 weights"]);
     }
 }

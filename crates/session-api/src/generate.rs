@@ -216,42 +216,39 @@ pub fn generate(
 #[cfg(test)]
 pub(crate) mod tests {
     use super::*;
-    use crate::session::{SessionGuard, StepOutput};
+    use crate::capabilities::{Capabilities, InputKinds, SamplingModes};
+    use crate::session::{CheckedSession, RawStep, SessionLimits, SessionOptions, SessionSteps, StepInput};
 
-    /// A session that replays a fixed script of tokens: enough to test the driver's stop rules.
-    pub(crate) struct ScriptedSession {
+    /// Steps that replay a fixed script of tokens: enough to test the driver's stop rules.
+    pub(crate) struct ScriptedSteps {
         pub script: Vec<u32>,
-        pub position: usize,
-        pub capacity: usize,
         pub produced: usize,
     }
 
-    impl Session for ScriptedSession {
-        fn prefill(&mut self, tokens: &[u32]) -> Result<StepOutput> {
-            SessionGuard::check_tokens(tokens, 1000, self.position, self.capacity)?;
-            self.position += tokens.len();
-            self.produced = 1;
-            Ok(StepOutput { token: self.script[0], logits: None })
-        }
-        fn decode(&mut self, token: u32) -> Result<StepOutput> {
-            SessionGuard::check_tokens(&[token], 1000, self.position, self.capacity)?;
-            self.position += 1;
-            let t = self.script[self.produced % self.script.len()];
+    impl SessionSteps for ScriptedSteps {
+        fn append(&mut self, position: usize, _: StepInput<'_>, _: bool) -> Result<RawStep> {
+            if position == 0 {
+                self.produced = 0;
+            }
+            let token = self.script[self.produced % self.script.len()];
             self.produced += 1;
-            Ok(StepOutput { token: t, logits: None })
+            Ok(RawStep { greedy_token: Some(token), logits: None })
         }
-        fn position(&self) -> usize {
-            self.position
+        fn reset(&mut self, _: bool) -> Result<()> {
+            Ok(())
         }
-        fn capacity(&self) -> usize {
-            self.capacity
-        }
-        fn reset(&mut self) {
-            self.position = 0;
-        }
-        fn backend_name(&self) -> &str {
-            "scripted"
-        }
+    }
+
+    /// A checked session over [`ScriptedSteps`], vocabulary 1000, `capacity` positions.
+    pub(crate) fn scripted_session(script: Vec<u32>, capacity: usize) -> CheckedSession {
+        let capabilities = Capabilities {
+            max_context: capacity,
+            sampling: SamplingModes::GREEDY_ONLY,
+            inputs: InputKinds { tokens: true, embeddings: false },
+            ..Capabilities::default()
+        };
+        let limits = SessionLimits { backend: "scripted".into(), vocab_size: 1000, hidden_size: 1, capabilities };
+        CheckedSession::new(Box::new(ScriptedSteps { script, produced: 0 }), limits, SessionOptions::default())
     }
 
     /// Token `n` is the letter `'a' + n`; 50 and 51 are the two halves of "é" (a split UTF-8 char).
@@ -271,11 +268,11 @@ pub(crate) mod tests {
         }
     }
 
-    fn session(script: Vec<u32>) -> ScriptedSession {
-        ScriptedSession { script, position: 0, capacity: 100, produced: 0 }
+    fn session(script: Vec<u32>) -> CheckedSession {
+        scripted_session(script, 100)
     }
 
-    fn run(s: &mut ScriptedSession, request: GenerationRequest) -> (GenerationOutput, Vec<TokenEvent>) {
+    fn run(s: &mut CheckedSession, request: GenerationRequest) -> (GenerationOutput, Vec<TokenEvent>) {
         let mut events = Vec::new();
         let out = generate(s, &[1, 2, 3], &request, Some(&Letters), &CancelToken::new(), &mut |e| events.push(e)).unwrap();
         (out, events)
@@ -327,10 +324,10 @@ pub(crate) mod tests {
 
     #[test]
     fn stops_when_the_context_is_full() {
-        let mut s = ScriptedSession { script: vec![0], position: 0, capacity: 6, produced: 0 };
+        let mut s = scripted_session(vec![0], 6);
         let (out, _) = run(&mut s, GenerationRequest { max_tokens: 50, ..Default::default() });
         assert_eq!(out.finish_reason, FinishReason::ContextFull);
-        assert_eq!(s.position, 6);
+        assert_eq!(s.position(), 6);
         assert_eq!(out.tokens.len(), 4, "3 prompt positions + 3 decoded positions, then the 4th token cannot be fed");
     }
 

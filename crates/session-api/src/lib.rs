@@ -13,6 +13,12 @@
 //! described by [`Capabilities`]; a request for one that a backend lacks is refused with
 //! [`SeamError::Unsupported`], never silently ignored.
 //!
+//! ## The rules, once
+//! A backend implements [`SessionSteps`] (the raw steps); every session a caller gets is a
+//! [`CheckedSession`] around them, made by `new_session` on `dyn Engine`. Argument checks,
+//! poisoning, `NotPrefilled`, capability refusal, the position and sampling live there, so no
+//! backend re-implements (or drifts from) them.
+//!
 //! ## Errors and poisoning
 //! Every fallible call returns [`SeamError`], whose [`SeamError::kind`] is stable. After a failed
 //! `prefill` or `decode` (for any reason other than a rejected argument that was checked before any
@@ -29,12 +35,12 @@ pub mod sampling;
 pub mod session;
 pub mod stats;
 
-pub use backend::{Availability, Backend, DeviceInfo, Engine, EngineInfo, LoadProgress, LoadRequest};
+pub use backend::{Availability, Backend, DeviceInfo, DeviceKind, Engine, EngineInfo, LoadProgress, LoadRequest};
 pub use capabilities::{Capabilities, InputKinds, KvOps, SamplingModes, StateKind, WeightFormat};
 pub use error::{ErrorKind, Result, SeamError};
-pub use registry::{find_backend, registered_backends, BackendRegistration, RegisteredBackend};
+pub use registry::{find_backend, find_backend_with, registered_backends, BackendRegistration, RegisteredBackend};
 pub use sampling::{Sampler, SamplingConfig};
-pub use session::{Session, SessionOptions, StepOutput};
+pub use session::{CheckedSession, RawStep, Session, SessionLimits, SessionOptions, SessionSteps, StepInput, StepOutput};
 
 /// Version of this contract. A backend compiled against another version is listed by the
 /// registry as incompatible instead of being called through a mismatched vtable.

@@ -5,18 +5,31 @@
 //! A binary that links backends must therefore reference each one (every backend crate exports a
 //! `link()` function for exactly this; the `seam` cli calls them at start-up).
 
-use crate::backend::Backend;
+use crate::backend::{Availability, Backend, Engine, LoadRequest};
+use crate::capabilities::Capabilities;
 use crate::error::{Result, SeamError};
 use crate::API_VERSION;
+use std::collections::BTreeMap;
+use std::sync::Arc;
 
-/// One backend's entry in the registry. Create it with [`crate::register_backend!`].
+/// How a registry entry makes its backend.
+#[derive(Clone, Copy)]
+pub enum Factory {
+    /// A backend of its own. Must be cheap (no device work until `availability` or `load`).
+    Backend(fn() -> Box<dyn Backend>),
+    /// Another registered backend bound to one of its devices: `iree-cpu` is `iree` on `cpu`.
+    Alias { backend: &'static str, device: &'static str },
+}
+
+/// One backend's entry in the registry. Create it with [`crate::register_backend!`] or
+/// [`crate::register_backend_alias!`].
 pub struct BackendRegistration {
     /// The contract version the backend was compiled against.
     pub api_version: u32,
     /// The registry name.
     pub name: &'static str,
-    /// Builds the backend; must be cheap (no device work until `availability` or `load`).
-    pub constructor: fn() -> Box<dyn Backend>,
+    /// How the backend is made.
+    pub factory: Factory,
 }
 
 inventory::collect!(BackendRegistration);
@@ -29,7 +42,21 @@ macro_rules! register_backend {
             $crate::registry::BackendRegistration {
                 api_version: $crate::API_VERSION,
                 name: $name,
-                constructor: $constructor,
+                factory: $crate::registry::Factory::Backend($constructor),
+            }
+        }
+    };
+}
+
+/// Registers a name for a backend on one device: `register_backend_alias!("iree-cpu", "iree", "cpu");`
+#[macro_export]
+macro_rules! register_backend_alias {
+    ($name:expr, $backend:expr, $device:expr) => {
+        $crate::inventory::submit! {
+            $crate::registry::BackendRegistration {
+                api_version: $crate::API_VERSION,
+                name: $name,
+                factory: $crate::registry::Factory::Alias { backend: $backend, device: $device },
             }
         }
     };
@@ -41,13 +68,21 @@ pub struct RegisteredBackend {
     pub name: &'static str,
     /// The contract version it was built against.
     pub api_version: u32,
-    constructor: fn() -> Box<dyn Backend>,
+    factory: Factory,
 }
 
 impl RegisteredBackend {
     /// Whether it was built against this contract version.
     pub fn is_compatible(&self) -> bool {
         self.api_version == API_VERSION
+    }
+
+    /// For an alias, the backend and device it names.
+    pub fn alias_of(&self) -> Option<(&'static str, &'static str)> {
+        match self.factory {
+            Factory::Alias { backend, device } => Some((backend, device)),
+            Factory::Backend(_) => None,
+        }
     }
 
     /// Instantiates the backend, refusing one built against another contract version.
@@ -61,7 +96,17 @@ impl RegisteredBackend {
                 ),
             });
         }
-        Ok((self.constructor)())
+        match self.factory {
+            Factory::Backend(constructor) => Ok(constructor()),
+            Factory::Alias { backend, device } => {
+                let target = registered_backends().into_iter().find(|b| b.name == backend && b.alias_of().is_none());
+                let target = target.ok_or_else(|| SeamError::Unavailable {
+                    backend: self.name.to_string(),
+                    reason: format!("it names backend {backend}, which is not in this binary"),
+                })?;
+                Ok(Box::new(DeviceAlias::new(self.name, target.instantiate()?, device)))
+            }
+        }
     }
 }
 
@@ -69,14 +114,14 @@ impl RegisteredBackend {
 pub fn registered_backends() -> Vec<RegisteredBackend> {
     let mut all: Vec<RegisteredBackend> = inventory::iter::<BackendRegistration>
         .into_iter()
-        .map(|r| RegisteredBackend { name: r.name, api_version: r.api_version, constructor: r.constructor })
+        .map(|r| RegisteredBackend { name: r.name, api_version: r.api_version, factory: r.factory })
         .collect();
     all.sort_by(|a, b| a.name.cmp(b.name));
     all.dedup_by(|a, b| a.name == b.name);
     all
 }
 
-/// The backend registered under `name`.
+/// The backend registered under `name` (an alias gives its backend bound to the alias's device).
 pub fn find_backend(name: &str) -> Result<Box<dyn Backend>> {
     let all = registered_backends();
     match all.iter().find(|b| b.name == name) {
@@ -85,6 +130,71 @@ pub fn find_backend(name: &str) -> Result<Box<dyn Backend>> {
             name: name.to_string(),
             known: all.iter().map(|b| b.name).collect::<Vec<_>>().join(", "),
         }),
+    }
+}
+
+/// [`find_backend`], configured by `settings` ([`Backend::configure`]) when there are any.
+pub fn find_backend_with(name: &str, settings: &BTreeMap<String, String>) -> Result<Box<dyn Backend>> {
+    let backend = find_backend(name)?;
+    if settings.is_empty() {
+        Ok(backend)
+    } else {
+        backend.configure(settings)
+    }
+}
+
+/// A backend bound to one of its devices, under a name of its own.
+struct DeviceAlias {
+    name: &'static str,
+    description: String,
+    inner: Box<dyn Backend>,
+    device: &'static str,
+}
+
+impl DeviceAlias {
+    fn new(name: &'static str, inner: Box<dyn Backend>, device: &'static str) -> DeviceAlias {
+        let description = format!("{} on device {device} ({})", inner.name(), inner.description());
+        DeviceAlias { name, description, inner, device }
+    }
+}
+
+impl Backend for DeviceAlias {
+    fn name(&self) -> &str {
+        self.name
+    }
+    fn description(&self) -> &str {
+        &self.description
+    }
+    fn availability(&self) -> Availability {
+        self.inner.device_availability(self.device)
+    }
+    fn capabilities(&self) -> Capabilities {
+        self.inner.capabilities()
+    }
+    fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {
+        match request.device.as_deref() {
+            Some(other) if other != self.device => Err(SeamError::InvalidInput(format!(
+                "{} runs on device {} only; use backend {} for device {other}",
+                self.name,
+                self.device,
+                self.inner.name()
+            ))),
+            _ => {
+                let mut request = request.clone();
+                request.device = Some(self.device.to_string());
+                self.inner.load(&request)
+            }
+        }
+    }
+    fn device_availability(&self, id: &str) -> Availability {
+        if id == self.device {
+            self.inner.device_availability(id)
+        } else {
+            Availability::Unavailable { reason: format!("{} runs on device {} only", self.name, self.device) }
+        }
+    }
+    fn configure(&self, settings: &BTreeMap<String, String>) -> Result<Box<dyn Backend>> {
+        Ok(Box::new(DeviceAlias::new(self.name, self.inner.configure(settings)?, self.device)))
     }
 }
 
@@ -118,7 +228,7 @@ mod tests {
     crate::register_backend!("test-dummy", || Box::new(Dummy));
 
     inventory::submit! {
-        BackendRegistration { api_version: API_VERSION + 1, name: "test-future", constructor: || Box::new(Dummy) }
+        BackendRegistration { api_version: API_VERSION + 1, name: "test-future", factory: Factory::Backend(|| Box::new(Dummy)) }
     }
 
     #[test]
@@ -133,6 +243,22 @@ mod tests {
         let err = find_backend("nope").err().unwrap();
         assert_eq!(err.kind(), crate::ErrorKind::InvalidInput);
         assert!(err.to_string().contains("test-dummy"), "{err}");
+    }
+
+    crate::register_backend_alias!("test-dummy-cpu", "test-dummy", "cpu");
+
+    #[test]
+    fn an_alias_is_its_backend_on_one_device() {
+        let entry = registered_backends().into_iter().find(|b| b.name == "test-dummy-cpu").unwrap();
+        assert_eq!(entry.alias_of(), Some(("test-dummy", "cpu")));
+        let alias = entry.instantiate().unwrap();
+        assert_eq!(alias.name(), "test-dummy-cpu");
+        // The target is unavailable, and the alias says why.
+        let Availability::Unavailable { reason } = alias.availability() else { panic!("available") };
+        assert!(reason.contains("test double"), "{reason}");
+        let mut request = LoadRequest::new("/nowhere", crate::WeightFormat::F16);
+        request.device = Some("cuda:0".into());
+        assert_eq!(alias.load(&request).err().unwrap().kind(), crate::ErrorKind::InvalidInput);
     }
 
     #[test]

@@ -1,13 +1,21 @@
 //! The session: one sequence's state, token ids in, token ids out.
+//!
+//! Two traits, two audiences (as wgpu-core validates over wgpu-hal):
+//! - [`Session`] is what callers use. Its only implementation is [`CheckedSession`], which
+//!   enforces every rule of the contract (argument checks before any state changes, poisoning,
+//!   `NotPrefilled`, capability refusal, position bookkeeping, sampling) once, for every backend.
+//! - [`SessionSteps`] is what a backend implements: the raw steps, called only with arguments
+//!   that were already checked. A backend cannot get a rule wrong because it never sees a call the
+//!   rules would refuse.
 
 use crate::capabilities::Capabilities;
 use crate::error::{Result, SeamError};
-use crate::sampling::SamplingConfig;
+use crate::sampling::{Sampler, SamplingConfig};
 
 /// How a session is created.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SessionOptions {
-    /// How the backend picks each next token.
+    /// How the next token is picked.
     pub sampling: SamplingConfig,
     /// Return the logits of the last position of each step in [`StepOutput::logits`].
     /// Needs [`Capabilities::logits`].
@@ -15,22 +23,18 @@ pub struct SessionOptions {
 }
 
 impl SessionOptions {
-    /// Refuses options that `capabilities` cannot honour, with a typed [`SeamError::Unsupported`].
-    /// Every backend calls this from `Engine::new_session`, so refusal is uniform.
+    /// What these options need of a backend, as capabilities (everything else off).
+    pub fn required_capabilities(&self) -> Capabilities {
+        Capabilities { sampling: self.sampling.required_modes(), logits: self.return_logits, ..Capabilities::default() }
+    }
+
+    /// Refuses options that `capabilities` cannot honour, with a typed [`SeamError::Unsupported`]
+    /// naming the first missing feature. [`crate::Engine`]'s `new_session` calls it for every
+    /// backend, so refusal is uniform.
     pub fn check_against(&self, backend: &str, capabilities: &Capabilities) -> Result<()> {
         self.sampling.validate().map_err(SeamError::InvalidInput)?;
-        let needed = self.sampling.required_modes();
-        let offered = capabilities.sampling;
-        let missing = [
-            (needed.greedy && !offered.greedy, "greedy sampling"),
-            (needed.temperature && !offered.temperature, "temperature sampling"),
-            (needed.top_k && !offered.top_k, "top-k sampling"),
-            (needed.top_p && !offered.top_p, "top-p sampling"),
-            (needed.seeded && !offered.seeded, "seeded sampling"),
-            (self.return_logits && !capabilities.logits, "returning logits"),
-        ];
-        match missing.iter().find(|(lacking, _)| *lacking) {
-            Some((_, feature)) => Err(SeamError::unsupported(backend, *feature)),
+        match capabilities.missing(&self.required_capabilities()).first() {
+            Some(feature) => Err(SeamError::unsupported(backend, *feature)),
             None => Ok(()),
         }
     }
@@ -46,7 +50,7 @@ pub struct StepOutput {
     pub logits: Option<Vec<f32>>,
 }
 
-/// One sequence's state on a backend.
+/// One sequence's state on a backend, as callers see it.
 ///
 /// `prefill` appends tokens at [`Session::position`] (so calling it again extends the sequence,
 /// which is chunked prefill), `decode` appends one token; both return the next token. A session is
@@ -74,111 +78,437 @@ pub trait Session: Send {
 
     /// Rewinds to `position` (≤ the current position), dropping later state.
     /// Needs [`crate::KvOps::truncate`].
-    fn truncate(&mut self, position: usize) -> Result<()> {
-        let _ = position;
-        Err(SeamError::unsupported(self.backend_name(), "truncate"))
-    }
+    fn truncate(&mut self, position: usize) -> Result<()>;
 
     /// A new session with a copy of this one's state; the two then evolve independently.
     /// Needs [`crate::KvOps::fork`].
-    fn fork(&self) -> Result<Box<dyn Session>> {
-        Err(SeamError::unsupported(self.backend_name(), "fork"))
-    }
+    fn fork(&self) -> Result<Box<dyn Session>>;
 
     /// Appends `count` positions given as hidden-size embedding vectors (row-major,
     /// `count * hidden_size` values) instead of token ids, and returns the next token.
     /// Needs [`crate::InputKinds::embeddings`].
-    fn prefill_embeddings(&mut self, embeddings: &[f32], count: usize) -> Result<StepOutput> {
-        let _ = (embeddings, count);
-        Err(SeamError::unsupported(self.backend_name(), "prefill from embeddings"))
-    }
+    fn prefill_embeddings(&mut self, embeddings: &[f32], count: usize) -> Result<StepOutput>;
 
     /// Name of the backend that made this session (for error messages).
     fn backend_name(&self) -> &str;
 }
 
-/// The bookkeeping every session needs to honour the error contract: argument checks that happen
-/// before any state changes, and poisoning after a failure. Backends embed one and route each step
-/// through [`SessionGuard::step`].
-#[derive(Debug, Clone, Default)]
-pub struct SessionGuard {
+/// What one raw step appends.
+#[derive(Debug, Clone, Copy)]
+pub enum StepInput<'a> {
+    /// Token ids, each `< vocab_size`, at least one.
+    Tokens(&'a [u32]),
+    /// `count >= 1` rows of `hidden_size` finite values.
+    Embeddings { values: &'a [f32], count: usize },
+}
+
+impl StepInput<'_> {
+    /// Positions this input fills.
+    pub fn len(&self) -> usize {
+        match self {
+            StepInput::Tokens(tokens) => tokens.len(),
+            StepInput::Embeddings { count, .. } => *count,
+        }
+    }
+
+    /// Whether it fills no position (never true for an input a backend is given).
+    pub fn is_empty(&self) -> bool {
+        self.len() == 0
+    }
+}
+
+/// What a raw step returns: the device's greedy pick and/or the last position's logits.
+#[derive(Debug, Clone, PartialEq, Default)]
+pub struct RawStep {
+    /// The argmax of the last position's logits, when the backend computed it (on a device,
+    /// reading back 4 bytes instead of the logits).
+    pub greedy_token: Option<u32>,
+    /// The last position's logits; present whenever the step was asked for them.
+    pub logits: Option<Vec<f32>>,
+}
+
+/// The raw steps of one sequence: what a backend implements. [`CheckedSession`] calls them only
+/// with arguments that passed the contract's checks, in a state the contract allows, and keeps
+/// the position, the poisoning and the sampler itself.
+pub trait SessionSteps: Send {
+    /// Appends `input` at `position` (the number of positions filled so far). When `want_logits`
+    /// is set the result must carry the logits; otherwise the greedy token is enough (logits may
+    /// be returned anyway). On an error the caller poisons the session until [`SessionSteps::reset`].
+    fn append(&mut self, position: usize, input: StepInput<'_>, want_logits: bool) -> Result<RawStep>;
+
+    /// Forgets everything after `position` (< the filled positions). Called only when the engine
+    /// claims [`crate::KvOps::truncate`].
+    fn truncate(&mut self, position: usize) -> Result<()> {
+        let _ = position;
+        Err(SeamError::Backend("truncate is claimed but not implemented".into()))
+    }
+
+    /// A copy of the first `position` positions of this sequence, independent from then on.
+    /// Called only when the engine claims [`crate::KvOps::fork`].
+    fn fork(&self, position: usize) -> Result<Box<dyn SessionSteps>> {
+        let _ = position;
+        Err(SeamError::Backend("fork is claimed but not implemented".into()))
+    }
+
+    /// Empties the sequence. `after_failure` says an earlier step failed, so the state may be
+    /// lost or half-written and must be rebuilt rather than reused.
+    fn reset(&mut self, after_failure: bool) -> Result<()>;
+}
+
+/// The fixed facts a [`CheckedSession`] checks against, taken from its engine.
+#[derive(Debug, Clone)]
+pub struct SessionLimits {
+    /// The backend's registry name, for errors.
+    pub backend: String,
+    /// Valid token ids are `0..vocab_size`.
+    pub vocab_size: usize,
+    /// Width of an embedding row.
+    pub hidden_size: usize,
+    /// The engine's capabilities (`max_context` is the session's capacity).
+    pub capabilities: Capabilities,
+}
+
+/// The one implementation of [`Session`]: the contract's rules around a backend's
+/// [`SessionSteps`]. Engines' sessions are made by [`crate::Engine`]'s `new_session`, which
+/// builds one of these.
+pub struct CheckedSession {
+    steps: Box<dyn SessionSteps>,
+    limits: SessionLimits,
+    position: usize,
+    sampler: Sampler,
+    return_logits: bool,
     poisoned: Option<String>,
 }
 
-impl SessionGuard {
-    /// Checks a prefill/decode argument against the vocabulary and the remaining capacity.
-    pub fn check_tokens(tokens: &[u32], vocab_size: usize, position: usize, capacity: usize) -> Result<()> {
-        if tokens.is_empty() {
-            return Err(SeamError::EmptyInput);
+impl CheckedSession {
+    /// Wraps a backend's raw steps of an empty sequence. `options` must have passed
+    /// [`SessionOptions::check_against`] the same capabilities.
+    pub fn new(steps: Box<dyn SessionSteps>, limits: SessionLimits, options: SessionOptions) -> CheckedSession {
+        CheckedSession {
+            steps,
+            limits,
+            position: 0,
+            sampler: Sampler::new(options.sampling),
+            return_logits: options.return_logits,
+            poisoned: None,
         }
-        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
-            return Err(SeamError::TokenOutOfVocabulary { token, vocab_size });
+    }
+
+    fn refuse_if_poisoned(&self) -> Result<()> {
+        match &self.poisoned {
+            Some(cause) => Err(SeamError::Poisoned { cause: cause.clone() }),
+            None => Ok(()),
         }
-        let requested = position + tokens.len();
-        if requested > capacity {
-            return Err(SeamError::ContextOverflow { requested, capacity });
+    }
+
+    fn check_room(&self, count: usize) -> Result<()> {
+        let requested = self.position.saturating_add(count);
+        if requested > self.limits.capabilities.max_context {
+            return Err(SeamError::ContextOverflow { requested, capacity: self.limits.capabilities.max_context });
         }
         Ok(())
     }
 
-    /// Runs one step: refuses if poisoned, and poisons on a failure that may have changed state.
-    pub fn step<T>(&mut self, run: impl FnOnce() -> Result<T>) -> Result<T> {
-        if let Some(cause) = &self.poisoned {
-            return Err(SeamError::Poisoned { cause: cause.clone() });
+    fn check_tokens(&self, tokens: &[u32]) -> Result<()> {
+        if tokens.is_empty() {
+            return Err(SeamError::EmptyInput);
         }
-        let result = run();
-        if let Err(error) = &result {
-            if error.poisons_session() {
+        let vocab_size = self.limits.vocab_size;
+        if let Some(&token) = tokens.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(SeamError::TokenOutOfVocabulary { token, vocab_size });
+        }
+        self.check_room(tokens.len())
+    }
+
+    /// Runs a checked step: poisons on a failure, advances the position and samples on success.
+    fn run(&mut self, input: StepInput<'_>) -> Result<StepOutput> {
+        let want_logits = self.return_logits || !matches!(self.sampler.config(), SamplingConfig::Greedy);
+        let result = self.steps.append(self.position, input, want_logits).and_then(|raw| self.finish(raw, want_logits));
+        match result {
+            Ok(output) => {
+                self.position += input.len();
+                Ok(output)
+            }
+            Err(error) => {
+                // Whatever the backend said, its state may have changed: nothing a backend
+                // returns from a checked call is an argument rejected up front.
                 self.poisoned = Some(error.to_string());
+                Err(error)
             }
         }
-        result
     }
 
-    /// Whether an earlier failure poisoned the session.
-    pub fn is_poisoned(&self) -> bool {
-        self.poisoned.is_some()
+    /// Checks what the backend returned and picks the token.
+    fn finish(&mut self, raw: RawStep, want_logits: bool) -> Result<StepOutput> {
+        let backend = &self.limits.backend;
+        if let Some(logits) = &raw.logits {
+            if logits.len() != self.limits.vocab_size {
+                return Err(SeamError::Backend(format!(
+                    "{backend} returned {} logits for a vocabulary of {}",
+                    logits.len(),
+                    self.limits.vocab_size
+                )));
+            }
+        } else if want_logits {
+            return Err(SeamError::Backend(format!("{backend} returned no logits for a step that needs them")));
+        }
+        let token = match (self.sampler.config(), raw.greedy_token, &raw.logits) {
+            (SamplingConfig::Greedy, Some(token), _) => token,
+            (_, _, Some(logits)) => self.sampler.sample(logits),
+            _ => return Err(SeamError::Backend(format!("{backend} returned no logits to sample from"))),
+        };
+        if token as usize >= self.limits.vocab_size {
+            return Err(SeamError::Backend(format!("{backend} returned token id {token}, outside the vocabulary")));
+        }
+        Ok(StepOutput { token, logits: if self.return_logits { raw.logits } else { None } })
+    }
+}
+
+impl Session for CheckedSession {
+    fn prefill(&mut self, tokens: &[u32]) -> Result<StepOutput> {
+        self.refuse_if_poisoned()?;
+        self.check_tokens(tokens)?;
+        self.run(StepInput::Tokens(tokens))
     }
 
-    /// Marks the session poisoned (for failures detected outside [`SessionGuard::step`]).
-    pub fn poison(&mut self, cause: impl Into<String>) {
-        self.poisoned = Some(cause.into());
+    fn decode(&mut self, token: u32) -> Result<StepOutput> {
+        self.refuse_if_poisoned()?;
+        if self.position == 0 {
+            return Err(SeamError::NotPrefilled);
+        }
+        self.check_tokens(&[token])?;
+        self.run(StepInput::Tokens(&[token]))
     }
 
-    /// Clears poisoning (on reset).
-    pub fn clear(&mut self) {
-        self.poisoned = None;
+    fn position(&self) -> usize {
+        self.position
+    }
+
+    fn capacity(&self) -> usize {
+        self.limits.capabilities.max_context
+    }
+
+    fn reset(&mut self) {
+        self.position = 0;
+        self.sampler.restart();
+        let after_failure = self.poisoned.is_some();
+        self.poisoned = match self.steps.reset(after_failure) {
+            Ok(()) => None,
+            Err(e) => Some(format!("reset failed: {e}")),
+        };
+    }
+
+    fn truncate(&mut self, position: usize) -> Result<()> {
+        if !self.limits.capabilities.kv_ops.truncate {
+            return Err(SeamError::unsupported(&self.limits.backend, "truncate"));
+        }
+        self.refuse_if_poisoned()?;
+        if position > self.position {
+            return Err(SeamError::InvalidInput(format!(
+                "truncate to {position} is past the current position {}",
+                self.position
+            )));
+        }
+        if position < self.position {
+            if let Err(error) = self.steps.truncate(position) {
+                self.poisoned = Some(error.to_string());
+                return Err(error);
+            }
+        }
+        self.position = position;
+        Ok(())
+    }
+
+    fn fork(&self) -> Result<Box<dyn Session>> {
+        if !self.limits.capabilities.kv_ops.fork {
+            return Err(SeamError::unsupported(&self.limits.backend, "fork"));
+        }
+        self.refuse_if_poisoned()?;
+        let steps = self.steps.fork(self.position)?;
+        Ok(Box::new(CheckedSession {
+            steps,
+            limits: self.limits.clone(),
+            position: self.position,
+            sampler: self.sampler.clone(),
+            return_logits: self.return_logits,
+            poisoned: None,
+        }))
+    }
+
+    fn prefill_embeddings(&mut self, embeddings: &[f32], count: usize) -> Result<StepOutput> {
+        if !self.limits.capabilities.inputs.embeddings {
+            return Err(SeamError::unsupported(&self.limits.backend, "prefill from embeddings"));
+        }
+        self.refuse_if_poisoned()?;
+        if count == 0 {
+            return Err(SeamError::EmptyInput);
+        }
+        let hidden = self.limits.hidden_size;
+        if count.checked_mul(hidden) != Some(embeddings.len()) {
+            return Err(SeamError::InvalidInput(format!(
+                "{count} embeddings of hidden size {hidden} need {} values, got {}",
+                count.saturating_mul(hidden),
+                embeddings.len()
+            )));
+        }
+        if let Some(at) = embeddings.iter().position(|v| !v.is_finite()) {
+            return Err(SeamError::InvalidInput(format!(
+                "embedding value {at} (row {}) is {}: embeddings must be finite",
+                at / hidden.max(1),
+                embeddings[at]
+            )));
+        }
+        self.check_room(count)?;
+        self.run(StepInput::Embeddings { values: embeddings, count })
+    }
+
+    fn backend_name(&self) -> &str {
+        &self.limits.backend
+    }
+}
+
+#[cfg(feature = "fault-injection")]
+pub use fault::FailingSteps;
+
+#[cfg(feature = "fault-injection")]
+mod fault {
+    use super::*;
+
+    /// A decorator for tests (feature `fault-injection`): the next `append` runs on the backend,
+    /// so its state changes, and then reports a failure, once, as a device error would. The
+    /// contract says the session is then poisoned and that `reset` restores it, whatever the
+    /// backend had done.
+    pub struct FailingSteps {
+        inner: Box<dyn SessionSteps>,
+        armed: bool,
+    }
+
+    impl FailingSteps {
+        /// Wraps `inner`, armed to fail its next step.
+        pub fn new(inner: Box<dyn SessionSteps>) -> FailingSteps {
+            FailingSteps { inner, armed: true }
+        }
+    }
+
+    impl SessionSteps for FailingSteps {
+        fn append(&mut self, position: usize, input: StepInput<'_>, want_logits: bool) -> Result<RawStep> {
+            let result = self.inner.append(position, input, want_logits);
+            if std::mem::take(&mut self.armed) {
+                let ran = if result.is_ok() { "after the step ran" } else { "the step also failed" };
+                return Err(SeamError::Backend(format!("injected fault ({ran})")));
+            }
+            result
+        }
+        fn truncate(&mut self, position: usize) -> Result<()> {
+            self.inner.truncate(position)
+        }
+        fn fork(&self, position: usize) -> Result<Box<dyn SessionSteps>> {
+            self.inner.fork(position)
+        }
+        fn reset(&mut self, after_failure: bool) -> Result<()> {
+            self.inner.reset(after_failure)
+        }
     }
 }
 
 #[cfg(test)]
 mod tests {
     use super::*;
+    use crate::capabilities::{InputKinds, KvOps, SamplingModes};
     use crate::error::ErrorKind;
 
-    #[test]
-    fn checks_reject_before_state_changes() {
-        assert_eq!(SessionGuard::check_tokens(&[], 10, 0, 8).unwrap_err().kind(), ErrorKind::InvalidInput);
-        assert!(matches!(
-            SessionGuard::check_tokens(&[3, 10], 10, 0, 8),
-            Err(SeamError::TokenOutOfVocabulary { token: 10, vocab_size: 10 })
-        ));
-        assert!(matches!(
-            SessionGuard::check_tokens(&[1, 2], 10, 7, 8),
-            Err(SeamError::ContextOverflow { requested: 9, capacity: 8 })
-        ));
-        assert!(SessionGuard::check_tokens(&[1], 10, 7, 8).is_ok());
+    /// Steps that remember what they were given and fail when told to.
+    #[derive(Default)]
+    struct Recorder {
+        appended: Vec<(usize, usize)>,
+        fail_next: bool,
+        resets: Vec<bool>,
+    }
+
+    struct Shared(std::sync::Arc<std::sync::Mutex<Recorder>>);
+
+    impl SessionSteps for Shared {
+        fn append(&mut self, position: usize, input: StepInput<'_>, _: bool) -> Result<RawStep> {
+            let mut r = self.0.lock().unwrap();
+            if std::mem::take(&mut r.fail_next) {
+                return Err(SeamError::InvalidInput("a backend's own complaint".into()));
+            }
+            r.appended.push((position, input.len()));
+            Ok(RawStep { greedy_token: Some(3), logits: Some(vec![0.0; 10]) })
+        }
+        fn truncate(&mut self, _: usize) -> Result<()> {
+            Ok(())
+        }
+        fn reset(&mut self, after_failure: bool) -> Result<()> {
+            self.0.lock().unwrap().resets.push(after_failure);
+            Ok(())
+        }
+    }
+
+    fn session(caps: Capabilities) -> (CheckedSession, std::sync::Arc<std::sync::Mutex<Recorder>>) {
+        let record = std::sync::Arc::new(std::sync::Mutex::new(Recorder::default()));
+        let limits = SessionLimits { backend: "test".into(), vocab_size: 10, hidden_size: 2, capabilities: caps };
+        (CheckedSession::new(Box::new(Shared(record.clone())), limits, SessionOptions::default()), record)
+    }
+
+    fn caps(max_context: usize) -> Capabilities {
+        Capabilities {
+            max_context,
+            sampling: SamplingModes::GREEDY_ONLY,
+            kv_ops: KvOps { truncate: true, fork: false },
+            inputs: InputKinds { tokens: true, embeddings: false },
+            ..Capabilities::default()
+        }
     }
 
     #[test]
-    fn backend_failures_poison_until_cleared() {
-        let mut guard = SessionGuard::default();
-        let _ = guard.step(|| -> Result<()> { Err(SeamError::EmptyInput) });
-        assert!(!guard.is_poisoned(), "a rejected argument must not poison");
-        let _ = guard.step(|| -> Result<()> { Err(SeamError::Backend("device lost".into())) });
-        let err = guard.step(|| Ok(())).unwrap_err();
-        assert_eq!(err.kind(), ErrorKind::InvalidState);
-        guard.clear();
-        assert!(guard.step(|| Ok(())).is_ok());
+    fn arguments_are_refused_before_the_backend_sees_them() {
+        let (mut s, record) = session(caps(8));
+        assert_eq!(s.prefill(&[]).unwrap_err().kind(), ErrorKind::InvalidInput);
+        assert!(matches!(s.decode(1), Err(SeamError::NotPrefilled)));
+        assert!(matches!(s.prefill(&[3, 10]), Err(SeamError::TokenOutOfVocabulary { token: 10, vocab_size: 10 })));
+        assert!(matches!(s.prefill(&[1; 9]), Err(SeamError::ContextOverflow { requested: 9, capacity: 8 })));
+        assert_eq!(s.prefill_embeddings(&[0.0; 2], 1).unwrap_err().kind(), ErrorKind::Unsupported);
+        assert_eq!(s.fork().err().unwrap().kind(), ErrorKind::Unsupported);
+        assert!(record.lock().unwrap().appended.is_empty());
+        assert_eq!(s.prefill(&[1, 2]).unwrap().token, 3);
+        assert!(matches!(s.prefill(&[1; 7]), Err(SeamError::ContextOverflow { requested: 9, capacity: 8 })));
+        assert_eq!(s.decode(4).unwrap().token, 3);
+        assert_eq!(record.lock().unwrap().appended, vec![(0, 2), (2, 1)]);
+        assert_eq!(s.position(), 3);
+    }
+
+    #[test]
+    fn any_backend_failure_poisons_until_reset_and_truncate_honours_it() {
+        let (mut s, record) = session(caps(8));
+        s.prefill(&[1, 2, 3]).unwrap();
+        record.lock().unwrap().fail_next = true;
+        // Even an error kind that would not poison when raised by the checks does here: the
+        // backend may have changed its state before it complained.
+        assert!(s.decode(1).is_err());
+        assert!(matches!(s.decode(1), Err(SeamError::Poisoned { .. })));
+        assert!(matches!(s.truncate(1), Err(SeamError::Poisoned { .. })));
+        assert_eq!(s.position(), 3);
+        s.reset();
+        assert_eq!(record.lock().unwrap().resets, vec![true]);
+        assert_eq!(s.position(), 0);
+        s.prefill(&[1]).unwrap();
+        assert_eq!(s.truncate(2).unwrap_err().kind(), ErrorKind::InvalidInput);
+        s.truncate(0).unwrap();
+        assert_eq!(s.position(), 0);
+        s.reset();
+        assert_eq!(record.lock().unwrap().resets, vec![true, false]);
+    }
+
+    #[test]
+    fn embeddings_must_be_whole_rows_of_finite_values() {
+        let mut c = caps(8);
+        c.inputs.embeddings = true;
+        let (mut s, _) = session(c);
+        assert_eq!(s.prefill_embeddings(&[0.0; 3], 2).unwrap_err().kind(), ErrorKind::InvalidInput);
+        assert_eq!(s.prefill_embeddings(&[0.0, f32::NAN], 1).unwrap_err().kind(), ErrorKind::InvalidInput);
+        assert!(matches!(s.prefill_embeddings(&[], 0), Err(SeamError::EmptyInput)));
+        s.prefill_embeddings(&[0.5; 4], 2).unwrap();
+        assert_eq!(s.position(), 2);
     }
 }

@@ -3,16 +3,16 @@
 //! It depends on nothing of seam but the contract (`session-api`). To stay small it forwards the
 //! arithmetic to the reference backend, which stands in for a vendor's device runtime; everything
 //! a real backend must do itself is here: a registered [`Backend`] that says whether it can run,
-//! an [`Engine`] that holds the loaded model, [`Session`]s that keep one sequence each, honest
-//! capabilities (this one deliberately does *not* offer fork, embeddings input or top-p, to show
-//! how unclaimed capabilities are refused), and the error contract (typed errors, poisoning).
+//! an [`Engine`] that holds the loaded model and opens the raw steps of each sequence
+//! ([`SessionSteps`]), and honest capabilities (this one deliberately does *not* offer fork,
+//! embeddings input or top-p, to show how unclaimed capabilities are refused). The contract's
+//! rules (argument checks, poisoning, sampling) are seam's, around the steps.
 //!
 //! Its `tests/conformance.rs` runs seam's whole conformance suite on it with one call.
 
-use session_api::session::SessionGuard;
 use session_api::{
     Availability, Backend, Capabilities, Engine, EngineInfo, InputKinds, KvOps, LoadRequest, Result, SamplingModes,
-    SeamError, Session, SessionOptions, StepOutput,
+    SeamError, SessionOptions, SessionSteps,
 };
 use std::sync::Arc;
 
@@ -45,7 +45,7 @@ impl ExampleBackend {
             .map_err(|reason| SeamError::Unavailable { backend: NAME.to_string(), reason: reason.clone() })
     }
 
-    /// Loads a model as the concrete engine type (for [`ExampleEngine::session_with_injected_fault`]).
+    /// Loads a model as the concrete engine type.
     pub fn load_example(&self, request: &LoadRequest) -> Result<ExampleEngine> {
         let offered = self.capabilities();
         if !offered.supports_format(request.weights) {
@@ -90,18 +90,7 @@ impl Backend for ExampleBackend {
         match self.runtime() {
             Ok(runtime) => restrict(runtime.capabilities()),
             // Unavailable: nothing is offered (callers check availability first).
-            Err(_) => restrict(Capabilities {
-                max_context: 0,
-                weight_formats: vec![],
-                sampling: SamplingModes::GREEDY_ONLY,
-                logits: false,
-                kv_ops: KvOps::default(),
-                inputs: InputKinds { tokens: true, embeddings: false },
-                max_concurrent_sessions: None,
-                parallel_sessions: false,
-                state: Default::default(),
-                batched_decode: false,
-            }),
+            Err(_) => restrict(Capabilities { sampling: SamplingModes::GREEDY_ONLY, ..Capabilities::default() }),
         }
     }
 
@@ -115,20 +104,6 @@ pub struct ExampleEngine {
     inner: Arc<dyn Engine>,
 }
 
-impl ExampleEngine {
-    fn session(&self, options: SessionOptions, fault_pending: bool) -> Result<ExampleSession> {
-        // Refuse what is not offered *before* forwarding: the runtime would accept top-p.
-        options.check_against(NAME, &self.capabilities())?;
-        Ok(ExampleSession { inner: self.inner.new_session(options)?, guard: SessionGuard::default(), fault_pending })
-    }
-
-    /// A session whose next prefill or decode fails once, as a device error would (a test hook for
-    /// the conformance suite's poisoning case; a real backend might arm a fault in its driver).
-    pub fn session_with_injected_fault(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
-        Ok(Box::new(self.session(options, true)?))
-    }
-}
-
 impl Engine for ExampleEngine {
     fn info(&self) -> EngineInfo {
         EngineInfo { backend: NAME.to_string(), ..self.inner.info() }
@@ -138,62 +113,11 @@ impl Engine for ExampleEngine {
         restrict(self.inner.capabilities())
     }
 
-    fn new_session(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
-        Ok(Box::new(self.session(options, false)?))
-    }
-}
-
-/// One sequence on the example backend. Its own [`SessionGuard`] implements poisoning for the
-/// failures that happen here (the injected fault); the runtime's session guards its own.
-pub struct ExampleSession {
-    inner: Box<dyn Session>,
-    guard: SessionGuard,
-    fault_pending: bool,
-}
-
-impl ExampleSession {
-    fn run(&mut self, step: impl FnOnce(&mut dyn Session) -> Result<StepOutput>) -> Result<StepOutput> {
-        let (inner, fault_pending) = (&mut self.inner, &mut self.fault_pending);
-        self.guard.step(|| {
-            if std::mem::take(fault_pending) {
-                return Err(SeamError::Backend("injected device fault".into()));
-            }
-            step(&mut **inner)
-        })
-    }
-}
-
-impl Session for ExampleSession {
-    fn prefill(&mut self, tokens: &[u32]) -> Result<StepOutput> {
-        self.run(|inner| inner.prefill(tokens))
-    }
-
-    fn decode(&mut self, token: u32) -> Result<StepOutput> {
-        self.run(|inner| inner.decode(token))
-    }
-
-    fn position(&self) -> usize {
-        self.inner.position()
-    }
-
-    fn capacity(&self) -> usize {
-        self.inner.capacity()
-    }
-
-    fn reset(&mut self) {
-        self.inner.reset();
-        self.guard.clear();
-    }
-
-    fn truncate(&mut self, position: usize) -> Result<()> {
-        self.inner.truncate(position)
-    }
-
-    // fork and prefill_embeddings are not overridden: the contract's defaults refuse them with
-    // `Unsupported`, matching the capabilities above.
-
-    fn backend_name(&self) -> &str {
-        NAME
+    /// The runtime's raw steps. seam's checked session around them enforces the contract against
+    /// [`ExampleEngine::capabilities`], so fork, embeddings input and top-p are refused with
+    /// `Unsupported` even though the runtime underneath has them.
+    fn open_steps(&self, options: &SessionOptions) -> Result<Box<dyn SessionSteps>> {
+        self.inner.open_steps(options)
     }
 }
 

@@ -5,18 +5,8 @@
 //! the real model.
 
 use backend_example::ExampleBackend;
-use conformance::{FaultInjection, Target};
-use session_api::{LoadRequest, Session, SessionOptions};
-
-/// Lets the suite check poisoning: a session whose next step fails inside the backend.
-struct InjectedFaults;
-
-impl FaultInjection for InjectedFaults {
-    fn failing_session(&self, request: &LoadRequest, options: SessionOptions) -> session_api::Result<Box<dyn Session>> {
-        ExampleBackend::new().load_example(request)?.session_with_injected_fault(options)
-    }
-}
+use conformance::Target;
 
 fn main() {
-    conformance::test_main(Target::new(Box::new(ExampleBackend::new())).with_fault_injection(InjectedFaults));
+    conformance::test_main(Target::new(Box::new(ExampleBackend::new())));
 }

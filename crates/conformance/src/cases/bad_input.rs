@@ -102,20 +102,17 @@ fn decode_before_prefill(ctx: &CaseContext<'_>) -> Checked<Verdict> {
 }
 
 fn poisoned_session(ctx: &CaseContext<'_>) -> Checked<Verdict> {
-    let Some(hook) = ctx.fault_injection else {
-        return Ok(Verdict::unsupported(
-            "no fault-injection hook: the contract gives a caller no way to make a backend fail inside a step \
-             (give one with Target::with_fault_injection)",
-        ));
-    };
     let prompt = ctx.prompt(12, 153);
     let baseline = ctx.baseline(&prompt, STEPS)?;
-    let session = hook
-        .failing_session(ctx.request, ctx.greedy_options())
-        .or_fail(|| "the fault-injection hook's failing_session".to_string())?;
+    // The decorator runs the backend's first step for real, then reports a failure: the backend's
+    // state has moved on, and reset must bring it back all the same.
+    let session = ctx
+        .engine
+        .new_session_failing_once(ctx.greedy_options())
+        .or_fail(|| "new_session_failing_once".to_string())?;
     let mut driver = Driver::forced(session, &baseline.trace.tokens, "session with an injected fault");
     let failure = match driver.session.prefill(&prompt) {
-        Ok(_) => return Err(Verdict::fail("the fault-injection hook's session did not fail its first step")),
+        Ok(_) => return Err(Verdict::fail("the session with an injected fault did not fail its first step")),
         Err(e) => e,
     };
     if !failure.poisons_session() {

@@ -6,6 +6,7 @@
 
 pub mod bad_input;
 pub mod capability_claims;
+pub mod embeddings;
 pub mod kv_lifecycle;
 pub mod memory;
 pub mod parity;
@@ -16,7 +17,6 @@ use crate::oracle::{Continuation, Oracle, OracleRun};
 use crate::stream::{compare, Comparison, Driver, Expected, Trace};
 use crate::tolerance::Tolerances;
 use crate::verdict::{Checked, OrFail, Verdict};
-use crate::FaultInjection;
 use session_api::{Backend, Capabilities, Engine, LoadRequest, SamplingConfig, Session, SessionOptions, WeightFormat};
 use std::sync::Arc;
 
@@ -38,8 +38,6 @@ pub struct CaseContext<'a> {
     pub oracle: &'a Oracle,
     /// The tolerances of the backend's compute precision.
     pub tolerances: Tolerances,
-    /// The backend's fault-injection hook, if it gave one.
-    pub fault_injection: Option<&'a dyn FaultInjection>,
     /// Prompt lengths for the parity case.
     pub parity_lengths: &'a [usize],
 }
@@ -67,6 +65,7 @@ pub fn lifecycle_cases() -> Vec<Case> {
     cases.extend(kv_lifecycle::CASES);
     cases.push(memory::CASE);
     cases.extend(bad_input::CASES);
+    cases.extend(embeddings::CASES);
     cases.extend(sampling::CASES);
     cases
 }

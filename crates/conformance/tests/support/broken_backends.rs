@@ -7,7 +7,9 @@
 //! - [`Breakage::PanicInDecode`]: panics inside `decode`;
 //! - [`Breakage::LeakSessions`]: never frees a dropped session's state.
 
-use session_api::{Availability, Backend, Capabilities, Engine, EngineInfo, LoadRequest, Result, Session, SessionOptions, StepOutput};
+use session_api::{
+    Availability, Backend, Capabilities, Engine, EngineInfo, LoadRequest, RawStep, Result, SessionOptions, SessionSteps, StepInput,
+};
 use std::sync::Arc;
 
 /// What goes wrong.
@@ -78,9 +80,9 @@ impl Engine for BrokenEngine {
     fn capabilities(&self) -> Capabilities {
         self.inner.capabilities()
     }
-    fn new_session(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
-        Ok(Box::new(BrokenSession {
-            inner: Some(self.inner.new_session(options)?),
+    fn open_steps(&self, options: &SessionOptions) -> Result<Box<dyn SessionSteps>> {
+        Ok(Box::new(BrokenSteps {
+            inner: Some(self.inner.open_steps(options)?),
             vocab_size: self.inner.info().vocab_size,
             history: Vec::new(),
             decodes: 0,
@@ -90,9 +92,9 @@ impl Engine for BrokenEngine {
     }
 }
 
-struct BrokenSession {
+struct BrokenSteps {
     /// Always `Some` until drop (where [`Breakage::LeakSessions`] forgets it instead of freeing it).
-    inner: Option<Box<dyn Session>>,
+    inner: Option<Box<dyn SessionSteps>>,
     vocab_size: usize,
     /// Every token in the cache, to know what to corrupt.
     history: Vec<u32>,
@@ -101,7 +103,7 @@ struct BrokenSession {
     after_decodes: usize,
 }
 
-impl Drop for BrokenSession {
+impl Drop for BrokenSteps {
     fn drop(&mut self) {
         if self.breakage == Breakage::LeakSessions {
             std::mem::forget(self.inner.take());
@@ -109,80 +111,66 @@ impl Drop for BrokenSession {
     }
 }
 
-impl BrokenSession {
-    fn inner(&mut self) -> &mut Box<dyn Session> {
+impl BrokenSteps {
+    fn inner(&mut self) -> &mut Box<dyn SessionSteps> {
         self.inner.as_mut().expect("present until drop")
     }
 
-    fn inner_ref(&self) -> &dyn Session {
-        self.inner.as_deref().expect("present until drop")
-    }
-
-    fn corrupt_cache(&mut self) -> Result<()> {
-        let position = self.inner().position();
+    /// Rewrites the last cache positions before `position` with other tokens' keys and values.
+    fn corrupt_cache(&mut self, position: usize) -> Result<()> {
         let count = CORRUPTED_POSITIONS.min(position);
         let start = position - count;
-        let wrong: Vec<u32> = self.history[start..].iter().map(|&t| (t + 1) % self.vocab_size as u32).collect();
+        let wrong: Vec<u32> = self.history[start..position].iter().map(|&t| (t + 1) % self.vocab_size as u32).collect();
         self.inner().truncate(start)?;
         if !wrong.is_empty() {
-            self.inner().prefill(&wrong)?;
+            self.inner().append(start, StepInput::Tokens(&wrong), false)?;
         }
         Ok(())
     }
 }
 
-impl Session for BrokenSession {
-    fn prefill(&mut self, tokens: &[u32]) -> Result<StepOutput> {
-        let out = self.inner().prefill(tokens)?;
-        self.history.extend_from_slice(tokens);
-        Ok(out)
-    }
-    fn decode(&mut self, token: u32) -> Result<StepOutput> {
-        if self.decodes == self.after_decodes && self.inner().position() > 0 && (token as usize) < self.vocab_size {
+impl SessionSteps for BrokenSteps {
+    fn append(&mut self, position: usize, input: StepInput<'_>, want_logits: bool) -> Result<RawStep> {
+        let is_decode = position > 0 && matches!(input, StepInput::Tokens(t) if t.len() == 1);
+        if is_decode && self.decodes == self.after_decodes {
             match self.breakage {
-                Breakage::CorruptKv => self.corrupt_cache()?,
+                Breakage::CorruptKv => self.corrupt_cache(position)?,
                 Breakage::PanicInDecode => panic!("broken-panic: decode step {} blew up", self.decodes + 1),
                 Breakage::LeakSessions => {}
             }
         }
-        let out = self.inner().decode(token)?;
-        self.decodes += 1;
-        self.history.push(token);
+        let out = self.inner().append(position, input, want_logits)?;
+        self.history.truncate(position);
+        match input {
+            StepInput::Tokens(tokens) => self.history.extend_from_slice(tokens),
+            // Embedding positions have no token id; the corruption then rewrites them with token 1's.
+            StepInput::Embeddings { count, .. } => self.history.extend(std::iter::repeat_n(0, count)),
+        }
+        if is_decode {
+            self.decodes += 1;
+        }
         Ok(out)
-    }
-    fn position(&self) -> usize {
-        self.inner_ref().position()
-    }
-    fn capacity(&self) -> usize {
-        self.inner_ref().capacity()
-    }
-    fn reset(&mut self) {
-        self.inner().reset();
-        self.history.clear();
-        self.decodes = 0;
     }
     fn truncate(&mut self, position: usize) -> Result<()> {
         self.inner().truncate(position)?;
         self.history.truncate(position);
         Ok(())
     }
-    fn fork(&self) -> Result<Box<dyn Session>> {
-        Ok(Box::new(BrokenSession {
-            inner: Some(self.inner_ref().fork()?),
+    fn fork(&self, position: usize) -> Result<Box<dyn SessionSteps>> {
+        let inner = self.inner.as_ref().expect("present until drop").fork(position)?;
+        Ok(Box::new(BrokenSteps {
+            inner: Some(inner),
             vocab_size: self.vocab_size,
-            history: self.history.clone(),
+            history: self.history[..position].to_vec(),
             decodes: self.decodes,
             breakage: self.breakage,
             after_decodes: self.after_decodes,
         }))
     }
-    fn prefill_embeddings(&mut self, embeddings: &[f32], count: usize) -> Result<StepOutput> {
-        // Embedding positions have no token id; the corruption then rewrites them with token 1's.
-        let out = self.inner().prefill_embeddings(embeddings, count)?;
-        self.history.extend(std::iter::repeat_n(0, count));
-        Ok(out)
-    }
-    fn backend_name(&self) -> &str {
-        self.breakage.name()
+    fn reset(&mut self, after_failure: bool) -> Result<()> {
+        self.inner().reset(after_failure)?;
+        self.history.clear();
+        self.decodes = 0;
+        Ok(())
     }
 }

@@ -1,0 +1,117 @@
+//! IREE as a [`GraphRuntime`]: graphs compiled into VM modules, run on the runtime thread.
+//!
+//! The token graphs of a model are one module (`decode_logits` and `prefill_{B}_logits`): one
+//! compile instead of several, and IREE's compile time grows slower than the function count.
+//! Graphs first needed later (embedding input) are modules of their own, loaded beside it. Every
+//! function returns the greedy token (argmax on the device) and the logits, which stay in device
+//! memory unless a call reads them.
+
+use crate::compiler::compile_cached;
+use crate::device::IreeDevice;
+use crate::worker::{CacheId, CacheShape, StepCall, WorkerHandle};
+use graph_engine::{CacheOutcome, CompileReport, GraphCall, GraphOutput, GraphRuntime, LoadedModel};
+use llama_model::LlamaConfig;
+use session_api::Result;
+use stablehlo_llama::{emit_module, GraphKind, GraphOptions, GraphSpec, HostArg};
+use std::collections::HashMap;
+use std::path::PathBuf;
+use std::sync::Mutex;
+
+/// The VM module name of the emitted graphs (`module @seam_llama`): functions are resolved as
+/// `seam_llama.<function>` inside the module that holds them.
+const VM_MODULE: &str = "seam_llama";
+
+/// One model's graphs on IREE.
+pub struct IreeRuntime {
+    worker: WorkerHandle,
+    compiler_library: PathBuf,
+    flags: Vec<String>,
+    config: LlamaConfig,
+    options: GraphOptions,
+    cache_shape: CacheShape,
+    /// The loaded module of each graph, by function name.
+    modules: Mutex<HashMap<String, String>>,
+}
+
+impl IreeRuntime {
+    /// A runtime thread on `device` for `model`, compiling with the library at
+    /// `compiler_library` and `flags`.
+    pub fn new(device: IreeDevice, compiler_library: PathBuf, flags: Vec<String>, model: LoadedModel<'_>) -> Result<Self> {
+        let (c, max_context) = (model.config, model.options.max_context);
+        let cache_shape = CacheShape {
+            k: [c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_context],
+            v: [c.num_hidden_layers, c.num_key_value_heads, max_context, c.head_dim],
+        };
+        Ok(IreeRuntime {
+            worker: WorkerHandle::spawn(device)?,
+            compiler_library,
+            flags,
+            config: c.clone(),
+            options: model.options.clone(),
+            cache_shape,
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+}
+
+/// A session's cache on the runtime thread; dropping it frees the buffers there.
+pub struct IreeCache {
+    id: CacheId,
+    worker: WorkerHandle,
+}
+
+impl Drop for IreeCache {
+    fn drop(&mut self) {
+        self.worker.drop_cache(self.id);
+    }
+}
+
+impl GraphRuntime for IreeRuntime {
+    type Cache = IreeCache;
+
+    fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport> {
+        let text = emit_module(&self.config, &self.options, graphs).map_err(crate::error::IreeError::from)?;
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
+        let module = format!("graphs{}", modules.len());
+        let flags: Vec<&str> = self.flags.iter().map(String::as_str).collect();
+        let what = graphs.iter().map(GraphSpec::name).collect::<Vec<_>>().join(", ");
+        let load = |vmfb: Vec<u8>| Ok(self.worker.load_module(&module, vmfb)?);
+        let outcome = compile_cached(&self.compiler_library, &what, &text, &flags, load)?;
+        for graph in graphs {
+            modules.insert(graph.name(), module.clone());
+        }
+        Ok(match outcome {
+            CacheOutcome::Hit => CompileReport { compiled: 0, from_cache: graphs.len() },
+            CacheOutcome::Built => CompileReport { compiled: graphs.len(), from_cache: 0 },
+        })
+    }
+
+    fn upload_weights(&self, weights: Vec<HostArg>) -> Result<()> {
+        Ok(self.worker.upload_weights(weights)?)
+    }
+
+    fn new_cache(&self) -> Result<IreeCache> {
+        Ok(IreeCache { id: self.worker.new_cache(self.cache_shape)?, worker: self.worker.clone() })
+    }
+
+    fn copy_cache(&self, cache: &IreeCache) -> Result<IreeCache> {
+        Ok(IreeCache { id: self.worker.copy_cache(cache.id)?, worker: self.worker.clone() })
+    }
+
+    fn execute(&self, cache: &mut IreeCache, call: &GraphCall) -> Result<GraphOutput> {
+        let function = call.graph.name();
+        let module = self.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&function).cloned();
+        let module = module.ok_or_else(|| crate::error::IreeError::Runtime(format!("no loaded module holds {function}")))?;
+        let step = StepCall {
+            module,
+            function: format!("{VM_MODULE}.{function}"),
+            input: call.input.clone(),
+            hidden_size: self.config.hidden_size,
+            position: call.position as i32,
+            count: (call.graph.kind != GraphKind::Decode).then_some(call.count as i32),
+            logits: call.read_logits,
+        };
+        let result = self.worker.step(cache.id, step)?;
+        Ok(GraphOutput { token: result.token, logits: result.logits })
+    }
+}

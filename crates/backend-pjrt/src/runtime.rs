@@ -1,0 +1,228 @@
+//! A PJRT plugin as a [`GraphRuntime`]: one executable per graph, buffers on the plugin's device.
+//!
+//! XLA compiles one program per module, entered at `@main`, so each graph is its own executable,
+//! compiled on as many threads as there are cores (each from the disk cache when it holds it).
+//! The weights are passed to every execution as kept (never donated) arguments. A session's cache
+//! buffers (a key and a value buffer per layer by default, [`stablehlo_llama::cache_arg_shapes`])
+//! are *donated* to every call, and the graphs alias them to the outputs after the token
+//! (`tf.aliasing_output`), so XLA writes the step's keys and values into the same memory; the
+//! returned buffers replace the session's. A failed call may have consumed them: the cache is then
+//! empty until the engine replaces it.
+
+use graph_engine::{ArtifactCache, CacheOutcome, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime, LoadedModel};
+use llama_model::LlamaConfig;
+use pjrt_runtime::{Buffer, Client, CompileOptions, ElementType, ExecuteArg, LoadedExecutable, PjrtError, Plugin};
+use session_api::{Result, SeamError};
+use stablehlo_llama::{cache_arg_shapes, emit_entry_module, ArgDtype, GraphKind, GraphOptions, GraphSpec, HostArg};
+use std::collections::HashMap;
+use std::sync::atomic::{AtomicUsize, Ordering};
+use std::sync::{Arc, Mutex, OnceLock, RwLock};
+
+/// `error` from the plugin, as the contract's error.
+fn pjrt_error(error: PjrtError) -> SeamError {
+    SeamError::Backend(format!("PJRT: {error}"))
+}
+
+fn element(dtype: ArgDtype) -> ElementType {
+    match dtype {
+        ArgDtype::F32 => ElementType::F32,
+        ArgDtype::F16 => ElementType::F16,
+        ArgDtype::I32 => ElementType::S32,
+        ArgDtype::I8 => ElementType::S8,
+    }
+}
+
+/// One model's graphs on a PJRT client.
+pub struct PjrtRuntime {
+    client: Arc<Client>,
+    /// Give a freed cache's pages back to the OS (the CPU plugin, see [`PjrtCache`]).
+    host_memory: bool,
+    config: LlamaConfig,
+    options: GraphOptions,
+    executables: RwLock<HashMap<String, Arc<LoadedExecutable>>>,
+    weights: OnceLock<Vec<Buffer>>,
+    /// The shapes of a session's cache buffers, in argument order.
+    cache_shapes: Vec<Vec<usize>>,
+    cache_element: ElementType,
+}
+
+impl PjrtRuntime {
+    /// A runtime for `model` on `client`; `host_memory` when its buffers live in host memory.
+    pub fn new(client: Arc<Client>, host_memory: bool, model: LoadedModel<'_>) -> PjrtRuntime {
+        PjrtRuntime {
+            client,
+            host_memory,
+            config: model.config.clone(),
+            options: model.options.clone(),
+            executables: RwLock::new(HashMap::new()),
+            weights: OnceLock::new(),
+            cache_shapes: cache_arg_shapes(model.config, model.options),
+            cache_element: element(model.options.cache.arg_dtype()),
+        }
+    }
+
+    /// The executable of `graph`, from the disk cache or compiled now.
+    fn compile(&self, graph: GraphSpec) -> Result<(LoadedExecutable, CacheOutcome)> {
+        let module = emit_entry_module(&self.config, &self.options, graph).map_err(|e| SeamError::ModelFormat {
+            path: None,
+            message: e.to_string(),
+        })?;
+        let options = CompileOptions::default();
+        let key = cache_key(self.client.plugin(), &module, &options);
+        let load = |bytes: Vec<u8>| self.client.deserialize(&bytes).map_err(pjrt_error);
+        let build = || {
+            let compile_error = |e| SeamError::Backend(format!("the PJRT plugin failed to compile {}: {e}", graph.name()));
+            let executable = self.client.compile(&module, &options).map_err(compile_error)?;
+            let bytes = executable.serialize().map_err(compile_error)?;
+            Ok((executable, bytes))
+        };
+        executable_cache().load_or_build(&key, load, build)
+    }
+
+    fn i32_buffer(&self, values: &[i32], dims: &[usize]) -> Result<Buffer> {
+        let bytes: Vec<u8> = values.iter().flat_map(|v| v.to_le_bytes()).collect();
+        self.client.buffer_from_host(&bytes, ElementType::S32, dims).map_err(pjrt_error)
+    }
+}
+
+/// The cache of compiled executables: `cache_home()/pjrt/<key>.pjrtexe`.
+pub fn executable_cache() -> ArtifactCache {
+    ArtifactCache::new(llama_model::default_model::cache_home().join("pjrt"), "pjrtexe")
+}
+
+/// The key of `module` compiled with `options` by `plugin`: its identity (a plugin build can only
+/// deserialize its own executables), `XLA_FLAGS` (XLA reads its optimization switches from it at
+/// compile time), the options and the module text.
+fn cache_key(plugin: &Plugin, module: &str, options: &CompileOptions) -> String {
+    let meta = std::fs::metadata(plugin.path()).ok();
+    let size = meta.as_ref().map(|m| m.len()).unwrap_or(0);
+    let mtime = meta.and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs());
+    let identity = format!(
+        "{} api {} xla {} size {size} mtime {mtime:?}",
+        plugin.path().display(),
+        plugin.version(),
+        plugin.attribute("xla_version").unwrap_or("?")
+    );
+    let flags = std::env::var("XLA_FLAGS").unwrap_or_default();
+    graph_engine::artifact_cache::cache_key(&[identity.as_bytes(), flags.as_bytes(), &options.to_proto_bytes(), module.as_bytes()])
+}
+
+/// A session's cache buffers; `None` after a failed call consumed them.
+pub struct PjrtCache {
+    buffers: Option<Vec<Buffer>>,
+    /// Give freed pages back to the OS on drop (the CPU plugin).
+    release_memory: bool,
+}
+
+impl Drop for PjrtCache {
+    fn drop(&mut self) {
+        // Free the buffers first, then give the pages back: on the CPU plugin a freed cache
+        // otherwise stays in the resident set (conformance's many-sessions memory case).
+        self.buffers = None;
+        if self.release_memory {
+            crate::plugin_search::release_free_memory();
+        }
+    }
+}
+
+impl GraphRuntime for PjrtRuntime {
+    type Cache = PjrtCache;
+
+    fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport> {
+        // Every core compiles (or deserializes) a graph of its own; each takes the next one left.
+        let next = AtomicUsize::new(0);
+        let results: Mutex<Vec<Result<CompileReport>>> = Mutex::new(Vec::new());
+        let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, graphs.len().max(1));
+        std::thread::scope(|scope| {
+            for _ in 0..workers {
+                scope.spawn(|| loop {
+                    let Some(&graph) = graphs.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
+                    let result = self.compile(graph).map(|(executable, outcome)| {
+                        self.executables.write().unwrap_or_else(|p| p.into_inner()).insert(graph.name(), Arc::new(executable));
+                        match outcome {
+                            CacheOutcome::Hit => CompileReport { compiled: 0, from_cache: 1 },
+                            CacheOutcome::Built => CompileReport { compiled: 1, from_cache: 0 },
+                        }
+                    });
+                    results.lock().unwrap_or_else(|p| p.into_inner()).push(result);
+                });
+            }
+        });
+        let mut report = CompileReport::default();
+        for result in results.into_inner().unwrap_or_else(|p| p.into_inner()) {
+            report += result?;
+        }
+        Ok(report)
+    }
+
+    fn upload_weights(&self, weights: Vec<HostArg>) -> Result<()> {
+        let buffers = weights
+            .iter()
+            .map(|arg| self.client.buffer_from_host(&arg.bytes, element(arg.spec.dtype), &arg.spec.shape))
+            .collect::<std::result::Result<Vec<_>, _>>()
+            .map_err(pjrt_error)?;
+        self.weights.set(buffers).map_err(|_| SeamError::Backend("the weights were uploaded twice".into()))
+    }
+
+    fn new_cache(&self) -> Result<PjrtCache> {
+        let buffers = self.cache_shapes.iter().map(|shape| self.client.zeros(self.cache_element, shape)).collect::<std::result::Result<_, _>>();
+        Ok(PjrtCache { buffers: Some(buffers.map_err(pjrt_error)?), release_memory: self.host_memory })
+    }
+
+    fn copy_cache(&self, cache: &PjrtCache) -> Result<PjrtCache> {
+        let buffers = cache.buffers.as_ref().ok_or_else(|| SeamError::Backend("the KV cache was lost by a failed call".into()))?;
+        // Through the host: the C API has no device-to-device copy of a buffer on one device,
+        // and a fork is rare next to the steps.
+        let copies = buffers
+            .iter()
+            .zip(&self.cache_shapes)
+            .map(|(buffer, shape)| buffer.to_host().and_then(|bytes| self.client.buffer_from_host(&bytes, self.cache_element, shape)))
+            .collect::<std::result::Result<_, _>>()
+            .map_err(pjrt_error)?;
+        Ok(PjrtCache { buffers: Some(copies), release_memory: cache.release_memory })
+    }
+
+    fn execute(&self, cache: &mut PjrtCache, call: &GraphCall) -> Result<GraphOutput> {
+        let name = call.graph.name();
+        let executable = self.executables.read().unwrap_or_else(|p| p.into_inner()).get(&name).cloned();
+        let executable = executable.ok_or_else(|| SeamError::Backend(format!("no executable for {name}")))?;
+        let weights = self.weights.get().ok_or_else(|| SeamError::Backend("the weights are not uploaded".into()))?;
+        let input = match &call.input {
+            GraphInput::Tokens(ids) => self.i32_buffer(ids, &[ids.len()])?,
+            GraphInput::Embeddings(rows) => {
+                let hidden = self.config.hidden_size;
+                let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
+                self.client.buffer_from_host(&bytes, ElementType::F32, &[rows.len() / hidden, hidden]).map_err(pjrt_error)?
+            }
+        };
+        let position = self.i32_buffer(&[call.position as i32], &[])?;
+        let count = match call.graph.kind {
+            GraphKind::Decode => None,
+            _ => Some(self.i32_buffer(&[call.count as i32], &[])?),
+        };
+        let buffers = cache.buffers.take().ok_or_else(|| SeamError::Backend("the KV cache was lost by a failed call".into()))?;
+        let n_caches = buffers.len();
+        let mut args = vec![ExecuteArg::Keep(&input), ExecuteArg::Keep(&position)];
+        args.extend(count.as_ref().map(ExecuteArg::Keep));
+        args.extend(buffers.into_iter().map(ExecuteArg::Donate));
+        args.extend(weights.iter().map(ExecuteArg::Keep));
+        let mut outputs = executable.execute(args).map_err(pjrt_error)?;
+        if outputs.len() != n_caches + 2 {
+            return Err(SeamError::Backend(format!("{name} returned {} results, expected {}", outputs.len(), n_caches + 2)));
+        }
+        let logits = outputs.pop().unwrap_or_else(|| unreachable!("length checked"));
+        let token = outputs.remove(0);
+        cache.buffers = Some(outputs);
+        let mut token_bytes = [0u8; 4];
+        token.copy_to_host(&mut token_bytes).map_err(pjrt_error)?;
+        let token = i32::from_le_bytes(token_bytes);
+        let token = u32::try_from(token).map_err(|_| SeamError::Backend(format!("{name} returned token id {token}")))?;
+        let logits = if call.read_logits {
+            let bytes = logits.to_host().map_err(pjrt_error)?;
+            Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+        } else {
+            None
+        };
+        Ok(GraphOutput { token, logits })
+    }
+}

@@ -1,0 +1,212 @@
+//! The engine and the raw steps of its sessions, for any [`GraphRuntime`].
+//!
+//! ## Calls
+//! An append of `n` rows at `p` runs in the calls of [`stablehlo_llama::plan_prefill`]: the
+//! smallest bucket holding the rest of the rows, else the largest bucket full of real rows, padded
+//! with zeros (the graphs mask padding rows and the positions after the real ones, which later
+//! calls overwrite). A call never runs past the cache's end (the graphs' `dynamic_update_slice`
+//! would clamp its offset), so near the end of the context single rows go through the one-row
+//! graph. Only the last call of an append reads its logits back, and only when they are wanted.
+//!
+//! ## Sequence state
+//! Attention reads only cache positions below the call's own, so a rewind is the position alone:
+//! stale entries after it are masked and overwritten by the next call. A fork copies the cache;
+//! a reset after a failure replaces it (the failed call may have consumed it).
+
+use crate::runtime::{GraphCall, GraphInput, GraphRuntime};
+use session_api::{
+    Capabilities, Engine, EngineInfo, InputKinds, KvOps, RawStep, Result, SamplingModes, SeamError, SessionOptions,
+    SessionSteps, StateKind, StepInput, WeightFormat,
+};
+use stablehlo_llama::{plan_prefill, GraphKind, GraphSpec};
+use std::sync::{Arc, Mutex};
+use std::time::Duration;
+
+/// The context a session holds when the load request names none (capped by the model's
+/// `max_position_embeddings`). Decode cost grows with it: every step attends over the whole
+/// cache with a mask, so it is kept moderate.
+pub const DEFAULT_MAX_CONTEXT: usize = 2048;
+
+/// The capabilities of a graph engine with a context of `max_context`.
+pub fn capabilities_with(max_context: usize) -> Capabilities {
+    Capabilities {
+        max_context,
+        weight_formats: WeightFormat::ALL.to_vec(),
+        // Greedy runs on the device (4 bytes back per step); the other modes read the step's
+        // logits back and session-api's sampler picks the token on the host.
+        sampling: SamplingModes::ALL,
+        logits: true,
+        kv_ops: KvOps { truncate: true, fork: true },
+        inputs: InputKinds { tokens: true, embeddings: true },
+        max_concurrent_sessions: None,
+        // Sessions may be driven from many threads at once; every call already uses all the
+        // runtime's threads, so they take turns in effect.
+        parallel_sessions: true,
+        state: StateKind::KvCache,
+        batched_decode: false,
+    }
+}
+
+/// What an engine and its sessions share.
+pub(crate) struct Shared<R: GraphRuntime> {
+    pub runtime: R,
+    /// Prefill buckets of the token graphs (decode is the one-token graph).
+    pub buckets: Vec<usize>,
+    pub max_context: usize,
+    pub hidden_size: usize,
+    /// Buckets of the embedding graphs loaded so far (they are compiled on first use).
+    pub embedding_graphs: Mutex<Vec<usize>>,
+}
+
+impl<R: GraphRuntime> Shared<R> {
+    /// Buckets of the embedding-input graphs: the token buckets and a one-row graph.
+    fn embedding_buckets(&self) -> Vec<usize> {
+        let mut buckets = vec![1];
+        buckets.extend(self.buckets.iter().copied().filter(|&b| b > 1));
+        buckets
+    }
+
+    /// Loads the embedding graph of `bucket` the first time it is needed.
+    fn ensure_embedding_graph(&self, bucket: usize) -> Result<()> {
+        let mut loaded = self.embedding_graphs.lock().unwrap_or_else(|p| p.into_inner());
+        if !loaded.contains(&bucket) {
+            self.runtime.load_graphs(&[embedding_graph(bucket)])?;
+            loaded.push(bucket);
+        }
+        Ok(())
+    }
+}
+
+/// The token graph of a planned call.
+fn token_graph(kind: GraphKind) -> GraphSpec {
+    GraphSpec { kind, logits: true }
+}
+
+/// The embedding graph of `bucket` rows.
+fn embedding_graph(bucket: usize) -> GraphSpec {
+    GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket }, logits: true }
+}
+
+/// The token graphs an engine loads up front: decode and one prefill per bucket above one.
+pub fn token_graphs(buckets: &[usize]) -> Vec<GraphSpec> {
+    let mut graphs = vec![token_graph(GraphKind::Decode)];
+    graphs.extend(buckets.iter().filter(|&&b| b > 1).map(|&bucket| token_graph(GraphKind::Prefill { bucket })));
+    graphs
+}
+
+/// A model loaded on a [`GraphRuntime`].
+pub struct GraphEngine<R: GraphRuntime> {
+    pub(crate) shared: Arc<Shared<R>>,
+    pub(crate) info: EngineInfo,
+    pub(crate) compile_report: crate::CompileReport,
+}
+
+impl<R: GraphRuntime> GraphEngine<R> {
+    /// How many graphs the load compiled and how many it read from the disk cache.
+    pub fn compile_report(&self) -> crate::CompileReport {
+        self.compile_report
+    }
+
+    /// The runtime the engine drives.
+    pub fn runtime(&self) -> &R {
+        &self.shared.runtime
+    }
+
+    pub(crate) fn set_load_time(&mut self, load_time: Duration) {
+        self.info.load_time = load_time;
+    }
+}
+
+impl<R: GraphRuntime> Engine for GraphEngine<R> {
+    fn info(&self) -> EngineInfo {
+        self.info.clone()
+    }
+
+    fn capabilities(&self) -> Capabilities {
+        capabilities_with(self.shared.max_context)
+    }
+
+    fn open_steps(&self, _options: &SessionOptions) -> Result<Box<dyn SessionSteps>> {
+        let cache = self.shared.runtime.new_cache()?;
+        Ok(Box::new(GraphSteps { shared: Arc::clone(&self.shared), cache }))
+    }
+}
+
+/// One sequence: a cache on the device.
+struct GraphSteps<R: GraphRuntime> {
+    shared: Arc<Shared<R>>,
+    cache: R::Cache,
+}
+
+impl<R: GraphRuntime> GraphSteps<R> {
+    /// The calls that append `input` at `position`.
+    fn plan(&self, position: usize, input: &StepInput<'_>) -> Result<Vec<GraphCall>> {
+        let shared = &self.shared;
+        let embeddings = matches!(input, StepInput::Embeddings { .. });
+        let buckets = if embeddings { shared.embedding_buckets() } else { shared.buckets.clone() };
+        let planned = plan_prefill(position, input.len(), &buckets, shared.max_context)
+            .map_err(|e| SeamError::Backend(format!("planning the calls: {e}")))?;
+        let hidden = shared.hidden_size;
+        let mut at = 0;
+        let mut calls = Vec::with_capacity(planned.len());
+        for call in planned {
+            let rows = match call.graph {
+                GraphKind::Prefill { bucket } | GraphKind::PrefillEmbeddings { bucket } => bucket,
+                GraphKind::Decode => 1,
+            };
+            let (graph, input) = match input {
+                StepInput::Tokens(tokens) => {
+                    let mut ids: Vec<i32> = tokens[at..at + call.count].iter().map(|&t| t as i32).collect();
+                    ids.resize(rows, 0);
+                    (token_graph(call.graph), GraphInput::Tokens(ids))
+                }
+                StepInput::Embeddings { values, .. } => {
+                    let mut rows_values = values[at * hidden..(at + call.count) * hidden].to_vec();
+                    rows_values.resize(rows * hidden, 0.0);
+                    (embedding_graph(rows), GraphInput::Embeddings(rows_values))
+                }
+            };
+            calls.push(GraphCall { graph, input, position: position + at, count: call.count, read_logits: false });
+            at += call.count;
+        }
+        Ok(calls)
+    }
+}
+
+impl<R: GraphRuntime> SessionSteps for GraphSteps<R> {
+    fn append(&mut self, position: usize, input: StepInput<'_>, want_logits: bool) -> Result<RawStep> {
+        let mut calls = self.plan(position, &input)?;
+        if let Some(last) = calls.last_mut() {
+            last.read_logits = want_logits;
+        }
+        let mut output = None;
+        for call in &calls {
+            if let GraphKind::PrefillEmbeddings { bucket } = call.graph.kind {
+                self.shared.ensure_embedding_graph(bucket)?;
+            }
+            output = Some(self.shared.runtime.execute(&mut self.cache, call)?);
+        }
+        let output = output.ok_or(SeamError::EmptyInput)?;
+        Ok(RawStep { greedy_token: Some(output.token), logits: output.logits })
+    }
+
+    fn truncate(&mut self, _position: usize) -> Result<()> {
+        // Positions at and after `position` are masked for every later call and overwritten by
+        // the next append: nothing to do on the device.
+        Ok(())
+    }
+
+    fn fork(&self, _position: usize) -> Result<Box<dyn SessionSteps>> {
+        let cache = self.shared.runtime.copy_cache(&self.cache)?;
+        Ok(Box::new(GraphSteps { shared: Arc::clone(&self.shared), cache }))
+    }
+
+    fn reset(&mut self, after_failure: bool) -> Result<()> {
+        // A healthy cache keeps its stale entries (masked); one a failed call may have consumed
+        // or half-written is replaced.
+        if after_failure {
+            self.cache = self.shared.runtime.new_cache()?;
+        }
+        Ok(())
+    }
+}

@@ -1,0 +1,27 @@
+//! # graph-engine: one engine for every runtime that executes seam's StableHLO graphs
+//!
+//! IREE and PJRT (and the next compiler runtime) run the same graphs from [`stablehlo_llama`]
+//! the same way: weights uploaded once, a KV cache per session kept on the device and updated in
+//! place by every call, prompts cut into calls of a few compiled bucket sizes, the greedy token
+//! picked on the device. This crate is that engine, written once over a small trait,
+//! [`GraphRuntime`], which a runtime implements with what is specific to it: compiling and loading
+//! graphs, device buffers, executing one planned call, copying a cache.
+//!
+//! - [`load_engine`] reads a model directory, compiles (or takes from the disk cache) the token
+//!   graphs while the weights are laid out and uploaded, and returns a [`GraphEngine`];
+//! - [`GraphEngine`] implements `session_api::Engine`: its sessions' raw steps plan each append
+//!   over the buckets ([`stablehlo_llama::plan_prefill`]), feed embeddings through graphs that are
+//!   compiled the first time they are needed, rewind by position alone, and fork by copying the
+//!   cache; session-api's checked session adds the contract's rules and sampling on top;
+//! - [`ArtifactCache`] is the on-disk cache of compiled graphs both runtimes use, keyed by
+//!   everything that decides the compiled code and verified by hash on every read.
+
+pub mod artifact_cache;
+mod engine;
+mod load;
+pub mod runtime;
+
+pub use artifact_cache::{ArtifactCache, CacheOutcome};
+pub use engine::{capabilities_with, token_graphs, GraphEngine, DEFAULT_MAX_CONTEXT};
+pub use load::{load_engine, GraphSettings, LoadedModel};
+pub use runtime::{CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime};

@@ -1,0 +1,177 @@
+//! Loading a model onto a [`GraphRuntime`]: the part every compiler backend shares.
+
+use crate::engine::{token_graphs, GraphEngine, Shared, DEFAULT_MAX_CONTEXT};
+use crate::runtime::GraphRuntime;
+use llama_model::model_dir::ModelDir;
+use llama_model::weights::load_weights;
+use llama_model::LlamaConfig;
+use session_api::{EngineInfo, LoadRequest, Result, SeamError, WeightFormat};
+use stablehlo_llama::{buckets_for_context, graph_host_args, GraphError, GraphOptions, LayerMode, StorageDtype};
+use std::sync::{Arc, Mutex};
+use std::time::Instant;
+
+/// How a backend wants its graphs built: everything of [`GraphOptions`] that is not the model's
+/// or the request's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphSettings {
+    /// Unrolled layers or a loop over them.
+    pub layers: LayerMode,
+    /// Element type of fp16 models' matrices on the device.
+    pub dense: StorageDtype,
+    /// Element type of the KV cache.
+    pub cache: StorageDtype,
+    /// From how many rows per call int4 matrices are dequantized in the graph.
+    pub int4_dequantize_from: usize,
+}
+
+impl GraphSettings {
+    /// The keys of [`LoadRequest::settings`] a graph backend takes: `layers` (`loop`,
+    /// `unrolled`, `per-layer-cache`), `dense` and `kv_cache` (`f16`, `f32`),
+    /// `int4_dequantize_from` (a row count, at least 1).
+    pub const KEYS: [&'static str; 4] = ["layers", "dense", "kv_cache", "int4_dequantize_from"];
+
+    /// These settings (a backend's defaults) with what `request` sets, or else the environment
+    /// variables `{env_prefix}_LAYERS`, `_DENSE`, `_KV_CACHE`, `_INT4_DEQUANTIZE_FROM`, overriding
+    /// them. Unknown keys and bad values are `InvalidInput`.
+    pub fn with_request(self, backend: &str, request: &LoadRequest, env_prefix: &str) -> Result<GraphSettings> {
+        request.check_settings(backend, &Self::KEYS)?;
+        let get = |key: &str| {
+            let env = format!("{env_prefix}_{}", key.to_ascii_uppercase());
+            request.setting(key, &env).map(|value| (format!("{key}={value} (setting or {env})"), value))
+        };
+        let mut settings = self;
+        if let Some((what, value)) = get("layers") {
+            settings.layers = match value.as_str() {
+                "loop" => LayerMode::Loop,
+                "unrolled" => LayerMode::Unrolled,
+                "per-layer-cache" => LayerMode::UnrolledCachePerLayer,
+                _ => return Err(SeamError::InvalidInput(format!("{what}: expected loop, unrolled or per-layer-cache"))),
+            };
+        }
+        let dtype = |what: String, value: String| match value.as_str() {
+            "f16" => Ok(StorageDtype::F16),
+            "f32" => Ok(StorageDtype::F32),
+            _ => Err(SeamError::InvalidInput(format!("{what}: expected f16 or f32"))),
+        };
+        if let Some((what, value)) = get("dense") {
+            settings.dense = dtype(what, value)?;
+        }
+        if let Some((what, value)) = get("kv_cache") {
+            settings.cache = dtype(what, value)?;
+        }
+        if let Some((what, value)) = get("int4_dequantize_from") {
+            settings.int4_dequantize_from = value
+                .parse::<usize>()
+                .ok()
+                .filter(|&n| n >= 1)
+                .ok_or_else(|| SeamError::InvalidInput(format!("{what}: expected a row count of at least 1")))?;
+        }
+        Ok(settings)
+    }
+
+    /// The graph options for a model of `config`, a context request and a weight format.
+    pub fn options(&self, config: &LlamaConfig, max_context: Option<usize>, format: WeightFormat) -> GraphOptions {
+        GraphOptions {
+            max_context: max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings),
+            format,
+            layers: self.layers,
+            dense: self.dense,
+            cache: self.cache,
+            int4_dequantize_from: self.int4_dequantize_from,
+        }
+    }
+
+    /// The precision the weights are resident in, for [`EngineInfo::resident_precision`].
+    pub fn resident_precision(&self, format: WeightFormat) -> &'static str {
+        match (format, self.dense) {
+            (WeightFormat::Int4, _) => "int4",
+            (WeightFormat::F16, StorageDtype::F16) => "f16",
+            (WeightFormat::F16, StorageDtype::F32) => "f32",
+        }
+    }
+}
+
+/// What a backend's `make_runtime` is given: the model and the options of its graphs.
+#[derive(Debug, Clone, Copy)]
+pub struct LoadedModel<'a> {
+    pub config: &'a LlamaConfig,
+    pub options: &'a GraphOptions,
+}
+
+/// A graph error as the contract's error: bad options are the caller's, the rest the model's.
+pub(crate) fn graph_error(error: GraphError) -> SeamError {
+    match error {
+        GraphError::Options(message) => SeamError::InvalidInput(message),
+        other => SeamError::ModelFormat { path: None, message: other.to_string() },
+    }
+}
+
+/// Loads `request` for the backend `backend` on its device `device`, on the runtime
+/// `make_runtime` builds.
+///
+/// The weights are read first (a bad model fails before any compile starts); then the token
+/// graphs are compiled, or read from the disk cache, on a thread of their own while the weights
+/// are laid out as the graphs take them and uploaded. The device, the settings and the thread
+/// count are the backend's to check before calling this ([`GraphSettings::with_request`]).
+pub fn load_engine<R: GraphRuntime>(
+    backend: &str,
+    device: &str,
+    request: &LoadRequest,
+    settings: GraphSettings,
+    make_runtime: impl FnOnce(LoadedModel<'_>) -> Result<R>,
+) -> Result<GraphEngine<R>> {
+    if request.max_context == Some(0) {
+        return Err(SeamError::InvalidInput("max_context must be at least 1".into()));
+    }
+    let started = Instant::now();
+    let dir = ModelDir::open(&request.model_dir)?;
+    let report_read = |done: u64, total: u64| request.report("reading weights", done, Some(total));
+    let weights = load_weights(&request.model_dir, request.weights, Some(&report_read))?;
+    let config = weights.config.clone();
+    let options = settings.options(&config, request.max_context, request.weights);
+    let runtime = make_runtime(LoadedModel { config: &config, options: &options })?;
+    let buckets = buckets_for_context(options.max_context);
+    let graphs = token_graphs(&buckets);
+
+    let compiling = "compiling graphs (cached after the first load)";
+    let (uploaded, compiled) = std::thread::scope(|scope| {
+        let compile = scope.spawn(|| runtime.load_graphs(&graphs));
+        request.report(compiling, 0, Some(graphs.len() as u64));
+        let uploaded = graph_host_args(&weights, &options).map_err(graph_error).and_then(|args| {
+            // The host copy in the model's own layout is not needed once the upload bytes exist.
+            drop(weights);
+            let bytes: u64 = args.iter().map(|a| a.bytes.len() as u64).sum();
+            request.report("uploading weights", 0, Some(1));
+            runtime.upload_weights(args)?;
+            request.report("uploading weights", 1, Some(1));
+            Ok(bytes)
+        });
+        let compiled = compile.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (uploaded, compiled)
+    });
+    let weight_bytes = uploaded?;
+    let compile_report = compiled?;
+    request.report(compiling, graphs.len() as u64, Some(graphs.len() as u64));
+
+    let info = EngineInfo {
+        backend: backend.to_string(),
+        device: device.to_string(),
+        model: dir.name(),
+        weights: request.weights,
+        resident_precision: settings.resident_precision(request.weights).to_string(),
+        vocab_size: config.vocab_size,
+        hidden_size: config.hidden_size,
+        load_time: Default::default(),
+        weight_bytes,
+    };
+    let shared = Shared {
+        runtime,
+        buckets,
+        max_context: options.max_context,
+        hidden_size: config.hidden_size,
+        embedding_graphs: Mutex::new(Vec::new()),
+    };
+    let mut engine = GraphEngine { shared: Arc::new(shared), info, compile_report };
+    engine.set_load_time(started.elapsed());
+    Ok(engine)
+}

@@ -1,0 +1,81 @@
+//! The trait a runtime implements to run seam's graphs, and what passes through it.
+
+use session_api::Result;
+use stablehlo_llama::{GraphSpec, HostArg};
+
+/// How many graphs a load compiled and how many came from the disk cache.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub struct CompileReport {
+    /// Compiled during this call.
+    pub compiled: usize,
+    /// Read from the disk cache.
+    pub from_cache: usize,
+}
+
+impl std::ops::AddAssign for CompileReport {
+    fn add_assign(&mut self, other: CompileReport) {
+        self.compiled += other.compiled;
+        self.from_cache += other.from_cache;
+    }
+}
+
+/// The input rows of one call, padded to the graph's bucket.
+#[derive(Debug, Clone, PartialEq)]
+pub enum GraphInput {
+    /// Token ids, `bucket` of them (zeros after the real ones).
+    Tokens(Vec<i32>),
+    /// Embedding rows, `bucket * hidden_size` values (zero rows after the real ones).
+    Embeddings(Vec<f32>),
+}
+
+/// One execution of a compiled graph.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphCall {
+    /// Which graph (loaded earlier by [`GraphRuntime::load_graphs`]).
+    pub graph: GraphSpec,
+    /// Its input, padded to the graph's rows.
+    pub input: GraphInput,
+    /// Where the rows go in the sequence.
+    pub position: usize,
+    /// Real rows among the input; passed to every graph but decode.
+    pub count: usize,
+    /// Whether to copy the last position's logits back to the host.
+    pub read_logits: bool,
+}
+
+/// What one execution returns to the host.
+#[derive(Debug, Clone, PartialEq)]
+pub struct GraphOutput {
+    /// The device's argmax of the last real position's logits.
+    pub token: u32,
+    /// Those logits, when the call asked for them.
+    pub logits: Option<Vec<f32>>,
+}
+
+/// A runtime that executes seam's StableHLO graphs of one model: what IREE, PJRT or a vendor's
+/// compiler provides. It is built for one model and one set of graph options (the backend's
+/// `make_runtime` in [`crate::load_engine`]), so it can emit and compile the graphs itself.
+///
+/// Every graph takes the session's cache buffers, updates them in place (the graphs alias them
+/// to their results) and returns the greedy token and the logits. A call that fails may have
+/// consumed the cache: the engine then asks for a fresh one before the session is used again.
+pub trait GraphRuntime: Send + Sync + 'static {
+    /// One session's KV cache on the device. Dropping it frees the device memory.
+    type Cache: Send + 'static;
+
+    /// Compiles (or reads from the disk cache) and loads `graphs`. Called once at load for the
+    /// token graphs, and later for a graph first needed by a step (embedding input).
+    fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport>;
+
+    /// Uploads the weights, in the graphs' argument order, for every later call.
+    fn upload_weights(&self, weights: Vec<HostArg>) -> Result<()>;
+
+    /// A zeroed cache.
+    fn new_cache(&self) -> Result<Self::Cache>;
+
+    /// A new cache holding a copy of `cache`.
+    fn copy_cache(&self, cache: &Self::Cache) -> Result<Self::Cache>;
+
+    /// Runs `call` on `cache`, updating it.
+    fn execute(&self, cache: &mut Self::Cache, call: &GraphCall) -> Result<GraphOutput>;
+}

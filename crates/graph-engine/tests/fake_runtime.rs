@@ -1,0 +1,166 @@
+//! A backend from a runtime alone: a small fake [`GraphRuntime`] that "executes" each graph call
+//! on the reference transformer (in place of a compiler and a device) gets the whole engine, its
+//! sessions and the contract's rules from `graph_engine`, and must pass seam's conformance suite,
+//! embeddings and poisoning cases included.
+//!
+//! The fake keeps the graphs' semantics, not the reference's convenience: a call writes its rows
+//! at `position` over whatever the cache held there (stale entries after a rewind), reads back
+//! logits only when asked, refuses graphs that were not loaded and weights that were never
+//! uploaded, and checks that the uploaded arguments are the ones the graphs declare.
+//!
+//! `harness = false`: this `main` is the test; the tiny models only (the real model is the
+//! compiler backends' business).
+
+use backend_reference::{EngineOptions, ReferenceEngine};
+use conformance::{Outcome, RealModelParity, SuiteOptions, Target};
+use graph_engine::{
+    capabilities_with, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime, GraphSettings, LoadedModel,
+    DEFAULT_MAX_CONTEXT,
+};
+use session_api::{
+    Availability, Backend, Capabilities, Engine, LoadRequest, Result, SeamError, SessionOptions, SessionSteps, StepInput,
+};
+use stablehlo_llama::{emit_entry_module, graph_weight_args, GraphOptions, GraphSpec, HostArg, LayerMode, StorageDtype};
+use std::path::Path;
+use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::{Arc, Mutex};
+
+const NAME: &str = "fake-graph";
+
+struct FakeRuntime {
+    reference: Arc<dyn Engine>,
+    config: llama_model::LlamaConfig,
+    options: GraphOptions,
+    loaded: Mutex<Vec<String>>,
+    uploaded: AtomicBool,
+}
+
+impl FakeRuntime {
+    fn new(model_dir: &Path, model: LoadedModel<'_>) -> Result<FakeRuntime> {
+        let weights = llama_model::weights::load_weights(model_dir, model.options.format, None)?;
+        let options = EngineOptions { max_context: Some(model.options.max_context), ..EngineOptions::default() };
+        let reference: Arc<dyn Engine> = Arc::new(ReferenceEngine::from_weights(&weights, options)?);
+        Ok(FakeRuntime {
+            reference,
+            config: model.config.clone(),
+            options: model.options.clone(),
+            loaded: Mutex::new(Vec::new()),
+            uploaded: AtomicBool::new(false),
+        })
+    }
+}
+
+/// A cache: the reference's steps and how many positions they hold.
+struct FakeCache {
+    steps: Box<dyn SessionSteps>,
+    filled: usize,
+}
+
+impl GraphRuntime for FakeRuntime {
+    type Cache = FakeCache;
+
+    fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport> {
+        for graph in graphs {
+            // Every graph the engine asks for must be one the emitter can write.
+            emit_entry_module(&self.config, &self.options, *graph)
+                .map_err(|e| SeamError::Backend(format!("{}: {e}", graph.name())))?;
+            self.loaded.lock().unwrap().push(graph.name());
+        }
+        Ok(CompileReport { compiled: graphs.len(), from_cache: 0 })
+    }
+
+    fn upload_weights(&self, weights: Vec<HostArg>) -> Result<()> {
+        let declared = graph_weight_args(&self.config, &self.options);
+        let given: Vec<_> = weights.iter().map(|w| w.spec.clone()).collect();
+        if given != declared {
+            return Err(SeamError::Backend("the uploaded weights are not the graphs' arguments".into()));
+        }
+        self.uploaded.store(true, Ordering::SeqCst);
+        Ok(())
+    }
+
+    fn new_cache(&self) -> Result<FakeCache> {
+        Ok(FakeCache { steps: self.reference.open_steps(&SessionOptions::default())?, filled: 0 })
+    }
+
+    fn copy_cache(&self, cache: &FakeCache) -> Result<FakeCache> {
+        Ok(FakeCache { steps: cache.steps.fork(cache.filled)?, filled: cache.filled })
+    }
+
+    fn execute(&self, cache: &mut FakeCache, call: &GraphCall) -> Result<GraphOutput> {
+        let name = call.graph.name();
+        if !self.loaded.lock().unwrap().contains(&name) {
+            return Err(SeamError::Backend(format!("{name} was never loaded")));
+        }
+        if !self.uploaded.load(Ordering::SeqCst) {
+            return Err(SeamError::Backend("no weights uploaded".into()));
+        }
+        if call.position > cache.filled || call.position + call.count > self.options.max_context {
+            return Err(SeamError::Backend(format!("a call at {} of {} rows on a cache of {}", call.position, call.count, cache.filled)));
+        }
+        // Positions from `position` on are stale (a rewind): the call overwrites them.
+        cache.steps.truncate(call.position)?;
+        let ids: Vec<u32>;
+        let hidden = self.config.hidden_size;
+        let input = match &call.input {
+            GraphInput::Tokens(padded) => {
+                ids = padded[..call.count].iter().map(|&t| t as u32).collect();
+                StepInput::Tokens(&ids)
+            }
+            GraphInput::Embeddings(padded) => StepInput::Embeddings { values: &padded[..call.count * hidden], count: call.count },
+        };
+        let logits = cache.steps.append(call.position, input, true)?.logits.ok_or_else(|| SeamError::Backend("no logits".into()))?;
+        cache.filled = call.position + call.count;
+        let token = session_api::sampling::argmax(&logits);
+        Ok(GraphOutput { token, logits: call.read_logits.then_some(logits) })
+    }
+}
+
+/// The backend, from [`FakeRuntime`] and `graph_engine` alone.
+struct FakeBackend;
+
+impl Backend for FakeBackend {
+    fn name(&self) -> &str {
+        NAME
+    }
+    fn description(&self) -> &str {
+        "test-only: graph_engine over a fake runtime that runs each call on the reference transformer"
+    }
+    fn availability(&self) -> Availability {
+        Availability::Available { devices: vec![backend_reference::cpu_device()] }
+    }
+    fn capabilities(&self) -> Capabilities {
+        capabilities_with(DEFAULT_MAX_CONTEXT)
+    }
+    fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {
+        let settings = GraphSettings {
+            layers: LayerMode::UnrolledCachePerLayer,
+            dense: StorageDtype::F32,
+            cache: StorageDtype::F32,
+            int4_dequantize_from: 1,
+        };
+        let settings = settings.with_request(NAME, request, "SEAM_FAKE_GRAPH")?;
+        let engine =
+            graph_engine::load_engine(NAME, "cpu", request, settings, |model| FakeRuntime::new(&request.model_dir, model))?;
+        Ok(Arc::new(engine))
+    }
+}
+
+fn main() {
+    let options = SuiteOptions { progress: true, real_model: RealModelParity::Skip, ..SuiteOptions::from_env() };
+    let report = match conformance::run_targets(&[Target::new(Box::new(FakeBackend))], &options) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("conformance could not run: {e}");
+            std::process::exit(1);
+        }
+    };
+    report.print_matrix();
+    let embeddings_ran =
+        report.backends.iter().flat_map(|b| &b.results).any(|c| c.case.contains("embeddings") && c.outcome == Outcome::Pass);
+    if report.has_failures() || !embeddings_ran {
+        eprintln!("conformance: {NAME} FAILED{}", if embeddings_ran { "" } else { " (the embedding cases did not pass)" });
+        std::process::exit(1);
+    }
+    println!("conformance: {NAME} passed");
+}
