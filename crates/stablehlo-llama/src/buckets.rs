@@ -10,6 +10,9 @@
 //! - otherwise a full call of the largest bucket that fits, and continue;
 //! - when no bucket fits the room left (near the end of the context), or one token remains, a
 //!   decode step per token (the decode graph is the one-token bucket and always fits).
+//!
+//! [`plan_prefill_embeddings`] is the same plan for embedding rows, over the
+//! [`GraphKind::PrefillEmbeddings`] graphs; its one-row calls go through bucket 1.
 
 use crate::error::GraphError;
 use crate::graph::GraphKind;
@@ -70,6 +73,18 @@ pub fn plan_prefill(position: usize, tokens: usize, buckets: &[usize], max_conte
     Ok(calls)
 }
 
+/// [`plan_prefill`] for `rows` embedding rows at `position`: the same calls, each of a
+/// [`GraphKind::PrefillEmbeddings`] graph, with bucket 1 where the token plan has a decode step
+/// (there is no embeddings decode graph). A runtime that feeds embeddings therefore compiles
+/// `prefill_embeddings_1` besides the buckets it passes here.
+pub fn plan_prefill_embeddings(position: usize, rows: usize, buckets: &[usize], max_context: usize) -> Result<Vec<PlannedCall>, GraphError> {
+    let calls = plan_prefill(position, rows, buckets, max_context)?;
+    Ok(calls
+        .into_iter()
+        .map(|call| PlannedCall { graph: GraphKind::PrefillEmbeddings { bucket: call.graph.input_rows() }, count: call.count })
+        .collect())
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
@@ -105,10 +120,7 @@ mod tests {
                     let plan = plan_prefill(position, tokens, &buckets, max_context).unwrap();
                     let mut at = position;
                     for call in &plan {
-                        let width = match call.graph {
-                            GraphKind::Decode => 1,
-                            GraphKind::Prefill { bucket } => bucket,
-                        };
+                        let width = call.graph.input_rows();
                         assert!(call.count >= 1 && call.count <= width);
                         assert!(at + width <= max_context, "{position} {tokens} {max_context}: {plan:?}");
                         at += call.count;
@@ -117,6 +129,26 @@ mod tests {
                 }
             }
         }
+    }
+
+    /// The embeddings plan is the token plan call for call, decode steps as bucket 1.
+    #[test]
+    fn embeddings_plans_follow_the_token_plans() {
+        let embeddings = |bucket, count| PlannedCall { graph: GraphKind::PrefillEmbeddings { bucket }, count };
+        let b = DEFAULT_BUCKETS;
+        assert_eq!(plan_prefill_embeddings(0, 5, &b, 1024).unwrap(), vec![embeddings(16, 5)]);
+        assert_eq!(plan_prefill_embeddings(7, 1, &b, 1024).unwrap(), vec![embeddings(1, 1)]);
+        assert_eq!(plan_prefill_embeddings(1004, 18, &b, 1024).unwrap(), vec![embeddings(16, 16), embeddings(1, 1), embeddings(1, 1)]);
+        for (position, rows) in [(0, 600), (3, 17), (1020, 3), (0, 0)] {
+            let tokens = plan_prefill(position, rows, &b, 1024).unwrap();
+            let from_embeddings = plan_prefill_embeddings(position, rows, &b, 1024).unwrap();
+            assert_eq!(tokens.len(), from_embeddings.len());
+            for (t, e) in tokens.iter().zip(&from_embeddings) {
+                assert!(e.graph.takes_embeddings() && e.graph.takes_count());
+                assert_eq!((t.graph.input_rows(), t.count), (e.graph.input_rows(), e.count));
+            }
+        }
+        assert!(matches!(plan_prefill_embeddings(10, 7, &b, 16), Err(GraphError::Options(_))));
     }
 
     #[test]

@@ -1,6 +1,6 @@
 //! The Llama forward pass as StableHLO functions.
 //!
-//! One emitter, [`forward`], builds both graphs: the decode step is the prefill graph with a bucket
+//! One emitter, [`forward`], builds every graph: the decode step is the prefill graph with a bucket
 //! of one token and no `count` argument. Every function has the signature
 //!
 //! ```text
@@ -8,6 +8,13 @@
 //!  k_cache f16[L, KVH, D, C], v_cache f16[L, KVH, C, D], weights...)
 //!   -> (next_token i32[], k_cache, v_cache [, logits f32[vocab]])
 //! ```
+//!
+//! except that the prefill from embeddings ([`GraphKind::PrefillEmbeddings`], for inputs such as
+//! an image encoder's output) takes `embeddings f32[T, hidden]` in place of `tokens`, always with
+//! `count`, and is otherwise the same function: the rows are the hidden states the token graphs
+//! gather from the embedding table. The weight arguments are the same list in every graph, the
+//! embedding table included (an embeddings graph reads it only as the tied LM head), so one upload
+//! serves all of a module's functions.
 //!
 //! Layers are either unrolled (one set of weight arguments per layer, [`LayerMode::Unrolled`]) or
 //! one `stablehlo.while` over weights stacked `[L, ...]` ([`LayerMode::Loop`]), which compiles one
@@ -85,6 +92,34 @@ pub enum GraphKind {
     Decode,
     /// Up to `bucket` tokens at `position`, padded to `bucket`: `@prefill_{bucket}` (or `_logits`).
     Prefill { bucket: usize },
+    /// Up to `bucket` embedding rows (`f32[bucket, hidden]`, in place of token ids) at `position`,
+    /// padded to `bucket` with finite rows (zeros): `@prefill_embeddings_{bucket}` (or `_logits`).
+    /// Takes `count` for every bucket, 1 included: there is no embeddings decode graph, so a
+    /// caller near the end of the context, where no larger bucket fits, feeds single rows
+    /// through bucket 1.
+    PrefillEmbeddings { bucket: usize },
+}
+
+impl GraphKind {
+    /// Positions one call feeds, padding included: the first dimension of its input argument.
+    pub fn input_rows(self) -> usize {
+        match self {
+            GraphKind::Decode => 1,
+            GraphKind::Prefill { bucket } | GraphKind::PrefillEmbeddings { bucket } => bucket,
+        }
+    }
+
+    /// Whether the first argument is `embeddings f32[input_rows, hidden]` rather than
+    /// `tokens i32[input_rows]`.
+    pub fn takes_embeddings(self) -> bool {
+        matches!(self, GraphKind::PrefillEmbeddings { .. })
+    }
+
+    /// Whether the third argument is `count i32[]` (the real rows of a padded call): every kind
+    /// but [`GraphKind::Decode`].
+    pub fn takes_count(self) -> bool {
+        !matches!(self, GraphKind::Decode)
+    }
 }
 
 /// A function to emit: its kind, and whether it also returns the last position's logits.
@@ -100,6 +135,7 @@ impl GraphSpec {
         let base = match self.kind {
             GraphKind::Decode => "decode".to_string(),
             GraphKind::Prefill { bucket } => format!("prefill_{bucket}"),
+            GraphKind::PrefillEmbeddings { bucket } => format!("prefill_embeddings_{bucket}"),
         };
         if self.logits {
             format!("{base}_logits")
@@ -108,11 +144,9 @@ impl GraphSpec {
         }
     }
 
+    /// Rows (positions) per call: [`GraphKind::input_rows`].
     fn tokens(&self) -> usize {
-        match self.kind {
-            GraphKind::Decode => 1,
-            GraphKind::Prefill { bucket } => bucket,
-        }
+        self.kind.input_rows()
     }
 }
 
@@ -140,7 +174,7 @@ fn check(config: &LlamaConfig, options: &GraphOptions, specs: &[GraphSpec]) -> R
         }
     }
     for spec in specs {
-        if let GraphKind::Prefill { bucket } = spec.kind {
+        if let GraphKind::Prefill { bucket } | GraphKind::PrefillEmbeddings { bucket } = spec.kind {
             if bucket == 0 || bucket > options.max_context {
                 return Err(GraphError::Options(format!("prefill bucket {bucket} must be in 1..={}", options.max_context)));
             }
@@ -585,7 +619,6 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     let layers = config.num_hidden_layers;
     let vocab = config.vocab_size;
     let eps = config.rms_norm_eps;
-    let prefill = matches!(spec.kind, GraphKind::Prefill { .. });
 
     let mut args: Vec<FnArg> = Vec::new();
     let mut push_with = |ty: Ty, attrs: &str, doc: String| {
@@ -593,9 +626,18 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
         args.push(FnArg { val: val.clone(), attrs: attrs.to_string(), doc });
         val
     };
-    let tokens = push_with(Ty::new(&[t], Elem::I32), "", format!("token ids, padded to {t}"));
-    let position = push_with(Ty::new(&[], Elem::I32), "", "position of the first token (tokens already in the cache)".into());
-    let count = prefill.then(|| push_with(Ty::new(&[], Elem::I32), "", format!("real tokens, 1..={t}")));
+    // The only difference between the token graphs and the embeddings graphs: the first argument,
+    // and so the first hidden state (below). Everything after it is one emitter.
+    let embeddings = spec.kind.takes_embeddings();
+    let (input, first_doc, real) = if embeddings {
+        let doc = format!("embedding rows [{t}, hidden], padded to {t} with finite rows (zeros)");
+        (push_with(Ty::new(&[t, h], Elem::F32), "", doc), "position of the first row (positions already in the cache)", "rows")
+    } else {
+        let doc = format!("token ids, padded to {t}");
+        (push_with(Ty::new(&[t], Elem::I32), "", doc), "position of the first token (tokens already in the cache)", "tokens")
+    };
+    let position = push_with(Ty::new(&[], Elem::I32), "", first_doc.into());
+    let count = spec.kind.takes_count().then(|| push_with(Ty::new(&[], Elem::I32), "", format!("real {real}, 1..={t}")));
     // Keys are stored transposed, [D, C] per head, so that the score product reads them in the
     // [K, M] layout IREE's CPU code generation prefers (measured: see the docs); values are [C, D],
     // already [K, M] for the probability-weighted sum.
@@ -623,9 +665,18 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     let mut w = Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from };
 
     let mut b = FnBuilder::new();
+    // The embedding table is taken in every graph (one weight list for the whole module), even
+    // where only a tied LM head reads it.
     let embed = w.matrix();
-    b.comment("embeddings");
-    let x = embed_rows(&mut b, &embed, &tokens);
+    let x = if embeddings {
+        // Padding rows need no masking of their own: like padding tokens they are queries nobody
+        // reads and keys no real query sees. They must be finite, though: a masked probability
+        // is an exact 0, and 0 * inf in the attention product would be NaN.
+        input
+    } else {
+        b.comment("embeddings");
+        embed_rows(&mut b, &embed, &input)
+    };
 
     b.comment("rope tables and the attention mask, shared by all layers");
     let offsets = b.iota(&[t], 0);
@@ -791,12 +842,27 @@ mod tests {
         assert_eq!(GraphSpec { kind: GraphKind::Decode, logits: true }.name(), "decode_logits");
         assert_eq!(GraphSpec { kind: GraphKind::Prefill { bucket: 64 }, logits: false }.name(), "prefill_64");
         assert_eq!(GraphSpec { kind: GraphKind::Prefill { bucket: 8 }, logits: true }.name(), "prefill_8_logits");
+        assert_eq!(GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket: 64 }, logits: false }.name(), "prefill_embeddings_64");
+        assert_eq!(GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket: 1 }, logits: true }.name(), "prefill_embeddings_1_logits");
+    }
+
+    #[test]
+    fn kinds_describe_their_input() {
+        let kinds = [
+            GraphKind::Decode,
+            GraphKind::Prefill { bucket: 8 },
+            GraphKind::PrefillEmbeddings { bucket: 8 },
+            GraphKind::PrefillEmbeddings { bucket: 1 },
+        ];
+        let described: Vec<(usize, bool, bool)> = kinds.iter().map(|k| (k.input_rows(), k.takes_embeddings(), k.takes_count())).collect();
+        assert_eq!(described, vec![(1, false, false), (8, false, true), (8, true, true), (1, true, true)]);
     }
 
     #[test]
     fn bad_options_are_typed_errors() {
         let c = tiny_config();
         let prefill = |bucket| GraphSpec { kind: GraphKind::Prefill { bucket }, logits: false };
+        let embeddings = |bucket| GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket }, logits: false };
         let cases: Vec<(GraphOptions, Vec<GraphSpec>)> = vec![
             (GraphOptions { max_context: 0, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS }, vec![DECODE]),
             (
@@ -805,7 +871,10 @@ mod tests {
             ),
             (options(WeightFormat::F16), vec![prefill(0)]),
             (options(WeightFormat::F16), vec![prefill(17)]),
+            (options(WeightFormat::F16), vec![embeddings(0)]),
+            (options(WeightFormat::F16), vec![embeddings(17)]),
             (options(WeightFormat::F16), vec![DECODE, DECODE]),
+            (options(WeightFormat::F16), vec![embeddings(4), prefill(4), embeddings(4)]),
         ];
         for (o, specs) in cases {
             assert!(matches!(emit_module(&c, &o, &specs), Err(GraphError::Options(_))), "{o:?} {specs:?}");
@@ -859,6 +928,126 @@ mod tests {
         assert!(text.contains(") -> (tensor<i32>, tensor<2x2x16x16xf16>, tensor<2x2x16x16xf16>, tensor<256xf32>) {"));
         // Per layer, its new keys and values recorded; then one write into each cache.
         assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * c.num_hidden_layers + 2);
+    }
+
+    /// Every combination of layer layout, weight format (on a tied and an untied config) and
+    /// storage of the dense matrices and the cache.
+    fn all_options() -> Vec<(LlamaConfig, GraphOptions)> {
+        let mut out = Vec::new();
+        for c in [tiny_config(), tiny_llama32_config()] {
+            for layers in [LayerMode::Unrolled, LayerMode::Loop, LayerMode::UnrolledCachePerLayer] {
+                for format in [WeightFormat::F16, WeightFormat::Int4] {
+                    for dense in [StorageDtype::F16, StorageDtype::F32] {
+                        for cache in [StorageDtype::F16, StorageDtype::F32] {
+                            out.push((c.clone(), GraphOptions { layers, dense, cache, ..options(format) }));
+                        }
+                    }
+                }
+            }
+        }
+        out
+    }
+
+    /// The function body (after the signature) with SSA values renamed `%v0, %v1, ...` in order of
+    /// appearance, so that two bodies that differ only in numbering compare equal. A loop's
+    /// region arguments (`%bN_j`, `%cN_j`) carry the loop's number `N` and are renamed with it.
+    fn canonical_body(function: &str) -> Vec<String> {
+        let body: Vec<char> = function[function.find(") -> (").expect("a signature")..].chars().collect();
+        let mut names = std::collections::HashMap::new();
+        let mut out = String::new();
+        let mut i = 0;
+        while i < body.len() {
+            out.push(body[i]);
+            i += 1;
+            if body[i - 1] != '%' {
+                continue;
+            }
+            if i + 1 < body.len() && matches!(body[i], 'b' | 'c') && body[i + 1].is_ascii_digit() {
+                out.push(body[i]);
+                i += 1;
+            }
+            let start = i;
+            while i < body.len() && body[i].is_ascii_digit() {
+                i += 1;
+            }
+            if i > start {
+                let n = names.len();
+                let digits: String = body[start..i].iter().collect();
+                out.push_str(&format!("v{}", names.entry(digits).or_insert(n)));
+            }
+        }
+        out.lines().map(str::to_string).collect()
+    }
+
+    /// Equal line lists, or a panic naming the first line that differs (the bodies are long).
+    fn assert_same_lines(a: &[String], b: &[String], what: &str) {
+        if let Some(i) = (0..a.len().max(b.len())).find(|&i| a.get(i) != b.get(i)) {
+            panic!("{what}: line {i} differs:\n{:?}\n{:?}", a.get(i), b.get(i));
+        }
+    }
+
+    /// `prefill_embeddings_T`: an f32 `[T, hidden]` first argument, then position, count, the
+    /// caches and the weights exactly as `prefill_T`; no gather for the input; and past the first
+    /// hidden state the very body of the token graph (the shared emitter, not a copy).
+    #[test]
+    fn signature_and_body_of_prefill_embeddings() {
+        for (c, o) in all_options() {
+            let h = c.hidden_size;
+            for (bucket, logits) in [(4, true), (1, false), (8, true)] {
+                let tied = c.tie_word_embeddings;
+                let what = format!("{:?} {:?} dense {:?} cache {:?} tied {tied} bucket {bucket}", o.layers, o.format, o.dense, o.cache);
+                let from_tokens = GraphSpec { kind: GraphKind::Prefill { bucket }, logits };
+                let from_rows = GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket }, logits };
+                let tokens = emit_module(&c, &o, &[from_tokens]).unwrap();
+                let rows = emit_module(&c, &o, &[from_rows]).unwrap();
+                let name = if logits { format!("prefill_embeddings_{bucket}_logits") } else { format!("prefill_embeddings_{bucket}") };
+                assert!(rows.contains(&format!("func.func @{name}(")), "{what}");
+                assert!(rows.contains(&format!("%arg0: tensor<{bucket}x{h}xf32>, // embedding rows")), "{what}");
+                assert!(rows.contains("%arg1: tensor<i32>, // position") && rows.contains("%arg2: tensor<i32>, // real rows"), "{what}");
+                // The rest of the signature (caches, weights, results) is the token graph's.
+                let signature_tail = |text: &str| -> Vec<String> {
+                    text.lines()
+                        .skip_while(|l| !l.contains("%arg3: "))
+                        .take_while(|l| !l.contains(") -> ("))
+                        .map(|l| l.to_string())
+                        .collect()
+                };
+                assert!(!signature_tail(&rows).is_empty());
+                assert_eq!(signature_tail(&rows), signature_tail(&tokens), "{what}");
+                let results = |text: &str| text.lines().find(|l| l.contains(") -> (")).unwrap().to_string();
+                assert_eq!(results(&rows), results(&tokens), "{what}");
+                // The token graph gathers its input rows from the table; the embeddings graph
+                // gathers nothing.
+                assert!(tokens.contains("\"stablehlo.gather\""), "{what}");
+                assert!(!rows.contains("\"stablehlo.gather\""), "{what}");
+                // The token body without its embedding lookup, reading %arg0 where it read the
+                // looked-up rows, is the embeddings body.
+                let lookup_start = tokens.find("    // embeddings\n").unwrap();
+                let lookup_end = tokens.find("    // rope tables").unwrap();
+                let lookup = &tokens[lookup_start..lookup_end];
+                let looked_up = lookup.lines().last().unwrap().trim_start().split(' ').next().unwrap().to_string();
+                let without_lookup = format!("{}{}", &tokens[..lookup_start], &tokens[lookup_end..]);
+                let without_lookup = without_lookup.replace(&format!("{looked_up},"), "%arg0,").replace(&format!("{looked_up})"), "%arg0)");
+                assert_same_lines(&canonical_body(&without_lookup), &canonical_body(&rows), &what);
+                // And the entry-module form of the same function.
+                let entry = emit_entry_module(&c, &o, from_rows).unwrap();
+                assert!(entry.contains("func.func @main(") && entry.contains(&format!("`{name}` as @main")), "{what}");
+                assert_same_lines(&canonical_body(&entry), &canonical_body(&rows), &what);
+            }
+        }
+    }
+
+    /// Asking for embeddings graphs leaves the token graphs of a module byte for byte as they were.
+    #[test]
+    fn embeddings_graphs_leave_token_graphs_unchanged() {
+        for (c, o) in all_options() {
+            let token_specs = [DECODE, GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: true }];
+            let alone = emit_module(&c, &o, &token_specs).unwrap();
+            let embeddings = GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket: 4 }, logits: true };
+            let with = emit_module(&c, &o, &[token_specs[0], token_specs[1], embeddings]).unwrap();
+            assert!(with.starts_with(alone.strip_suffix("}\n").unwrap()));
+            assert!(with.contains("func.func @prefill_embeddings_4_logits("));
+        }
     }
 
     /// Per-layer caches: two aliased arguments per layer, each written once, never sliced.

@@ -1,6 +1,7 @@
 //! # stablehlo-llama: Llama graphs as StableHLO text, for seam's compiler backends
 //!
-//! [`emit_module`] writes the decode-step and prefill graphs of a Llama model (from its
+//! [`emit_module`] writes the decode-step and prefill graphs (from token ids, or from embedding
+//! rows: [`GraphKind::PrefillEmbeddings`]) of a Llama model (from its
 //! [`llama_model::LlamaConfig`]) as an MLIR module in StableHLO's generic form, which IREE's
 //! `iree-compile` and XLA's PJRT plugins both accept. Weights are runtime arguments
 //! ([`weight_args`] gives their order, shapes and types; [`host_args`] the bytes to upload from a
@@ -18,7 +19,7 @@ pub use arguments::{
     graph_host_args, graph_weight_args, host_args, host_args_with, stack_host_args, stack_weight_args, weight_args, weight_args_with,
     ArgDtype, StorageDtype, HostArg, WeightArg, WeightPart,
 };
-pub use buckets::{buckets_for_context, plan_prefill, PlannedCall, DEFAULT_BUCKETS};
+pub use buckets::{buckets_for_context, plan_prefill, plan_prefill_embeddings, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;
 pub use graph::{
     cache_arg_shapes, emit_entry_module, emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode, PREFILL_DEQUANTIZE_MIN_TOKENS,
