@@ -848,7 +848,12 @@ mod tests {
 
     #[test]
     fn kinds_describe_their_input() {
-        let kinds = [GraphKind::Decode, GraphKind::Prefill { bucket: 8 }, GraphKind::PrefillEmbeddings { bucket: 8 }, GraphKind::PrefillEmbeddings { bucket: 1 }];
+        let kinds = [
+            GraphKind::Decode,
+            GraphKind::Prefill { bucket: 8 },
+            GraphKind::PrefillEmbeddings { bucket: 8 },
+            GraphKind::PrefillEmbeddings { bucket: 1 },
+        ];
         let described: Vec<(usize, bool, bool)> = kinds.iter().map(|k| (k.input_rows(), k.takes_embeddings(), k.takes_count())).collect();
         assert_eq!(described, vec![(1, false, false), (8, false, true), (8, true, true), (1, true, true)]);
     }
@@ -989,7 +994,8 @@ mod tests {
         for (c, o) in all_options() {
             let h = c.hidden_size;
             for (bucket, logits) in [(4, true), (1, false), (8, true)] {
-                let what = format!("{:?} {:?} dense {:?} cache {:?} tied {} bucket {bucket}", o.layers, o.format, o.dense, o.cache, c.tie_word_embeddings);
+                let tied = c.tie_word_embeddings;
+                let what = format!("{:?} {:?} dense {:?} cache {:?} tied {tied} bucket {bucket}", o.layers, o.format, o.dense, o.cache);
                 let from_tokens = GraphSpec { kind: GraphKind::Prefill { bucket }, logits };
                 let from_rows = GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket }, logits };
                 let tokens = emit_module(&c, &o, &[from_tokens]).unwrap();

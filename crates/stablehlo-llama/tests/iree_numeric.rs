@@ -8,11 +8,15 @@
 //! from one call to the next as `.npy` files. Every step's logits and greedy token are compared
 //! with `backend_reference` on the same weights, teacher-forced with the reference's tokens.
 //! If pip cannot install the wheels (no network), the test prints why and returns.
+//!
+//! `iree_prefill_from_embeddings_matches_token_prefill` feeds the same session through the
+//! `prefill_embeddings_{T}` graphs, with rows taken from the model's own embedding table, and
+//! checks them against the token graphs and the reference.
 
 use backend_reference::{EngineOptions, ReferenceEngine};
 use llama_model::{LlamaWeights, Matrix};
 use session_api::{Session, SessionOptions, WeightFormat};
-use stablehlo_llama::{emit_module, graph_host_args, ArgDtype, StorageDtype, GraphKind, GraphOptions, GraphSpec, LayerMode};
+use stablehlo_llama::{cache_arg_shapes, emit_module, graph_host_args, ArgDtype, StorageDtype, GraphKind, GraphOptions, GraphSpec, LayerMode};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -123,14 +127,15 @@ fn int4_weights(w: &LlamaWeights) -> LlamaWeights {
     out
 }
 
-/// One IREE session over the compiled module: the cache lives in `.npy` files between calls.
+/// One IREE session over the compiled module: the cache lives in `.npy` files between calls (two
+/// stacked caches, or two per layer: `cache_arg_shapes`).
 struct IreeSession<'a> {
     tools: &'a Path,
     dir: &'a Path,
     vmfb: PathBuf,
     weight_inputs: Vec<String>,
-    k: PathBuf,
-    v: PathBuf,
+    caches: Vec<PathBuf>,
+    hidden: usize,
     position: usize,
     calls: usize,
 }
@@ -139,69 +144,123 @@ impl IreeSession<'_> {
     /// Feeds `tokens` (one: `@decode_logits`; more: `@prefill_8_logits`) and returns the greedy
     /// token and the logits of the last one.
     fn step(&mut self, tokens: &[u32]) -> (u32, Vec<f32>) {
-        self.calls += 1;
-        let mut cmd = tool(self.tools, "iree-run-module");
-        cmd.arg(format!("--module={}", self.vmfb.display())).arg("--device=local-task");
-        if tokens.len() == 1 {
-            cmd.arg("--function=decode_logits").arg(format!("--input=1xi32={}", tokens[0]));
-            cmd.arg(format!("--input=i32={}", self.position));
+        let mut inputs = Vec::new();
+        let function = if tokens.len() == 1 {
+            inputs.push(format!("--input=1xi32={}", tokens[0]));
+            inputs.push(format!("--input=i32={}", self.position));
+            "decode_logits".to_string()
         } else {
             let mut padded: Vec<String> = tokens.iter().map(u32::to_string).collect();
             padded.resize(BUCKET, "0".into());
-            cmd.arg(format!("--function=prefill_{BUCKET}_logits"));
-            cmd.arg(format!("--input={BUCKET}xi32={}", padded.join(",")));
-            cmd.arg(format!("--input=i32={}", self.position));
-            cmd.arg(format!("--input=i32={}", tokens.len()));
+            inputs.push(format!("--input={BUCKET}xi32={}", padded.join(",")));
+            inputs.push(format!("--input=i32={}", self.position));
+            inputs.push(format!("--input=i32={}", tokens.len()));
+            format!("prefill_{BUCKET}_logits")
+        };
+        self.call(&function, inputs, tokens.len())
+    }
+
+    /// Feeds embedding `rows` (`count * hidden` values) through `@prefill_embeddings_{bucket}_logits`,
+    /// padded with zero rows, and returns the greedy token and the logits of the last row.
+    fn step_embeddings(&mut self, rows: &[f32], bucket: usize) -> (u32, Vec<f32>) {
+        let count = rows.len() / self.hidden;
+        assert!(count >= 1 && count <= bucket && rows.len() == count * self.hidden);
+        let mut padded = rows.to_vec();
+        padded.resize(bucket * self.hidden, 0.0);
+        let path = self.dir.join(format!("embeddings_{}.npy", self.calls + 1));
+        let bytes: Vec<u8> = padded.iter().flat_map(|v| v.to_le_bytes()).collect();
+        write_npy(&path, "<f4", &[bucket, self.hidden], &bytes);
+        let inputs =
+            vec![format!("--input=@{}", path.display()), format!("--input=i32={}", self.position), format!("--input=i32={count}")];
+        self.call(&format!("prefill_embeddings_{bucket}_logits"), inputs, count)
+    }
+
+    /// Runs `function` on `inputs` (those before the caches), the caches and the weights; keeps
+    /// the updated caches for the next call and moves the position on by `advance`.
+    fn call(&mut self, function: &str, inputs: Vec<String>, advance: usize) -> (u32, Vec<f32>) {
+        self.calls += 1;
+        let mut cmd = tool(self.tools, "iree-run-module");
+        cmd.arg(format!("--module={}", self.vmfb.display())).arg("--device=local-task");
+        cmd.arg(format!("--function={function}")).args(inputs);
+        for cache in &self.caches {
+            cmd.arg(format!("--input=@{}", cache.display()));
         }
-        cmd.arg(format!("--input=@{}", self.k.display())).arg(format!("--input=@{}", self.v.display()));
         cmd.args(&self.weight_inputs);
         let out = |name: &str| self.dir.join(format!("{name}_{}.npy", self.calls));
-        let (token, k, v, logits) = (out("token"), out("k"), out("v"), out("logits"));
-        for p in [&token, &k, &v, &logits] {
+        let token = out("token");
+        let caches: Vec<PathBuf> = (0..self.caches.len()).map(|i| out(&format!("cache{i}"))).collect();
+        let logits = out("logits");
+        for p in std::iter::once(&token).chain(&caches).chain([&logits]) {
             cmd.arg(format!("--output=@{}", p.display()));
         }
         run(cmd);
-        self.k = k;
-        self.v = v;
-        self.position += tokens.len();
+        self.caches = caches;
+        self.position += advance;
         (read_i32(&token) as u32, read_f32s(&logits))
     }
 }
 
-/// Runs the session script on IREE and the reference; returns the largest logit difference.
-fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat, layers: LayerMode) -> f32 {
+/// Compiles `specs` for `weights` with `options` into `dir` and opens a session on an empty cache.
+fn iree_session<'a>(tools: &'a Path, dir: &'a Path, weights: &LlamaWeights, options: &GraphOptions, specs: &[GraphSpec]) -> IreeSession<'a> {
     let config = &weights.config;
-    let dir = tempfile::tempdir().unwrap();
-    let options = GraphOptions { max_context: MAX_CONTEXT, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS };
-    let specs =
-        [GraphSpec { kind: GraphKind::Decode, logits: true }, GraphSpec { kind: GraphKind::Prefill { bucket: BUCKET }, logits: true }];
-    let mlir = dir.path().join("model.mlir");
-    std::fs::write(&mlir, emit_module(config, &options, &specs).unwrap()).unwrap();
-    let vmfb = dir.path().join("model.vmfb");
+    let mlir = dir.join("model.mlir");
+    std::fs::write(&mlir, emit_module(config, options, specs).unwrap()).unwrap();
+    let vmfb = dir.join("model.vmfb");
     let mut compile = tool(tools, "iree-compile");
     compile.arg(&mlir).args(["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", "-o"]).arg(&vmfb);
     run(compile);
 
     let mut weight_inputs = Vec::new();
-    for (i, arg) in graph_host_args(weights, &options).unwrap().iter().enumerate() {
+    for (i, arg) in graph_host_args(weights, options).unwrap().iter().enumerate() {
         let descr = match arg.spec.dtype {
             ArgDtype::F32 => "<f4",
             ArgDtype::F16 => "<f2",
             ArgDtype::I32 => "<i4",
             ArgDtype::I8 => "|i1",
         };
-        let path = dir.path().join(format!("w{i}.npy"));
+        let path = dir.join(format!("w{i}.npy"));
         write_npy(&path, descr, &arg.spec.shape, &arg.bytes);
         weight_inputs.push(format!("--input=@{}", path.display()));
     }
-    // Keys [layers, kv_heads, head_dim, max_context], values [layers, kv_heads, max_context, head_dim].
-    let k_shape = [config.num_hidden_layers, config.num_key_value_heads, config.head_dim, MAX_CONTEXT];
-    let v_shape = [config.num_hidden_layers, config.num_key_value_heads, MAX_CONTEXT, config.head_dim];
-    let zeros = vec![0u8; k_shape.iter().product::<usize>() * 2];
-    let (k, v) = (dir.path().join("k0.npy"), dir.path().join("v0.npy"));
-    write_npy(&k, "<f2", &k_shape, &zeros);
-    write_npy(&v, "<f2", &v_shape, &zeros);
-    let mut iree = IreeSession { tools, dir: dir.path(), vmfb, weight_inputs, k, v, position: 0, calls: 0 };
+    // Stacked: keys [layers, kv_heads, head_dim, max_context], values [layers, kv_heads,
+    // max_context, head_dim]; per layer the same without the first dimension.
+    assert_eq!(options.cache, StorageDtype::F16, "the cache files are written as f16");
+    let caches = cache_arg_shapes(config, options)
+        .iter()
+        .enumerate()
+        .map(|(i, shape)| {
+            let path = dir.join(format!("cache{i}_0.npy"));
+            write_npy(&path, "<f2", shape, &vec![0u8; shape.iter().product::<usize>() * 2]);
+            path
+        })
+        .collect();
+    IreeSession { tools, dir, vmfb, weight_inputs, caches, hidden: config.hidden_size, position: 0, calls: 0 }
+}
+
+fn graph_options(format: WeightFormat, layers: LayerMode) -> GraphOptions {
+    GraphOptions {
+        max_context: MAX_CONTEXT,
+        format,
+        layers,
+        dense: StorageDtype::F16,
+        cache: StorageDtype::F16,
+        int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
+    }
+}
+
+/// Largest absolute difference of two logit vectors of the same length.
+fn max_diff(a: &[f32], b: &[f32]) -> f32 {
+    assert_eq!(a.len(), b.len());
+    a.iter().zip(b).map(|(x, y)| (x - y).abs()).fold(0.0f32, f32::max)
+}
+
+/// Runs the session script on IREE and the reference; returns the largest logit difference.
+fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat, layers: LayerMode) -> f32 {
+    let dir = tempfile::tempdir().unwrap();
+    let options = graph_options(format, layers);
+    let specs =
+        [GraphSpec { kind: GraphKind::Decode, logits: true }, GraphSpec { kind: GraphKind::Prefill { bucket: BUCKET }, logits: true }];
+    let mut iree = iree_session(tools, dir.path(), weights, &options, &specs);
 
     let engine = ReferenceEngine::from_weights(weights, EngineOptions::default()).unwrap();
     let mut reference = engine.session(SessionOptions { return_logits: true, ..Default::default() }).unwrap();
@@ -254,6 +313,103 @@ fn iree_matches_the_reference_in_f16_and_int4() {
         let err = compare(&tools, &int4, WeightFormat::Int4, layers);
         eprintln!("int4 {layers:?}: worst max |logit diff| {err:.2e}");
         assert!(err < 1e-2, "int4 {layers:?} logits differ by {err}");
+    }
+}
+
+/// The rows the token graphs would gather for `tokens`, from the model's own table: the f16 table
+/// widened to f32, or the int4 table dequantized (`scale * q + bias`).
+fn embedding_rows(weights: &LlamaWeights, tokens: &[u32]) -> Vec<f32> {
+    let hidden = weights.config.hidden_size;
+    let mut rows = vec![0.0f32; tokens.len() * hidden];
+    for (row, &token) in rows.chunks_exact_mut(hidden).zip(tokens) {
+        weights.embed.row_f32(token as usize, row);
+    }
+    rows
+}
+
+/// One session fed through the embeddings graphs beside one fed the same tokens through the token
+/// graphs: a prompt (bucket 8), one row through the 1-row bucket, a decode step, an extension of 3
+/// rows at offset 7, a decode step. Every step's logits and greedy token must match the token
+/// session's (and the greedy token the reference's). Returns the largest logit difference.
+fn compare_embeddings(tools: &Path, weights: &LlamaWeights, format: WeightFormat, layers: LayerMode) -> f32 {
+    let dir = tempfile::tempdir().unwrap();
+    let options = graph_options(format, layers);
+    let specs = [
+        GraphSpec { kind: GraphKind::Decode, logits: true },
+        GraphSpec { kind: GraphKind::Prefill { bucket: BUCKET }, logits: true },
+        GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket: BUCKET }, logits: true },
+        GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket: 1 }, logits: true },
+    ];
+    // One compile serves both sessions; each writes its outputs into its own folder.
+    let mut from_tokens = iree_session(tools, dir.path(), weights, &options, &specs);
+    let rows_dir = tempfile::tempdir().unwrap();
+    let mut from_rows = IreeSession {
+        dir: rows_dir.path(),
+        vmfb: from_tokens.vmfb.clone(),
+        weight_inputs: from_tokens.weight_inputs.clone(),
+        caches: from_tokens.caches.clone(),
+        ..from_tokens
+    };
+
+    let engine = ReferenceEngine::from_weights(weights, EngineOptions::default()).unwrap();
+    let mut reference = engine.session(SessionOptions::default()).unwrap();
+    let mut worst = 0.0f32;
+    let mut check = |what: &str, rows: (u32, Vec<f32>), tokens: (u32, Vec<f32>), reference: u32| {
+        let diff = max_diff(&rows.1, &tokens.1);
+        let (from_rows, from_tokens) = (rows.0, tokens.0);
+        eprintln!("{format} {layers:?} {what}: max |logit diff| embeddings vs tokens {diff:.2e}, tokens {from_rows} / {from_tokens} / reference {reference}");
+        assert_eq!(rows.0, tokens.0, "{format} {layers:?} {what}: greedy token from embeddings vs tokens");
+        assert_eq!(rows.0, reference, "{format} {layers:?} {what}: greedy token from embeddings vs the reference");
+        worst = worst.max(diff);
+        rows.0
+    };
+
+    let prompt = [1u32, 17, 42, 99, 200];
+    let extension = [7u32, 250, 3];
+    let mut next = check(
+        "prefill",
+        from_rows.step_embeddings(&embedding_rows(weights, &prompt), BUCKET),
+        from_tokens.step(&prompt),
+        reference.prefill(&prompt).unwrap().token,
+    );
+    next = check(
+        "one row",
+        from_rows.step_embeddings(&embedding_rows(weights, &[next]), 1),
+        from_tokens.step(&[next]),
+        reference.decode(next).unwrap().token,
+    );
+    // The embeddings graphs leave the cache as the token graphs do: decode carries on from it.
+    check("decode", from_rows.step(&[next]), from_tokens.step(&[next]), reference.decode(next).unwrap().token);
+    next = check(
+        "extend",
+        from_rows.step_embeddings(&embedding_rows(weights, &extension), BUCKET),
+        from_tokens.step(&extension),
+        reference.prefill(&extension).unwrap().token,
+    );
+    check("decode after extend", from_rows.step(&[next]), from_tokens.step(&[next]), reference.decode(next).unwrap().token);
+    assert_eq!(from_rows.position, reference.position());
+    assert_eq!(from_tokens.position, reference.position());
+    worst
+}
+
+#[test]
+fn iree_prefill_from_embeddings_matches_token_prefill() {
+    let tools = match iree_tools() {
+        Ok(t) => t,
+        Err(reason) => {
+            eprintln!("SKIPPED iree_prefill_from_embeddings_matches_token_prefill: {reason}");
+            return;
+        }
+    };
+    // As above: f16 on the tied Llama-3.2-shaped config, int4 on the untied plain one.
+    let f16 = llama_model::random::random_weights(&llama_model::random::tiny_llama32_config(), 21).unwrap();
+    let int4 = int4_weights(&llama_model::random::random_weights(&llama_model::random::tiny_config(), 22).unwrap());
+    for layers in [LayerMode::Unrolled, LayerMode::Loop, LayerMode::UnrolledCachePerLayer] {
+        for (weights, format) in [(&f16, WeightFormat::F16), (&int4, WeightFormat::Int4)] {
+            let err = compare_embeddings(&tools, weights, format, layers);
+            eprintln!("{format} {layers:?}: embeddings vs tokens, worst max |logit diff| {err:.2e}");
+            assert!(err < 1e-2, "{format} {layers:?}: logits from embeddings differ from those from tokens by {err}");
+        }
     }
 }
 
