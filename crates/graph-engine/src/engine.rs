@@ -18,7 +18,7 @@ use session_api::{
     Capabilities, Engine, EngineInfo, InputKinds, KvOps, RawStep, Result, SamplingModes, SeamError, SessionOptions,
     SessionSteps, StateKind, StepInput, WeightFormat,
 };
-use stablehlo_llama::{plan_prefill, GraphKind, GraphSpec};
+use stablehlo_llama::{plan_prefill, plan_prefill_embeddings, GraphKind, GraphSpec};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -59,38 +59,26 @@ pub(crate) struct Shared<R: GraphRuntime> {
 }
 
 impl<R: GraphRuntime> Shared<R> {
-    /// Buckets of the embedding-input graphs: the token buckets and a one-row graph.
-    fn embedding_buckets(&self) -> Vec<usize> {
-        let mut buckets = vec![1];
-        buckets.extend(self.buckets.iter().copied().filter(|&b| b > 1));
-        buckets
-    }
-
     /// Loads the embedding graph of `bucket` the first time it is needed.
     fn ensure_embedding_graph(&self, bucket: usize) -> Result<()> {
         let mut loaded = self.embedding_graphs.lock().unwrap_or_else(|p| p.into_inner());
         if !loaded.contains(&bucket) {
-            self.runtime.load_graphs(&[embedding_graph(bucket)])?;
+            self.runtime.load_graphs(&[GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket }, logits: true }])?;
             loaded.push(bucket);
         }
         Ok(())
     }
 }
 
-/// The token graph of a planned call.
-fn token_graph(kind: GraphKind) -> GraphSpec {
+/// The graph of a planned call: every graph also returns the logits (read back only when asked).
+fn graph_of(kind: GraphKind) -> GraphSpec {
     GraphSpec { kind, logits: true }
-}
-
-/// The embedding graph of `bucket` rows.
-fn embedding_graph(bucket: usize) -> GraphSpec {
-    GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket }, logits: true }
 }
 
 /// The token graphs an engine loads up front: decode and one prefill per bucket above one.
 pub fn token_graphs(buckets: &[usize]) -> Vec<GraphSpec> {
-    let mut graphs = vec![token_graph(GraphKind::Decode)];
-    graphs.extend(buckets.iter().filter(|&&b| b > 1).map(|&bucket| token_graph(GraphKind::Prefill { bucket })));
+    let mut graphs = vec![graph_of(GraphKind::Decode)];
+    graphs.extend(buckets.iter().filter(|&&b| b > 1).map(|&bucket| graph_of(GraphKind::Prefill { bucket })));
     graphs
 }
 
@@ -139,33 +127,32 @@ struct GraphSteps<R: GraphRuntime> {
 }
 
 impl<R: GraphRuntime> GraphSteps<R> {
-    /// The calls that append `input` at `position`.
+    /// The calls that append `input` at `position`, each padded to its graph's rows.
     fn plan(&self, position: usize, input: &StepInput<'_>) -> Result<Vec<GraphCall>> {
-        let shared = &self.shared;
-        let embeddings = matches!(input, StepInput::Embeddings { .. });
-        let buckets = if embeddings { shared.embedding_buckets() } else { shared.buckets.clone() };
-        let planned = plan_prefill(position, input.len(), &buckets, shared.max_context)
-            .map_err(|e| SeamError::Backend(format!("planning the calls: {e}")))?;
-        let hidden = shared.hidden_size;
+        let (buckets, max_context, hidden) = (&self.shared.buckets, self.shared.max_context, self.shared.hidden_size);
+        let planned = match input {
+            StepInput::Tokens(tokens) => plan_prefill(position, tokens.len(), buckets, max_context),
+            StepInput::Embeddings { count, .. } => plan_prefill_embeddings(position, *count, buckets, max_context),
+        }
+        .map_err(|e| SeamError::Backend(format!("planning the calls: {e}")))?;
         let mut at = 0;
         let mut calls = Vec::with_capacity(planned.len());
         for call in planned {
-            let rows = match call.graph {
-                GraphKind::Prefill { bucket } | GraphKind::PrefillEmbeddings { bucket } => bucket,
-                GraphKind::Decode => 1,
-            };
-            let (graph, input) = match input {
+            let (rows, real) = (call.graph.input_rows(), at..at + call.count);
+            let input = match input {
                 StepInput::Tokens(tokens) => {
-                    let mut ids: Vec<i32> = tokens[at..at + call.count].iter().map(|&t| t as i32).collect();
+                    let mut ids: Vec<i32> = tokens[real].iter().map(|&t| t as i32).collect();
                     ids.resize(rows, 0);
-                    (token_graph(call.graph), GraphInput::Tokens(ids))
+                    GraphInput::Tokens(ids)
                 }
                 StepInput::Embeddings { values, .. } => {
-                    let mut rows_values = values[at * hidden..(at + call.count) * hidden].to_vec();
-                    rows_values.resize(rows * hidden, 0.0);
-                    (embedding_graph(rows), GraphInput::Embeddings(rows_values))
+                    // Zero rows as padding: masked rows must still be finite (0 x inf is NaN).
+                    let mut padded = values[real.start * hidden..real.end * hidden].to_vec();
+                    padded.resize(rows * hidden, 0.0);
+                    GraphInput::Embeddings(padded)
                 }
             };
+            let graph = graph_of(call.graph);
             calls.push(GraphCall { graph, input, position: position + at, count: call.count, read_logits: false });
             at += call.count;
         }
