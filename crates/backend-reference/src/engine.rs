@@ -4,8 +4,7 @@ use crate::session::ReferenceSteps;
 use crate::transformer::Transformer;
 use llama_model::LlamaWeights;
 use session_api::{
-    Capabilities, Engine, EngineInfo, InputKinds, KvOps, Result, SamplingModes, SeamError, Session, SessionOptions,
-    SessionSteps, StateKind, WeightFormat,
+    Capabilities, Engine, EngineInfo, Result, SeamError, Session, SessionOptions, SessionSteps, WeightFormat,
 };
 use std::fmt;
 use std::sync::Arc;
@@ -127,20 +126,9 @@ impl ReferenceEngine {
     }
 }
 
-/// What the reference backend offers, with `max_context` as given.
+/// What the reference backend offers, with `max_context` as given: everything the contract names.
 pub(crate) fn capabilities_with(max_context: usize) -> Capabilities {
-    Capabilities {
-        max_context,
-        weight_formats: WeightFormat::ALL.to_vec(),
-        sampling: SamplingModes::ALL,
-        logits: true,
-        kv_ops: KvOps { truncate: true, fork: true },
-        inputs: InputKinds { tokens: true, embeddings: true },
-        max_concurrent_sessions: None,
-        parallel_sessions: true,
-        state: StateKind::KvCache,
-        batched_decode: false,
-    }
+    Capabilities::all(max_context)
 }
 
 impl Engine for ReferenceEngine {

@@ -43,6 +43,7 @@ pub struct ConformanceArgs {
 }
 
 pub fn run(args: ConformanceArgs) -> Result<(), CliError> {
+    let named = !args.backends.is_empty();
     let mut options = SuiteOptions {
         backends: args.backends,
         backend_settings: crate::run_command::backend_settings(args.plugin.as_deref()),
@@ -67,6 +68,14 @@ pub fn run(args: ConformanceArgs) -> Result<(), CliError> {
     }
     if report.has_failures() {
         return Err(CliError::CheckFailed("conformance failed: see the matrix above".into()));
+    }
+    // A backend asked for by name that could not run has not passed.
+    if let Some(b) = report.backends.iter().find(|b| named && !b.availability.is_available()) {
+        let reason = match &b.availability {
+            session_api::Availability::Unavailable { reason } => reason.clone(),
+            session_api::Availability::Available { .. } => String::new(),
+        };
+        return Err(CliError::CheckFailed(format!("{} is unavailable: {reason}", b.backend)));
     }
     Ok(())
 }

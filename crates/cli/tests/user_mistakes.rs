@@ -22,7 +22,7 @@ fn assert_clean_failure(output: &Output, expected: &str) {
 #[test]
 fn unknown_backend_names_the_known_ones() {
     let out = seam(&["run", "--backend", "nope", "--prompt", "hi", "--model", "/nonexistent"]);
-    assert_clean_failure(&out, "no backend named 'nope' is registered (known: iree-cpu, iree-cuda, pjrt-cpu, pjrt-cuda, reference)");
+    assert_clean_failure(&out, "no backend named 'nope' is registered (known: iree, iree-cpu, iree-cuda, pjrt, pjrt-cpu, pjrt-cuda, reference)");
     assert_eq!(String::from_utf8_lossy(&out.stderr).lines().count(), 1);
 }
 
@@ -90,7 +90,7 @@ fn run_json_on_the_default_model_reports_ids_and_stats() {
     assert_eq!(report["finish_reason"], "max_tokens");
     assert_eq!(report["stats"]["decode_steps"], 5);
     assert!(report["text"].as_str().unwrap().contains("Paris"), "{}", report["text"]);
-    assert_eq!(report["backend"], "iree-cpu", "the default backend");
+    assert_eq!((report["backend"].as_str(), report["device"].as_str()), (Some("iree"), Some("cpu")), "the default backend");
 }
 
 /// With the IREE compiler pointed somewhere wrong, iree-cpu is unavailable: `seam run` without
@@ -135,4 +135,41 @@ fn missing_or_broken_pjrt_plugin_is_reported() {
     let out = with_plugin(&not_a_plugin, &["run", "--backend", "pjrt-cpu", "--model", model.to_str().unwrap(), "--prompt", "hi"]);
     assert_clean_failure(&out, "backend pjrt-cpu is unavailable");
     assert!(String::from_utf8_lossy(&out.stderr).contains("could not be loaded as a PJRT plugin"));
+}
+
+/// `--plugin PATH` runs `pjrt` on the plugin given, whatever the search would have found: the
+/// conformance suite on XLA's CPU plugin named by path (the input cases, embeddings and poisoning
+/// included), and a path that holds no plugin is one clean sentence.
+#[test]
+fn any_pjrt_plugin_by_path() {
+    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.seam/pjrt/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so");
+    assert!(plugin.is_file(), "scripts/build-prereqs.sh installs XLA's CPU plugin at {}", plugin.display());
+    let plugin = plugin.canonicalize().unwrap();
+    let suite = seam(&[
+        "conformance",
+        "--backend",
+        "pjrt",
+        "--plugin",
+        plugin.to_str().unwrap(),
+        "--weights",
+        "f16",
+        "--precision",
+        "f16",
+        "--real-model",
+        "skip",
+        "--cases",
+        "input.",
+    ]);
+    let stderr = String::from_utf8_lossy(&suite.stderr);
+    assert!(suite.status.success(), "{stderr}");
+    let matrix = format!("{}{stderr}", String::from_utf8_lossy(&suite.stdout));
+    assert!(matrix.contains("pass        pjrt/f16 input.embeddings_interleaved"), "{matrix}");
+    assert!(matrix.contains("pass        pjrt/f16 input.poisoned_session"), "{matrix}");
+
+    let missing = seam(&["conformance", "--backend", "pjrt", "--plugin", "/nonexistent/vendor_pjrt.so", "--real-model", "skip"]);
+    let text = format!("{}{}", String::from_utf8_lossy(&missing.stdout), String::from_utf8_lossy(&missing.stderr));
+    assert!(!missing.status.success() && !text.contains("panicked"), "{text}");
+    assert!(text.contains("no PJRT plugin at /nonexistent/vendor_pjrt.so (from --plugin)"), "{text}");
+    let refused = seam(&["run", "--backend", "reference", "--plugin", "/x.so", "--prompt", "hi", "--model", "/nonexistent"]);
+    assert_clean_failure(&refused, "reference takes no backend settings");
 }

@@ -14,10 +14,7 @@
 //! a reset after a failure replaces it (the failed call may have consumed it).
 
 use crate::runtime::{GraphCall, GraphInput, GraphRuntime};
-use session_api::{
-    Capabilities, Engine, EngineInfo, InputKinds, KvOps, RawStep, Result, SamplingModes, SeamError, SessionOptions,
-    SessionSteps, StateKind, StepInput, WeightFormat,
-};
+use session_api::{Capabilities, Engine, EngineInfo, RawStep, Result, SeamError, SessionOptions, SessionSteps, StepInput};
 use stablehlo_llama::{plan_prefill, plan_prefill_embeddings, GraphKind, GraphSpec};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
@@ -27,24 +24,12 @@ use std::time::Duration;
 /// cache with a mask, so it is kept moderate.
 pub const DEFAULT_MAX_CONTEXT: usize = 2048;
 
-/// The capabilities of a graph engine with a context of `max_context`.
+/// The capabilities of a graph engine with a context of `max_context`: everything the contract
+/// names. Greedy runs on the device (4 bytes back per step); the other modes read the step's logits
+/// back and session-api's sampler picks the token on the host. Sessions may be driven from many
+/// threads at once; every call already uses all the runtime's threads, so they take turns in effect.
 pub fn capabilities_with(max_context: usize) -> Capabilities {
-    Capabilities {
-        max_context,
-        weight_formats: WeightFormat::ALL.to_vec(),
-        // Greedy runs on the device (4 bytes back per step); the other modes read the step's
-        // logits back and session-api's sampler picks the token on the host.
-        sampling: SamplingModes::ALL,
-        logits: true,
-        kv_ops: KvOps { truncate: true, fork: true },
-        inputs: InputKinds { tokens: true, embeddings: true },
-        max_concurrent_sessions: None,
-        // Sessions may be driven from many threads at once; every call already uses all the
-        // runtime's threads, so they take turns in effect.
-        parallel_sessions: true,
-        state: StateKind::KvCache,
-        batched_decode: false,
-    }
+    Capabilities::all(max_context)
 }
 
 /// What an engine and its sessions share.

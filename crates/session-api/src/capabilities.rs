@@ -129,6 +129,24 @@ pub struct Capabilities {
 }
 
 impl Capabilities {
+    /// Everything the contract names today for a sequence of at most `max_context` positions:
+    /// both weight formats, every sampling mode, logits, truncate and fork, tokens and embeddings,
+    /// parallel sessions; no batched decode (not specified yet).
+    pub fn all(max_context: usize) -> Capabilities {
+        Capabilities {
+            max_context,
+            weight_formats: WeightFormat::ALL.to_vec(),
+            sampling: SamplingModes::ALL,
+            logits: true,
+            kv_ops: KvOps { truncate: true, fork: true },
+            inputs: InputKinds { tokens: true, embeddings: true },
+            max_concurrent_sessions: None,
+            parallel_sessions: true,
+            state: StateKind::KvCache,
+            batched_decode: false,
+        }
+    }
+
     /// Whether `format` is one of [`Capabilities::weight_formats`].
     pub fn supports_format(&self, format: WeightFormat) -> bool {
         self.weight_formats.contains(&format)
