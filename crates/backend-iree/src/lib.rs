@@ -28,7 +28,7 @@ pub use error::IreeError;
 pub use runtime::IreeRuntime;
 
 use graph_engine::{capabilities_with, GraphEngine, GraphSettings, DEFAULT_MAX_CONTEXT};
-use session_api::{Availability, Backend, Capabilities, Engine, LoadRequest, Result, SeamError};
+use session_api::{Availability, Backend, Capabilities, Engine, LoadRequest, Result};
 use stablehlo_llama::{LayerMode, StorageDtype};
 use std::sync::Arc;
 use worker::WorkerHandle;
@@ -142,14 +142,9 @@ fn device_usable(device: IreeDevice) -> std::result::Result<(), String> {
 /// Loads a model: the graph engine on an IREE runtime thread.
 fn load_engine(request: &LoadRequest) -> Result<IreeEngine> {
     let device = IreeDevice::from_id(request.device.as_deref().unwrap_or("cpu"))?;
-    // IREE's local-task driver sizes its worker pool from the machine, and eerie exposes no way to
-    // change that: a thread count other than "every core" would be silently ignored, so refuse it.
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    if let Some(threads) = request.threads.filter(|&t| t != cores && device == IreeDevice::Cpu) {
-        return Err(SeamError::Unsupported {
-            backend: BACKEND_NAME.to_string(),
-            feature: format!("a thread count ({threads}) other than every core ({cores}): the local-task driver uses all of them"),
-        });
+    if device == IreeDevice::Cpu {
+        // eerie exposes no way to size the local-task driver's worker pool.
+        graph_engine::refuse_thread_count(BACKEND_NAME, request, "the local-task driver")?;
     }
     let settings = DEFAULT_SETTINGS.with_request(BACKEND_NAME, request, "SEAM_IREE")?;
     let flags = device.compile_flags()?;

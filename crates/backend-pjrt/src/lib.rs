@@ -213,14 +213,9 @@ impl Backend for PjrtBackend {
 
 fn load_engine(target: &Target, request: &LoadRequest) -> Result<PjrtEngine> {
     let on_cpu = target.device.kind == DeviceKind::Cpu;
-    // XLA's CPU client sizes its thread pool from the machine; the plugin takes no option for it,
-    // so a different count would be silently ignored.
-    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
-    if let Some(threads) = request.threads.filter(|&t| t != cores && on_cpu) {
-        return Err(SeamError::Unsupported {
-            backend: BACKEND_NAME.to_string(),
-            feature: format!("a thread count ({threads}) other than every core ({cores}): the XLA CPU client uses all of them"),
-        });
+    if on_cpu {
+        // The CPU plugin takes no option for the size of its thread pool.
+        graph_engine::refuse_thread_count(BACKEND_NAME, request, "the XLA CPU client")?;
     }
     let defaults = if on_cpu { CPU_SETTINGS } else { DEVICE_SETTINGS };
     let settings = defaults.with_request(BACKEND_NAME, request, "SEAM_PJRT")?;

@@ -190,42 +190,44 @@ fn open_client(path: &Path, device: Option<PjrtDevice>) -> Result<FoundPlugin, S
     Ok(FoundPlugin { plugin, client })
 }
 
-/// The process-wide client of `device`'s plugin, created on first use. One per device: a GPU
+/// Where a process-wide client came from.
+#[derive(Debug, Clone, PartialEq, Eq, Hash)]
+enum ClientKey {
+    Searched(PjrtDevice),
+    Path(PathBuf),
+}
+
+/// The process-wide client of `key`, created by `open` on first use. One per plugin: a GPU
 /// plugin's client reserves device memory, so engines share it instead of each making one.
-pub fn shared_client(device: PjrtDevice) -> Result<Arc<FoundPlugin>, SearchFailure> {
+fn cached_client<E>(key: ClientKey, open: impl FnOnce() -> Result<FoundPlugin, E>) -> Result<Arc<FoundPlugin>, E> {
     use std::collections::HashMap;
     use std::sync::{Mutex, OnceLock};
-    static CLIENTS: OnceLock<Mutex<HashMap<PjrtDevice, Arc<FoundPlugin>>>> = OnceLock::new();
+    static CLIENTS: OnceLock<Mutex<HashMap<ClientKey, Arc<FoundPlugin>>>> = OnceLock::new();
     let mut clients = CLIENTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(found) = clients.get(&device) {
+    if let Some(found) = clients.get(&key) {
         return Ok(Arc::clone(found));
     }
-    if device == PjrtDevice::Cpu {
-        cap_malloc_arenas();
-    }
-    let found = Arc::new(find_plugin(device)?);
-    clients.insert(device, Arc::clone(&found));
+    // Before a client starts its threads; harmless for a plugin whose buffers are not on the host.
+    cap_malloc_arenas();
+    let found = Arc::new(open()?);
+    clients.insert(key, Arc::clone(&found));
     Ok(found)
+}
+
+/// The process-wide client of the plugin the search finds for `device`.
+pub fn shared_client(device: PjrtDevice) -> Result<Arc<FoundPlugin>, SearchFailure> {
+    cached_client(ClientKey::Searched(device), || find_plugin(device))
 }
 
 /// The process-wide client of the plugin at `path`, whatever its platform (a vendor's plugin), or
 /// why it cannot be used: no file, not a plugin, an API version seam cannot call, no device.
 pub fn client_at(path: &Path) -> Result<Arc<FoundPlugin>, String> {
-    use std::collections::HashMap;
-    use std::sync::{Mutex, OnceLock};
-    static CLIENTS: OnceLock<Mutex<HashMap<PathBuf, Arc<FoundPlugin>>>> = OnceLock::new();
-    let mut clients = CLIENTS.get_or_init(Default::default).lock().unwrap_or_else(|p| p.into_inner());
-    if let Some(found) = clients.get(path) {
-        return Ok(Arc::clone(found));
-    }
-    if !path.is_file() {
-        return Err(format!("no PJRT plugin at {} (from --plugin)", path.display()));
-    }
-    // Before the client starts its threads; harmless for a plugin whose buffers are not on the host.
-    cap_malloc_arenas();
-    let found = Arc::new(open_client(path, None).map_err(|why| format!("{}: {why}", path.display()))?);
-    clients.insert(path.to_path_buf(), Arc::clone(&found));
-    Ok(found)
+    cached_client(ClientKey::Path(path.to_path_buf()), || {
+        if !path.is_file() {
+            return Err(format!("no PJRT plugin at {} (from --plugin)", path.display()));
+        }
+        open_client(path, None).map_err(|why| format!("{}: {why}", path.display()))
+    })
 }
 
 /// Hands memory that the allocator holds free back to the OS (glibc's `malloc_trim`, which also

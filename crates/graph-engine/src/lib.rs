@@ -23,5 +23,5 @@ pub mod runtime;
 
 pub use artifact_cache::{ArtifactCache, CacheOutcome};
 pub use engine::{capabilities_with, token_graphs, GraphEngine, DEFAULT_MAX_CONTEXT};
-pub use load::{load_engine, GraphSettings, LoadedModel};
+pub use load::{load_engine, refuse_thread_count, GraphSettings, LoadedModel};
 pub use runtime::{CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime};

@@ -91,6 +91,19 @@ impl GraphSettings {
     }
 }
 
+/// Refuses a thread count the runtime cannot honour: runtimes whose CPU thread pool is sized from
+/// the machine (IREE's local-task driver, XLA's CPU client) would silently ignore any other count.
+pub fn refuse_thread_count(backend: &str, request: &LoadRequest, pool: &str) -> Result<()> {
+    let cores = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1);
+    match request.threads.filter(|&t| t != cores) {
+        Some(threads) => Err(SeamError::Unsupported {
+            backend: backend.to_string(),
+            feature: format!("a thread count ({threads}) other than every core ({cores}): {pool} uses all of them"),
+        }),
+        None => Ok(()),
+    }
+}
+
 /// What a backend's `make_runtime` is given: the model and the options of its graphs.
 #[derive(Debug, Clone, Copy)]
 pub struct LoadedModel<'a> {
