@@ -26,10 +26,10 @@ pub enum IreeError {
     /// The device cannot be used here (no driver in this build, no GPU, no architecture).
     #[error("{0}")]
     Unavailable(String),
-    /// The runtime thread is gone (it panicked, or the engine was torn down).
     /// A device id the backend does not drive.
     #[error("{0}")]
     NoSuchDevice(String),
+    /// The runtime thread is gone (it panicked, or the engine was torn down).
     #[error("the IREE runtime thread is gone")]
     WorkerGone,
 }
@@ -43,15 +43,6 @@ impl IreeError {
 impl From<eerie::runtime::RuntimeError> for IreeError {
     fn from(e: eerie::runtime::RuntimeError) -> Self {
         IreeError::Runtime(e.to_string())
-    }
-}
-
-/// `error` with an `Unavailable` error attributed to `backend` (the `From` conversion below names
-/// the CPU backend; the CUDA one renames).
-pub(crate) fn for_backend(error: session_api::SeamError, backend: &str) -> session_api::SeamError {
-    match error {
-        session_api::SeamError::Unavailable { reason, .. } => session_api::SeamError::Unavailable { backend: backend.to_string(), reason },
-        other => other,
     }
 }
 

@@ -64,7 +64,7 @@ pub struct IreeBackend;
 impl IreeBackend {
     /// [`Backend::load`], returning the concrete engine.
     pub fn load_engine(&self, request: &LoadRequest) -> Result<IreeEngine> {
-        load_engine(request).map_err(|e| error::for_backend(e, BACKEND_NAME))
+        load_engine(request)
     }
 }
 

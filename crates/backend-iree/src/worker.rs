@@ -37,7 +37,7 @@ pub struct CacheShape {
 /// One call of a compiled function.
 #[derive(Debug, Clone)]
 pub struct StepCall {
-    /// Which loaded module (see [`Request::LoadModule`]).
+    /// Which loaded module (see [`WorkerHandle::load_module`]).
     pub module: String,
     /// The function's name (`seam_llama.decode_logits`, ...).
     pub function: String,
@@ -60,29 +60,20 @@ pub struct StepResult {
     pub logits: Option<Vec<f32>>,
 }
 
-type Reply<T> = Sender<Result<T, IreeError>>;
-
-/// A request to the runtime thread.
-enum Request {
-    LoadModule { name: String, vmfb: Vec<u8>, reply: Reply<()> },
-    UploadWeights { args: Vec<HostArg>, reply: Reply<()> },
-    NewCache { shape: CacheShape, reply: Reply<CacheId> },
-    CopyCache { from: CacheId, reply: Reply<CacheId> },
-    DropCache { id: CacheId },
-    Step { cache: CacheId, call: StepCall, reply: Reply<StepResult> },
-}
+/// Work for the runtime thread: a closure over the state only that thread may touch.
+type Job = Box<dyn FnOnce(&mut WorkerState) + Send>;
 
 /// A handle on the runtime thread; cheap to clone, `Send + Sync`.
 #[derive(Clone)]
 pub struct WorkerHandle {
-    sender: Sender<Request>,
+    sender: Sender<Job>,
 }
 
 impl WorkerHandle {
     /// Starts a runtime thread on `device` and waits until its runtime device exists.
     pub fn spawn(device: IreeDevice) -> Result<WorkerHandle, IreeError> {
         let spec = device.device_spec()?;
-        let (sender, receiver) = channel::<Request>();
+        let (sender, receiver) = channel::<Job>();
         let (ready_tx, ready_rx) = channel::<Result<(), IreeError>>();
         std::thread::Builder::new()
             .name("seam-iree-runtime".into())
@@ -97,8 +88,8 @@ impl WorkerHandle {
                 let _ = ready_tx.send(Ok(()));
                 let mut state = WorkerState { runtime, modules: HashMap::new(), weights: Vec::new(), caches: HashMap::new(), next_cache: 0 };
                 // Ends when every handle (engine and sessions) is gone.
-                while let Ok(request) = receiver.recv() {
-                    state.serve(request);
+                while let Ok(job) = receiver.recv() {
+                    job(&mut state);
                 }
             })
             .map_err(|e| IreeError::Runtime(format!("starting the runtime thread: {e}")))?;
@@ -106,45 +97,63 @@ impl WorkerHandle {
         Ok(WorkerHandle { sender })
     }
 
-    fn ask<T>(&self, make: impl FnOnce(Reply<T>) -> Request) -> Result<T, IreeError> {
+    /// Runs `work` on the runtime thread and waits for its result.
+    fn run<T: Send + 'static>(&self, work: impl FnOnce(&mut WorkerState) -> Result<T, IreeError> + Send + 'static) -> Result<T, IreeError> {
         let (reply, answer) = channel();
-        self.sender.send(make(reply)).map_err(|_| IreeError::WorkerGone)?;
+        let job: Job = Box::new(move |state| {
+            let _ = reply.send(work(state));
+        });
+        self.sender.send(job).map_err(|_| IreeError::WorkerGone)?;
         answer.recv().map_err(|_| IreeError::WorkerGone)?
     }
 
     /// Loads a compiled module under `name`.
     pub fn load_module(&self, name: &str, vmfb: Vec<u8>) -> Result<(), IreeError> {
-        self.ask(|reply| Request::LoadModule { name: name.to_string(), vmfb, reply })
+        let name = name.to_string();
+        self.run(move |state| {
+            let program = state.runtime.load_vmfb(&vmfb)?;
+            state.modules.insert(name, program);
+            Ok(())
+        })
     }
 
     /// Uploads the weights, in the graphs' argument order, once for every later step.
     pub fn upload_weights(&self, args: Vec<HostArg>) -> Result<(), IreeError> {
-        self.ask(|reply| Request::UploadWeights { args, reply })
+        self.run(move |state| state.upload(args))
     }
 
     /// Allocates a zeroed KV cache (keys and values) of `shape`.
     pub fn new_cache(&self, shape: CacheShape) -> Result<CacheId, IreeError> {
-        self.ask(|reply| Request::NewCache { shape, reply })
+        self.run(move |state| state.new_cache(shape, None))
     }
 
-    /// A new cache holding a copy of `from`'s contents.
+    /// A new cache holding a copy of `from`'s contents (through the host: IREE's high-level API
+    /// has no device-to-device copy, and a fork is rare next to the steps).
     pub fn copy_cache(&self, from: CacheId) -> Result<CacheId, IreeError> {
-        self.ask(|reply| Request::CopyCache { from, reply })
+        self.run(move |state| match state.caches.get(&from) {
+            Some(Cache { shape, buffers: Some((k, v)) }) => {
+                let (shape, contents) = (*shape, (k.read()?, v.read()?));
+                state.new_cache(shape, Some(contents))
+            }
+            _ => Err(IreeError::Runtime(format!("no live KV cache {from} to copy"))),
+        })
     }
 
     /// Frees a cache (no reply: called from `Drop`).
     pub fn drop_cache(&self, id: CacheId) {
-        let _ = self.sender.send(Request::DropCache { id });
+        let _ = self.sender.send(Box::new(move |state: &mut WorkerState| {
+            state.caches.remove(&id);
+        }));
     }
 
     /// Runs one step on `cache`.
     pub fn step(&self, cache: CacheId, call: StepCall) -> Result<StepResult, IreeError> {
-        self.ask(|reply| Request::Step { cache, call, reply })
+        self.run(move |state| state.step(cache, call))
     }
 }
 
 /// A cache's two buffers; `None` after a failed step consumed them (the session is then poisoned
-/// and its reset allocates fresh ones through [`Request::NewCache`]).
+/// and its reset allocates fresh ones through [`WorkerHandle::new_cache`]).
 struct Cache {
     shape: CacheShape,
     buffers: Option<(BufferView<f16>, BufferView<f16>)>,
@@ -163,44 +172,6 @@ fn typed<T: BufferElement>(bytes: &[u8], size: usize, decode: impl Fn(&[u8]) -> 
 }
 
 impl WorkerState {
-    fn serve(&mut self, request: Request) {
-        match request {
-            Request::LoadModule { name, vmfb, reply } => {
-                let result = self.runtime.load_vmfb(&vmfb).map(|program| {
-                    self.modules.insert(name, program);
-                });
-                let _ = reply.send(result.map_err(Into::into));
-            }
-            Request::UploadWeights { args, reply } => {
-                let _ = reply.send(self.upload(args));
-            }
-            Request::NewCache { shape, reply } => {
-                let _ = reply.send(self.new_cache(shape, None));
-            }
-            Request::CopyCache { from, reply } => {
-                let result = match self.caches.get(&from) {
-                    Some(Cache { shape, buffers: Some((k, v)) }) => {
-                        let shape = *shape;
-                        // A copy through the host: IREE's high-level API has no device-to-device
-                        // copy, and a fork is rare next to the steps.
-                        match (k.read(), v.read()) {
-                            (Ok(k), Ok(v)) => self.new_cache(shape, Some((k, v))),
-                            (Err(e), _) | (_, Err(e)) => Err(e.into()),
-                        }
-                    }
-                    _ => Err(IreeError::Runtime(format!("no live KV cache {from} to copy"))),
-                };
-                let _ = reply.send(result);
-            }
-            Request::DropCache { id } => {
-                self.caches.remove(&id);
-            }
-            Request::Step { cache, call, reply } => {
-                let _ = reply.send(self.step(cache, call));
-            }
-        }
-    }
-
     fn upload(&mut self, args: Vec<HostArg>) -> Result<(), IreeError> {
         let mut weights = Vec::with_capacity(args.len());
         for arg in args {
