@@ -8,7 +8,8 @@
 //!   one [`session_api::WeightFormat`].
 //! - [`model_dir`]: the on-disk layout of a seam model directory.
 //! - [`import`]: GGUF → model directory (`seam convert`).
-//! - [`random`]: deterministic random-weight checkpoints for tests and benchmarks.
+//! - [`random`]: test data: the one deterministic random number generator of the tests, the tiny
+//!   configs, random-weight checkpoints for tests and benchmarks.
 //! - [`default_model`]: locating and installing the default model (SmolLM2-135M-Instruct).
 
 pub mod config;
