@@ -11,6 +11,7 @@
 //!   (`seam export-gguf`), both following [`gguf_layout`], llama.cpp's conventions written once.
 //! - [`random`]: test data: the one deterministic random number generator of the tests, the tiny
 //!   configs, random-weight checkpoints for tests and benchmarks.
+//! - [`home`]: where seam keeps its files (`.seam/`, `SEAM_HOME`, `SEAM_CACHE_DIR`).
 //! - [`default_model`]: locating and installing the default model (SmolLM2-135M-Instruct).
 
 pub mod config;
@@ -18,6 +19,7 @@ pub mod default_model;
 pub mod error;
 pub mod export;
 pub mod gguf_layout;
+pub mod home;
 pub mod import;
 pub mod int4;
 pub mod model_dir;
