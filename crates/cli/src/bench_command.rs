@@ -181,15 +181,17 @@ fn load_cold_and_warm(
 ) -> Result<(Arc<dyn Engine>, Option<f64>, f64, Option<u64>), CliError> {
     let cold_ms = if cold {
         let cache = tempfile::tempdir().map_err(CliError::Output)?;
-        let previous = std::env::var_os("SEAM_CACHE_DIR");
+        // Every backend caches below `llama_model::home::cache_dir()`, which this variable moves.
+        let cache_env = llama_model::home::CACHE_ENV;
+        let previous = std::env::var_os(cache_env);
         // Single-threaded here (no engine exists yet), so changing the environment is safe.
-        std::env::set_var("SEAM_CACHE_DIR", cache.path());
+        std::env::set_var(cache_env, cache.path());
         let started = Instant::now();
         let loaded = backend.load(request);
         let cold_ms = ms_since(started);
         match previous {
-            Some(value) => std::env::set_var("SEAM_CACHE_DIR", value),
-            None => std::env::remove_var("SEAM_CACHE_DIR"),
+            Some(value) => std::env::set_var(cache_env, value),
+            None => std::env::remove_var(cache_env),
         }
         drop(loaded?);
         Some(cold_ms)

@@ -1,8 +1,9 @@
 //! `seam export-gguf`: a seam model directory as a llama.cpp GGUF (F16 or Q4_1), so that
-//! llama.cpp can be benchmarked on the weights seam runs (scripts/compare-llama-cpp.sh).
+//! llama.cpp can be benchmarked on the weights seam runs (scripts/compare-llama-cpp.sh). The
+//! export itself is `llama_model::export`; this is its command line.
 
 use crate::cli_error::CliError;
-use crate::llama_cpp_gguf::{export_llama_gguf, ExportError, GgufMatrixType, TokenizerSource};
+use llama_model::export::{export_gguf, ExportError, GgufMatrixType, TokenizerSource};
 use clap::{Args, ValueEnum};
 use session_api::SeamError;
 use std::path::PathBuf;
@@ -63,7 +64,7 @@ pub fn run(args: ExportGgufArgs) -> Result<(), CliError> {
         None => TokenizerSource::ModelDir { pre: args.tokenizer_pre },
     };
     let started = std::time::Instant::now();
-    let report = export_llama_gguf(&model, &args.out, ty, &tokenizer).map_err(|e| match e {
+    let report = export_gguf(&model, &args.out, ty, &tokenizer).map_err(|e| match e {
         ExportError::Model(e) => CliError::from(e),
         other => CliError::Seam(SeamError::InvalidInput(other.to_string())),
     })?;
@@ -72,10 +73,7 @@ pub fn run(args: ExportGgufArgs) -> Result<(), CliError> {
         args.out.display(),
         report.tensors,
         report.matrices,
-        match ty {
-            GgufMatrixType::F16 => "F16",
-            GgufMatrixType::Q4_1 => "Q4_1",
-        },
+        ty.name(),
         report.tokenizer_pre,
         report.bytes as f64 / 1e6,
         started.elapsed().as_secs_f64()

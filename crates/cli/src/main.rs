@@ -7,7 +7,6 @@ mod conformance_command;
 mod convert_command;
 mod export_gguf_command;
 mod linked_backends;
-mod llama_cpp_gguf;
 mod progress;
 mod run_command;
 mod synth_model_command;

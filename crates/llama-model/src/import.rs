@@ -9,6 +9,9 @@
 //!   repacked); tensors of other types are dequantized and quantized with [`crate::int4::quantize`].
 //! - llama.cpp's converter permutes the rows of `attn_q` / `attn_k` for its rope layout; the
 //!   importer moves them back to the Hugging Face (rotate-half) order.
+//!
+//! Tensor names, the rope row order and the tokenizer conventions are [`crate::gguf_layout`]'s,
+//! shared with the exporter ([`crate::export`]).
 //! - Only byte-level BPE tokenizers (`tokenizer.ggml.model = "gpt2"`) are converted; SentencePiece
 //!   GGUFs are a typed [`ModelError::Unsupported`].
 
@@ -18,6 +21,7 @@ mod tokenizer;
 
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
+use crate::gguf_layout;
 use crate::int4::int4_metadata;
 use crate::model_dir::{
     CONFIG_FILE, GENERATION_CONFIG_FILE, INT4_WEIGHTS_FILE, SAFETENSORS_FILE, TOKENIZER_CONFIG_FILE, TOKENIZER_FILE,
@@ -79,8 +83,8 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path, options: &ImportOptions<'_>) -> 
 
     // Every GGUF tensor must be used: an unknown one (biases, a vision tower, ...) would otherwise be
     // dropped silently and the model would compute something else.
-    let mut known: HashSet<String> = specs.iter().filter_map(|s| tensors::gguf_name(&s.name)).collect();
-    known.insert(hparams::ROPE_FREQS_TENSOR.to_string());
+    let mut known: HashSet<String> = specs.iter().filter_map(|s| gguf_layout::gguf_name(&s.name)).collect();
+    known.insert(gguf_layout::ROPE_FREQS_TENSOR.to_string());
     if let Some(extra) = file.tensors().iter().find(|t| !known.contains(&t.name)) {
         return Err(ModelError::Unsupported {
             what: format!("GGUF tensor '{}' has no counterpart in a Llama model seam runs", extra.name),

@@ -301,18 +301,9 @@ mod tests {
     use super::*;
     use crate::tensor_store::write_safetensors;
 
-    /// A small deterministic generator for test data (xorshift64*).
+    /// Test values uniform in `[-2, 2)`.
     fn noise(seed: u64, n: usize) -> Vec<f32> {
-        let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-        (0..n)
-            .map(|_| {
-                s ^= s >> 12;
-                s ^= s << 25;
-                s ^= s >> 27;
-                let u = (s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32;
-                (u - 0.5) * 4.0
-            })
-            .collect()
+        crate::random::Rng::new(seed).uniform_vec(n, 2.0)
     }
 
     #[test]

@@ -7,13 +7,19 @@
 //! - [`weights`]: [`weights::LlamaWeights`], the backend-neutral host copy of a model's weights in
 //!   one [`session_api::WeightFormat`].
 //! - [`model_dir`]: the on-disk layout of a seam model directory.
-//! - [`import`]: GGUF → model directory (`seam convert`).
-//! - [`random`]: deterministic random-weight checkpoints for tests and benchmarks.
+//! - [`import`]: GGUF → model directory (`seam convert`); [`export`]: model directory → GGUF
+//!   (`seam export-gguf`), both following [`gguf_layout`], llama.cpp's conventions written once.
+//! - [`random`]: test data: the one deterministic random number generator of the tests, the tiny
+//!   configs, random-weight checkpoints for tests and benchmarks.
+//! - [`home`]: where seam keeps its files (`.seam/`, `SEAM_HOME`, `SEAM_CACHE_DIR`).
 //! - [`default_model`]: locating and installing the default model (SmolLM2-135M-Instruct).
 
 pub mod config;
 pub mod default_model;
 pub mod error;
+pub mod export;
+pub mod gguf_layout;
+pub mod home;
 pub mod import;
 pub mod int4;
 pub mod model_dir;

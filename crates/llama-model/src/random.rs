@@ -1,8 +1,17 @@
-//! Deterministic random-weight checkpoints, for tests and benchmarks.
+//! Test data, in one place: the deterministic random number generator [`Rng`], the tiny model
+//! configs ([`tiny_config`], [`tiny_llama32_config`]) and the shapes of real models, and random-weight
+//! checkpoints built from them ([`random_weights`], [`write_random_checkpoint`]), for tests and
+//! benchmarks across the workspace.
 //!
-//! The same `(config, seed)` always gives the same bytes, whatever the number of threads: every
-//! tensor draws from its own stream (seeded by the seed and the tensor's name), and large tensors
-//! are cut into fixed-size chunks with streams of their own, so chunks can be generated in parallel.
+//! Everything here is deterministic and stable across releases: the same seed gives the same
+//! numbers on every machine, thread count and version of seam (tests below pin them). That is a
+//! promise other crates rely on: the conformance suite caches generated checkpoints on disk keyed
+//! by config and seed only, so a change to the generator would silently leave stale weights in
+//! those caches. Changing any output here is a breaking change.
+//!
+//! Checkpoints: every tensor draws from its own stream (seeded by the seed and the tensor's name),
+//! and large tensors are cut into fixed-size chunks with streams of their own, so chunks can be
+//! generated in parallel and the bytes do not depend on the number of threads.
 
 use crate::config::{GenerationConfig, LlamaConfig, RopeScaling};
 use crate::error::ModelError;
@@ -80,8 +89,30 @@ pub fn llama32_1b_config() -> LlamaConfig {
     }
 }
 
-/// SplitMix64: turns any seed into a well-mixed 64-bit value (used to seed streams).
-fn splitmix64(mut x: u64) -> u64 {
+/// The dimensions of SmolLM2-135M (the default model's shape), for benchmarks on random weights.
+pub fn smollm2_135m_config() -> LlamaConfig {
+    LlamaConfig {
+        vocab_size: 49_152,
+        hidden_size: 576,
+        intermediate_size: 1536,
+        num_hidden_layers: 30,
+        num_attention_heads: 9,
+        num_key_value_heads: 3,
+        head_dim: 64,
+        max_position_embeddings: 8192,
+        rms_norm_eps: 1e-5,
+        rope_theta: 100_000.0,
+        rope_scaling: None,
+        tie_word_embeddings: true,
+        bos_token_ids: vec![1],
+        eos_token_ids: vec![2],
+    }
+}
+
+/// The SplitMix64 finalizer: turns any 64-bit value into a well-mixed one. Used to derive seeds
+/// (of a stream, of a tensor, of a chunk) from simple inputs such as `1, 2, 3`; it is a hash, not a
+/// generator (use [`Rng`] for a sequence).
+pub fn mix64(mut x: u64) -> u64 {
     x = x.wrapping_add(0x9e37_79b9_7f4a_7c15);
     x = (x ^ (x >> 30)).wrapping_mul(0xbf58_476d_1ce4_e5b9);
     x = (x ^ (x >> 27)).wrapping_mul(0x94d0_49bb_1331_11eb);
@@ -93,30 +124,58 @@ fn name_hash(name: &str) -> u64 {
     name.bytes().fold(0xcbf2_9ce4_8422_2325u64, |h, b| (h ^ b as u64).wrapping_mul(0x0000_0100_0000_01b3))
 }
 
-/// xorshift64* stream of uniform values in `[-1, 1)`.
-struct Stream(u64);
+/// The workspace's deterministic random number generator for test data: xorshift64* (Vigna 2016)
+/// seeded through [`mix64`], so nearby seeds give unrelated streams.
+///
+/// Not for product code (sampling has its own stream in `session_api::sampling`) and not
+/// cryptographic. The sequence for a given seed is stable across releases (see the module docs):
+/// its first values are pinned by a test.
+#[derive(Debug, Clone)]
+pub struct Rng {
+    state: u64,
+}
 
-impl Stream {
-    fn new(seed: u64) -> Stream {
+impl Rng {
+    /// A stream for `seed`; any value, zero included, is a good seed.
+    pub fn new(seed: u64) -> Rng {
         // xorshift must not start at zero.
-        Stream(splitmix64(seed) | 1)
+        Rng { state: mix64(seed) | 1 }
     }
 
-    fn uniform(&mut self) -> f32 {
-        self.0 ^= self.0 >> 12;
-        self.0 ^= self.0 << 25;
-        self.0 ^= self.0 >> 27;
-        let bits = self.0.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40; // 24 random bits
+    /// The next 64 random bits.
+    pub fn next_u64(&mut self) -> u64 {
+        self.state ^= self.state >> 12;
+        self.state ^= self.state << 25;
+        self.state ^= self.state >> 27;
+        self.state.wrapping_mul(0x2545_f491_4f6c_dd1d)
+    }
+
+    /// Uniform in `[-1, 1)`, with 24 random bits (every value is exact in f32).
+    pub fn uniform(&mut self) -> f32 {
+        // The high bits of xorshift64* are its best ones.
+        let bits = self.next_u64() >> 40;
         bits as f32 * (2.0 / (1u64 << 24) as f32) - 1.0
+    }
+
+    /// `n` values uniform in `[-amplitude, amplitude)`.
+    pub fn uniform_vec(&mut self, n: usize, amplitude: f32) -> Vec<f32> {
+        (0..n).map(|_| amplitude * self.uniform()).collect()
+    }
+
+    /// Uniform in `0..n` (`n > 0`), e.g. a token id. The modulo bias is below `n / 2^64`, far
+    /// beneath anything a test can notice.
+    pub fn below(&mut self, n: u64) -> u64 {
+        assert!(n > 0, "Rng::below(0)");
+        self.next_u64() % n
     }
 }
 
 /// `n` values `center + amplitude * u`, `u` uniform in `[-1, 1)`, rounded to f16.
 fn random_f16(seed: u64, name: &str, n: usize, center: f32, amplitude: f32) -> Vec<f16> {
-    let tensor_seed = splitmix64(seed ^ name_hash(name));
+    let tensor_seed = mix64(seed ^ name_hash(name));
     let mut out = vec![f16::ZERO; n];
     out.par_chunks_mut(CHUNK).enumerate().for_each(|(chunk, values)| {
-        let mut stream = Stream::new(tensor_seed.wrapping_add(chunk as u64));
+        let mut stream = Rng::new(tensor_seed.wrapping_add(chunk as u64));
         let scratch: Vec<f32> = (0..values.len()).map(|_| center + amplitude * stream.uniform()).collect();
         // The slice conversion is vectorized (F16C); per-element conversion is several times slower.
         values.convert_from_f32_slice(&scratch);
@@ -169,7 +228,7 @@ mod tests {
 
     #[test]
     fn configs_are_valid_and_round_trip() {
-        for c in [tiny_config(), tiny_llama32_config(), llama32_1b_config()] {
+        for c in [tiny_config(), tiny_llama32_config(), llama32_1b_config(), smollm2_135m_config()] {
             c.validate().unwrap();
             assert_eq!(LlamaConfig::from_json_str(&c.to_json()).unwrap(), c);
         }
@@ -228,5 +287,42 @@ mod tests {
         let mut bad = tiny_config();
         bad.num_key_value_heads = 3;
         assert!(matches!(write_random_checkpoint(&path, &bad, 3), Err(ModelError::Config { .. })));
+    }
+
+    /// The generator is a compatibility promise (see the module docs): these values must never
+    /// change. Checkpoint bytes are pinned by an FNV-1a hash of `model.safetensors`; the conformance
+    /// suite's checkpoints use seed 0x5EA4_C0F0.
+    #[test]
+    fn outputs_are_pinned() {
+        let mut rng = Rng::new(42);
+        let bits: Vec<u32> = (0..4).map(|_| rng.uniform().to_bits()).collect();
+        assert_eq!(bits, [3_206_323_752, 1_040_205_080, 3_169_035_072, 3_203_031_888]);
+        assert_eq!(Rng::new(7).next_u64(), Rng::new(7).next_u64());
+        assert_ne!(Rng::new(7).next_u64(), Rng::new(8).next_u64());
+
+        let fnv = |b: &[u8]| b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3));
+        for (config, seed, hash) in [
+            (tiny_config(), 0, 0x0eb1_19b6_9a00_82cb),
+            (tiny_config(), 3, 0xead4_9d20_0ea6_a6c1),
+            (tiny_config(), 0x5EA4_C0F0, 0xd407_7716_68da_80cc),
+            (tiny_llama32_config(), 0, 0xc9a3_78ea_7856_b356),
+            (tiny_llama32_config(), 0x5EA4_C0F0, 0xffb0_34a6_719e_c3c3),
+        ] {
+            let dir = tempfile::tempdir().unwrap();
+            write_random_checkpoint(dir.path(), &config, seed).unwrap();
+            let bytes = std::fs::read(dir.path().join(SAFETENSORS_FILE)).unwrap();
+            assert_eq!(fnv(&bytes), hash, "seed {seed:#x}, {config:?}");
+        }
+    }
+
+    #[test]
+    fn rng_helpers_stay_in_range() {
+        let mut rng = Rng::new(0);
+        let v = rng.uniform_vec(10_000, 0.5);
+        assert!(v.iter().all(|x| (-0.5..0.5).contains(x)));
+        let mean = v.iter().sum::<f32>() / v.len() as f32;
+        assert!(mean.abs() < 0.02, "{mean}");
+        let ids: Vec<u64> = (0..1000).map(|_| rng.below(7)).collect();
+        assert!(ids.iter().all(|&i| i < 7) && (0..7).all(|i| ids.contains(&i)));
     }
 }

@@ -3,49 +3,27 @@
 
 use gguf::{hf_dims, Array, GgmlType, GgufWriter, Value};
 use half::f16;
+use llama_model::gguf_layout::rope_order;
 use llama_model::import::{import_gguf, ImportOptions};
+use llama_model::random::{tiny_config, Rng};
 use llama_model::weights::load_weights;
 use llama_model::{LlamaConfig, Matrix, ModelError, RopeScaling};
 use session_api::WeightFormat;
 use std::path::Path;
 use std::sync::atomic::{AtomicU64, Ordering};
 
-const HIDDEN: usize = 64;
-const HEADS: usize = 4;
-const KV_HEADS: usize = 2;
-const HEAD_DIM: usize = HIDDEN / HEADS;
-const FFN: usize = 128;
-const LAYERS: usize = 2;
-const VOCAB: usize = 64;
-
-fn noise(seed: u64, n: usize) -> Vec<f32> {
-    let mut s = seed.wrapping_mul(0x9e37_79b9_7f4a_7c15) | 1;
-    (0..n)
-        .map(|_| {
-            s ^= s >> 12;
-            s ^= s << 25;
-            s ^= s >> 27;
-            ((s.wrapping_mul(0x2545_f491_4f6c_dd1d) >> 40) as f32 / (1u64 << 24) as f32 - 0.5) * 0.2
-        })
-        .collect()
+/// The model's shape: [`tiny_config`] with the made-up tokenizer's vocabulary, a shorter context
+/// and SmolLM's rope theta.
+fn shape() -> LlamaConfig {
+    LlamaConfig { vocab_size: VOCAB, max_position_embeddings: 256, rope_theta: 100_000.0, ..tiny_config() }
 }
 
-/// llama.cpp's converter permutation of a row-major `[rows, cols]` matrix, written as numpy's
-/// `w.reshape(n_head, 2, rows // n_head // 2, cols).swapaxes(1, 2).reshape(rows, cols)`: output
-/// row `(h, i, j)` is input row `(h, j, i)`.
-fn llama_cpp_permute(w: &[f32], rows: usize, cols: usize, n_head: usize) -> Vec<f32> {
-    let half = rows / n_head / 2;
-    let mut out = vec![0.0; w.len()];
-    for h in 0..n_head {
-        for i in 0..half {
-            for j in 0..2 {
-                let dst = (h * half + i) * 2 + j;
-                let src = (h * 2 + j) * half + i;
-                out[dst * cols..(dst + 1) * cols].copy_from_slice(&w[src * cols..(src + 1) * cols]);
-            }
-        }
-    }
-    out
+/// Vocabulary size of the made-up tokenizer ([`vocab`]), and so of the model.
+const VOCAB: usize = 64;
+
+/// `n` test values in `[-0.1, 0.1)`.
+fn noise(seed: u64, n: usize) -> Vec<f32> {
+    Rng::new(seed).uniform_vec(n, 0.1)
 }
 
 /// A made-up byte-level BPE vocabulary: 3 control tokens, single characters (in GPT-2's byte
@@ -79,34 +57,38 @@ struct Tiny {
     hf: std::collections::HashMap<String, (Vec<f32>, usize, usize, GgmlType)>,
 }
 
-/// Matrix types per layer: (q, k, v, o, gate, up, down).
-const LAYER_TYPES: [[GgmlType; 7]; LAYERS] = {
+/// Matrix types per layer (one row per layer of [`shape`]): (q, k, v, o, gate, up, down).
+const LAYER_TYPES: [[GgmlType; 7]; 2] = {
     use GgmlType::*;
     [[Q4_1, Q4_1, Q8_0, F16, Q4_1, F32, Q4_1], [F32, F16, Q4_1, Q4_1, Q8_0, Q4_1, F16]]
 };
 
 fn tiny(arch: &str, tied: bool) -> Tiny {
+    let c = shape();
+    assert_eq!(LAYER_TYPES.len(), c.num_hidden_layers);
+    let (hidden, ffn, head_dim) = (c.hidden_size, c.intermediate_size, c.head_dim);
+    let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
     let mut w = GgufWriter::new();
     let (tokens, types, merges) = vocab();
     let meta: Vec<(&str, Value)> = vec![
         ("general.architecture", arch.into()),
         ("general.name", "tiny".into()),
-        ("llama.block_count", (LAYERS as u32).into()),
-        ("llama.context_length", 256u32.into()),
-        ("llama.embedding_length", (HIDDEN as u32).into()),
-        ("llama.feed_forward_length", (FFN as u32).into()),
-        ("llama.attention.head_count", (HEADS as u32).into()),
-        ("llama.attention.head_count_kv", (KV_HEADS as u32).into()),
-        ("llama.rope.freq_base", 100000.0f32.into()),
-        ("llama.attention.layer_norm_rms_epsilon", 1e-5f32.into()),
-        ("llama.rope.dimension_count", (HEAD_DIM as u32).into()),
+        ("llama.block_count", (c.num_hidden_layers as u32).into()),
+        ("llama.context_length", (c.max_position_embeddings as u32).into()),
+        ("llama.embedding_length", (hidden as u32).into()),
+        ("llama.feed_forward_length", (ffn as u32).into()),
+        ("llama.attention.head_count", (heads as u32).into()),
+        ("llama.attention.head_count_kv", (kv_heads as u32).into()),
+        ("llama.rope.freq_base", c.rope_theta.into()),
+        ("llama.attention.layer_norm_rms_epsilon", c.rms_norm_eps.into()),
+        ("llama.rope.dimension_count", (head_dim as u32).into()),
         ("tokenizer.ggml.model", "gpt2".into()),
         ("tokenizer.ggml.pre", "smollm".into()),
         ("tokenizer.ggml.tokens", Array::String(tokens).into()),
         ("tokenizer.ggml.token_type", Array::I32(types).into()),
         ("tokenizer.ggml.merges", Array::String(merges).into()),
-        ("tokenizer.ggml.bos_token_id", 1u32.into()),
-        ("tokenizer.ggml.eos_token_id", 2u32.into()),
+        ("tokenizer.ggml.bos_token_id", c.bos_token_ids[0].into()),
+        ("tokenizer.ggml.eos_token_id", c.eos_token_ids[0].into()),
         ("tokenizer.ggml.padding_token_id", 0u32.into()),
         ("tokenizer.ggml.add_bos_token", false.into()),
         ("tokenizer.chat_template", "{% for m in messages %}<|im_start|>{{ m.content }}<|im_end|>{% endfor %}".into()),
@@ -120,32 +102,32 @@ fn tiny(arch: &str, tied: bool) -> Tiny {
         seed += 1;
         let values = noise(seed, rows * cols);
         let stored = match n_head {
-            Some(n) => llama_cpp_permute(&values, rows, cols, n),
+            Some(n) => rope_order::to_llama_cpp(&values, rows, n),
             None => values.clone(),
         };
         w.add_tensor_f32(name.clone(), &hf_dims(&[rows, cols]), &stored, ty).unwrap();
         hf.insert(name, (values, rows, cols, ty));
     };
     let norm = |w: &mut GgufWriter, name: String, seed: u64| {
-        let v: Vec<f32> = noise(seed, HIDDEN).iter().map(|x| 1.0 + x).collect();
-        w.add_tensor_f32(name, &[HIDDEN as u64], &v, GgmlType::F32).unwrap();
+        let v: Vec<f32> = noise(seed, hidden).iter().map(|x| 1.0 + x).collect();
+        w.add_tensor_f32(name, &[hidden as u64], &v, GgmlType::F32).unwrap();
     };
-    matrix(&mut w, "token_embd.weight".into(), VOCAB, HIDDEN, GgmlType::Q8_0, None);
+    matrix(&mut w, "token_embd.weight".into(), VOCAB, hidden, GgmlType::Q8_0, None);
     for (l, t) in LAYER_TYPES.iter().enumerate() {
         let b = |s: &str| format!("blk.{l}.{s}.weight");
         norm(&mut w, b("attn_norm"), 100 + l as u64);
-        matrix(&mut w, b("attn_q"), HIDDEN, HIDDEN, t[0], Some(HEADS));
-        matrix(&mut w, b("attn_k"), KV_HEADS * HEAD_DIM, HIDDEN, t[1], Some(KV_HEADS));
-        matrix(&mut w, b("attn_v"), KV_HEADS * HEAD_DIM, HIDDEN, t[2], None);
-        matrix(&mut w, b("attn_output"), HIDDEN, HIDDEN, t[3], None);
+        matrix(&mut w, b("attn_q"), heads * head_dim, hidden, t[0], Some(heads));
+        matrix(&mut w, b("attn_k"), kv_heads * head_dim, hidden, t[1], Some(kv_heads));
+        matrix(&mut w, b("attn_v"), kv_heads * head_dim, hidden, t[2], None);
+        matrix(&mut w, b("attn_output"), hidden, heads * head_dim, t[3], None);
         norm(&mut w, b("ffn_norm"), 200 + l as u64);
-        matrix(&mut w, b("ffn_gate"), FFN, HIDDEN, t[4], None);
-        matrix(&mut w, b("ffn_up"), FFN, HIDDEN, t[5], None);
-        matrix(&mut w, b("ffn_down"), HIDDEN, FFN, t[6], None);
+        matrix(&mut w, b("ffn_gate"), ffn, hidden, t[4], None);
+        matrix(&mut w, b("ffn_up"), ffn, hidden, t[5], None);
+        matrix(&mut w, b("ffn_down"), hidden, ffn, t[6], None);
     }
     norm(&mut w, "output_norm.weight".into(), 300);
     if !tied {
-        matrix(&mut w, "output.weight".into(), VOCAB, HIDDEN, GgmlType::Q4_1, None);
+        matrix(&mut w, "output.weight".into(), VOCAB, hidden, GgmlType::Q4_1, None);
     }
     Tiny { writer: w, hf }
 }
@@ -183,9 +165,10 @@ fn imports_a_tiny_llama() {
         calls.fetch_add(1, Ordering::Relaxed);
     };
     let report = import_gguf(&gguf_path, &out, &ImportOptions { progress: Some(&progress) }).unwrap();
-    let n_matrices = 1 + LAYERS * 7 + 1;
-    assert_eq!(calls.load(Ordering::Relaxed), (n_matrices + LAYERS * 2 + 1) as u64);
-    assert_eq!(report.norms, LAYERS * 2 + 1);
+    let layers = shape().num_hidden_layers;
+    let n_matrices = 1 + layers * 7 + 1;
+    assert_eq!(calls.load(Ordering::Relaxed), (n_matrices + layers * 2 + 1) as u64);
+    assert_eq!(report.norms, layers * 2 + 1);
     assert_eq!(report.f16_dequantized, n_matrices);
     let q41 = LAYER_TYPES.iter().flatten().filter(|&&t| t == GgmlType::Q4_1).count() + 1;
     assert_eq!(report.int4_exact, q41);
@@ -194,25 +177,7 @@ fn imports_a_tiny_llama() {
 
     let config = LlamaConfig::from_file(&out.join("config.json")).unwrap();
     assert_eq!(config, report.config);
-    assert_eq!(
-        config,
-        LlamaConfig {
-            vocab_size: VOCAB,
-            hidden_size: HIDDEN,
-            intermediate_size: FFN,
-            num_hidden_layers: LAYERS,
-            num_attention_heads: HEADS,
-            num_key_value_heads: KV_HEADS,
-            head_dim: HEAD_DIM,
-            max_position_embeddings: 256,
-            rms_norm_eps: 1e-5,
-            rope_theta: 100000.0,
-            rope_scaling: None,
-            tie_word_embeddings: false,
-            bos_token_ids: vec![1],
-            eos_token_ids: vec![2],
-        }
-    );
+    assert_eq!(config, shape());
     let generation: serde_json::Value =
         serde_json::from_str(&std::fs::read_to_string(out.join("generation_config.json")).unwrap()).unwrap();
     assert_eq!(generation["pad_token_id"], 0);
@@ -264,8 +229,8 @@ fn imports_a_tiny_llama() {
         }
     }
     // The permuted matrices really were permuted in the file (else the check above proves little).
-    let (q0, rows, cols, _) = &t.hf["blk.1.attn_q.weight"];
-    assert_ne!(&llama_cpp_permute(q0, *rows, *cols, HEADS), q0);
+    let (q0, rows, _, _) = &t.hf["blk.1.attn_q.weight"];
+    assert_ne!(&rope_order::to_llama_cpp(q0, *rows, shape().num_attention_heads), q0);
 
     // Norms are f32, unchanged.
     let g = gguf::GgufFile::open(&gguf_path).unwrap();
@@ -378,7 +343,7 @@ fn llama3_rope_freqs_map_to_rope_scaling_or_fail() {
     assert_eq!(LlamaConfig::from_file(&dir.path().join("m/config.json")).unwrap().rope_scaling, report.config.rope_scaling);
 
     // Divisors of some other shape of scaling cannot be mapped: an error, not silence.
-    let odd: Vec<f32> = (0..HEAD_DIM / 2).map(|i| 1.0 + i as f32).collect();
+    let odd: Vec<f32> = (0..shape().head_dim / 2).map(|i| 1.0 + i as f32).collect();
     assert!(matches!(import_err(&build_with(&[], &[("rope_freqs.weight", odd)])), ModelError::Unsupported { .. }));
     let yarn = build_with(&[("llama.rope.scaling.type", "yarn".into()), ("llama.rope.scaling.factor", 4.0f32.into())], &[]);
     assert!(matches!(import_err(&yarn), ModelError::Unsupported { .. }));
@@ -392,7 +357,7 @@ fn unsupported_and_broken_files_are_typed_errors() {
     assert!(matches!(&e, ModelError::Unsupported { what } if what.contains("SentencePiece")), "{e:?}");
     let e = import_err(&build_with(&[("tokenizer.ggml.pre", "deepseek-coder".into())], &[]));
     assert!(matches!(&e, ModelError::Unsupported { what } if what.contains("deepseek-coder")), "{e:?}");
-    let e = import_err(&build_with(&[], &[("blk.0.attn_q.bias", vec![0.0; HIDDEN])]));
+    let e = import_err(&build_with(&[], &[("blk.0.attn_q.bias", vec![0.0; shape().hidden_size])]));
     assert!(matches!(&e, ModelError::Unsupported { what } if what.contains("attn_q.bias")), "{e:?}");
     let e = import_err(&build_with(&[("llama.rope.dimension_count", 8u32.into())], &[]));
     assert!(matches!(&e, ModelError::Unsupported { .. }), "{e:?}");

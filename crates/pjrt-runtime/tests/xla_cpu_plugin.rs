@@ -1,12 +1,13 @@
 //! The binding against the real XLA CPU plugin (the pinned `xla-cpu-pjrt==0.0.1` wheel that the
-//! build already needs for its header, installed by `scripts/build-prereqs.sh` into `.seam/pjrt`).
+//! build already needs for its header, installed by `scripts/build-prereqs.sh` into
+//! `llama_model::home::pjrt_plugin_dir()`, by default `.seam/pjrt`).
 
 use pjrt_runtime::{Buffer, Client, CompileOptions, ElementType, ExecuteArg, PjrtError, Plugin, HEADER_VERSION};
 use std::path::PathBuf;
 use std::sync::Arc;
 
 fn plugin_path() -> PathBuf {
-    PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("../../.seam/pjrt/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
+    llama_model::home::pjrt_plugin_dir().join("xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so")
 }
 
 fn client() -> Arc<Client> {

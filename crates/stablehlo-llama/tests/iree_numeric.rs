@@ -23,7 +23,7 @@ use std::process::Command;
 const MAX_CONTEXT: usize = 32;
 const BUCKET: usize = 8;
 
-/// `.seam/py-iree` with both wheels installed, or why not. Installed once per test binary:
+/// `llama_model::home::py_iree_dir()` (`.seam/py-iree`) with both wheels installed, or why not. Installed once per test binary:
 /// the tests run on parallel threads and must not run two pip installs into one folder.
 fn iree_tools() -> Result<PathBuf, String> {
     static TOOLS: std::sync::OnceLock<Result<PathBuf, String>> = std::sync::OnceLock::new();
@@ -31,7 +31,8 @@ fn iree_tools() -> Result<PathBuf, String> {
 }
 
 fn install_iree_tools() -> Result<PathBuf, String> {
-    let dir = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.seam/py-iree");
+    // The same install the IREE backends use, so a checkout installs the wheels once.
+    let dir = llama_model::home::py_iree_dir();
     let ready = |d: &Path| d.join("bin/iree-compile").is_file() && d.join("bin/iree-run-module").is_file();
     if ready(&dir) {
         return Ok(dir);

@@ -6,79 +6,21 @@
 use backend_reference::{EngineOptions, ReferenceEngine};
 use half::f16;
 use llama_model::int4::GROUP_SIZE;
-use llama_model::{Int4Matrix, LayerWeights, LlamaConfig, LlamaWeights, Matrix};
+use llama_model::random::Rng;
+use llama_model::{LayerWeights, LlamaConfig, LlamaWeights, Matrix};
 
-/// A tiny Llama: 2 layers, 4 query heads over 2 KV heads (GQA), head dim 8, vocab 64.
+/// The workspace's tiny Llama ([`llama_model::random::tiny_config`]: 2 layers, 4 query heads over
+/// 2 KV heads (GQA), head dim 16, vocab 256, plain rope) with tied or untied embeddings.
 pub fn tiny_config(tied: bool) -> LlamaConfig {
-    LlamaConfig {
-        vocab_size: 64,
-        hidden_size: 32,
-        intermediate_size: 64,
-        num_hidden_layers: 2,
-        num_attention_heads: 4,
-        num_key_value_heads: 2,
-        head_dim: 8,
-        max_position_embeddings: 64,
-        rms_norm_eps: 1e-5,
-        rope_theta: 10000.0,
-        rope_scaling: None,
-        tie_word_embeddings: tied,
-        bos_token_ids: vec![1],
-        eos_token_ids: vec![2],
-    }
+    LlamaConfig { tie_word_embeddings: tied, ..llama_model::random::tiny_config() }
 }
 
-/// SplitMix64: a few lines, reproducible everywhere.
-pub struct Rng(u64);
-
-impl Rng {
-    pub fn new(seed: u64) -> Self {
-        Rng(seed)
-    }
-    /// Uniform in [-1, 1).
-    pub fn uniform(&mut self) -> f32 {
-        self.0 = self.0.wrapping_add(0x9E37_79B9_7F4A_7C15);
-        let mut z = self.0;
-        z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-        z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-        z ^= z >> 31;
-        ((z >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
-    }
-}
-
-/// Values for a `[rows, cols]` weight, scaled so activations stay of order one.
-fn values(rng: &mut Rng, rows: usize, cols: usize, scale: f32) -> Vec<f32> {
-    (0..rows * cols).map(|_| rng.uniform() * scale).collect()
-}
-
-/// Affine int4 quantization (min/max per group of 32), for tests only.
-pub fn quantize(rows: usize, cols: usize, data: &[f32]) -> Int4Matrix {
-    let groups = cols / GROUP_SIZE;
-    let mut packed = vec![0u8; rows * cols / 2];
-    let (mut scales, mut biases) = (Vec::new(), Vec::new());
-    for r in 0..rows {
-        for g in 0..groups {
-            let group = &data[r * cols + g * GROUP_SIZE..][..GROUP_SIZE];
-            let min = group.iter().copied().fold(f32::INFINITY, f32::min);
-            let max = group.iter().copied().fold(f32::NEG_INFINITY, f32::max);
-            let scale = f16::from_f32(((max - min) / 15.0).max(1e-6));
-            let bias = f16::from_f32(min);
-            for (i, &v) in group.iter().enumerate() {
-                let q = ((v - f32::from(bias)) / f32::from(scale)).round().clamp(0.0, 15.0) as u8;
-                let c = g * GROUP_SIZE + i;
-                packed[(r * cols + c) / 2] |= q << (4 * (c % 2));
-            }
-            scales.push(scale);
-            biases.push(bias);
-        }
-    }
-    Int4Matrix { rows, cols, packed, scales, biases }
-}
-
+/// A `[rows, cols]` weight uniform in `[-scale, scale)` (scaled so activations stay of order one),
+/// in f16 or seam's int4.
 fn matrix(rng: &mut Rng, rows: usize, cols: usize, scale: f32, int4: bool) -> Matrix {
-    let v = values(rng, rows, cols, scale);
+    let v = rng.uniform_vec(rows * cols, scale);
     if int4 {
-        Matrix::Int4(quantize(rows, cols, &v))
+        Matrix::Int4(llama_model::int4::quantize(&v, rows, cols).expect("finite values, whole groups"))
     } else {
         Matrix::F16 { rows, cols, data: v.into_iter().map(f16::from_f32).collect() }
     }

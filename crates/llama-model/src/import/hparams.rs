@@ -4,11 +4,9 @@
 use super::gguf_error;
 use crate::config::{GenerationConfig, LlamaConfig, RopeScaling, DEFAULT_ROPE_THETA};
 use crate::error::ModelError;
+use crate::gguf_layout::{rope_freq_divisors, ROPE_FREQS_TENSOR};
 use gguf::{GgmlType, GgufFile};
 use std::path::Path;
-
-/// The GGUF tensor llama.cpp's converter writes for llama3 rope scaling: per-frequency divisors.
-pub(crate) const ROPE_FREQS_TENSOR: &str = "rope_freqs.weight";
 
 /// Reads the model's hyperparameters. `vocab_size` is the embedding table's row count (a
 /// checkpoint may pad its embeddings beyond the tokenizer's vocabulary).
@@ -161,12 +159,9 @@ fn rope_scaling(f: &GgufFile, path: &Path, config: &LlamaConfig) -> Result<Optio
         high_freq_factor: 4.0,
         original_max_position_embeddings: original,
     };
-    let plain = LlamaConfig { rope_scaling: None, ..config.clone() }.rope_inv_freq();
-    let scaled = LlamaConfig { rope_scaling: Some(candidate.clone()), ..config.clone() }.rope_inv_freq();
-    let matches = plain.iter().zip(&scaled).zip(&divisors).all(|((p, s), d)| {
-        let implied = p / s;
-        (implied - d).abs() <= 1e-3 * d.abs().max(1.0)
-    });
+    let implied = rope_freq_divisors(&LlamaConfig { rope_scaling: Some(candidate.clone()), ..config.clone() })
+        .expect("the candidate has rope scaling");
+    let matches = implied.iter().zip(&divisors).all(|(implied, d)| (implied - d).abs() <= 1e-3 * d.abs().max(1.0));
     if !matches {
         return Err(ModelError::Unsupported {
             what: format!(

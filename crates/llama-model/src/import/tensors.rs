@@ -1,68 +1,18 @@
-//! GGUF tensors → Hugging Face tensors: names, llama.cpp's q/k row permutation, and the
-//! conversion of each tensor to f16 (the float file) and to seam int4 (Q4_1 carried exactly).
+//! GGUF tensors → Hugging Face tensors: the conversion of each tensor to f16 (the float file) and
+//! to seam int4 (Q4_1 carried exactly), in Hugging Face's row order (names and the q/k row order
+//! are [`crate::gguf_layout`]'s).
 
 use super::gguf_error;
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
+use crate::gguf_layout::{self, rope_order};
 use crate::int4::{self, Int4Matrix, GROUP_SIZE};
-use crate::weights::{names, TensorRole, TensorSpec};
+use crate::weights::{TensorRole, TensorSpec};
 use gguf::{GgmlType, GgufFile, TensorInfo};
 use half::f16;
 use half::slice::HalfFloatSliceExt;
 use rayon::prelude::*;
 use std::path::Path;
-
-/// The GGUF name of the Hugging Face tensor `hf` (inverse of llama.cpp's converter naming).
-pub(crate) fn gguf_name(hf: &str) -> Option<String> {
-    match hf {
-        names::EMBED_TOKENS => return Some("token_embd.weight".into()),
-        names::FINAL_NORM => return Some("output_norm.weight".into()),
-        names::LM_HEAD => return Some("output.weight".into()),
-        _ => {}
-    }
-    let rest = hf.strip_prefix("model.layers.")?;
-    let (layer, suffix) = rest.split_once('.')?;
-    let layer: usize = layer.parse().ok()?;
-    let short = match suffix {
-        names::INPUT_LAYERNORM => "attn_norm",
-        names::Q_PROJ => "attn_q",
-        names::K_PROJ => "attn_k",
-        names::V_PROJ => "attn_v",
-        names::O_PROJ => "attn_output",
-        names::POST_ATTENTION_LAYERNORM => "ffn_norm",
-        names::GATE_PROJ => "ffn_gate",
-        names::UP_PROJ => "ffn_up",
-        names::DOWN_PROJ => "ffn_down",
-        _ => return None,
-    };
-    Some(format!("blk.{layer}.{short}.weight"))
-}
-
-/// For q_proj / k_proj, the number of heads llama.cpp permuted the rows with.
-pub(crate) fn permute_heads(hf: &str, config: &LlamaConfig) -> Option<usize> {
-    if hf.ends_with(names::Q_PROJ) {
-        Some(config.num_attention_heads)
-    } else if hf.ends_with(names::K_PROJ) {
-        Some(config.num_key_value_heads)
-    } else {
-        None
-    }
-}
-
-/// The GGUF row holding Hugging Face row `hf_row` of a q/k matrix of `rows` rows permuted with
-/// `n_head` heads.
-///
-/// llama.cpp's converter computes `w.reshape(n_head, 2, rows / n_head / 2, cols).swapaxes(1, 2)
-/// .reshape(rows, cols)`: HF row `(h, j, i)` (head, half, index in half) becomes GGUF row
-/// `(h, i, j)`. Undoing it moves whole rows, so quantization blocks (which lie within a row) are
-/// untouched.
-pub(crate) fn unpermuted_source_row(hf_row: usize, rows: usize, n_head: usize) -> usize {
-    let head_rows = rows / n_head;
-    let half = head_rows / 2;
-    let (h, within) = (hf_row / head_rows, hf_row % head_rows);
-    let (j, i) = (within / half, within % half);
-    h * head_rows + i * 2 + j
-}
 
 /// How the int4 form of a matrix was obtained.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -81,7 +31,7 @@ pub(crate) enum Converted {
 
 /// Converts the GGUF tensor behind `spec` (checking its shape against the config).
 pub(crate) fn convert(f: &GgufFile, path: &Path, spec: &TensorSpec, config: &LlamaConfig) -> Result<Converted, ModelError> {
-    let gname = gguf_name(&spec.name).expect("every expected tensor has a GGUF name");
+    let gname = gguf_layout::gguf_name(&spec.name).expect("every expected tensor has a GGUF name");
     let info = f.tensor(&gname).map_err(|_| ModelError::MissingTensor { name: gname.clone() })?;
     let found = info.shape();
     if found != spec.shape {
@@ -94,7 +44,7 @@ pub(crate) fn convert(f: &GgufFile, path: &Path, spec: &TensorSpec, config: &Lla
             gguf::dequantize(info.ggml_type, data, &mut out).map_err(|e| tensor_error(path, info, e))?;
             Ok(Converted::Norm(out))
         }
-        TensorRole::Matrix => convert_matrix(path, info, data, spec, permute_heads(&spec.name, config)),
+        TensorRole::Matrix => convert_matrix(path, info, data, spec, gguf_layout::rope_permuted_heads(&spec.name, config)),
     }
 }
 
@@ -121,11 +71,12 @@ fn convert_matrix(
         });
     }
     if let Some(n) = n_head {
-        if n == 0 || rows % (2 * n) != 0 {
+        if !rope_order::fits(rows, n) {
             return Err(ModelError::Shape { name: info.name.clone(), expected: vec![rows.next_multiple_of(2 * n.max(1)), cols], found: vec![rows, cols] });
         }
     }
-    let src_row = |r: usize| n_head.map_or(r, |n| unpermuted_source_row(r, rows, n));
+    // Rows are read from where llama.cpp's rope order put them (see `rope_order`).
+    let src_row = |r: usize| n_head.map_or(r, |n| rope_order::gguf_row(r, rows, n));
     let row_bytes = info.ggml_type.row_bytes(cols as u64).expect("checked when the file was opened") as usize;
     let source_bytes = |r: usize| &data[src_row(r) * row_bytes..(src_row(r) + 1) * row_bytes];
 
@@ -172,37 +123,4 @@ fn q4_1_to_int4<'a>(rows: usize, cols: usize, source_bytes: impl Fn(usize) -> &'
             }
         });
     Int4Matrix::from_parts(rows, cols, packed, scales, biases)
-}
-
-#[cfg(test)]
-mod tests {
-    use super::*;
-
-    #[test]
-    fn names_map_both_ways_for_a_layer() {
-        assert_eq!(gguf_name("model.layers.12.self_attn.o_proj.weight").unwrap(), "blk.12.attn_output.weight");
-        assert_eq!(gguf_name("model.layers.0.post_attention_layernorm.weight").unwrap(), "blk.0.ffn_norm.weight");
-        assert_eq!(gguf_name("model.embed_tokens.weight").unwrap(), "token_embd.weight");
-        assert_eq!(gguf_name("model.layers.x.mlp.up_proj.weight"), None);
-        assert_eq!(gguf_name("model.layers.1.mlp.fc.weight"), None);
-    }
-
-    #[test]
-    fn unpermutation_inverts_the_converters_reshape() {
-        // The converter's permutation written as numpy's reshape / swapaxes index arithmetic:
-        // output row o = (h, i, j) in shape (n_head, half, 2) takes input row (h, j, i) in shape
-        // (n_head, 2, half).
-        let (rows, n_head) = (24, 3);
-        let half = rows / n_head / 2;
-        let permute = |o: usize| {
-            let (h, rest) = (o / (2 * half), o % (2 * half));
-            let (i, j) = (rest / 2, rest % 2);
-            h * 2 * half + j * half + i
-        };
-        for hf_row in 0..rows {
-            // GGUF row g holds HF row permute(g); the importer must find g for each HF row.
-            let g = unpermuted_source_row(hf_row, rows, n_head);
-            assert_eq!(permute(g), hf_row);
-        }
-    }
 }

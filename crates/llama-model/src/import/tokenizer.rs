@@ -3,17 +3,12 @@
 
 use super::gguf_error;
 use crate::error::ModelError;
+use crate::gguf_layout::pre_tokenizer::{self, byte_level};
+use crate::gguf_layout::token_type;
 use gguf::GgufFile;
 use serde_json::{json, Map, Value};
 use std::collections::HashSet;
 use std::path::Path;
-
-/// `tokenizer.ggml.token_type` values (llama.cpp's `llama_token_type`).
-const TOKEN_TYPE_CONTROL: i64 = 3;
-const TOKEN_TYPE_USER_DEFINED: i64 = 4;
-
-/// The Llama 3 pre-tokenizer regex (as in Meta's `tokenizer.json`).
-const LLAMA3_REGEX: &str = r"(?i:'s|'t|'re|'ve|'m|'ll|'d)|[^\r\n\p{L}\p{N}]?\p{L}+|\p{N}{1,3}| ?[^\s\p{L}\p{N}]+[\r\n]*|\s*[\r\n]+|\s+(?!\S)|\s+";
 
 /// The two tokenizer files, as JSON text.
 pub(crate) struct TokenizerFiles {
@@ -21,33 +16,10 @@ pub(crate) struct TokenizerFiles {
     pub tokenizer_config_json: String,
 }
 
-fn byte_level(add_prefix_space: bool, trim_offsets: bool, use_regex: bool) -> Value {
-    json!({"type": "ByteLevel", "add_prefix_space": add_prefix_space, "trim_offsets": trim_offsets, "use_regex": use_regex})
-}
-
 /// The pre-tokenizer llama.cpp's `tokenizer.ggml.pre` name stands for.
-fn pre_tokenizer(pre: &str) -> Result<Value, ModelError> {
-    Ok(match pre {
-        "smollm" => json!({
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Digits", "individual_digits": true},
-                byte_level(false, true, true),
-            ]
-        }),
-        "llama-bpe" | "llama3" => json!({
-            "type": "Sequence",
-            "pretokenizers": [
-                {"type": "Split", "pattern": {"Regex": LLAMA3_REGEX}, "behavior": "Isolated", "invert": false},
-                byte_level(false, true, false),
-            ]
-        }),
-        "gpt2" | "default" => byte_level(false, true, true),
-        other => {
-            return Err(ModelError::Unsupported {
-                what: format!("GGUF pre-tokenizer '{other}' (supported: smollm, llama-bpe, llama3, gpt2, default)"),
-            })
-        }
+fn pre_tokenizer_json(pre: &str) -> Result<Value, ModelError> {
+    pre_tokenizer::for_name(pre).ok_or_else(|| ModelError::Unsupported {
+        what: format!("GGUF pre-tokenizer '{pre}' (supported: {})", pre_tokenizer::SUPPORTED),
     })
 }
 
@@ -84,7 +56,7 @@ pub(crate) fn build(f: &GgufFile, path: &Path, context_length: usize) -> Result<
         Some(_) => f.get_str("tokenizer.ggml.pre").map_err(err)?,
         None => "default",
     };
-    let pre_tokenizer = pre_tokenizer(pre)?;
+    let pre_tokenizer = pre_tokenizer_json(pre)?;
     let token_id = |key: &str| -> Result<Option<usize>, ModelError> {
         if f.get(key).is_none() {
             return Ok(None);
@@ -130,8 +102,8 @@ pub(crate) fn build(f: &GgufFile, path: &Path, context_length: usize) -> Result<
         .iter()
         .zip(&types)
         .enumerate()
-        .filter(|(_, (_, &t))| t == TOKEN_TYPE_CONTROL || t == TOKEN_TYPE_USER_DEFINED)
-        .map(|(id, (token, &t))| (id, token, t == TOKEN_TYPE_CONTROL))
+        .filter(|(_, (_, &t))| t == i64::from(token_type::CONTROL) || t == i64::from(token_type::USER_DEFINED))
+        .map(|(id, (token, &t))| (id, token, t == i64::from(token_type::CONTROL)))
         .collect();
     let added_token = |id: usize, content: &str, special: bool| {
         json!({

@@ -1,0 +1,149 @@
+//! seam's home: every path seam reads or writes outside a model directory, in one place.
+//!
+//! Everything lives in one folder, [`root`], which is the project-local, git-ignored `.seam/` of
+//! the checkout unless `SEAM_HOME` says otherwise; compiled-graph caches can be moved on their own
+//! with `SEAM_CACHE_DIR`. Nothing else decides where seam's files go: backends, tests and the CLI
+//! call the functions below.
+//!
+//! | function                   | default                              | environment override       |
+//! |----------------------------|--------------------------------------|----------------------------|
+//! | [`root`]                   | `<workspace>/.seam`                  | `SEAM_HOME`                |
+//! | [`models_dir`]             | `root/models`                        |                            |
+//! | [`downloads_dir`]          | `root/downloads`                     |                            |
+//! | [`cache_dir`]              | `root/cache`                         | `SEAM_CACHE_DIR`           |
+//! | [`iree_cache_dir`]         | `cache_dir/iree`                     | (follows `cache_dir`)      |
+//! | [`pjrt_cache_dir`]         | `cache_dir/pjrt`                     | (follows `cache_dir`)      |
+//! | [`py_iree_dir`]            | `root/py-iree`                       |                            |
+//! | [`pjrt_plugin_dir`]        | `root/pjrt`                          |                            |
+//! | [`py_build_dir`]           | `root/py-build`                      |                            |
+//! | [`conformance_models_dir`] | `root/conformance-models`            | `SEAM_CONFORMANCE_CACHE`   |
+//!
+//! Two places cannot call these functions and follow the same rule by hand (`$SEAM_HOME`, else the
+//! checkout's `.seam`): `scripts/build-prereqs.sh`, which installs into [`py_build_dir`] and
+//! [`pjrt_plugin_dir`], and `crates/pjrt-runtime/build.rs`, which reads the PJRT header from
+//! [`pjrt_plugin_dir`]. `SEAM_HOME` should be an absolute path: a build script runs in its
+//! crate's folder, not where cargo was started.
+//!
+//! An empty environment variable counts as unset.
+
+use std::path::{Path, PathBuf};
+
+/// Moves [`root`] (and with it everything below it).
+pub const HOME_ENV: &str = "SEAM_HOME";
+/// Moves [`cache_dir`] alone (`seam bench` points it at an empty folder to measure a cold load).
+pub const CACHE_ENV: &str = "SEAM_CACHE_DIR";
+/// Moves [`conformance_models_dir`] alone.
+pub const CONFORMANCE_MODELS_ENV: &str = "SEAM_CONFORMANCE_CACHE";
+
+/// The value of the environment variable `name`, unless unset or empty.
+fn env_dir(name: &str) -> Option<PathBuf> {
+    std::env::var_os(name).filter(|v| !v.is_empty()).map(PathBuf::from)
+}
+
+/// The seam checkout this crate was built in, if it is one (a crate built from a registry has no
+/// workspace around it, and must not write into cargo's source cache).
+fn workspace_root() -> Option<PathBuf> {
+    let manifest = Path::new(env!("CARGO_MANIFEST_DIR"));
+    // crates/llama-model → the workspace root two levels up.
+    let workspace = manifest.parent()?.parent()?;
+    workspace.join("crates/llama-model/Cargo.toml").is_file().then(|| workspace.to_path_buf())
+}
+
+/// seam's data folder: `$SEAM_HOME` if set, else `<workspace root>/.seam` (project-local, so tests
+/// and the CLI in a checkout never write outside it), else (a build outside a seam checkout)
+/// `<temp>/seam`.
+pub fn root() -> PathBuf {
+    if let Some(home) = env_dir(HOME_ENV) {
+        return home;
+    }
+    match workspace_root() {
+        Some(workspace) => workspace.join(".seam"),
+        None => std::env::temp_dir().join("seam"),
+    }
+}
+
+/// Installed model directories: `root/models` (the default model is
+/// [`crate::default_model::default_model_dir`], one folder in it).
+pub fn models_dir() -> PathBuf {
+    root().join("models")
+}
+
+/// Downloaded files (wheels, GGUFs, fixtures): `root/downloads`.
+pub fn downloads_dir() -> PathBuf {
+    root().join("downloads")
+}
+
+/// The root of the compiled-graph caches: `$SEAM_CACHE_DIR` if set, else `root/cache`.
+/// Each backend caches in its own folder below it ([`iree_cache_dir`], [`pjrt_cache_dir`]).
+pub fn cache_dir() -> PathBuf {
+    env_dir(CACHE_ENV).unwrap_or_else(|| root().join("cache"))
+}
+
+/// The IREE backends' compiled modules (`<sha256>.vmfb`): `cache_dir/iree`.
+pub fn iree_cache_dir() -> PathBuf {
+    cache_dir().join("iree")
+}
+
+/// The PJRT backends' compiled executables (`<key>.pjrtexe`): `cache_dir/pjrt`.
+pub fn pjrt_cache_dir() -> PathBuf {
+    cache_dir().join("pjrt")
+}
+
+/// The project-local install of the IREE compiler wheel (`iree-base-compiler`, pip `--target`),
+/// installed on a backend's first load: `root/py-iree`.
+pub fn py_iree_dir() -> PathBuf {
+    root().join("py-iree")
+}
+
+/// The project-local install of the PJRT CPU plugin wheel (`xla-cpu-pjrt`, which also ships the
+/// PJRT C API header), put there by `scripts/build-prereqs.sh`: `root/pjrt`.
+pub fn pjrt_plugin_dir() -> PathBuf {
+    root().join("pjrt")
+}
+
+/// Build tools `scripts/build-prereqs.sh` installs when the system lacks them (cmake, libclang):
+/// `root/py-build`. Only the script writes here; the function names the place for everything
+/// else (documentation, cleanup).
+pub fn py_build_dir() -> PathBuf {
+    root().join("py-build")
+}
+
+/// The random-weight checkpoints the conformance suite generates (they are deterministic, so a
+/// cache is safe to share): `$SEAM_CONFORMANCE_CACHE` if set, else `root/conformance-models`.
+pub fn conformance_models_dir() -> PathBuf {
+    env_dir(CONFORMANCE_MODELS_ENV).unwrap_or_else(|| root().join("conformance-models"))
+}
+
+/// The lock file that serializes installs of the default model across processes.
+pub(crate) fn install_lock_file() -> PathBuf {
+    root().join(".install.lock")
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn paths_are_project_local_by_default() {
+        // Only meaningful when the caller did not move the folders.
+        if std::env::var_os(HOME_ENV).is_none() {
+            let home = root();
+            assert!(home.ends_with(".seam"));
+            assert!(home.parent().unwrap().join("Cargo.toml").is_file(), "{}", home.display());
+        }
+        let home = root();
+        assert_eq!(models_dir(), home.join("models"));
+        assert_eq!(downloads_dir(), home.join("downloads"));
+        assert_eq!(py_iree_dir(), home.join("py-iree"));
+        assert_eq!(pjrt_plugin_dir(), home.join("pjrt"));
+        assert_eq!(py_build_dir(), home.join("py-build"));
+        assert_eq!(iree_cache_dir(), cache_dir().join("iree"));
+        assert_eq!(pjrt_cache_dir(), cache_dir().join("pjrt"));
+        if std::env::var_os(CACHE_ENV).is_none() {
+            assert_eq!(cache_dir(), home.join("cache"));
+        }
+        if std::env::var_os(CONFORMANCE_MODELS_ENV).is_none() {
+            assert_eq!(conformance_models_dir(), home.join("conformance-models"));
+        }
+    }
+}
