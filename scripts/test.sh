@@ -1,5 +1,5 @@
 #!/usr/bin/env bash
-# Runs every test of the workspace. Tests install what they lack themselves (the default model,
+# Checks the format and clippy's lints, then runs every test of the workspace. Tests install what they lack themselves (the default model,
 # PyPI fixtures) into the project-local .seam/ folder, so this works on a fresh machine; a second
 # run reuses it and is fast.
 set -euo pipefail
@@ -8,4 +8,8 @@ cd "$(dirname "$0")/.."
 # when the system lacks them.
 # shellcheck source=scripts/build-prereqs.sh
 source scripts/build-prereqs.sh
+# Style first: it fails in seconds, before the long test build. rustfmt.toml sets the format;
+# clippy's warnings are errors (the tree is clean of them).
+cargo fmt --all --check
+cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace --no-fail-fast "$@"

@@ -4,7 +4,7 @@
 //! The compiler is the `iree-base-compiler==3.13.0` wheel's shared library, loaded at run time by
 //! `eerie` (no link-time dependency: the crate builds without it). It is looked for, in order:
 //! 1. `$SEAM_IREE_COMPILER`: the library file, or a directory holding it;
-//! 2. `seam_home()/py-iree/iree/compiler/_mlir_libs/`: the project-local install, which
+//! 2. `home::py_iree_dir()/iree/compiler/_mlir_libs/`: the project-local install, which
 //!    [`ensure_compiler_library`] creates with `pip install --target` on first use;
 //! 3. the `iree.compiler` package of `python3`'s own site-packages.
 
@@ -29,7 +29,7 @@ pub const LLVM_CPU_FLAGS: [&str; 3] =
 
 /// Where the project-local compiler wheel lives.
 pub fn local_install_dir() -> PathBuf {
-    llama_model::default_model::seam_home().join("py-iree")
+    llama_model::home::py_iree_dir()
 }
 
 fn library_in(dir: &Path) -> PathBuf {
@@ -133,10 +133,10 @@ pub fn load_compiler(path: &Path) -> Result<(Compiler, String), IreeError> {
     loaded.clone().map_err(|message| IreeError::CompilerLoad { path: path.to_path_buf(), message })
 }
 
-/// The cache of compiled modules: `cache_home()/iree/<key>.vmfb` (`.seam/cache/iree` unless
+/// The cache of compiled modules: `home::iree_cache_dir()/<key>.vmfb` (`.seam/cache/iree` unless
 /// `SEAM_CACHE_DIR` says otherwise), verified by hash on every read.
 pub fn module_cache() -> ArtifactCache {
-    ArtifactCache::new(llama_model::default_model::cache_home().join("iree"), "vmfb")
+    ArtifactCache::new(llama_model::home::iree_cache_dir(), "vmfb")
 }
 
 /// The host CPU's identity for the cache key: modules are compiled with `target-cpu=host`.
@@ -155,7 +155,12 @@ fn host_cpu() -> String {
 /// The cache key of `mlir` compiled with `flags` by compiler `version`.
 pub fn cache_key(mlir: &str, flags: &[&str], version: &str) -> String {
     let flags = flags.join("\n");
-    graph_engine::artifact_cache::cache_key(&[version.as_bytes(), host_cpu().as_bytes(), flags.as_bytes(), mlir.as_bytes()])
+    graph_engine::artifact_cache::cache_key(&[
+        version.as_bytes(),
+        host_cpu().as_bytes(),
+        flags.as_bytes(),
+        mlir.as_bytes(),
+    ])
 }
 
 /// Compiles `mlir` (or takes its module from the cache, when it holds one for this text, these

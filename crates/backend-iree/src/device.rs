@@ -67,7 +67,11 @@ impl IreeDevice {
             IreeDevice::Cpu => Ok(LLVM_CPU_FLAGS.iter().map(|f| f.to_string()).collect()),
             IreeDevice::Cuda => {
                 let arch = cuda_target()?;
-                Ok(vec!["--iree-hal-target-backends=cuda".into(), format!("--iree-cuda-target={arch}"), "--iree-opt-level=O3".into()])
+                Ok(vec![
+                    "--iree-hal-target-backends=cuda".into(),
+                    format!("--iree-cuda-target={arch}"),
+                    "--iree-opt-level=O3".into(),
+                ])
             }
         }
     }
@@ -78,10 +82,13 @@ impl IreeDevice {
             IreeDevice::Cpu => backend_reference::cpu_device(),
             IreeDevice::Cuda => {
                 let name = nvidia_smi(&["--query-gpu=name,memory.total", "--format=csv,noheader,nounits"]);
-                let (name, memory_bytes) = match name.as_deref().and_then(|l| l.lines().next()).and_then(|l| l.split_once(',')) {
-                    Some((name, mib)) => (name.trim().to_string(), mib.trim().parse::<u64>().ok().map(|m| m * 1024 * 1024)),
-                    None => ("CUDA device 0".to_string(), None),
-                };
+                let (name, memory_bytes) =
+                    match name.as_deref().and_then(|l| l.lines().next()).and_then(|l| l.split_once(',')) {
+                        Some((name, mib)) => {
+                            (name.trim().to_string(), mib.trim().parse::<u64>().ok().map(|m| m * 1024 * 1024))
+                        }
+                        None => ("CUDA device 0".to_string(), None),
+                    };
                 DeviceInfo { id: self.id().into(), kind: DeviceKind::Gpu, name, memory_bytes }
             }
         }
@@ -106,12 +113,18 @@ pub fn cuda_target() -> Result<String, IreeError> {
         return Ok(explicit);
     }
     let capability = nvidia_smi(&["--query-gpu=compute_cap", "--format=csv,noheader"]).ok_or_else(|| {
-        IreeError::Unavailable(format!("no NVIDIA GPU found (nvidia-smi failed or is missing); set {CUDA_TARGET_ENV} to compile anyway"))
+        IreeError::Unavailable(format!(
+            "no NVIDIA GPU found (nvidia-smi failed or is missing); set {CUDA_TARGET_ENV} to compile anyway"
+        ))
     })?;
-    let device = parse_capability(capability.lines().next().unwrap_or_default())
-        .ok_or_else(|| IreeError::Unavailable(format!("nvidia-smi reported an unreadable compute capability {capability:?}")))?;
+    let device = parse_capability(capability.lines().next().unwrap_or_default()).ok_or_else(|| {
+        IreeError::Unavailable(format!("nvidia-smi reported an unreadable compute capability {capability:?}"))
+    })?;
     target_for(device).ok_or_else(|| {
-        IreeError::Unavailable(format!("GPU compute capability {}.{} is older than any CUDA target IREE 3.13 compiles for", device.0, device.1))
+        IreeError::Unavailable(format!(
+            "GPU compute capability {}.{} is older than any CUDA target IREE 3.13 compiles for",
+            device.0, device.1
+        ))
     })
 }
 

@@ -22,7 +22,11 @@ pub enum IreeError {
     Graph(#[from] stablehlo_llama::GraphError),
     /// Reading or writing the module cache.
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
     /// The device cannot be used here (no driver in this build, no GPU, no architecture).
     #[error("{0}")]
     Unavailable(String),

@@ -36,7 +36,12 @@ pub struct IreeRuntime {
 impl IreeRuntime {
     /// A runtime thread on `device` for `model`, compiling with the library at
     /// `compiler_library` and `flags`.
-    pub fn new(device: IreeDevice, compiler_library: PathBuf, flags: Vec<String>, model: LoadedModel<'_>) -> Result<Self> {
+    pub fn new(
+        device: IreeDevice,
+        compiler_library: PathBuf,
+        flags: Vec<String>,
+        model: LoadedModel<'_>,
+    ) -> Result<Self> {
         let (c, max_context) = (model.config, model.options.max_context);
         let cache_shape = CacheShape {
             k: [c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_context],
@@ -101,7 +106,8 @@ impl GraphRuntime for IreeRuntime {
     fn execute(&self, cache: &mut IreeCache, call: &GraphCall) -> Result<GraphOutput> {
         let function = call.graph.name();
         let module = self.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&function).cloned();
-        let module = module.ok_or_else(|| crate::error::IreeError::Runtime(format!("no loaded module holds {function}")))?;
+        let module =
+            module.ok_or_else(|| crate::error::IreeError::Runtime(format!("no loaded module holds {function}")))?;
         let step = StepCall {
             module,
             function: format!("{VM_MODULE}.{function}"),

@@ -13,11 +13,11 @@
 //! replace the session's handles. Only the token id (4 bytes) and, when asked for, the logits come
 //! back to the host.
 
+use crate::device::IreeDevice;
 use crate::error::IreeError;
 use eerie::runtime::{BufferElement, BufferView, Value};
-use crate::device::IreeDevice;
-use graph_engine::GraphInput;
 use eerie::runtime::{Program, Runtime};
+use graph_engine::GraphInput;
 use half::f16;
 use stablehlo_llama::{ArgDtype, HostArg};
 use std::collections::HashMap;
@@ -86,7 +86,13 @@ impl WorkerHandle {
                     }
                 };
                 let _ = ready_tx.send(Ok(()));
-                let mut state = WorkerState { runtime, modules: HashMap::new(), weights: Vec::new(), caches: HashMap::new(), next_cache: 0 };
+                let mut state = WorkerState {
+                    runtime,
+                    modules: HashMap::new(),
+                    weights: Vec::new(),
+                    caches: HashMap::new(),
+                    next_cache: 0,
+                };
                 // Ends when every handle (engine and sessions) is gone.
                 while let Ok(job) = receiver.recv() {
                     job(&mut state);
@@ -98,7 +104,10 @@ impl WorkerHandle {
     }
 
     /// Runs `work` on the runtime thread and waits for its result.
-    fn run<T: Send + 'static>(&self, work: impl FnOnce(&mut WorkerState) -> Result<T, IreeError> + Send + 'static) -> Result<T, IreeError> {
+    fn run<T: Send + 'static>(
+        &self,
+        work: impl FnOnce(&mut WorkerState) -> Result<T, IreeError> + Send + 'static,
+    ) -> Result<T, IreeError> {
         let (reply, answer) = channel();
         let job: Job = Box::new(move |state| {
             let _ = reply.send(work(state));
@@ -177,9 +186,17 @@ impl WorkerState {
         for arg in args {
             let shape = &arg.spec.shape;
             let value: Value = match arg.spec.dtype {
-                ArgDtype::F32 => self.runtime.buffer_view(shape, &typed(&arg.bytes, 4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))?.into(),
-                ArgDtype::F16 => self.runtime.buffer_view(shape, &typed(&arg.bytes, 2, |c| f16::from_le_bytes([c[0], c[1]])))?.into(),
-                ArgDtype::I32 => self.runtime.buffer_view(shape, &typed(&arg.bytes, 4, |c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])))?.into(),
+                ArgDtype::F32 => self
+                    .runtime
+                    .buffer_view(shape, &typed(&arg.bytes, 4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))?
+                    .into(),
+                ArgDtype::F16 => {
+                    self.runtime.buffer_view(shape, &typed(&arg.bytes, 2, |c| f16::from_le_bytes([c[0], c[1]])))?.into()
+                }
+                ArgDtype::I32 => self
+                    .runtime
+                    .buffer_view(shape, &typed(&arg.bytes, 4, |c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])))?
+                    .into(),
                 ArgDtype::I8 => self.runtime.buffer_view(shape, &typed(&arg.bytes, 1, |c| c[0] as i8))?.into(),
             };
             weights.push(value);
@@ -202,11 +219,18 @@ impl WorkerState {
     }
 
     fn step(&mut self, cache_id: CacheId, call: StepCall) -> Result<StepResult, IreeError> {
-        let program = self.modules.get(&call.module).ok_or_else(|| IreeError::Runtime(format!("module {} is not loaded", call.module)))?;
+        let program = self
+            .modules
+            .get(&call.module)
+            .ok_or_else(|| IreeError::Runtime(format!("module {} is not loaded", call.module)))?;
         let function = program.function(&call.function)?;
-        let cache = self.caches.get_mut(&cache_id).ok_or_else(|| IreeError::Runtime(format!("no KV cache {cache_id}")))?;
+        let cache =
+            self.caches.get_mut(&cache_id).ok_or_else(|| IreeError::Runtime(format!("no KV cache {cache_id}")))?;
         // Taken out: the function consumes these buffers and returns the updated ones.
-        let (k, v) = cache.buffers.take().ok_or_else(|| IreeError::Runtime("the KV cache was lost by an earlier failure".into()))?;
+        let (k, v) = cache
+            .buffers
+            .take()
+            .ok_or_else(|| IreeError::Runtime("the KV cache was lost by an earlier failure".into()))?;
         let mut inputs: Vec<Value> = Vec::with_capacity(5 + self.weights.len());
         inputs.push(match &call.input {
             GraphInput::Tokens(ids) => self.runtime.buffer_view(&[ids.len()], ids)?.into(),
@@ -226,7 +250,11 @@ impl WorkerState {
         // stay in device memory unless the call asks for them.
         let expected = 4;
         if outputs.len() != expected {
-            return Err(IreeError::Runtime(format!("{} returned {} results, expected {expected}", call.function, outputs.len())));
+            return Err(IreeError::Runtime(format!(
+                "{} returned {} results, expected {expected}",
+                call.function,
+                outputs.len()
+            )));
         }
         let token: BufferView<i32> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
         let k: BufferView<f16> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
@@ -238,7 +266,8 @@ impl WorkerState {
             Some(value) if call.logits => Some(BufferView::<f32>::try_from(value)?.read()?),
             _ => None,
         };
-        let token = u32::try_from(token).map_err(|_| IreeError::Runtime(format!("the graph returned token id {token}")))?;
+        let token =
+            u32::try_from(token).map_err(|_| IreeError::Runtime(format!("the graph returned token id {token}")))?;
         Ok(StepResult { token, logits })
     }
 }

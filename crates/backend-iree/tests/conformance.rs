@@ -18,10 +18,8 @@ fn main() {
         eprintln!("SKIPPED conformance on iree-cpu: {e}");
         return;
     }
-    conformance::test_main(
-        {
-            backend_iree::link();
-            Target::registered("iree-cpu").expect("iree-cpu is registered").with_precision(ComputePrecision::F16)
-        },
-    );
+    conformance::test_main({
+        backend_iree::link();
+        Target::registered("iree-cpu").expect("iree-cpu is registered").with_precision(ComputePrecision::F16)
+    });
 }

@@ -27,10 +27,12 @@ pub use runtime::PjrtRuntime;
 
 use graph_engine::{capabilities_with, GraphEngine, GraphSettings, DEFAULT_MAX_CONTEXT};
 use plugin_search::FoundPlugin;
-use session_api::{Availability, Backend, Capabilities, DeviceInfo, DeviceKind, Engine, LoadRequest, Result, SeamError};
+use session_api::{
+    Availability, Backend, Capabilities, DeviceInfo, DeviceKind, Engine, LoadRequest, Result, SeamError,
+};
+use stablehlo_llama::{LayerMode, StorageDtype};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
-use stablehlo_llama::{LayerMode, StorageDtype};
 use std::sync::Arc;
 
 /// A model loaded on a PJRT plugin.
@@ -58,8 +60,12 @@ pub fn link() {}
 ///   fusion that XLA feeds from a copy of the whole cache (docs/backends/pjrt.md).
 /// - int4 dequantized in the graph for every call: XLA runs the per-group form that suits IREE
 ///   about 2x slower, even for one token (SmolLM2 decode 437 vs 231 ms).
-pub const CPU_SETTINGS: GraphSettings =
-    GraphSettings { layers: LayerMode::UnrolledCachePerLayer, dense: StorageDtype::F32, cache: StorageDtype::F32, int4_dequantize_from: 1 };
+pub const CPU_SETTINGS: GraphSettings = GraphSettings {
+    layers: LayerMode::UnrolledCachePerLayer,
+    dense: StorageDtype::F32,
+    cache: StorageDtype::F32,
+    int4_dequantize_from: 1,
+};
 
 /// The graph settings on any other device (a GPU, a vendor's accelerator): f16 matrices and cache,
 /// int4 dequantized from IREE's threshold on (not measured on a GPU yet).
@@ -203,7 +209,9 @@ impl Backend for PjrtBackend {
             match key.as_str() {
                 "plugin" => configured.plugin = Some(PathBuf::from(value)),
                 other => {
-                    return Err(SeamError::InvalidInput(format!("pjrt has no backend setting '{other}' (its settings: plugin)")))
+                    return Err(SeamError::InvalidInput(format!(
+                        "pjrt has no backend setting '{other}' (its settings: plugin)"
+                    )))
                 }
             }
         }

@@ -22,7 +22,6 @@ pub enum PjrtDevice {
 }
 
 impl PjrtDevice {
-
     /// The environment variable naming an explicit plugin file.
     pub fn plugin_env(self) -> &'static str {
         match self {
@@ -35,7 +34,9 @@ impl PjrtDevice {
     fn wheel_files(self) -> &'static [&'static str] {
         match self {
             // xla-cpu-pjrt (OpenXLA), lammps-jax-pjrt-cpu.
-            PjrtDevice::Cpu => &["xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so", "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so"],
+            PjrtDevice::Cpu => {
+                &["xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so", "lammps_jax_pjrt_cpu/pjrt_c_api_cpu_plugin.so"]
+            }
             // xla-cuda12-pjrt (OpenXLA), jax-cuda12-pjrt / jax-cuda13-pjrt (JAX's plugins).
             PjrtDevice::Cuda => &[
                 "xla_plugins/xla_cuda12_pjrt/xla_cuda12_pjrt.so",
@@ -56,7 +57,7 @@ impl PjrtDevice {
 
 /// The project's plugin install folder.
 pub fn project_plugin_dir() -> PathBuf {
-    llama_model::default_model::seam_home().join("pjrt")
+    llama_model::home::pjrt_plugin_dir()
 }
 
 /// site-packages folders pip may have installed a plugin wheel into.
@@ -72,8 +73,11 @@ fn site_packages() -> Vec<PathBuf> {
     let mut out = Vec::new();
     for root in roots {
         let Ok(entries) = std::fs::read_dir(&root) else { continue };
-        let mut pythons: Vec<PathBuf> =
-            entries.flatten().map(|e| e.path()).filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python3"))).collect();
+        let mut pythons: Vec<PathBuf> = entries
+            .flatten()
+            .map(|e| e.path())
+            .filter(|p| p.file_name().is_some_and(|n| n.to_string_lossy().starts_with("python3")))
+            .collect();
         pythons.sort();
         for python in pythons {
             out.push(python.join("site-packages"));
@@ -176,7 +180,9 @@ pub fn find_plugin(device: PjrtDevice) -> Result<FoundPlugin, SearchFailure> {
 /// platform.
 fn open_client(path: &Path, device: Option<PjrtDevice>) -> Result<FoundPlugin, String> {
     let plugin = Plugin::load(path).map_err(|e| match e {
-        PjrtError::ApiVersion { plugin, header, .. } => format!("API version mismatch (plugin {plugin}, seam {header})"),
+        PjrtError::ApiVersion { plugin, header, .. } => {
+            format!("API version mismatch (plugin {plugin}, seam {header})")
+        }
         other => other.to_string(),
     })?;
     let client = Client::new(Arc::clone(&plugin)).map_err(|e| match e {

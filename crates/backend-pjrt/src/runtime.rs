@@ -9,7 +9,9 @@
 //! returned buffers replace the session's. A failed call may have consumed them: the cache is then
 //! empty until the engine replaces it.
 
-use graph_engine::{ArtifactCache, CacheOutcome, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime, LoadedModel};
+use graph_engine::{
+    ArtifactCache, CacheOutcome, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime, LoadedModel,
+};
 use llama_model::LlamaConfig;
 use pjrt_runtime::{Buffer, Client, CompileOptions, ElementType, ExecuteArg, LoadedExecutable, PjrtError, Plugin};
 use session_api::{Result, SeamError};
@@ -63,15 +65,14 @@ impl PjrtRuntime {
 
     /// The executable of `graph`, from the disk cache or compiled now.
     fn compile(&self, graph: GraphSpec) -> Result<(LoadedExecutable, CacheOutcome)> {
-        let module = emit_entry_module(&self.config, &self.options, graph).map_err(|e| SeamError::ModelFormat {
-            path: None,
-            message: e.to_string(),
-        })?;
+        let module = emit_entry_module(&self.config, &self.options, graph)
+            .map_err(|e| SeamError::ModelFormat { path: None, message: e.to_string() })?;
         let options = CompileOptions::default();
         let key = cache_key(self.client.plugin(), &module, &options);
         let load = |bytes: Vec<u8>| self.client.deserialize(&bytes).map_err(pjrt_error);
         let build = || {
-            let compile_error = |e| SeamError::Backend(format!("the PJRT plugin failed to compile {}: {e}", graph.name()));
+            let compile_error =
+                |e| SeamError::Backend(format!("the PJRT plugin failed to compile {}: {e}", graph.name()));
             let executable = self.client.compile(&module, &options).map_err(compile_error)?;
             let bytes = executable.serialize().map_err(compile_error)?;
             Ok((executable, bytes))
@@ -85,9 +86,9 @@ impl PjrtRuntime {
     }
 }
 
-/// The cache of compiled executables: `cache_home()/pjrt/<key>.pjrtexe`.
+/// The cache of compiled executables: `home::pjrt_cache_dir()/<key>.pjrtexe`.
 pub fn executable_cache() -> ArtifactCache {
-    ArtifactCache::new(llama_model::default_model::cache_home().join("pjrt"), "pjrtexe")
+    ArtifactCache::new(llama_model::home::pjrt_cache_dir(), "pjrtexe")
 }
 
 /// The key of `module` compiled with `options` by `plugin`: its identity (a plugin build can only
@@ -96,7 +97,10 @@ pub fn executable_cache() -> ArtifactCache {
 fn cache_key(plugin: &Plugin, module: &str, options: &CompileOptions) -> String {
     let meta = std::fs::metadata(plugin.path()).ok();
     let size = meta.as_ref().map(|m| m.len()).unwrap_or(0);
-    let mtime = meta.and_then(|m| m.modified().ok()).and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok()).map(|d| d.as_secs());
+    let mtime = meta
+        .and_then(|m| m.modified().ok())
+        .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
+        .map(|d| d.as_secs());
     let identity = format!(
         "{} api {} xla {} size {size} mtime {mtime:?}",
         plugin.path().display(),
@@ -104,7 +108,12 @@ fn cache_key(plugin: &Plugin, module: &str, options: &CompileOptions) -> String 
         plugin.attribute("xla_version").unwrap_or("?")
     );
     let flags = std::env::var("XLA_FLAGS").unwrap_or_default();
-    graph_engine::artifact_cache::cache_key(&[identity.as_bytes(), flags.as_bytes(), &options.to_proto_bytes(), module.as_bytes()])
+    graph_engine::artifact_cache::cache_key(&[
+        identity.as_bytes(),
+        flags.as_bytes(),
+        &options.to_proto_bytes(),
+        module.as_bytes(),
+    ])
 }
 
 /// A session's cache buffers; `None` after a failed call consumed them.
@@ -135,16 +144,20 @@ impl GraphRuntime for PjrtRuntime {
         let workers = std::thread::available_parallelism().map(|n| n.get()).unwrap_or(1).clamp(1, graphs.len().max(1));
         std::thread::scope(|scope| {
             for _ in 0..workers {
-                scope.spawn(|| loop {
-                    let Some(&graph) = graphs.get(next.fetch_add(1, Ordering::Relaxed)) else { break };
-                    let result = self.compile(graph).map(|(executable, outcome)| {
-                        self.executables.write().unwrap_or_else(|p| p.into_inner()).insert(graph.name(), Arc::new(executable));
-                        match outcome {
-                            CacheOutcome::Hit => CompileReport { compiled: 0, from_cache: 1 },
-                            CacheOutcome::Built => CompileReport { compiled: 1, from_cache: 0 },
-                        }
-                    });
-                    results.lock().unwrap_or_else(|p| p.into_inner()).push(result);
+                scope.spawn(|| {
+                    while let Some(&graph) = graphs.get(next.fetch_add(1, Ordering::Relaxed)) {
+                        let result = self.compile(graph).map(|(executable, outcome)| {
+                            self.executables
+                                .write()
+                                .unwrap_or_else(|p| p.into_inner())
+                                .insert(graph.name(), Arc::new(executable));
+                            match outcome {
+                                CacheOutcome::Hit => CompileReport { compiled: 0, from_cache: 1 },
+                                CacheOutcome::Built => CompileReport { compiled: 1, from_cache: 0 },
+                            }
+                        });
+                        results.lock().unwrap_or_else(|p| p.into_inner()).push(result);
+                    }
                 });
             }
         });
@@ -165,18 +178,27 @@ impl GraphRuntime for PjrtRuntime {
     }
 
     fn new_cache(&self) -> Result<PjrtCache> {
-        let buffers = self.cache_shapes.iter().map(|shape| self.client.zeros(self.cache_element, shape)).collect::<std::result::Result<_, _>>();
+        let buffers = self
+            .cache_shapes
+            .iter()
+            .map(|shape| self.client.zeros(self.cache_element, shape))
+            .collect::<std::result::Result<_, _>>();
         Ok(PjrtCache { buffers: Some(buffers.map_err(pjrt_error)?), release_memory: self.host_memory })
     }
 
     fn copy_cache(&self, cache: &PjrtCache) -> Result<PjrtCache> {
-        let buffers = cache.buffers.as_ref().ok_or_else(|| SeamError::Backend("the KV cache was lost by a failed call".into()))?;
+        let buffers = cache
+            .buffers
+            .as_ref()
+            .ok_or_else(|| SeamError::Backend("the KV cache was lost by a failed call".into()))?;
         // Through the host: the C API has no device-to-device copy of a buffer on one device,
         // and a fork is rare next to the steps.
         let copies = buffers
             .iter()
             .zip(&self.cache_shapes)
-            .map(|(buffer, shape)| buffer.to_host().and_then(|bytes| self.client.buffer_from_host(&bytes, self.cache_element, shape)))
+            .map(|(buffer, shape)| {
+                buffer.to_host().and_then(|bytes| self.client.buffer_from_host(&bytes, self.cache_element, shape))
+            })
             .collect::<std::result::Result<_, _>>()
             .map_err(pjrt_error)?;
         Ok(PjrtCache { buffers: Some(copies), release_memory: cache.release_memory })
@@ -192,7 +214,9 @@ impl GraphRuntime for PjrtRuntime {
             GraphInput::Embeddings(rows) => {
                 let hidden = self.config.hidden_size;
                 let bytes: Vec<u8> = rows.iter().flat_map(|v| v.to_le_bytes()).collect();
-                self.client.buffer_from_host(&bytes, ElementType::F32, &[rows.len() / hidden, hidden]).map_err(pjrt_error)?
+                self.client
+                    .buffer_from_host(&bytes, ElementType::F32, &[rows.len() / hidden, hidden])
+                    .map_err(pjrt_error)?
             }
         };
         let position = self.i32_buffer(&[call.position as i32], &[])?;
@@ -200,7 +224,8 @@ impl GraphRuntime for PjrtRuntime {
             GraphKind::Decode => None,
             _ => Some(self.i32_buffer(&[call.count as i32], &[])?),
         };
-        let buffers = cache.buffers.take().ok_or_else(|| SeamError::Backend("the KV cache was lost by a failed call".into()))?;
+        let buffers =
+            cache.buffers.take().ok_or_else(|| SeamError::Backend("the KV cache was lost by a failed call".into()))?;
         let n_caches = buffers.len();
         let mut args = vec![ExecuteArg::Keep(&input), ExecuteArg::Keep(&position)];
         args.extend(count.as_ref().map(ExecuteArg::Keep));
@@ -208,7 +233,11 @@ impl GraphRuntime for PjrtRuntime {
         args.extend(weights.iter().map(ExecuteArg::Keep));
         let mut outputs = executable.execute(args).map_err(pjrt_error)?;
         if outputs.len() != n_caches + 2 {
-            return Err(SeamError::Backend(format!("{name} returned {} results, expected {}", outputs.len(), n_caches + 2)));
+            return Err(SeamError::Backend(format!(
+                "{name} returned {} results, expected {}",
+                outputs.len(),
+                n_caches + 2
+            )));
         }
         let logits = outputs.pop().unwrap_or_else(|| unreachable!("length checked"));
         let token = outputs.remove(0);
@@ -216,7 +245,8 @@ impl GraphRuntime for PjrtRuntime {
         let mut token_bytes = [0u8; 4];
         token.copy_to_host(&mut token_bytes).map_err(pjrt_error)?;
         let token = i32::from_le_bytes(token_bytes);
-        let token = u32::try_from(token).map_err(|_| SeamError::Backend(format!("{name} returned token id {token}")))?;
+        let token =
+            u32::try_from(token).map_err(|_| SeamError::Backend(format!("{name} returned token id {token}")))?;
         let logits = if call.read_logits {
             let bytes = logits.to_host().map_err(pjrt_error)?;
             Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())

@@ -67,7 +67,8 @@ fn main() {
             };
             report.print_matrix();
             failed |= report.has_failures();
-            cpu_unavailable |= report.backends.iter().any(|b| b.backend == "pjrt-cpu" && !b.availability.is_available());
+            cpu_unavailable |=
+                report.backends.iter().any(|b| b.backend == "pjrt-cpu" && !b.availability.is_available());
         }
     }
     if failed || cpu_unavailable {

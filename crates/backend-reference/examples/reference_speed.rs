@@ -20,10 +20,19 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
             let format: WeightFormat = args.get(1).map(|s| s.parse()).transpose()?.unwrap_or(WeightFormat::F16);
             backend_reference::ReferenceBackend.load(&LoadRequest::new(dir, format))?
         }
-        None => Arc::new(ReferenceEngine::from_weights(&random_weights(&smollm2_135m_config(), 1)?, EngineOptions::default())?),
+        None => Arc::new(ReferenceEngine::from_weights(
+            &random_weights(&smollm2_135m_config(), 1)?,
+            EngineOptions::default(),
+        )?),
     };
     let info = engine.info();
-    println!("{} {} on {}: {:.0} MB resident", info.model, info.weights, backend_reference::cpu_device().name, info.weight_bytes as f64 / 1e6);
+    println!(
+        "{} {} on {}: {:.0} MB resident",
+        info.model,
+        info.weights,
+        backend_reference::cpu_device().name,
+        info.weight_bytes as f64 / 1e6
+    );
     for prompt_len in [16usize, 128] {
         let mut session = engine.new_session(SessionOptions::default())?;
         let prompt: Vec<u32> = (0..prompt_len as u32).map(|i| (i * 7919) % info.vocab_size as u32).collect();

@@ -70,7 +70,9 @@ impl Backend for ReferenceBackend {
             model_name: dir.name(),
             max_context: request.max_context,
             threads: request.threads,
-            progress: Some(Arc::new(move |done, total| progress_request.report("converting to f32", done, Some(total)))),
+            progress: Some(Arc::new(move |done, total| {
+                progress_request.report("converting to f32", done, Some(total))
+            })),
         };
         let mut engine = ReferenceEngine::from_weights(&weights, options)?;
         engine.set_load_time(started.elapsed());

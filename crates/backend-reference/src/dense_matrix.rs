@@ -133,7 +133,8 @@ mod tests {
     #[test]
     fn matmul_agrees_with_matvec_row_by_row_on_many_rows() {
         let (rows, cols, n) = (100, 37, 5);
-        let w = DenseMatrix::new(rows, cols, (0..rows * cols).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect()).unwrap();
+        let w =
+            DenseMatrix::new(rows, cols, (0..rows * cols).map(|i| ((i * 7919) % 13) as f32 - 6.0).collect()).unwrap();
         let x: Vec<f32> = (0..n * cols).map(|i| ((i * 31) % 11) as f32 * 0.5).collect();
         let batched = w.matmul(&x, n);
         for t in 0..n {
@@ -143,7 +144,8 @@ mod tests {
 
     #[test]
     fn f16_converts_exactly() {
-        let m = Matrix::F16 { rows: 1, cols: 3, data: vec![f16::from_f32(0.5), f16::from_f32(-2.0), f16::from_f32(1e-3)] };
+        let m =
+            Matrix::F16 { rows: 1, cols: 3, data: vec![f16::from_f32(0.5), f16::from_f32(-2.0), f16::from_f32(1e-3)] };
         let d = DenseMatrix::from_weight(&m).unwrap();
         assert_eq!(d.row(0), &[0.5, -2.0, f16::from_f32(1e-3).to_f32()]);
     }
@@ -151,11 +153,19 @@ mod tests {
     #[test]
     fn int4_dequantizes_with_the_format_arithmetic() {
         // One row of 32: q = i % 16, scale 0.5, bias -1, so value = 0.5 * q - 1.
-        let packed: Vec<u8> = (0..16).map(|i| {
-            let (lo, hi) = ((2 * i) % 16, (2 * i + 1) % 16);
-            (lo | (hi << 4)) as u8
-        }).collect();
-        let m = Int4Matrix { rows: 1, cols: 32, packed, scales: vec![f16::from_f32(0.5)], biases: vec![f16::from_f32(-1.0)] };
+        let packed: Vec<u8> = (0..16)
+            .map(|i| {
+                let (lo, hi) = ((2 * i) % 16, (2 * i + 1) % 16);
+                (lo | (hi << 4)) as u8
+            })
+            .collect();
+        let m = Int4Matrix {
+            rows: 1,
+            cols: 32,
+            packed,
+            scales: vec![f16::from_f32(0.5)],
+            biases: vec![f16::from_f32(-1.0)],
+        };
         let d = DenseMatrix::from_weight(&Matrix::Int4(m)).unwrap();
         let expected: Vec<f32> = (0..32).map(|i| 0.5 * (i % 16) as f32 - 1.0).collect();
         assert_eq!(d.row(0), expected.as_slice());

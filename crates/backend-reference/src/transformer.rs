@@ -64,9 +64,14 @@ impl Transformer {
         // Positive sizes, heads divisible into KV groups, an even head_dim, a sane eps and theta.
         c.validate().map_err(shape_error)?;
         if weights.layers.len() != c.num_hidden_layers {
-            return Err(shape_error(format!("{} layers, the config says {}", weights.layers.len(), c.num_hidden_layers)));
+            return Err(shape_error(format!(
+                "{} layers, the config says {}",
+                weights.layers.len(),
+                c.num_hidden_layers
+            )));
         }
-        let shape = AttentionShape { n_heads: c.num_attention_heads, n_kv_heads: c.num_key_value_heads, head_dim: c.head_dim };
+        let shape =
+            AttentionShape { n_heads: c.num_attention_heads, n_kv_heads: c.num_key_value_heads, head_dim: c.head_dim };
         let (hidden, ffn, vocab) = (c.hidden_size, c.intermediate_size, c.vocab_size);
         let total = weights.layers.len() as u64 + 1;
 
@@ -106,7 +111,15 @@ impl Transformer {
             layers.push(layer);
             progress(i as u64 + 2, total);
         }
-        Ok(Transformer { config: c.clone(), shape, rope_inv_freq: c.rope_inv_freq(), embed, layers, final_norm: weights.final_norm.clone(), lm_head })
+        Ok(Transformer {
+            config: c.clone(),
+            shape,
+            rope_inv_freq: c.rope_inv_freq(),
+            embed,
+            layers,
+            final_norm: weights.final_norm.clone(),
+            lm_head,
+        })
     }
 
     /// The model's config.
@@ -155,7 +168,8 @@ impl Transformer {
         cache.reserve(n)?;
 
         // cos/sin depend only on the position: compute them once for all layers.
-        let rope: Vec<(Vec<f32>, Vec<f32>)> = (start..start + n).map(|p| rope_cos_sin_from(&self.rope_inv_freq, p)).collect();
+        let rope: Vec<(Vec<f32>, Vec<f32>)> =
+            (start..start + n).map(|p| rope_cos_sin_from(&self.rope_inv_freq, p)).collect();
         let (d, q_width, kv_width) = (self.shape.head_dim, self.shape.q_width(), self.shape.kv_width());
         let eps = self.config.rms_norm_eps;
 
@@ -167,8 +181,12 @@ impl Transformer {
             let v = layer.wv.matmul(&normed, n);
             for t in 0..n {
                 let (cos, sin) = &rope[t];
-                q[t * q_width..(t + 1) * q_width].chunks_exact_mut(d).for_each(|head| kernels::apply_rope(head, cos, sin));
-                k[t * kv_width..(t + 1) * kv_width].chunks_exact_mut(d).for_each(|head| kernels::apply_rope(head, cos, sin));
+                q[t * q_width..(t + 1) * q_width]
+                    .chunks_exact_mut(d)
+                    .for_each(|head| kernels::apply_rope(head, cos, sin));
+                k[t * kv_width..(t + 1) * kv_width]
+                    .chunks_exact_mut(d)
+                    .for_each(|head| kernels::apply_rope(head, cos, sin));
             }
             layer_cache.keys.extend_from_slice(&k);
             layer_cache.values.extend_from_slice(&v);
@@ -177,7 +195,13 @@ impl Transformer {
             let mut attention = vec![0.0f32; n * q_width];
             attention.par_chunks_mut(q_width).enumerate().for_each(|(t, out)| {
                 let query = &q[t * q_width..(t + 1) * q_width];
-                out.copy_from_slice(&kernels::attend(query, &layer_cache.keys, &layer_cache.values, start + t + 1, self.shape));
+                out.copy_from_slice(&kernels::attend(
+                    query,
+                    &layer_cache.keys,
+                    &layer_cache.values,
+                    start + t + 1,
+                    self.shape,
+                ));
             });
             let projected = layer.wo.matmul(&attention, n);
             hidden.iter_mut().zip(&projected).for_each(|(h, p)| *h += p);
@@ -250,9 +274,9 @@ impl KvCache {
         let more = n * self.kv_width;
         for layer in &mut self.layers {
             for buffer in [&mut layer.keys, &mut layer.values] {
-                buffer.try_reserve(more).map_err(|e| {
-                    SeamError::ResourceExhausted(format!("growing the KV cache by {n} positions: {e}"))
-                })?;
+                buffer
+                    .try_reserve(more)
+                    .map_err(|e| SeamError::ResourceExhausted(format!("growing the KV cache by {n} positions: {e}")))?;
             }
         }
         Ok(())

@@ -29,7 +29,10 @@ fn loads_a_checkpoint_with_progress_and_matches_the_naive_pass() {
     let engine = find_backend("reference").unwrap().load(&request).unwrap();
 
     let info = engine.info();
-    assert_eq!((info.model.as_str(), info.backend.as_str(), info.weights), ("tiny-untied", "reference", WeightFormat::F16));
+    assert_eq!(
+        (info.model.as_str(), info.backend.as_str(), info.weights),
+        ("tiny-untied", "reference", WeightFormat::F16)
+    );
     assert_eq!(engine.capabilities().max_context, 512);
     let stages = stages.lock().unwrap();
     for stage in ["reading weights", "converting to f32"] {

@@ -22,7 +22,8 @@ fn greedy_continuation(weights: WeightFormat) -> serde_json::Value {
     let engine = find_backend("reference").unwrap().load(&LoadRequest::new(&dir, weights)).unwrap();
     let mut session = engine.new_session(SessionOptions::default()).unwrap();
     let request = GenerationRequest { max_tokens: TOKENS, ignore_eos: true, ..Default::default() };
-    let output = generate(session.as_mut(), &prompt, &request, Some(&tokenizer), &CancelToken::new(), &mut |_| {}).unwrap();
+    let output =
+        generate(session.as_mut(), &prompt, &request, Some(&tokenizer), &CancelToken::new(), &mut |_| {}).unwrap();
     json!({ "prompt": PROMPT, "prompt_ids": prompt, "token_ids": output.tokens, "text": output.text })
 }
 

@@ -197,18 +197,33 @@ fn capabilities_and_info_describe_the_engine() {
     let capped = engine(&weights, Some(16));
     assert_eq!(capped.capabilities().max_context, 16);
     let uncapped = engine(&weights, Some(1 << 20));
-    assert_eq!(uncapped.capabilities().max_context, weights.config.max_position_embeddings, "capped by max_position_embeddings");
+    assert_eq!(
+        uncapped.capabilities().max_context,
+        weights.config.max_position_embeddings,
+        "capped by max_position_embeddings"
+    );
     let caps = capped.capabilities();
-    assert!(caps.logits && caps.kv_ops.truncate && caps.kv_ops.fork && caps.inputs.embeddings && caps.parallel_sessions);
+    assert!(
+        caps.logits && caps.kv_ops.truncate && caps.kv_ops.fork && caps.inputs.embeddings && caps.parallel_sessions
+    );
     assert_eq!(caps.weight_formats, vec![WeightFormat::F16, WeightFormat::Int4]);
     let info = capped.info();
-    assert_eq!((info.backend.as_str(), info.resident_precision.as_str(), info.weights), ("reference", "f32", WeightFormat::F16));
+    assert_eq!(
+        (info.backend.as_str(), info.resident_precision.as_str(), info.weights),
+        ("reference", "f32", WeightFormat::F16)
+    );
     assert_eq!((info.vocab_size, info.hidden_size), (weights.config.vocab_size, weights.config.hidden_size));
     assert!(info.weight_bytes > 0);
     // Every sampling mode is accepted; invalid settings are refused as input errors.
-    let top = SessionOptions { sampling: SamplingConfig::Sample { temperature: 0.7, top_k: 5, top_p: 0.9, seed: 1 }, return_logits: true };
+    let top = SessionOptions {
+        sampling: SamplingConfig::Sample { temperature: 0.7, top_k: 5, top_p: 0.9, seed: 1 },
+        return_logits: true,
+    };
     assert!(capped.session(top).is_ok());
-    let bad = SessionOptions { sampling: SamplingConfig::Sample { temperature: -1.0, top_k: 0, top_p: 1.0, seed: 1 }, return_logits: false };
+    let bad = SessionOptions {
+        sampling: SamplingConfig::Sample { temperature: -1.0, top_k: 0, top_p: 1.0, seed: 1 },
+        return_logits: false,
+    };
     assert_eq!(capped.session(bad).err().unwrap().kind(), ErrorKind::InvalidInput);
 }
 
@@ -229,7 +244,9 @@ fn sessions_run_in_parallel_on_one_engine() {
     let handles: Vec<_> = (0..3)
         .map(|_| {
             let engine = std::sync::Arc::clone(&engine);
-            std::thread::spawn(move || generate(engine.session(SessionOptions::default()).unwrap().as_mut(), &PROMPT, 10))
+            std::thread::spawn(move || {
+                generate(engine.session(SessionOptions::default()).unwrap().as_mut(), &PROMPT, 10)
+            })
         })
         .collect();
     for h in handles {

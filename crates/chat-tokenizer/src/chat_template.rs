@@ -172,7 +172,11 @@ impl ChatTemplate {
 
     /// Compiles a template given as text (for example from a GGUF file's
     /// `tokenizer.chat_template`), with the special tokens it may refer to.
-    pub fn from_source(template: impl Into<String>, bos_token: Option<String>, eos_token: Option<String>) -> Result<Self> {
+    pub fn from_source(
+        template: impl Into<String>,
+        bos_token: Option<String>,
+        eos_token: Option<String>,
+    ) -> Result<Self> {
         let source = template.into();
         let mut env = Environment::new();
         // Hugging Face's renderer: ImmutableSandboxedEnvironment(trim_blocks=True,
@@ -199,7 +203,10 @@ impl ChatTemplate {
     /// The result usually starts with the BOS token already: encode it with
     /// `add_special_tokens = false`.
     pub fn apply(&self, messages: &[ChatMessage], add_generation_prompt: bool) -> Result<String> {
-        let template = self.env.get_template(TEMPLATE_NAME).map_err(|e| TokenizerError::TemplateRender { message: describe(&e) })?;
+        let template = self
+            .env
+            .get_template(TEMPLATE_NAME)
+            .map_err(|e| TokenizerError::TemplateRender { message: describe(&e) })?;
         let mut context: BTreeMap<&str, Value> = BTreeMap::new();
         context.insert("messages", Value::from(minijinja::value::Serde(messages)));
         context.insert("add_generation_prompt", Value::from(add_generation_prompt));
@@ -280,7 +287,12 @@ impl TokenizerConfig {
             Some(serde_json::Value::Bool(b)) => Some(*b),
             Some(_) => return Err(malformed("add_bos_token is not a boolean".into())),
         };
-        Ok(TokenizerConfig { chat_template, bos_token: token("bos_token")?, eos_token: token("eos_token")?, add_bos_token })
+        Ok(TokenizerConfig {
+            chat_template,
+            bos_token: token("bos_token")?,
+            eos_token: token("eos_token")?,
+            add_bos_token,
+        })
     }
 }
 

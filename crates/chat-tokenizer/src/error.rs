@@ -78,7 +78,9 @@ impl From<TokenizerError> for SeamError {
             }
             TokenizerError::NoChatTemplate { dir } => SeamError::model_format(dir, "the model has no chat template"),
             e @ TokenizerError::TemplateSyntax { .. } => SeamError::ModelFormat { path: None, message: e.to_string() },
-            TokenizerError::UnknownTokenId { id, vocab_size } => SeamError::TokenOutOfVocabulary { token: id, vocab_size },
+            TokenizerError::UnknownTokenId { id, vocab_size } => {
+                SeamError::TokenOutOfVocabulary { token: id, vocab_size }
+            }
             e @ (TokenizerError::TemplateException { .. }
             | TokenizerError::TemplateRender { .. }
             | TokenizerError::Encode { .. }

@@ -32,13 +32,16 @@ pub(crate) fn tojson(value: &Value, indent: Option<Value>, kwargs: Kwargs) -> Re
     let sort_keys = kwargs.get::<Option<bool>>("sort_keys")?.unwrap_or(false);
     let (item_separator, key_separator) = match kwargs.get::<Option<Value>>("separators")? {
         Some(v) if !v.is_none() => {
-            let parts: Vec<String> =
-                v.try_iter()?.map(|p| p.as_str().map(str::to_owned)).collect::<Option<_>>().ok_or_else(|| {
-                    Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings")
-                })?;
+            let parts: Vec<String> = v
+                .try_iter()?
+                .map(|p| p.as_str().map(str::to_owned))
+                .collect::<Option<_>>()
+                .ok_or_else(|| Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings"))?;
             match <[String; 2]>::try_from(parts) {
                 Ok([item, key]) => (item, key),
-                Err(_) => return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings")),
+                Err(_) => {
+                    return Err(Error::new(ErrorKind::InvalidOperation, "tojson: separators must be two strings"))
+                }
             }
         }
         // Python's defaults: with an indent, the item separator loses its trailing space.
@@ -101,7 +104,10 @@ fn write_value(out: &mut String, value: &Value, layout: &Layout, depth: usize) -
             })?;
         }
         kind => {
-            return Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: a value of type {kind} is not JSON serializable")))
+            return Err(Error::new(
+                ErrorKind::InvalidOperation,
+                format!("tojson: a value of type {kind} is not JSON serializable"),
+            ))
         }
     }
     Ok(())
@@ -140,7 +146,10 @@ fn key_string(key: &Value) -> Result<String, Error> {
         ValueKind::Bool => Ok(if key.is_true() { "true" } else { "false" }.to_owned()),
         ValueKind::Number if key.is_integer() => Ok(key.to_string()),
         ValueKind::Number => Ok(python_float_repr(f64::try_from(key.clone())?)),
-        kind => Err(Error::new(ErrorKind::InvalidOperation, format!("tojson: keys must be str, int, float, bool or None, not {kind}"))),
+        kind => Err(Error::new(
+            ErrorKind::InvalidOperation,
+            format!("tojson: keys must be str, int, float, bool or None, not {kind}"),
+        )),
     }
 }
 

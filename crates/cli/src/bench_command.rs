@@ -147,10 +147,19 @@ fn measure_prefill(engine: &Arc<dyn Engine>, tokens: &[u32], repeats: usize) -> 
         ttft.push(ms_since(started));
         rates.push(tokens.len() as f64 / (prefill_ms / 1000.0));
     }
-    Ok(PrefillResult { prompt_tokens: tokens.len(), tokens_per_s: Spread::of(&rates), time_to_first_token_ms: Spread::of(&ttft) })
+    Ok(PrefillResult {
+        prompt_tokens: tokens.len(),
+        tokens_per_s: Spread::of(&rates),
+        time_to_first_token_ms: Spread::of(&ttft),
+    })
 }
 
-fn measure_decode(engine: &Arc<dyn Engine>, prompt: &[u32], steps: usize, repeats: usize) -> Result<DecodeResult, CliError> {
+fn measure_decode(
+    engine: &Arc<dyn Engine>,
+    prompt: &[u32],
+    steps: usize,
+    repeats: usize,
+) -> Result<DecodeResult, CliError> {
     let mut runs: Vec<(f64, Vec<f64>)> = Vec::new();
     for _ in 0..repeats {
         let mut session = engine.new_session(SessionOptions::default())?;
@@ -171,14 +180,22 @@ fn measure_decode(engine: &Arc<dyn Engine>, prompt: &[u32], steps: usize, repeat
     Ok(DecodeResult { steps, tokens_per_s: spread, step_ms: StepTimeSummary::from_steps(median_run) })
 }
 
+/// The warm engine of [`load_cold_and_warm`] and what its loads measured.
+struct Loaded {
+    engine: Arc<dyn Engine>,
+    cold_ms: Option<f64>,
+    warm_ms: f64,
+    /// The process RSS after the warm load.
+    rss: Option<u64>,
+}
+
 /// Loads with the compiled-graph cache in an empty folder (so the load compiles), then with the
-/// project's cache twice (the first fills it if needed, the second is the warm load). Returns the
-/// warm engine, both load times, and the process RSS after the warm load.
+/// project's cache twice (the first fills it if needed, the second is the warm load).
 fn load_cold_and_warm(
     backend: &dyn session_api::Backend,
     request: &LoadRequest,
     cold: bool,
-) -> Result<(Arc<dyn Engine>, Option<f64>, f64, Option<u64>), CliError> {
+) -> Result<Loaded, CliError> {
     let cold_ms = if cold {
         let cache = tempfile::tempdir().map_err(CliError::Output)?;
         // Every backend caches below `llama_model::home::cache_dir()`, which this variable moves.
@@ -203,11 +220,11 @@ fn load_cold_and_warm(
     let started = Instant::now();
     let engine = backend.load(request)?;
     let warm_ms = ms_since(started);
-    Ok((engine, cold_ms, warm_ms, rss_bytes()))
+    Ok(Loaded { engine, cold_ms, warm_ms, rss: rss_bytes() })
 }
 
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
-    if args.repeats == 0 || args.decode_tokens == 0 || args.prompt_lengths.iter().any(|&n| n == 0) {
+    if args.repeats == 0 || args.decode_tokens == 0 || args.prompt_lengths.contains(&0) {
         return Err(CliError::Usage("--repeats, --decode-tokens and every prompt length must be at least 1".into()));
     }
     let longest = args.prompt_lengths.iter().copied().max().unwrap_or(16).max(16 + args.decode_tokens);
@@ -241,7 +258,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             eprintln!("bench: {name} {format} ...");
             let mut request = LoadRequest::new(&model_dir, format);
             request.max_context = Some(args.max_context.unwrap_or(longest.max(2048)));
-            let (engine, load_cold_ms, load_warm_ms, resident) = load_cold_and_warm(backend.as_ref(), &request, !args.no_cold)?;
+            let Loaded { engine, cold_ms: load_cold_ms, warm_ms: load_warm_ms, rss: resident } =
+                load_cold_and_warm(backend.as_ref(), &request, !args.no_cold)?;
             let info = engine.info();
             let mut prefill = Vec::new();
             for &n in &args.prompt_lengths {
@@ -294,8 +312,12 @@ fn request_context(args: &BenchArgs, longest: usize) -> usize {
 }
 
 fn print_table(results: &[BenchResult]) {
-    let lengths: Vec<usize> = results.first().map(|r| r.prefill.iter().map(|p| p.prompt_tokens).collect()).unwrap_or_default();
-    let mut header = format!("{:<12} {:<5} {:>10} {:>9} {:>10} {:>8}", "backend", "wts", "load cold", "warm", "weights MB", "rss MB");
+    let lengths: Vec<usize> =
+        results.first().map(|r| r.prefill.iter().map(|p| p.prompt_tokens).collect()).unwrap_or_default();
+    let mut header = format!(
+        "{:<12} {:<5} {:>10} {:>9} {:>10} {:>8}",
+        "backend", "wts", "load cold", "warm", "weights MB", "rss MB"
+    );
     for n in &lengths {
         header.push_str(&format!(" {:>12}", format!("prefill@{n}")));
     }
@@ -307,11 +329,15 @@ fn print_table(results: &[BenchResult]) {
         let rss = r.rss_after_load_bytes.map(|b| format!("{:.0}", b as f64 / 1e6)).unwrap_or_else(|| "-".into());
         let warm = format!("{:.2} s", r.load_warm_ms / 1000.0);
         let weights = format!("{:.0}", r.weight_bytes as f64 / 1e6);
-        let mut line = format!("{:<12} {:<5} {:>10} {:>9} {:>10} {:>8}", r.backend, r.weights.as_str(), cold, warm, weights, rss);
+        let mut line =
+            format!("{:<12} {:<5} {:>10} {:>9} {:>10} {:>8}", r.backend, r.weights.as_str(), cold, warm, weights, rss);
         for p in &r.prefill {
             line.push_str(&format!(" {:>12}", format!("{:.1}", p.tokens_per_s.median)));
         }
-        line.push_str(&format!(" {:>10.1} {:>9.1} {:>9.1}", r.decode.tokens_per_s.median, r.decode.step_ms.p50_ms, r.decode.step_ms.p90_ms));
+        line.push_str(&format!(
+            " {:>10.1} {:>9.1} {:>9.1}",
+            r.decode.tokens_per_s.median, r.decode.step_ms.p50_ms, r.decode.step_ms.p90_ms
+        ));
         println!("{line}");
     }
     println!("(medians of the repeats; prefill in tokens/s; min and every figure in --json)");

@@ -40,7 +40,7 @@ pub fn run(args: ConvertArgs) -> Result<(), CliError> {
     };
     let bar = StageBar::new();
     let report = |done, total| bar.count("converting tensors", done, total);
-    let options = ImportOptions { progress: Some(&report), ..ImportOptions::default() };
+    let options = ImportOptions { progress: Some(&report) };
     let report = import_gguf(&gguf, &out, &options)?;
     bar.finish();
     let types: Vec<String> = report.gguf_types.iter().map(|(t, n)| format!("{n} x {t}")).collect();

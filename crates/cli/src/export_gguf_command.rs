@@ -3,8 +3,8 @@
 //! export itself is `llama_model::export`; this is its command line.
 
 use crate::cli_error::CliError;
-use llama_model::export::{export_gguf, ExportError, GgufMatrixType, TokenizerSource};
 use clap::{Args, ValueEnum};
+use llama_model::export::{export_gguf, ExportError, GgufMatrixType, TokenizerSource};
 use session_api::SeamError;
 use std::path::PathBuf;
 

@@ -6,7 +6,9 @@ use chat_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use clap::Args;
 use llama_model::model_dir::ModelDir;
 use session_api::generate::{generate, CancelToken, GenerationRequest};
-use session_api::{find_backend, find_backend_with, Availability, LoadRequest, SamplingConfig, SeamError, SessionOptions, WeightFormat};
+use session_api::{
+    find_backend, find_backend_with, Availability, LoadRequest, SamplingConfig, SeamError, SessionOptions, WeightFormat,
+};
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read, Write};
 use std::path::{Path, PathBuf};
@@ -123,7 +125,9 @@ fn choose_backend(named: Option<&str>, plugin: Option<&Path>) -> Result<Box<dyn 
     match backend.availability() {
         Availability::Available { .. } => Ok(backend),
         Availability::Unavailable { reason } if named.is_none() => fall_back(&reason),
-        Availability::Unavailable { reason } => Err(SeamError::Unavailable { backend: name.to_string(), reason }.into()),
+        Availability::Unavailable { reason } => {
+            Err(SeamError::Unavailable { backend: name.to_string(), reason }.into())
+        }
     }
 }
 

@@ -44,10 +44,12 @@ pub fn run(args: SynthModelArgs) -> Result<(), CliError> {
                 }
                 continue;
             }
-            std::fs::copy(&source, args.out.join(name)).map_err(|e| CliError::Seam(llama_model::ModelError::io(&source, e).into()))?;
+            std::fs::copy(&source, args.out.join(name))
+                .map_err(|e| CliError::Seam(llama_model::ModelError::io(&source, e).into()))?;
         }
     }
-    let params: usize = llama_model::weights::expected_tensors(&config).iter().map(|t| t.shape.iter().product::<usize>()).sum();
+    let params: usize =
+        llama_model::weights::expected_tensors(&config).iter().map(|t| t.shape.iter().product::<usize>()).sum();
     eprintln!(
         "wrote {} ({} shape, seed {}, {:.2} B parameters in f16) in {:.1} s",
         args.out.display(),

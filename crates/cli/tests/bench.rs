@@ -32,7 +32,9 @@ fn bench_reports_load_prefill_and_decode() {
         }
         assert_eq!(r["decode"]["steps"], 3);
         assert!(r["decode"]["tokens_per_s"]["median"].as_f64().unwrap() > 0.0);
-        assert!(r["decode"]["step_ms"]["p90_ms"].as_f64().unwrap() >= r["decode"]["step_ms"]["p50_ms"].as_f64().unwrap());
+        assert!(
+            r["decode"]["step_ms"]["p90_ms"].as_f64().unwrap() >= r["decode"]["step_ms"]["p50_ms"].as_f64().unwrap()
+        );
     }
 }
 
@@ -44,5 +46,8 @@ fn bench_refuses_a_context_too_small() {
         .unwrap();
     assert!(!out.status.success());
     let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(stderr.starts_with("error: --max-context 8 cannot hold 512 tokens") && !stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr.starts_with("error: --max-context 8 cannot hold 512 tokens") && !stderr.contains("panicked"),
+        "{stderr}"
+    );
 }

@@ -60,7 +60,17 @@ fn exported_ggufs_convert_back_to_the_same_weights() {
 
     // The tokenizer copied from a GGUF instead of built from tokenizer.json.
     std::fs::remove_file(Path::new(&model).join("tokenizer.json")).unwrap();
-    let report = ok(&["export-gguf", "--model", &model, "--type", "f16", "--out", &path("t2.gguf"), "--tokenizer-from", &path("t.F16.gguf")]);
+    let report = ok(&[
+        "export-gguf",
+        "--model",
+        &model,
+        "--type",
+        "f16",
+        "--out",
+        &path("t2.gguf"),
+        "--tokenizer-from",
+        &path("t.F16.gguf"),
+    ]);
     assert!(report.contains("tokenizer pre 'gpt2'"), "{report}");
 }
 
@@ -68,7 +78,8 @@ fn exported_ggufs_convert_back_to_the_same_weights() {
 fn mistakes_are_one_line_errors() {
     let dir = tempfile::tempdir().unwrap();
     let out = dir.path().join("x.gguf");
-    let missing = seam(&["export-gguf", "--model", "/nonexistent-model", "--type", "f16", "--out", out.to_str().unwrap()]);
+    let missing =
+        seam(&["export-gguf", "--model", "/nonexistent-model", "--type", "f16", "--out", out.to_str().unwrap()]);
     assert!(!missing.status.success());
     let stderr = String::from_utf8_lossy(&missing.stderr);
     assert!(stderr.starts_with("error: ") && stderr.contains("/nonexistent-model"), "{stderr}");

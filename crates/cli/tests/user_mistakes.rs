@@ -72,7 +72,8 @@ fn backends_lists_the_reference_backend_as_available() {
     let out = seam(&["backends", "--json"]);
     assert!(out.status.success());
     let listing: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
-    let reference = listing.as_array().unwrap().iter().find(|b| b["name"] == "reference").expect("reference is registered");
+    let reference =
+        listing.as_array().unwrap().iter().find(|b| b["name"] == "reference").expect("reference is registered");
     assert_eq!(reference["availability"]["status"], "available");
     assert_eq!(reference["capabilities"]["logits"], true);
     let text = seam(&["backends"]);
@@ -90,7 +91,11 @@ fn run_json_on_the_default_model_reports_ids_and_stats() {
     assert_eq!(report["finish_reason"], "max_tokens");
     assert_eq!(report["stats"]["decode_steps"], 5);
     assert!(report["text"].as_str().unwrap().contains("Paris"), "{}", report["text"]);
-    assert_eq!((report["backend"].as_str(), report["device"].as_str()), (Some("iree"), Some("cpu")), "the default backend");
+    assert_eq!(
+        (report["backend"].as_str(), report["device"].as_str()),
+        (Some("iree"), Some("cpu")),
+        "the default backend"
+    );
 }
 
 /// With the IREE compiler pointed somewhere wrong, iree-cpu is unavailable: `seam run` without
@@ -99,12 +104,19 @@ fn run_json_on_the_default_model_reports_ids_and_stats() {
 fn unavailable_default_backend_falls_back_to_the_reference() {
     llama_model::default_model::ensure_default_model(None).unwrap();
     let run = |args: &[&str]| {
-        Command::new(env!("CARGO_BIN_EXE_seam")).args(args).env("SEAM_IREE_COMPILER", "/nonexistent/libIREECompiler.so").output().unwrap()
+        Command::new(env!("CARGO_BIN_EXE_seam"))
+            .args(args)
+            .env("SEAM_IREE_COMPILER", "/nonexistent/libIREECompiler.so")
+            .output()
+            .unwrap()
     };
     let out = run(&["run", "--prompt", "The capital of France is", "--max-tokens", "2", "--json"]);
     let stderr = String::from_utf8_lossy(&out.stderr);
     assert!(out.status.success(), "{stderr}");
-    assert!(stderr.contains("note: the default backend iree-cpu is unavailable") && stderr.contains("running on reference"), "{stderr}");
+    assert!(
+        stderr.contains("note: the default backend iree-cpu is unavailable") && stderr.contains("running on reference"),
+        "{stderr}"
+    );
     let report: serde_json::Value = serde_json::from_slice(&out.stdout).unwrap();
     assert_eq!(report["backend"], "reference");
 
@@ -132,7 +144,10 @@ fn missing_or_broken_pjrt_plugin_is_reported() {
 
     let model = dir.path().join("tiny");
     llama_model::random::write_random_checkpoint(&model, &llama_model::random::tiny_config(), 1).unwrap();
-    let out = with_plugin(&not_a_plugin, &["run", "--backend", "pjrt-cpu", "--model", model.to_str().unwrap(), "--prompt", "hi"]);
+    let out = with_plugin(
+        &not_a_plugin,
+        &["run", "--backend", "pjrt-cpu", "--model", model.to_str().unwrap(), "--prompt", "hi"],
+    );
     assert_clean_failure(&out, "backend pjrt-cpu is unavailable");
     assert!(String::from_utf8_lossy(&out.stderr).contains("could not be loaded as a PJRT plugin"));
 }
@@ -142,7 +157,8 @@ fn missing_or_broken_pjrt_plugin_is_reported() {
 /// included), and a path that holds no plugin is one clean sentence.
 #[test]
 fn any_pjrt_plugin_by_path() {
-    let plugin = Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.seam/pjrt/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so");
+    let plugin =
+        Path::new(env!("CARGO_MANIFEST_DIR")).join("../../.seam/pjrt/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so");
     assert!(plugin.is_file(), "scripts/build-prereqs.sh installs XLA's CPU plugin at {}", plugin.display());
     let plugin = plugin.canonicalize().unwrap();
     let suite = seam(&[
@@ -166,10 +182,12 @@ fn any_pjrt_plugin_by_path() {
     assert!(matrix.contains("pass        pjrt/f16 input.embeddings_interleaved"), "{matrix}");
     assert!(matrix.contains("pass        pjrt/f16 input.poisoned_session"), "{matrix}");
 
-    let missing = seam(&["conformance", "--backend", "pjrt", "--plugin", "/nonexistent/vendor_pjrt.so", "--real-model", "skip"]);
+    let missing =
+        seam(&["conformance", "--backend", "pjrt", "--plugin", "/nonexistent/vendor_pjrt.so", "--real-model", "skip"]);
     let text = format!("{}{}", String::from_utf8_lossy(&missing.stdout), String::from_utf8_lossy(&missing.stderr));
     assert!(!missing.status.success() && !text.contains("panicked"), "{text}");
     assert!(text.contains("no PJRT plugin at /nonexistent/vendor_pjrt.so (from --plugin)"), "{text}");
-    let refused = seam(&["run", "--backend", "reference", "--plugin", "/x.so", "--prompt", "hi", "--model", "/nonexistent"]);
+    let refused =
+        seam(&["run", "--backend", "reference", "--plugin", "/x.so", "--prompt", "hi", "--model", "/nonexistent"]);
     assert_clean_failure(&refused, "reference takes no backend settings");
 }

@@ -113,7 +113,8 @@ impl SuiteOptions {
     /// `SEAM_CONFORMANCE_REAL_MODEL` (`0` skips the real model, `full` runs every prompt on it),
     /// `SEAM_CONFORMANCE_FORMATS` (`f16`, `int4` or `f16,int4`).
     pub fn from_env() -> SuiteOptions {
-        let mut options = SuiteOptions { progress: true, real_model: RealModelParity::Quick, ..SuiteOptions::default() };
+        let mut options =
+            SuiteOptions { progress: true, real_model: RealModelParity::Quick, ..SuiteOptions::default() };
         if let Ok(filter) = std::env::var("SEAM_CONFORMANCE_CASES") {
             options.case_filter = Some(filter).filter(|f| !f.is_empty());
         }
@@ -167,13 +168,20 @@ impl Target {
         backend_reference::link();
         let entry = session_api::registered_backends().into_iter().find(|b| b.name == name);
         match entry {
-            Some(entry) => match entry.instantiate().and_then(|b| if settings.is_empty() { Ok(b) } else { b.configure(settings) }) {
-                Ok(backend) => Ok(Target::new(backend)),
-                Err(e) => Ok(Target::new(Box::new(IncompatibleBackend { name: entry.name, reason: e.to_string() }))),
-            },
-            None => Err(SuiteError::UnknownBackend(session_api::find_backend(name).err().unwrap_or(
-                SeamError::UnknownBackend { name: name.to_string(), known: String::new() },
-            ))),
+            Some(entry) => {
+                match entry.instantiate().and_then(|b| if settings.is_empty() { Ok(b) } else { b.configure(settings) })
+                {
+                    Ok(backend) => Ok(Target::new(backend)),
+                    Err(e) => {
+                        Ok(Target::new(Box::new(IncompatibleBackend { name: entry.name, reason: e.to_string() })))
+                    }
+                }
+            }
+            None => Err(SuiteError::UnknownBackend(
+                session_api::find_backend(name)
+                    .err()
+                    .unwrap_or(SeamError::UnknownBackend { name: name.to_string(), known: String::new() }),
+            )),
         }
     }
 
@@ -219,13 +227,19 @@ impl Backend for IncompatibleBackend {
 pub fn run_suite(options: &SuiteOptions) -> Result<Report, SuiteError> {
     backend_reference::link();
     let names: Vec<String> = if options.backends.is_empty() {
-        session_api::registered_backends().iter().filter(|b| b.alias_of().is_none()).map(|b| b.name.to_string()).collect()
+        session_api::registered_backends()
+            .iter()
+            .filter(|b| b.alias_of().is_none())
+            .map(|b| b.name.to_string())
+            .collect()
     } else {
         options.backends.clone()
     };
     let targets = names
         .iter()
-        .map(|name| Target::registered_with(name, &options.backend_settings).map(|t| t.with_precision(options.precision)))
+        .map(|name| {
+            Target::registered_with(name, &options.backend_settings).map(|t| t.with_precision(options.precision))
+        })
         .collect::<Result<Vec<_>, _>>()?;
     run_targets(&targets, options)
 }

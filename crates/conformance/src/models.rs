@@ -58,7 +58,7 @@ fn tiny_configs() -> Vec<(&'static str, &'static str, LlamaConfig)> {
     let mut untied = llama_model::random::tiny_config();
     untied.tie_word_embeddings = false;
     untied.rope_scaling = None;
-    if untied.num_attention_heads % 2 == 0 {
+    if untied.num_attention_heads.is_multiple_of(2) {
         untied.num_key_value_heads = untied.num_attention_heads / 2;
     }
     untied.max_position_embeddings = untied.max_position_embeddings.max(TINY_MIN_POSITIONS);
@@ -85,7 +85,8 @@ pub fn tiny_models(cache_dir: &Path) -> Result<Vec<TestModel>, String> {
         .map(|(name, about, config)| {
             let dir = cache_dir.join(format!("{name}-{:016x}", fingerprint(&config)));
             if !dir.join("config.json").is_file() {
-                generate(&dir, &config).map_err(|e| format!("generating the {name} checkpoint in {}: {e}", dir.display()))?;
+                generate(&dir, &config)
+                    .map_err(|e| format!("generating the {name} checkpoint in {}: {e}", dir.display()))?;
             }
             Ok(TestModel { name: name.to_string(), about, dir, kind: ModelKind::Tiny, config: Some(config) })
         })
@@ -137,17 +138,9 @@ pub fn default_model() -> Result<TestModel, MissingModel> {
     }
 }
 
-/// The default cache directory for generated checkpoints: `<workspace>/.seam/conformance-models`
-/// when this crate sits in the seam workspace, else `<temp>/seam-conformance-models` (a crate built
-/// from a registry or git checkout must not write into cargo's source cache).
-/// `SEAM_CONFORMANCE_CACHE` overrides both.
+/// The default cache directory for generated checkpoints: `llama_model::home::conformance_models_dir()`
+/// (`SEAM_CONFORMANCE_CACHE`, else `.seam/conformance-models` under seam's home, which is a temp
+/// folder for a crate built outside the seam workspace).
 pub fn default_cache_dir() -> PathBuf {
-    if let Some(dir) = std::env::var_os("SEAM_CONFORMANCE_CACHE") {
-        return PathBuf::from(dir);
-    }
-    let workspace = Path::new(env!("CARGO_MANIFEST_DIR")).join("../..");
-    if workspace.join("crates/session-api/Cargo.toml").is_file() {
-        return workspace.join(".seam/conformance-models");
-    }
-    std::env::temp_dir().join("seam-conformance-models")
+    llama_model::home::conformance_models_dir()
 }

@@ -23,18 +23,9 @@ pub const PARITY_STEPS: usize = 64;
 pub fn prompt(len: usize, vocab_size: usize, salt: u64) -> Vec<u32> {
     let low = (vocab_size / 4).min(32) as u64;
     let span = (vocab_size as u64).saturating_sub(low).max(1);
-    let mut state = salt.wrapping_mul(0x9E37_79B9_7F4A_7C15) ^ (len as u64);
-    (0..len)
-        .map(|_| {
-            // SplitMix64: stable across releases, unlike a dependency's generator.
-            state = state.wrapping_add(0x9E37_79B9_7F4A_7C15);
-            let mut z = state;
-            z = (z ^ (z >> 30)).wrapping_mul(0xBF58_476D_1CE4_E5B9);
-            z = (z ^ (z >> 27)).wrapping_mul(0x94D0_49BB_1331_11EB);
-            z ^= z >> 31;
-            (low + z % span) as u32
-        })
-        .collect()
+    // The project's one test-data generator: stable across releases, unlike a dependency's.
+    let mut rng = llama_model::random::Rng::new(llama_model::random::mix64(salt) ^ len as u64);
+    (0..len).map(|_| (low + rng.below(span)) as u32).collect()
 }
 
 #[cfg(test)]

@@ -194,7 +194,8 @@ impl Report {
             .iter()
             .enumerate()
             .map(|(c, name)| {
-                let widest_cell = (0..rows.len()).filter_map(|r| cells.get(&(r, c))).map(|s| s.len()).max().unwrap_or(0);
+                let widest_cell =
+                    (0..rows.len()).filter_map(|r| cells.get(&(r, c))).map(|s| s.len()).max().unwrap_or(0);
                 name.len().max(widest_cell)
             })
             .collect();
@@ -214,7 +215,8 @@ impl Report {
             out.push('\n');
         }
 
-        let unavailable: Vec<&BackendReport> = self.backends.iter().filter(|b| !b.availability.is_available()).collect();
+        let unavailable: Vec<&BackendReport> =
+            self.backends.iter().filter(|b| !b.availability.is_available()).collect();
         if !unavailable.is_empty() {
             out.push_str("\nunavailable backends:\n");
             for b in unavailable {
@@ -310,7 +312,9 @@ impl Report {
         for b in &self.backends {
             for r in &b.results {
                 let Some(c) = columns.iter().position(|n| *n == column_name(&b.backend, r.weights)) else { continue };
-                let Some(row) = rows.iter().position(|(case, model)| *case == r.case && *model == r.model) else { continue };
+                let Some(row) = rows.iter().position(|(case, model)| *case == r.case && *model == r.model) else {
+                    continue;
+                };
                 cells.insert((row, c), cell_text(r));
             }
         }

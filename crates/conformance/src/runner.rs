@@ -2,7 +2,7 @@
 //! `catch_unwind` so that a panicking backend fails that case and the suite goes on.
 
 use crate::cases::{self, Case, CaseContext};
-use crate::models::{self, ModelKind, MissingModel, TestModel};
+use crate::models::{self, MissingModel, ModelKind, TestModel};
 use crate::oracle::Oracle;
 use crate::prompts::{QUICK_REAL_PARITY_LENGTHS, REAL_PARITY_LENGTHS, TINY_PARITY_LENGTHS};
 use crate::report::{BackendReport, CaseResult, Outcome};
@@ -62,8 +62,14 @@ impl<'a> Suite<'a> {
         match guarded(|| backend.availability()) {
             Ok(availability) => sink.report.availability = availability,
             Err(panic) => {
-                sink.report.availability = Availability::Unavailable { reason: format!("availability() panicked: {panic}") };
-                sink.push(CaseResult::new("backend.availability", None, None, Verdict::fail(format!("availability() panicked: {panic}"))));
+                sink.report.availability =
+                    Availability::Unavailable { reason: format!("availability() panicked: {panic}") };
+                sink.push(CaseResult::new(
+                    "backend.availability",
+                    None,
+                    None,
+                    Verdict::fail(format!("availability() panicked: {panic}")),
+                ));
             }
         }
         if let Availability::Unavailable { reason } = &sink.report.availability {
@@ -77,7 +83,12 @@ impl<'a> Suite<'a> {
         let capabilities = match guarded(|| backend.capabilities()) {
             Ok(c) => c,
             Err(panic) => {
-                sink.push(CaseResult::new("backend.capabilities", None, None, Verdict::fail(format!("capabilities() panicked: {panic}"))));
+                sink.push(CaseResult::new(
+                    "backend.capabilities",
+                    None,
+                    None,
+                    Verdict::fail(format!("capabilities() panicked: {panic}")),
+                ));
                 report.duration_ms = ms_since(started);
                 return report;
             }
@@ -116,7 +127,11 @@ impl<'a> Suite<'a> {
 
     /// The cases for `model` in `format`: parity everywhere, the rest on the lifecycle model.
     fn cases_for(&self, model: &TestModel) -> Vec<Case> {
-        let mut list = if model.kind == ModelKind::Tiny && model.name == LIFECYCLE_MODEL { cases::lifecycle_cases() } else { vec![] };
+        let mut list = if model.kind == ModelKind::Tiny && model.name == LIFECYCLE_MODEL {
+            cases::lifecycle_cases()
+        } else {
+            vec![]
+        };
         list.push(cases::parity::CASE);
         list.retain(|c| self.wants(c.name));
         list
@@ -154,7 +169,12 @@ impl<'a> Suite<'a> {
             Err(panic) => return all(sink, Verdict::fail(format!("load panicked: {panic}"))),
         };
         if sink.progress {
-            eprintln!("  {} loaded {} ({format}) in {:.1} s", target.backend.name(), model.name, started.elapsed().as_secs_f64());
+            eprintln!(
+                "  {} loaded {} ({format}) in {:.1} s",
+                target.backend.name(),
+                model.name,
+                started.elapsed().as_secs_f64()
+            );
         }
         let capabilities = match guarded(|| engine.capabilities()) {
             Ok(c) => c,
@@ -181,7 +201,8 @@ impl<'a> Suite<'a> {
                 },
             };
             let mut result = CaseResult::new(case.name, Some(&model.name), Some(format), verdict);
-            result.self_comparison = self_comparison && case.name == cases::parity::CASE.name && result.outcome == Outcome::Pass;
+            result.self_comparison =
+                self_comparison && case.name == cases::parity::CASE.name && result.outcome == Outcome::Pass;
             result.duration_ms = ms_since(started);
             sink.push(result);
         }

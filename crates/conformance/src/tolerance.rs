@@ -128,7 +128,13 @@ impl LogitError {
             ref2 += (b as f64) * (b as f64);
             max_abs = max_abs.max(d.abs());
         }
-        let nmse = if ref2 > 0.0 { diff2 / ref2 } else if diff2 == 0.0 { 0.0 } else { f64::INFINITY };
+        let nmse = if ref2 > 0.0 {
+            diff2 / ref2
+        } else if diff2 == 0.0 {
+            0.0
+        } else {
+            f64::INFINITY
+        };
         LogitError { nmse, max_abs }
     }
 
@@ -166,7 +172,11 @@ mod tests {
 
     #[test]
     fn presets_loosen_with_precision() {
-        let (a, b, c) = (ComputePrecision::F32.tolerances(), ComputePrecision::F16.tolerances(), ComputePrecision::Bf16.tolerances());
+        let (a, b, c) = (
+            ComputePrecision::F32.tolerances(),
+            ComputePrecision::F16.tolerances(),
+            ComputePrecision::Bf16.tolerances(),
+        );
         assert!(a.max_nmse < b.max_nmse && b.max_nmse < c.max_nmse);
         assert!(a.margin_epsilon < b.margin_epsilon && b.margin_epsilon < c.margin_epsilon);
         assert_eq!("fp16".parse::<ComputePrecision>(), Ok(ComputePrecision::F16));

@@ -72,6 +72,8 @@ pub fn expect_error<T>(result: session_api::Result<T>, kind: ErrorKind, what: &s
     match result {
         Ok(_) => Err(Verdict::fail(format!("{what} succeeded; the contract requires a {kind:?} error"))),
         Err(e) if e.kind() == kind => Ok(e),
-        Err(e) => Err(Verdict::fail(format!("{what} returned a {:?} error ({e}); the contract requires {kind:?}", e.kind()))),
+        Err(e) => {
+            Err(Verdict::fail(format!("{what} returned a {:?} error ({e}); the contract requires {kind:?}", e.kind())))
+        }
     }
 }

@@ -21,7 +21,11 @@ fn result<'r>(report: &'r Report, case: &str, model: &str) -> &'r conformance::C
 
 fn main() {
     // Tiny models in f16 are enough to show the breakage; the real model would only add minutes.
-    let options = SuiteOptions { real_model: RealModelParity::Skip, formats: vec![session_api::WeightFormat::F16], ..SuiteOptions::from_env() };
+    let options = SuiteOptions {
+        real_model: RealModelParity::Skip,
+        formats: vec![session_api::WeightFormat::F16],
+        ..SuiteOptions::from_env()
+    };
     let targets = [
         Target::new(Box::new(BrokenBackend::new(Breakage::CorruptKv, GOOD_DECODES))),
         Target::new(Box::new(BrokenBackend::new(Breakage::PanicInDecode, GOOD_DECODES))),
@@ -40,7 +44,10 @@ fn main() {
     let parity = result(&corrupt, "parity.greedy", conformance::LIFECYCLE_MODEL);
     assert_eq!(parity.outcome, Outcome::Fail, "{parity:?}");
     let step = parity.figures.first_divergent_step.expect("the failing step is reported");
-    assert!(step > GOOD_DECODES, "the divergence (step {step}) cannot precede the corruption (after step {GOOD_DECODES})");
+    assert!(
+        step > GOOD_DECODES,
+        "the divergence (step {step}) cannot precede the corruption (after step {GOOD_DECODES})"
+    );
     assert!(parity.figures.divergent_prompt_len.is_some(), "{parity:?}");
     assert!(parity.detail.contains(&format!("step {step}")), "{}", parity.detail);
     println!("broken-kv caught: parity.greedy fails at step {step}: {}", parity.detail);
@@ -66,11 +73,16 @@ fn main() {
     let memory = result(&leaking, "kv.many_sessions_memory", conformance::LIFECYCLE_MODEL);
     if memory.outcome != Outcome::Unavailable {
         assert_eq!(memory.outcome, Outcome::Fail, "{memory:?}");
-        let (growth, tolerance) = (memory.figures.rss_growth_bytes.unwrap(), memory.figures.rss_tolerance_bytes.unwrap());
+        let (growth, tolerance) =
+            (memory.figures.rss_growth_bytes.unwrap(), memory.figures.rss_tolerance_bytes.unwrap());
         assert!(growth > tolerance, "{memory:?}");
         println!("broken-leak caught: {} ({})", memory.detail, memory.figures.describe());
     }
     let expected_failures = usize::from(memory.outcome == Outcome::Fail);
-    assert_eq!(leaking.backends[0].count(Outcome::Fail), expected_failures, "only the memory case may fail on broken-leak");
+    assert_eq!(
+        leaking.backends[0].count(Outcome::Fail),
+        expected_failures,
+        "only the memory case may fail on broken-leak"
+    );
     println!("the suite reported every broken backend as failing, with case and step");
 }

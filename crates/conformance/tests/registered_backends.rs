@@ -16,10 +16,8 @@ fn main() {
     println!("registered backends: {}", names.join(", "));
     assert!(names.contains(&"reference") && names.contains(&"example"), "both in-tree backends must be registered");
 
-    let targets: Vec<Target> = names
-        .iter()
-        .map(|&name| Target::registered(name).expect("a registered name resolves"))
-        .collect();
+    let targets: Vec<Target> =
+        names.iter().map(|&name| Target::registered(name).expect("a registered name resolves")).collect();
     let report = match conformance::run_targets(&targets, &options) {
         Ok(report) => report,
         Err(e) => {

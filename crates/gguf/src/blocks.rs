@@ -52,7 +52,7 @@ impl BlockQ4_1 {
 
 /// The Q4_1 blocks of a tensor's data, in order (a row of `n` elements is `n / 32` blocks).
 pub fn q4_1_blocks(data: &[u8]) -> Result<impl ExactSizeIterator<Item = BlockQ4_1> + '_, GgufError> {
-    if data.len() % BlockQ4_1::BYTES != 0 {
+    if !data.len().is_multiple_of(BlockQ4_1::BYTES) {
         return Err(GgufError::InvalidTensor {
             name: "<Q4_1 data>".into(),
             message: format!("{} bytes is not a whole number of 20-byte blocks", data.len()),
@@ -196,9 +196,7 @@ pub fn quantize(ty: GgmlType, values: &[f32]) -> Result<Vec<u8>, GgufError> {
                 }
             }
         }
-        other => {
-            return Err(GgufError::UnsupportedType { ty: other.to_string(), operation: "quantization".into() })
-        }
+        other => return Err(GgufError::UnsupportedType { ty: other.to_string(), operation: "quantization".into() }),
     }
     debug_assert_eq!(out.len(), bytes);
     Ok(out)
@@ -283,7 +281,10 @@ mod tests {
         let mut out = vec![0.0; 32];
         assert!(dequantize(GgmlType::Q4_1, &[0; 19], &mut out).is_err());
         assert!(dequantize(GgmlType::F16, &[0; 63], &mut out).is_err());
-        assert!(matches!(dequantize(GgmlType::Q4_K, &[0; 144], &mut vec![0.0; 256]), Err(GgufError::UnsupportedType { .. })));
+        assert!(matches!(
+            dequantize(GgmlType::Q4_K, &[0; 144], &mut vec![0.0; 256]),
+            Err(GgufError::UnsupportedType { .. })
+        ));
         assert!(q4_1_blocks(&[0; 21]).is_err());
         assert_eq!(q4_1_blocks(&[0; 40]).unwrap().len(), 2);
     }

@@ -119,7 +119,7 @@ impl GgmlType {
     /// The bytes of a row of `n` elements, `None` if `n` is not a whole number of blocks or the
     /// size overflows.
     pub fn row_bytes(self, n: u64) -> Option<u64> {
-        if n % self.block_size() != 0 {
+        if !n.is_multiple_of(self.block_size()) {
             return None;
         }
         (n / self.block_size()).checked_mul(self.block_bytes())

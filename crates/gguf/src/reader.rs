@@ -124,8 +124,8 @@ impl GgufFile {
         for i in 0..n_kv {
             let key = cur.string(&format!("metadata key {i}"))?;
             let type_id = cur.u32(&format!("type of metadata '{key}'"))?;
-            let ty = ValueType::from_id(type_id)
-                .ok_or_else(|| GgufError::UnknownValueType { key: key.clone(), type_id })?;
+            let ty =
+                ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType { key: key.clone(), type_id })?;
             let value = cur.value(ty, &key, 0)?;
             if metadata_index.insert(key.clone(), metadata.len()).is_some() {
                 return Err(GgufError::corrupt(format!("metadata key '{key}' appears twice")));
@@ -137,10 +137,7 @@ impl GgufFile {
             None => DEFAULT_ALIGNMENT,
             Some(&i) => {
                 let a = metadata[i].1.as_u64().filter(|a| a.is_power_of_two()).ok_or_else(|| {
-                    GgufError::corrupt(format!(
-                        "{ALIGNMENT_KEY} is {:?}, expected a power of two",
-                        metadata[i].1
-                    ))
+                    GgufError::corrupt(format!("{ALIGNMENT_KEY} is {:?}, expected a power of two", metadata[i].1))
                 })?;
                 a
             }
@@ -179,10 +176,7 @@ impl GgufFile {
         by_offset.sort_by_key(|t| t.offset);
         for pair in by_offset.windows(2) {
             if pair[0].offset + pair[0].n_bytes > pair[1].offset {
-                return Err(GgufError::corrupt(format!(
-                    "tensors '{}' and '{}' overlap",
-                    pair[0].name, pair[1].name
-                )));
+                return Err(GgufError::corrupt(format!("tensors '{}' and '{}' overlap", pair[0].name, pair[1].name)));
             }
         }
 
@@ -341,8 +335,7 @@ impl<'a> Cursor<'a> {
     fn string(&mut self, what: &str) -> Result<String, GgufError> {
         let len = self.u64(what)?;
         let bytes = self.take(len, what)?;
-        String::from_utf8(bytes.to_vec())
-            .map_err(|_| GgufError::corrupt(format!("{what}: string is not valid UTF-8")))
+        String::from_utf8(bytes.to_vec()).map_err(|_| GgufError::corrupt(format!("{what}: string is not valid UTF-8")))
     }
 
     /// How many elements of at least `min_size` bytes can still fit: caps pre-allocation so that a
@@ -384,7 +377,8 @@ impl<'a> Cursor<'a> {
         }
         let what = format!("array of metadata '{key}'");
         let type_id = self.u32(&what)?;
-        let ty = ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType { key: key.to_string(), type_id })?;
+        let ty =
+            ValueType::from_id(type_id).ok_or_else(|| GgufError::UnknownValueType { key: key.to_string(), type_id })?;
         let count = self.u64(&what)?;
         if let Some(size) = ty.fixed_size() {
             // Fixed-size elements: the whole array must be present before anything is allocated.

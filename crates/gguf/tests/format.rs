@@ -207,7 +207,10 @@ fn malformed_headers_are_typed_errors() {
 
     // Lengths and counts far beyond the file: errors, without allocating for them.
     assert!(matches!(Raw::new(3, 0, 1).u64(u64::MAX).open(), Err(GgufError::Truncated { .. })));
-    assert!(matches!(Raw::new(3, 0, 1).str("k").u32(9).u32(4).u64(u64::MAX / 2).open(), Err(GgufError::Truncated { .. })));
+    assert!(matches!(
+        Raw::new(3, 0, 1).str("k").u32(9).u32(4).u64(u64::MAX / 2).open(),
+        Err(GgufError::Truncated { .. })
+    ));
     assert!(matches!(Raw::new(3, 0, 1).str("k").u32(9).u32(8).u64(u64::MAX).open(), Err(GgufError::Truncated { .. })));
     assert!(matches!(Raw::new(3, 0, 1).str("k").u32(9).u32(9).u64(u64::MAX).open(), Err(GgufError::Truncated { .. })));
     assert!(matches!(Raw::new(3, 0, u64::MAX).open(), Err(GgufError::Truncated { .. })));
@@ -228,7 +231,10 @@ fn malformed_headers_are_typed_errors() {
     let mut bad_utf8 = Raw::new(3, 0, 1).u64(2);
     bad_utf8.0.extend_from_slice(&[0xff, 0xfe]);
     assert!(matches!(bad_utf8.u32(4).u32(0).open(), Err(GgufError::Corrupt { .. })));
-    assert!(matches!(Raw::new(3, 0, 2).str("k").u32(4).u32(0).str("k").u32(4).u32(0).open(), Err(GgufError::Corrupt { .. })));
+    assert!(matches!(
+        Raw::new(3, 0, 2).str("k").u32(4).u32(0).str("k").u32(4).u32(0).open(),
+        Err(GgufError::Corrupt { .. })
+    ));
 
     // Alignment must be a power of two.
     assert!(matches!(Raw::new(3, 0, 1).str("general.alignment").u32(4).u32(24).open(), Err(GgufError::Corrupt { .. })));
@@ -259,11 +265,7 @@ fn malformed_tensor_tables_are_typed_errors() {
 
     // Two tensors sharing bytes; and the same name twice.
     let two = |second_offset: u64, second_name: &str| {
-        Raw::new(3, 2, 0)
-            .tensor("a", &[64], 0, 0)
-            .tensor(second_name, &[64], 0, second_offset)
-            .pad(1024)
-            .open()
+        Raw::new(3, 2, 0).tensor("a", &[64], 0, 0).tensor(second_name, &[64], 0, second_offset).pad(1024).open()
     };
     two(256, "b").unwrap();
     assert!(matches!(two(224, "b"), Err(GgufError::Corrupt { .. })));

@@ -14,7 +14,9 @@
 //! a reset after a failure replaces it (the failed call may have consumed it).
 
 use crate::runtime::{GraphCall, GraphInput, GraphRuntime};
-use session_api::{Capabilities, Engine, EngineInfo, RawStep, Result, SeamError, SessionOptions, SessionSteps, StepInput};
+use session_api::{
+    Capabilities, Engine, EngineInfo, RawStep, Result, SeamError, SessionOptions, SessionSteps, StepInput,
+};
 use stablehlo_llama::{plan_prefill, plan_prefill_embeddings, GraphKind, GraphSpec};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;

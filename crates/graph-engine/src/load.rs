@@ -45,7 +45,9 @@ impl GraphSettings {
                 "loop" => LayerMode::Loop,
                 "unrolled" => LayerMode::Unrolled,
                 "per-layer-cache" => LayerMode::UnrolledCachePerLayer,
-                _ => return Err(SeamError::InvalidInput(format!("{what}: expected loop, unrolled or per-layer-cache"))),
+                _ => {
+                    return Err(SeamError::InvalidInput(format!("{what}: expected loop, unrolled or per-layer-cache")))
+                }
             };
         }
         let dtype = |what: String, value: String| match value.as_str() {

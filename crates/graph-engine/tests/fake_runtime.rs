@@ -18,9 +18,12 @@ use graph_engine::{
     DEFAULT_MAX_CONTEXT,
 };
 use session_api::{
-    Availability, Backend, Capabilities, Engine, LoadRequest, Result, SeamError, SessionOptions, SessionSteps, StepInput,
+    Availability, Backend, Capabilities, Engine, LoadRequest, Result, SeamError, SessionOptions, SessionSteps,
+    StepInput,
 };
-use stablehlo_llama::{emit_entry_module, graph_weight_args, GraphOptions, GraphSpec, HostArg, LayerMode, StorageDtype};
+use stablehlo_llama::{
+    emit_entry_module, graph_weight_args, GraphOptions, GraphSpec, HostArg, LayerMode, StorageDtype,
+};
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
 use std::sync::{Arc, Mutex};
@@ -96,7 +99,10 @@ impl GraphRuntime for FakeRuntime {
             return Err(SeamError::Backend("no weights uploaded".into()));
         }
         if call.position > cache.filled || call.position + call.count > self.options.max_context {
-            return Err(SeamError::Backend(format!("a call at {} of {} rows on a cache of {}", call.position, call.count, cache.filled)));
+            return Err(SeamError::Backend(format!(
+                "a call at {} of {} rows on a cache of {}",
+                call.position, call.count, cache.filled
+            )));
         }
         // Positions from `position` on are stale (a rewind): the call overwrites them.
         cache.steps.truncate(call.position)?;
@@ -107,9 +113,15 @@ impl GraphRuntime for FakeRuntime {
                 ids = padded[..call.count].iter().map(|&t| t as u32).collect();
                 StepInput::Tokens(&ids)
             }
-            GraphInput::Embeddings(padded) => StepInput::Embeddings { values: &padded[..call.count * hidden], count: call.count },
+            GraphInput::Embeddings(padded) => {
+                StepInput::Embeddings { values: &padded[..call.count * hidden], count: call.count }
+            }
         };
-        let logits = cache.steps.append(call.position, input, true)?.logits.ok_or_else(|| SeamError::Backend("no logits".into()))?;
+        let logits = cache
+            .steps
+            .append(call.position, input, true)?
+            .logits
+            .ok_or_else(|| SeamError::Backend("no logits".into()))?;
         cache.filled = call.position + call.count;
         let token = session_api::sampling::argmax(&logits);
         Ok(GraphOutput { token, logits: call.read_logits.then_some(logits) })
@@ -140,8 +152,9 @@ impl Backend for FakeBackend {
             int4_dequantize_from: 1,
         };
         let settings = settings.with_request(NAME, request, "SEAM_FAKE_GRAPH")?;
-        let engine =
-            graph_engine::load_engine(NAME, "cpu", request, settings, |model| FakeRuntime::new(&request.model_dir, model))?;
+        let engine = graph_engine::load_engine(NAME, "cpu", request, settings, |model| {
+            FakeRuntime::new(&request.model_dir, model)
+        })?;
         Ok(Arc::new(engine))
     }
 }
@@ -156,10 +169,16 @@ fn main() {
         }
     };
     report.print_matrix();
-    let embeddings_ran =
-        report.backends.iter().flat_map(|b| &b.results).any(|c| c.case.contains("embeddings") && c.outcome == Outcome::Pass);
+    let embeddings_ran = report
+        .backends
+        .iter()
+        .flat_map(|b| &b.results)
+        .any(|c| c.case.contains("embeddings") && c.outcome == Outcome::Pass);
     if report.has_failures() || !embeddings_ran {
-        eprintln!("conformance: {NAME} FAILED{}", if embeddings_ran { "" } else { " (the embedding cases did not pass)" });
+        eprintln!(
+            "conformance: {NAME} FAILED{}",
+            if embeddings_ran { "" } else { " (the embedding cases did not pass)" }
+        );
         std::process::exit(1);
     }
     println!("conformance: {NAME} passed");

@@ -13,12 +13,7 @@ use std::path::Path;
 /// high frequencies are kept, and the band between is interpolated smoothly.
 #[derive(Debug, Clone, PartialEq)]
 pub enum RopeScaling {
-    Llama3 {
-        factor: f32,
-        low_freq_factor: f32,
-        high_freq_factor: f32,
-        original_max_position_embeddings: usize,
-    },
+    Llama3 { factor: f32, low_freq_factor: f32, high_freq_factor: f32, original_max_position_embeddings: usize },
 }
 
 /// A parsed and validated Llama `config.json`.
@@ -107,7 +102,9 @@ impl<'a> JsonReader<'a> {
     fn bool_opt(&self, key: &str) -> Result<Option<bool>, ModelError> {
         match self.get(key) {
             None => Ok(None),
-            Some(v) => v.as_bool().map(Some).ok_or_else(|| self.error(format!("\"{key}\" must be true or false, found {v}"))),
+            Some(v) => {
+                v.as_bool().map(Some).ok_or_else(|| self.error(format!("\"{key}\" must be true or false, found {v}")))
+            }
         }
     }
 
@@ -121,7 +118,8 @@ impl<'a> JsonReader<'a> {
     /// A token id field: an integer, a list of integers, or null. `None` when the key is absent
     /// (so the caller can apply its default), `Some(vec![])` when it is null.
     fn token_ids(&self, key: &str) -> Result<Option<Vec<u32>>, ModelError> {
-        let bad = |v: &Value| self.error(format!("\"{key}\" must be a token id, a list of token ids or null, found {v}"));
+        let bad =
+            |v: &Value| self.error(format!("\"{key}\" must be a token id, a list of token ids or null, found {v}"));
         let id = |v: &Value| v.as_u64().and_then(|n| u32::try_from(n).ok()).ok_or_else(|| bad(v));
         match self.obj.get(key) {
             None => Ok(None),
@@ -132,7 +130,11 @@ impl<'a> JsonReader<'a> {
     }
 }
 
-fn parse_object<'a>(text: &str, path: Option<&Path>, value: &'a mut Value) -> Result<&'a Map<String, Value>, ModelError> {
+fn parse_object<'a>(
+    text: &str,
+    path: Option<&Path>,
+    value: &'a mut Value,
+) -> Result<&'a Map<String, Value>, ModelError> {
     *value = serde_json::from_str(text)
         .map_err(|e| ModelError::Json { path: path.map(Path::to_path_buf), message: e.to_string() })?;
     value.as_object().ok_or_else(|| ModelError::Json {
@@ -164,13 +166,15 @@ impl RopeScaling {
                     factor: need("factor")?,
                     low_freq_factor: need("low_freq_factor")?,
                     high_freq_factor: need("high_freq_factor")?,
-                    original_max_position_embeddings: inner
-                        .usize_opt("original_max_position_embeddings")?
-                        .ok_or_else(|| reader.error("llama3 rope scaling needs \"original_max_position_embeddings\""))?,
+                    original_max_position_embeddings: inner.usize_opt("original_max_position_embeddings")?.ok_or_else(
+                        || reader.error("llama3 rope scaling needs \"original_max_position_embeddings\""),
+                    )?,
                 };
                 Ok(Some(scaling))
             }
-            Some(other) => Err(ModelError::Unsupported { what: format!("rope scaling type \"{other}\" (seam implements \"llama3\")") }),
+            Some(other) => Err(ModelError::Unsupported {
+                what: format!("rope scaling type \"{other}\" (seam implements \"llama3\")"),
+            }),
             None => Err(reader.error("rope scaling without a \"rope_type\"")),
         }
     }
@@ -200,13 +204,15 @@ impl RopeScaling {
 
     fn to_json(&self) -> Value {
         match *self {
-            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => json!({
-                "rope_type": "llama3",
-                "factor": factor,
-                "low_freq_factor": low_freq_factor,
-                "high_freq_factor": high_freq_factor,
-                "original_max_position_embeddings": original_max_position_embeddings,
-            }),
+            RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings } => {
+                json!({
+                    "rope_type": "llama3",
+                    "factor": factor,
+                    "low_freq_factor": low_freq_factor,
+                    "high_freq_factor": high_freq_factor,
+                    "original_max_position_embeddings": original_max_position_embeddings,
+                })
+            }
         }
     }
 }
@@ -248,7 +254,9 @@ impl LlamaConfig {
             Some("llama") => {}
             Some(other) => return Err(ModelError::UnsupportedArchitecture { found: other.to_string() }),
             None if architectures.is_empty() => {
-                return Err(ModelError::UnsupportedArchitecture { found: "unknown (no model_type or architectures)".into() })
+                return Err(ModelError::UnsupportedArchitecture {
+                    found: "unknown (no model_type or architectures)".into(),
+                })
             }
             None => {}
         }
@@ -340,13 +348,13 @@ impl LlamaConfig {
                 return Err(format!("{name} must be positive"));
             }
         }
-        if self.num_attention_heads % self.num_key_value_heads != 0 {
+        if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(format!(
                 "num_attention_heads {} is not a multiple of num_key_value_heads {}",
                 self.num_attention_heads, self.num_key_value_heads
             ));
         }
-        if self.head_dim % 2 != 0 {
+        if !self.head_dim.is_multiple_of(2) {
             return Err(format!("head_dim {} must be even (rope rotates pairs)", self.head_dim));
         }
         if !(self.rms_norm_eps.is_finite() && self.rms_norm_eps > 0.0) {
@@ -407,11 +415,15 @@ impl LlamaConfig {
     pub fn rope_inv_freq(&self) -> Vec<f32> {
         let d = self.head_dim;
         // transformers: 1.0 / (base ** (arange(0, d, 2).float() / d)), every step in float32.
-        let inv_freq: Vec<f32> =
-            (0..d / 2).map(|i| 1.0f32 / self.rope_theta.powf((2 * i) as f32 / d as f32)).collect();
+        let inv_freq: Vec<f32> = (0..d / 2).map(|i| 1.0f32 / self.rope_theta.powf((2 * i) as f32 / d as f32)).collect();
         match self.rope_scaling {
             None => inv_freq,
-            Some(RopeScaling::Llama3 { factor, low_freq_factor, high_freq_factor, original_max_position_embeddings }) => {
+            Some(RopeScaling::Llama3 {
+                factor,
+                low_freq_factor,
+                high_freq_factor,
+                original_max_position_embeddings,
+            }) => {
                 // transformers' _compute_llama3_parameters. The Python scalars (wavelength bounds,
                 // 2*pi, the factor difference) are doubles that torch rounds to float32 when it
                 // combines them with the float32 tensor, so they are rounded the same way here.
@@ -452,7 +464,13 @@ impl LlamaConfig {
 /// [`LlamaConfig::rope_inv_freq`] once and call this per position).
 pub fn rope_cos_sin_from(inv_freq: &[f32], position: usize) -> (Vec<f32>, Vec<f32>) {
     let p = position as f32;
-    inv_freq.iter().map(|&f| { let angle = p * f; (angle.cos(), angle.sin()) }).unzip()
+    inv_freq
+        .iter()
+        .map(|&f| {
+            let angle = p * f;
+            (angle.cos(), angle.sin())
+        })
+        .unzip()
 }
 
 impl GenerationConfig {
@@ -659,7 +677,9 @@ mod tests {
         assert!(!c.tie_word_embeddings);
         assert_eq!((c.bos_token_ids, c.eos_token_ids), (vec![1], vec![2]));
         // Explicit nulls mean "no such token".
-        let c = LlamaConfig::from_json_str(&with(&with(text, "bos_token_id", Value::Null), "eos_token_id", Value::Null)).unwrap();
+        let c =
+            LlamaConfig::from_json_str(&with(&with(text, "bos_token_id", Value::Null), "eos_token_id", Value::Null))
+                .unwrap();
         assert!(c.bos_token_ids.is_empty() && c.eos_token_ids.is_empty());
     }
 
@@ -687,7 +707,10 @@ mod tests {
         let mut params = obj.remove("rope_scaling").unwrap();
         params["rope_theta"] = obj.remove("rope_theta").unwrap();
         obj.insert("rope_parameters".into(), params);
-        assert_eq!(LlamaConfig::from_json_str(&v.to_string()).unwrap(), LlamaConfig::from_json_str(LLAMA32_1B).unwrap());
+        assert_eq!(
+            LlamaConfig::from_json_str(&v.to_string()).unwrap(),
+            LlamaConfig::from_json_str(LLAMA32_1B).unwrap()
+        );
         // Old "type" key and the "default" type.
         let c = LlamaConfig::from_json_str(&with(SMOLLM2_135M, "rope_scaling", json!({"type": "default"}))).unwrap();
         assert_eq!(c.rope_scaling, None);
@@ -761,7 +784,12 @@ mod tests {
             assert!(matches!(err, ModelError::Config { .. }), "{err:?}");
         }
         // An explicit head_dim need not divide hidden_size.
-        let c = LlamaConfig::from_json_str(&with(&with(SMOLLM2_135M, "head_dim", json!(32)), "num_attention_heads", json!(6))).unwrap();
+        let c = LlamaConfig::from_json_str(&with(
+            &with(SMOLLM2_135M, "head_dim", json!(32)),
+            "num_attention_heads",
+            json!(6),
+        ))
+        .unwrap();
         assert_eq!((c.head_dim, c.q_dim()), (32, 192));
     }
 
@@ -814,10 +842,10 @@ mod tests {
     /// Bit patterns of `inv_freq` for the Llama-3.2-1B config as computed by Hugging Face
     /// transformers 4.46.3 (`ROPE_INIT_FUNCTIONS["llama3"]`, torch 2.5.1, CPU, float32).
     const TRANSFORMERS_LLAMA32_INV_FREQ_BITS: [u32; 32] = [
-        1065353216, 1059709382, 1054963644, 1049992931, 1044812720, 1040434848, 1034871981, 1030233703,
-        1025116360, 1020030793, 1015523779, 1010044269, 1005516623, 1000248322, 995260192, 984164251,
-        971060768, 952867063, 933446029, 928558209, 923781368, 918476020, 914179523, 908595819,
-        903811268, 898893515, 893679120, 889347892, 883754919, 879076685, 874013863, 868893104,
+        1065353216, 1059709382, 1054963644, 1049992931, 1044812720, 1040434848, 1034871981, 1030233703, 1025116360,
+        1020030793, 1015523779, 1010044269, 1005516623, 1000248322, 995260192, 984164251, 971060768, 952867063,
+        933446029, 928558209, 923781368, 918476020, 914179523, 908595819, 903811268, 898893515, 893679120, 889347892,
+        883754919, 879076685, 874013863, 868893104,
     ];
 
     #[test]

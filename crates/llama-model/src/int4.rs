@@ -27,7 +27,6 @@ pub struct Int4Matrix {
     pub biases: Vec<f16>,
 }
 
-
 /// Rows handed to one rayon task when quantizing; large enough that task overhead is negligible.
 const ROWS_PER_TASK: usize = 16;
 
@@ -66,12 +65,20 @@ pub fn check_int4_metadata(store: &TensorStore) -> Result<(), ModelError> {
     }
     if get("version") != Some(FORMAT_VERSION) {
         return Err(ModelError::Unsupported {
-            what: format!("seam-int4 version {:?} in {} (this build reads version {FORMAT_VERSION})", get("version"), path.display()),
+            what: format!(
+                "seam-int4 version {:?} in {} (this build reads version {FORMAT_VERSION})",
+                get("version"),
+                path.display()
+            ),
         });
     }
     if get("group_size") != Some(&*GROUP_SIZE.to_string()) {
         return Err(ModelError::Unsupported {
-            what: format!("seam-int4 group size {:?} in {} (only {GROUP_SIZE} is supported)", get("group_size"), path.display()),
+            what: format!(
+                "seam-int4 group size {:?} in {} (only {GROUP_SIZE} is supported)",
+                get("group_size"),
+                path.display()
+            ),
         });
     }
     Ok(())
@@ -123,7 +130,7 @@ pub fn quantize(values: &[f32], rows: usize, cols: usize) -> Result<Int4Matrix, 
 }
 
 fn check_shape(rows: usize, cols: usize) -> Result<(), ModelError> {
-    if cols == 0 || cols % GROUP_SIZE != 0 {
+    if cols == 0 || !cols.is_multiple_of(GROUP_SIZE) {
         return Err(ModelError::Quantization {
             message: format!("a [{rows}, {cols}] matrix: columns must be a positive multiple of {GROUP_SIZE}"),
         });
@@ -199,7 +206,7 @@ impl Int4Matrix {
     /// The 4-bit code of element `(row, col)`.
     pub fn code(&self, row: usize, col: usize) -> u8 {
         let byte = self.packed[(row * self.cols + col) / 2];
-        if col % 2 == 0 {
+        if col.is_multiple_of(2) {
             byte & 0x0f
         } else {
             byte >> 4
@@ -286,7 +293,11 @@ impl Int4Matrix {
             }
             let dtype = store.dtype(tensor)?;
             if dtype != Dtype::F16 {
-                return Err(ModelError::DType { name: tensor.clone(), found: format!("{dtype:?}"), expected: "F16".into() });
+                return Err(ModelError::DType {
+                    name: tensor.clone(),
+                    found: format!("{dtype:?}"),
+                    expected: "F16".into(),
+                });
             }
         }
         let packed = store.read_u8(&qname)?;

@@ -16,7 +16,9 @@
 use crate::config::{GenerationConfig, LlamaConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::model_dir::{CONFIG_FILE, GENERATION_CONFIG_FILE, SAFETENSORS_FILE};
-use crate::weights::{assemble, expected_tensors, write_f16_weights, LlamaWeights, Loaded, Matrix, TensorRole, TensorSpec};
+use crate::weights::{
+    assemble, expected_tensors, write_f16_weights, LlamaWeights, Loaded, Matrix, TensorRole, TensorSpec,
+};
 use half::{f16, slice::HalfFloatSliceExt};
 use rayon::prelude::*;
 use std::path::Path;
@@ -190,14 +192,18 @@ pub fn random_weights(config: &LlamaConfig, seed: u64) -> Result<LlamaWeights, M
     config.validate().map_err(|message| ModelError::Config { path: None, message })?;
     let make = |spec: &TensorSpec| -> Loaded {
         match spec.role {
-            TensorRole::Norm => Loaded::Norm(
-                random_f16(seed, &spec.name, spec.shape[0], 1.0, 0.1).into_iter().map(f32::from).collect(),
-            ),
+            TensorRole::Norm => {
+                Loaded::Norm(random_f16(seed, &spec.name, spec.shape[0], 1.0, 0.1).into_iter().map(f32::from).collect())
+            }
             TensorRole::Matrix => {
                 let (rows, cols) = (spec.shape[0], spec.shape[1]);
                 // Uniform on [-a, a] has standard deviation a / sqrt(3).
                 let amplitude = (3.0 / cols as f32).sqrt();
-                Loaded::Matrix(Matrix::F16 { rows, cols, data: random_f16(seed, &spec.name, rows * cols, 0.0, amplitude) })
+                Loaded::Matrix(Matrix::F16 {
+                    rows,
+                    cols,
+                    data: random_f16(seed, &spec.name, rows * cols, 0.0, amplitude),
+                })
             }
         }
     };
@@ -300,7 +306,9 @@ mod tests {
         assert_eq!(Rng::new(7).next_u64(), Rng::new(7).next_u64());
         assert_ne!(Rng::new(7).next_u64(), Rng::new(8).next_u64());
 
-        let fnv = |b: &[u8]| b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3));
+        let fnv = |b: &[u8]| {
+            b.iter().fold(0xcbf2_9ce4_8422_2325u64, |h, &x| (h ^ x as u64).wrapping_mul(0x0000_0100_0000_01b3))
+        };
         for (config, seed, hash) in [
             (tiny_config(), 0, 0x0eb1_19b6_9a00_82cb),
             (tiny_config(), 3, 0xead4_9d20_0ea6_a6c1),

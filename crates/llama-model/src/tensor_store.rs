@@ -115,7 +115,8 @@ impl TensorStore {
             store.add_file(&dir.join(shard))?;
         }
         for (tensor, shard) in expected {
-            let entry = store.tensors.get(tensor).ok_or_else(|| ModelError::MissingTensor { name: tensor.to_string() })?;
+            let entry =
+                store.tensors.get(tensor).ok_or_else(|| ModelError::MissingTensor { name: tensor.to_string() })?;
             let actual = &store.files[entry.file].path;
             if actual.file_name().and_then(|n| n.to_str()) != Some(shard) {
                 return Err(ModelError::Corrupt {
@@ -296,9 +297,9 @@ fn dtype_error(name: &str, found: Dtype, expected: &str) -> ModelError {
 fn safetensors_error(path: &Path, error: SafeTensorError) -> ModelError {
     let path = path.to_path_buf();
     match error {
-        SafeTensorError::MetadataIncompleteBuffer | SafeTensorError::InvalidHeaderLength | SafeTensorError::HeaderTooSmall => {
-            ModelError::Truncated { path, message: error.to_string() }
-        }
+        SafeTensorError::MetadataIncompleteBuffer
+        | SafeTensorError::InvalidHeaderLength
+        | SafeTensorError::HeaderTooSmall => ModelError::Truncated { path, message: error.to_string() },
         SafeTensorError::IoError(source) => ModelError::Io { path, source },
         other => ModelError::Corrupt { path, message: other.to_string() },
     }
@@ -459,7 +460,10 @@ mod tests {
     fn sample() -> Vec<(String, OwnedTensor)> {
         vec![
             ("a".to_string(), OwnedTensor::F32 { shape: vec![2, 3], data: vec![1.0, -2.0, 3.5, 0.0, 1e-3, 65504.0] }),
-            ("b".to_string(), OwnedTensor::F16 { shape: vec![3], data: vec![f16::from_f32(0.5), f16::ONE, f16::NEG_ONE] }),
+            (
+                "b".to_string(),
+                OwnedTensor::F16 { shape: vec![3], data: vec![f16::from_f32(0.5), f16::ONE, f16::NEG_ONE] },
+            ),
             ("c".to_string(), OwnedTensor::U8 { shape: vec![1, 3], data: vec![0, 7, 255] }),
         ]
     }
@@ -504,8 +508,12 @@ mod tests {
         let path = dir.path().join("model.safetensors");
         let values = [bf16::from_f32(1.5), bf16::from_f32(-3.0)];
         let bytes: &[u8] = bytemuck::cast_slice(&values);
-        write_safetensors_raw(&path, &[RawTensor { name: "x", dtype: Dtype::BF16, shape: &[2], bytes }], &BTreeMap::new())
-            .unwrap();
+        write_safetensors_raw(
+            &path,
+            &[RawTensor { name: "x", dtype: Dtype::BF16, shape: &[2], bytes }],
+            &BTreeMap::new(),
+        )
+        .unwrap();
         let store = TensorStore::open_file(&path).unwrap();
         assert_eq!(store.read_f32("x").unwrap(), vec![1.5, -3.0]);
         assert_eq!(store.read_f16("x").unwrap(), vec![f16::from_f32(1.5), f16::from_f32(-3.0)]);

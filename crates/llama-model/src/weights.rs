@@ -62,7 +62,6 @@ pub struct LlamaWeights {
     pub lm_head: Option<Matrix>,
 }
 
-
 /// Hugging Face tensor names of a Llama checkpoint.
 pub mod names {
     /// Token embeddings, `[vocab, hidden]`.
@@ -252,7 +251,11 @@ impl LlamaWeights {
         if self.layers.len() != self.config.num_hidden_layers {
             return Err(ModelError::Config {
                 path: None,
-                message: format!("{} layers of weights for a config with {}", self.layers.len(), self.config.num_hidden_layers),
+                message: format!(
+                    "{} layers of weights for a config with {}",
+                    self.layers.len(),
+                    self.config.num_hidden_layers
+                ),
             });
         }
         if self.config.tie_word_embeddings != self.lm_head.is_none() {
@@ -490,9 +493,12 @@ pub fn write_int4_weights(path: &Path, weights: &LlamaWeights) -> Result<(), Mod
     let mut entries: Vec<Entry<'_>> = Vec::new();
     for ((name, tensor), own) in tensors.iter().zip(&converted) {
         match tensor {
-            TensorRef::Norm(v) => {
-                entries.push(Entry { name: name.clone(), dtype: Dtype::F32, shape: vec![v.len()], bytes: bytemuck::cast_slice(v) })
-            }
+            TensorRef::Norm(v) => entries.push(Entry {
+                name: name.clone(),
+                dtype: Dtype::F32,
+                shape: vec![v.len()],
+                bytes: bytemuck::cast_slice(v),
+            }),
             TensorRef::Matrix(m) => {
                 let q: &Int4Matrix = match (m, own) {
                     (Matrix::Int4(q), _) => q,

@@ -32,7 +32,8 @@ fn write_tokenizer(dir: &Path, vocab: usize, pre_tokenizer: Json) {
         "pre_tokenizer": pre_tokenizer,
     });
     std::fs::write(dir.join("tokenizer.json"), tok.to_string()).unwrap();
-    std::fs::write(dir.join("tokenizer_config.json"), r#"{"add_bos_token": true, "chat_template": "{{ x }}"}"#).unwrap();
+    std::fs::write(dir.join("tokenizer_config.json"), r#"{"add_bos_token": true, "chat_template": "{{ x }}"}"#)
+        .unwrap();
 }
 
 fn smollm_pre() -> Json {
@@ -123,7 +124,8 @@ fn metadata_is_what_llama_cpp_reads() {
     let config = tiny_llama32_config();
     let src = model(dir.path(), &config, 1);
     let gguf = dir.path().join("m.gguf");
-    export_gguf(&src, &gguf, GgufMatrixType::F16, &TokenizerSource::ModelDir { pre: Some("llama-bpe".into()) }).unwrap();
+    export_gguf(&src, &gguf, GgufMatrixType::F16, &TokenizerSource::ModelDir { pre: Some("llama-bpe".into()) })
+        .unwrap();
     let f = GgufFile::open(&gguf).unwrap();
     assert_eq!(f.get_str("general.architecture").unwrap(), "llama");
     assert_eq!(f.get_u64("general.file_type").unwrap(), 1);
@@ -156,7 +158,9 @@ fn metadata_is_what_llama_cpp_reads() {
     let mut names: Vec<&str> = f.tensors().iter().map(|t| t.name.as_str()).collect();
     names.sort();
     assert_eq!(names.len(), 1 + 9 * config.num_hidden_layers + 1 + 1);
-    for name in ["token_embd.weight", "output_norm.weight", "rope_freqs.weight", "blk.1.attn_q.weight", "blk.0.ffn_down.weight"] {
+    for name in
+        ["token_embd.weight", "output_norm.weight", "rope_freqs.weight", "blk.1.attn_q.weight", "blk.0.ffn_down.weight"]
+    {
         assert!(names.contains(&name), "{name} missing");
     }
     assert!(!names.contains(&"output.weight"));

@@ -223,8 +223,7 @@ fn wrong_dtype_is_named() {
     let victim = names::layer(1, names::POST_ATTENTION_LAYERNORM);
     let tensors = owned_tensors(dir.path());
     let ints = vec![1i32; 64];
-    let mut raw: Vec<RawTensor<'_>> =
-        tensors.iter().filter(|(n, _)| *n != victim).map(|(n, t)| t.as_raw(n)).collect();
+    let mut raw: Vec<RawTensor<'_>> = tensors.iter().filter(|(n, _)| *n != victim).map(|(n, t)| t.as_raw(n)).collect();
     raw.push(RawTensor { name: &victim, dtype: Dtype::I32, shape: &[64], bytes: bytemuck::cast_slice(&ints) });
     write_safetensors_raw(&dir.path().join(SAFETENSORS_FILE), &raw, &BTreeMap::new()).unwrap();
     match load_weights(dir.path(), WeightFormat::F16, None) {
@@ -264,9 +263,13 @@ fn corrupt_int4_cache_is_reported() {
     let mut tensors = Vec::new();
     for spec in expected_tensors(&tiny_config()) {
         if spec.shape.len() == 1 {
-            tensors.push((spec.name.clone(), OwnedTensor::F32 { shape: spec.shape.clone(), data: vec![1.0; spec.shape[0]] }));
+            tensors.push((
+                spec.name.clone(),
+                OwnedTensor::F32 { shape: spec.shape.clone(), data: vec![1.0; spec.shape[0]] },
+            ));
         } else {
-            let (rows, cols) = (spec.shape[0], if spec.name.contains("q_proj") { spec.shape[1] * 2 } else { spec.shape[1] });
+            let (rows, cols) =
+                (spec.shape[0], if spec.name.contains("q_proj") { spec.shape[1] * 2 } else { spec.shape[1] });
             let q = int4::quantize(&vec![0.5; rows * cols], rows, cols).unwrap();
             tensors.extend(q.to_tensors(&spec.name));
         }

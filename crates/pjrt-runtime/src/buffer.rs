@@ -89,7 +89,8 @@ impl Buffer {
         if out.len() != need {
             return Err(PjrtError::InvalidArgument(format!("a {need}-byte buffer copied into {} bytes", out.len())));
         }
-        let mut a = args!(PJRT_Buffer_ToHostBuffer_Args { src: self.raw, dst: out.as_mut_ptr().cast(), dst_size: out.len() });
+        let mut a =
+            args!(PJRT_Buffer_ToHostBuffer_Args { src: self.raw, dst: out.as_mut_ptr().cast(), dst_size: out.len() });
         call!(self.client.plugin(), PJRT_Buffer_ToHostBuffer, &mut a)?;
         self.client.plugin().await_event(a.event)
     }

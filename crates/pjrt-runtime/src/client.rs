@@ -133,7 +133,8 @@ impl Client {
             type_: element.to_sys(),
             dims: dims.as_ptr(),
             num_dims: dims.len(),
-            host_buffer_semantics: sys::PJRT_HostBufferSemantics::PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
+            host_buffer_semantics:
+                sys::PJRT_HostBufferSemantics::PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
             device: self.device,
         });
         call!(self.plugin, PJRT_Client_BufferFromHostBuffer, &mut a)?;

@@ -60,7 +60,11 @@ macro_rules! args {
 macro_rules! call {
     ($plugin:expr, $function:ident, $args:expr) => {{
         let plugin: &$crate::Plugin = &$plugin;
-        match plugin.function(std::mem::offset_of!($crate::sys::PJRT_Api, $function), |api| api.$function, stringify!($function)) {
+        match plugin.function(
+            std::mem::offset_of!($crate::sys::PJRT_Api, $function),
+            |api| api.$function,
+            stringify!($function),
+        ) {
             Ok(f) => {
                 // SAFETY: the table entry comes from the plugin's API of a checked major version,
                 // and the argument struct is the one the header declares for this function.

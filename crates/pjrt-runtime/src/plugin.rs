@@ -22,7 +22,8 @@ impl fmt::Display for ApiVersion {
 }
 
 /// The C API version of the header the bindings were generated from.
-pub const HEADER_VERSION: ApiVersion = ApiVersion { major: sys::PJRT_API_MAJOR as i32, minor: sys::PJRT_API_MINOR as i32 };
+pub const HEADER_VERSION: ApiVersion =
+    ApiVersion { major: sys::PJRT_API_MAJOR as i32, minor: sys::PJRT_API_MINOR as i32 };
 
 /// A loaded plugin. Loaded once per path for the life of the process: PJRT plugins must be
 /// initialized exactly once and are not meant to be unloaded, so [`Plugin::load`] hands out the
@@ -89,7 +90,8 @@ impl Plugin {
         }
         // SAFETY: non-null, and every version of the table starts with struct_size and the version.
         let table = unsafe { &*api };
-        let version = ApiVersion { major: table.pjrt_api_version.major_version, minor: table.pjrt_api_version.minor_version };
+        let version =
+            ApiVersion { major: table.pjrt_api_version.major_version, minor: table.pjrt_api_version.minor_version };
         if version.major != HEADER_VERSION.major {
             return Err(PjrtError::ApiVersion { path: path.to_path_buf(), plugin: version, header: HEADER_VERSION });
         }
@@ -126,7 +128,12 @@ impl Plugin {
     }
 
     /// The table entry at `offset`, if the plugin's table is long enough to have it and sets it.
-    pub(crate) fn function<F: Copy>(&self, offset: usize, read: impl FnOnce(&sys::PJRT_Api) -> Option<F>, name: &'static str) -> Result<F> {
+    pub(crate) fn function<F: Copy>(
+        &self,
+        offset: usize,
+        read: impl FnOnce(&sys::PJRT_Api) -> Option<F>,
+        name: &'static str,
+    ) -> Result<F> {
         if offset + std::mem::size_of::<F>() > self.api().struct_size {
             return Err(PjrtError::MissingFunction(name));
         }
@@ -148,7 +155,9 @@ impl Plugin {
                     String::new()
                 } else {
                     // SAFETY: the plugin returned `message_size` bytes at `message`.
-                    let bytes = unsafe { std::slice::from_raw_parts(message_args.message as *const u8, message_args.message_size) };
+                    let bytes = unsafe {
+                        std::slice::from_raw_parts(message_args.message as *const u8, message_args.message_size)
+                    };
                     String::from_utf8_lossy(bytes).into_owned()
                 }
             }

@@ -64,15 +64,31 @@ fn compiles_executes_donates_and_round_trips_through_serialization() {
     let client = client();
     let executable = client.compile(PROGRAM, &CompileOptions::default()).unwrap();
     assert_eq!(executable.num_outputs(), 2);
-    let w = client.buffer_from_host(&[1f32, 2., 3., 4., 0., 1., 0., 1.].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(), ElementType::F32, &[2, 4]).unwrap();
-    let x = client.buffer_from_host(&[1f32, 1., 1., 0.5].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(), ElementType::F32, &[4]).unwrap();
+    let w = client
+        .buffer_from_host(
+            &[1f32, 2., 3., 4., 0., 1., 0., 1.].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
+            ElementType::F32,
+            &[2, 4],
+        )
+        .unwrap();
+    let x = client
+        .buffer_from_host(
+            &[1f32, 1., 1., 0.5].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
+            ElementType::F32,
+            &[4],
+        )
+        .unwrap();
     let mut state: Buffer = client.buffer_from_host(&f16_bytes(&[1., 2., 3., 4.]), ElementType::F16, &[4]).unwrap();
     for step in 1..=3 {
-        let mut out = executable.execute(vec![ExecuteArg::Donate(state), ExecuteArg::Keep(&w), ExecuteArg::Keep(&x)]).unwrap().into_iter();
+        let mut out = executable
+            .execute(vec![ExecuteArg::Donate(state), ExecuteArg::Keep(&w), ExecuteArg::Keep(&x)])
+            .unwrap()
+            .into_iter();
         state = out.next().unwrap();
         let y = f32_values(&out.next().unwrap().to_host().unwrap());
         assert_eq!(y, vec![8.0, 1.5], "step {step}");
-        let expected: Vec<f32> = [1., 2., 3., 4.].iter().zip([1., 1., 1., 0.5]).map(|(a, b)| a + b * step as f32).collect();
+        let expected: Vec<f32> =
+            [1., 2., 3., 4.].iter().zip([1., 1., 1., 0.5]).map(|(a, b)| a + b * step as f32).collect();
         assert_eq!(state.to_host().unwrap(), f16_bytes(&expected), "step {step}: the state carried over");
     }
     assert_eq!(state.dims().unwrap(), vec![4]);
@@ -82,7 +98,10 @@ fn compiles_executes_donates_and_round_trips_through_serialization() {
 
     let bytes = executable.serialize().unwrap();
     let reloaded = client.deserialize(&bytes).unwrap();
-    let mut out = reloaded.execute(vec![ExecuteArg::Donate(state), ExecuteArg::Keep(&w), ExecuteArg::Keep(&x)]).unwrap().into_iter();
+    let mut out = reloaded
+        .execute(vec![ExecuteArg::Donate(state), ExecuteArg::Keep(&w), ExecuteArg::Keep(&x)])
+        .unwrap()
+        .into_iter();
     let _ = out.next();
     assert_eq!(f32_values(&out.next().unwrap().to_host().unwrap()), vec![8.0, 1.5]);
 }

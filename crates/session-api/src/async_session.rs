@@ -112,7 +112,8 @@ mod tests {
     async fn streams_tokens_and_returns_the_output() {
         let session = scripted();
         let request = GenerationRequest { max_tokens: 5, ..Default::default() };
-        let (mut events, handle) = session.generate_stream(vec![1, 2], request, Some(Arc::new(Letters)), CancelToken::new());
+        let (mut events, handle) =
+            session.generate_stream(vec![1, 2], request, Some(Arc::new(Letters)), CancelToken::new());
         let mut text = String::new();
         while let Some(event) = events.recv().await {
             text.push_str(&event.text);

@@ -193,7 +193,11 @@ pub trait Backend: Send + Sync {
     /// a backend takes no such settings.
     fn configure(&self, settings: &BTreeMap<String, String>) -> Result<Box<dyn Backend>> {
         let keys: Vec<&str> = settings.keys().map(String::as_str).collect();
-        Err(crate::SeamError::InvalidInput(format!("{} takes no backend settings (given: {})", self.name(), keys.join(", "))))
+        Err(crate::SeamError::InvalidInput(format!(
+            "{} takes no backend settings (given: {})",
+            self.name(),
+            keys.join(", ")
+        )))
     }
 }
 
@@ -260,8 +264,12 @@ impl<'a> dyn Engine + 'a {
         let capabilities = self.capabilities();
         options.check_against(&info.backend, &capabilities)?;
         let steps = self.open_steps(options)?;
-        let limits =
-            SessionLimits { backend: info.backend, vocab_size: info.vocab_size, hidden_size: info.hidden_size, capabilities };
+        let limits = SessionLimits {
+            backend: info.backend,
+            vocab_size: info.vocab_size,
+            hidden_size: info.hidden_size,
+            capabilities,
+        };
         Ok((limits, steps))
     }
 }

@@ -171,13 +171,12 @@ impl Capabilities {
             (n.parallel_sessions && !o.parallel_sessions, "parallel sessions"),
             (n.batched_decode && !o.batched_decode, "batched decode"),
         ];
-        let formats = WeightFormat::ALL
-            .into_iter()
-            .filter(|f| n.supports_format(*f) && !o.supports_format(*f))
-            .map(|f| match f {
+        let formats = WeightFormat::ALL.into_iter().filter(|f| n.supports_format(*f) && !o.supports_format(*f)).map(
+            |f| match f {
                 WeightFormat::F16 => "f16 weights",
                 WeightFormat::Int4 => "int4 weights",
-            });
+            },
+        );
         features.into_iter().filter(|(lacking, _)| *lacking).map(|(_, name)| name).chain(formats).collect()
     }
 }

@@ -72,7 +72,11 @@ pub enum SeamError {
     Cancelled,
 
     #[error("{}: {source}", path.display())]
-    Io { path: PathBuf, #[source] source: std::io::Error },
+    Io {
+        path: PathBuf,
+        #[source]
+        source: std::io::Error,
+    },
 
     #[error("backend failure: {0}")]
     Backend(String),

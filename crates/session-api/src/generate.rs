@@ -116,9 +116,7 @@ impl<'a> TextStream<'a> {
             .stop_strings
             .iter()
             .filter_map(|stop| {
-                (1..stop.len())
-                    .rev()
-                    .find(|&n| stop.is_char_boundary(n) && complete.ends_with(&stop[..n]))
+                (1..stop.len()).rev().find(|&n| stop.is_char_boundary(n) && complete.ends_with(&stop[..n]))
             })
             .max()
             .unwrap_or(0);
@@ -164,8 +162,13 @@ pub fn generate(
     }
     let started = Instant::now();
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..GenerationStats::default() };
-    let mut stream =
-        TextStream { detokenizer, stop_strings: &request.stop_strings, text_tokens: Vec::new(), emitted: 0, final_text: None };
+    let mut stream = TextStream {
+        detokenizer,
+        stop_strings: &request.stop_strings,
+        text_tokens: Vec::new(),
+        emitted: 0,
+        final_text: None,
+    };
     let mut tokens = Vec::new();
     let mut step_times = Vec::new();
 
@@ -206,7 +209,11 @@ pub fn generate(
 
     let (text, held_back) = stream.finish()?;
     if !held_back.is_empty() {
-        on_token(TokenEvent { index: tokens.len().saturating_sub(1), token: *tokens.last().unwrap_or(&0), text: held_back });
+        on_token(TokenEvent {
+            index: tokens.len().saturating_sub(1),
+            token: *tokens.last().unwrap_or(&0),
+            text: held_back,
+        });
     }
     stats.generated_tokens = tokens.len();
     stats.finish(prefill_time, step_times, started.elapsed(), reason);
@@ -274,14 +281,17 @@ pub(crate) mod tests {
 
     fn run(s: &mut CheckedSession, request: GenerationRequest) -> (GenerationOutput, Vec<TokenEvent>) {
         let mut events = Vec::new();
-        let out = generate(s, &[1, 2, 3], &request, Some(&Letters), &CancelToken::new(), &mut |e| events.push(e)).unwrap();
+        let out =
+            generate(s, &[1, 2, 3], &request, Some(&Letters), &CancelToken::new(), &mut |e| events.push(e)).unwrap();
         (out, events)
     }
 
     #[test]
     fn stops_at_eos_and_keeps_the_id_but_not_its_text() {
-        let (out, events) =
-            run(&mut session(vec![0, 1, 2, 9, 3]), GenerationRequest { max_tokens: 10, eos_ids: vec![9], ..Default::default() });
+        let (out, events) = run(
+            &mut session(vec![0, 1, 2, 9, 3]),
+            GenerationRequest { max_tokens: 10, eos_ids: vec![9], ..Default::default() },
+        );
         assert_eq!(out.tokens, vec![0, 1, 2, 9]);
         assert_eq!(out.text, "abc");
         assert_eq!(out.finish_reason, FinishReason::Eos);
@@ -316,7 +326,8 @@ pub(crate) mod tests {
 
     #[test]
     fn split_characters_are_streamed_whole() {
-        let (out, events) = run(&mut session(vec![0, 50, 51, 1]), GenerationRequest { max_tokens: 4, ..Default::default() });
+        let (out, events) =
+            run(&mut session(vec![0, 50, 51, 1]), GenerationRequest { max_tokens: 4, ..Default::default() });
         assert_eq!(out.text, "aéb");
         let texts: Vec<&str> = events.iter().map(|e| e.text.as_str()).collect();
         assert_eq!(texts, vec!["a", "", "é", "b"]);
@@ -355,8 +366,9 @@ pub(crate) mod tests {
 
     #[test]
     fn empty_prompt_is_refused() {
-        let err = generate(&mut session(vec![0]), &[], &GenerationRequest::default(), None, &CancelToken::new(), &mut |_| {})
-            .unwrap_err();
+        let err =
+            generate(&mut session(vec![0]), &[], &GenerationRequest::default(), None, &CancelToken::new(), &mut |_| {})
+                .unwrap_err();
         assert!(matches!(err, SeamError::EmptyInput));
     }
 }

@@ -40,7 +40,9 @@ pub use capabilities::{Capabilities, InputKinds, KvOps, SamplingModes, StateKind
 pub use error::{ErrorKind, Result, SeamError};
 pub use registry::{find_backend, find_backend_with, registered_backends, BackendRegistration, RegisteredBackend};
 pub use sampling::{Sampler, SamplingConfig};
-pub use session::{CheckedSession, RawStep, Session, SessionLimits, SessionOptions, SessionSteps, StepInput, StepOutput};
+pub use session::{
+    CheckedSession, RawStep, Session, SessionLimits, SessionOptions, SessionSteps, StepInput, StepOutput,
+};
 
 /// Version of this contract. A backend compiled against another version is listed by the
 /// registry as incompatible instead of being called through a mismatched vtable.

@@ -21,7 +21,12 @@ pub enum SamplingConfig {
 
 impl SamplingConfig {
     /// Builds a config from user-facing settings: temperature 0 (or absent) is greedy.
-    pub fn from_settings(temperature: Option<f32>, top_k: Option<usize>, top_p: Option<f32>, seed: Option<u64>) -> Self {
+    pub fn from_settings(
+        temperature: Option<f32>,
+        top_k: Option<usize>,
+        top_p: Option<f32>,
+        seed: Option<u64>,
+    ) -> Self {
         match temperature {
             Some(t) if t > 0.0 => SamplingConfig::Sample {
                 temperature: t,
@@ -37,13 +42,9 @@ impl SamplingConfig {
     pub fn required_modes(&self) -> SamplingModes {
         match *self {
             SamplingConfig::Greedy => SamplingModes::GREEDY_ONLY,
-            SamplingConfig::Sample { top_k, top_p, .. } => SamplingModes {
-                greedy: false,
-                temperature: true,
-                top_k: top_k > 0,
-                top_p: top_p < 1.0,
-                seeded: true,
-            },
+            SamplingConfig::Sample { top_k, top_p, .. } => {
+                SamplingModes { greedy: false, temperature: true, top_k: top_k > 0, top_p: top_p < 1.0, seeded: true }
+            }
         }
     }
 
@@ -125,8 +126,7 @@ impl Sampler {
             candidates.truncate(top_k);
         }
         let max = candidates.first().map(|c| c.1).unwrap_or(0.0);
-        let mut probs: Vec<f64> =
-            candidates.iter().map(|c| (((c.1 - max) / temperature) as f64).exp()).collect();
+        let mut probs: Vec<f64> = candidates.iter().map(|c| (((c.1 - max) / temperature) as f64).exp()).collect();
         let total: f64 = probs.iter().sum();
         probs.iter_mut().for_each(|p| *p /= total);
         if top_p < 1.0 {

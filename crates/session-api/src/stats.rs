@@ -103,7 +103,11 @@ impl GenerationStats {
         ));
         lines.push(format!(
             "decode        {:>9.1} ms  {:>8.1} tok/s  ({} steps; p50 {:.2} ms, p90 {:.2} ms)",
-            self.decode_ms, self.decode_tokens_per_s, self.decode_steps, self.decode_step.p50_ms, self.decode_step.p90_ms
+            self.decode_ms,
+            self.decode_tokens_per_s,
+            self.decode_steps,
+            self.decode_step.p50_ms,
+            self.decode_step.p90_ms
         ));
         if let Some(reason) = self.finish_reason {
             lines.push(format!("finished      {reason:?} after {} tokens", self.generated_tokens));

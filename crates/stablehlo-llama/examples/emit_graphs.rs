@@ -9,7 +9,7 @@
 //! `--loop` emits one loop over stacked layer weights instead of unrolled layers.
 
 use session_api::WeightFormat;
-use stablehlo_llama::{emit_module, StorageDtype, GraphKind, GraphOptions, GraphSpec, LayerMode};
+use stablehlo_llama::{emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode, StorageDtype};
 use std::path::Path;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -26,10 +26,25 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     let config = llama_model::LlamaConfig::from_file(Path::new(&args[0]))?;
     let format: WeightFormat = args[1].parse()?;
     let max_context: usize = args[2].parse()?;
-    let mut specs = vec![GraphSpec { kind: GraphKind::Decode, logits: false }, GraphSpec { kind: GraphKind::Decode, logits: true }];
+    let mut specs =
+        vec![GraphSpec { kind: GraphKind::Decode, logits: false }, GraphSpec { kind: GraphKind::Decode, logits: true }];
     for bucket in &args[3..] {
         specs.push(GraphSpec { kind: GraphKind::Prefill { bucket: bucket.parse()? }, logits: false });
     }
-    print!("{}", emit_module(&config, &GraphOptions { max_context, format, layers, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS }, &specs)?);
+    print!(
+        "{}",
+        emit_module(
+            &config,
+            &GraphOptions {
+                max_context,
+                format,
+                layers,
+                dense: StorageDtype::F16,
+                cache: StorageDtype::F16,
+                int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS
+            },
+            &specs
+        )?
+    );
     Ok(())
 }

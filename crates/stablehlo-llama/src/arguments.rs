@@ -113,7 +113,9 @@ pub fn weight_args_with(config: &LlamaConfig, format: WeightFormat, dense: Stora
     let mut out = Vec::new();
     for spec in expected_tensors(config) {
         match spec.role {
-            TensorRole::Norm => out.push(WeightArg { name: spec.name, shape: spec.shape, dtype: ArgDtype::F32, part: WeightPart::Norm }),
+            TensorRole::Norm => {
+                out.push(WeightArg { name: spec.name, shape: spec.shape, dtype: ArgDtype::F32, part: WeightPart::Norm })
+            }
             TensorRole::Matrix => {
                 let (rows, cols) = (spec.shape[0], spec.shape[1]);
                 match format {
@@ -247,19 +249,29 @@ pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<Hos
 }
 
 /// [`host_args`] for the arguments of [`weight_args_with`].
-pub fn host_args_with(weights: &LlamaWeights, format: WeightFormat, dense: StorageDtype) -> Result<Vec<HostArg>, GraphError> {
+pub fn host_args_with(
+    weights: &LlamaWeights,
+    format: WeightFormat,
+    dense: StorageDtype,
+) -> Result<Vec<HostArg>, GraphError> {
     let specs = weight_args_with(&weights.config, format, dense);
     let mut specs = specs.into_iter();
     let mut out = Vec::new();
     let mut next = |name: &str| {
-        specs.next().ok_or_else(|| GraphError::Weight { name: name.to_string(), message: "more tensors than the config implies".into() })
+        specs.next().ok_or_else(|| GraphError::Weight {
+            name: name.to_string(),
+            message: "more tensors than the config implies".into(),
+        })
     };
     for (name, tensor) in weights.tensors() {
         match tensor {
             llama_model::weights::TensorRef::Norm(v) => {
                 let spec = next(&name)?;
                 if spec.shape != [v.len()] {
-                    return Err(GraphError::Weight { name, message: format!("{} values, expected {:?}", v.len(), spec.shape) });
+                    return Err(GraphError::Weight {
+                        name,
+                        message: format!("{} values, expected {:?}", v.len(), spec.shape),
+                    });
                 }
                 out.push(HostArg { spec, bytes: v.iter().flat_map(|x| x.to_le_bytes()).collect() });
             }
@@ -267,7 +279,10 @@ pub fn host_args_with(weights: &LlamaWeights, format: WeightFormat, dense: Stora
                 (Matrix::F16 { rows, cols, data }, WeightFormat::F16) => {
                     let spec = next(&name)?;
                     if data.len() != rows * cols {
-                        return Err(GraphError::Weight { name, message: "data length does not match its shape".into() });
+                        return Err(GraphError::Weight {
+                            name,
+                            message: "data length does not match its shape".into(),
+                        });
                     }
                     let bytes = match spec.part {
                         WeightPart::DenseRowMajor if spec.shape == [*rows, *cols] => dense_bytes(data, dense),
@@ -295,7 +310,10 @@ pub fn host_args_with(weights: &LlamaWeights, format: WeightFormat, dense: Stora
                     let scales = next(&name)?;
                     let groups = q.rows * q.cols / GROUP_SIZE;
                     if q.scales.len() != groups || q.biases.len() != groups {
-                        return Err(GraphError::Weight { name, message: "scale or bias count does not match the shape".into() });
+                        return Err(GraphError::Weight {
+                            name,
+                            message: "scale or bias count does not match the shape".into(),
+                        });
                     }
                     out.push(HostArg { spec: scales, bytes: f16_bytes(q.scales.iter().copied()) });
                     let biases = next(&name)?;
@@ -311,7 +329,10 @@ pub fn host_args_with(weights: &LlamaWeights, format: WeightFormat, dense: Stora
         }
     }
     if specs.next().is_some() {
-        return Err(GraphError::Weight { name: "(end)".into(), message: "fewer tensors than the config implies".into() });
+        return Err(GraphError::Weight {
+            name: "(end)".into(),
+            message: "fewer tensors than the config implies".into(),
+        });
     }
     Ok(out)
 }
@@ -354,10 +375,10 @@ pub fn stack_host_args(args: Vec<HostArg>) -> Result<Vec<HostArg>, GraphError> {
             Some((_, rest)) => format!("model.layers.*.{rest}"),
             None => arg.spec.name.clone(),
         };
-        let target = out
-            .iter_mut()
-            .find(|o| o.spec.name == stacked_name)
-            .ok_or_else(|| GraphError::Weight { name: arg.spec.name.clone(), message: "no layer 0 tensor of this kind".into() })?;
+        let target = out.iter_mut().find(|o| o.spec.name == stacked_name).ok_or_else(|| GraphError::Weight {
+            name: arg.spec.name.clone(),
+            message: "no layer 0 tensor of this kind".into(),
+        })?;
         target.bytes.extend_from_slice(&arg.bytes);
     }
     for o in &out {
@@ -405,7 +426,10 @@ mod tests {
         assert_eq!(f16[1].name, "model.layers.0.input_layernorm.weight");
         assert_eq!((f16[1].shape.clone(), f16[1].dtype), (vec![64], ArgDtype::F32));
         // k_proj is [32, 64] in Hugging Face layout, uploaded as [64, 32].
-        assert_eq!((f16[3].name.as_str(), f16[3].shape.clone()), ("model.layers.0.self_attn.k_proj.weight", vec![64, 32]));
+        assert_eq!(
+            (f16[3].name.as_str(), f16[3].shape.clone()),
+            ("model.layers.0.self_attn.k_proj.weight", vec![64, 32])
+        );
         assert_eq!(f16.last().unwrap().shape, vec![64, 256]);
         let int4 = weight_args(&c, WeightFormat::Int4);
         assert_eq!(int4.len(), 3 * (1 + 7 * c.num_hidden_layers + 1) + 2 * c.num_hidden_layers + 1);
@@ -448,13 +472,25 @@ mod tests {
                     assert_eq!(wide.bytes.len(), narrow_len * 2, "{}", narrow.spec.name);
                     for (n, w) in narrow.bytes.chunks_exact(2).zip(wide.bytes.chunks_exact(4)) {
                         let n = f16::from_le_bytes([n[0], n[1]]).to_f32();
-                        assert_eq!(n.to_bits(), f32::from_le_bytes([w[0], w[1], w[2], w[3]]).to_bits(), "{}", narrow.spec.name);
+                        assert_eq!(
+                            n.to_bits(),
+                            f32::from_le_bytes([w[0], w[1], w[2], w[3]]).to_bits(),
+                            "{}",
+                            narrow.spec.name
+                        );
                     }
                 }
                 _ => assert_eq!(narrow.bytes, wide.bytes, "{}", narrow.spec.name),
             }
         }
-        let odd = [f16::from_f32(1.5), f16::from_f32(-2.0), f16::from_f32(0.25), f16::from_f32(3.0), f16::from_f32(7.0), f16::from_f32(-0.5)];
+        let odd = [
+            f16::from_f32(1.5),
+            f16::from_f32(-2.0),
+            f16::from_f32(0.25),
+            f16::from_f32(3.0),
+            f16::from_f32(7.0),
+            f16::from_f32(-0.5),
+        ];
         let mut many = Vec::new();
         for i in 0..(37 * 45) {
             many.push(odd[i % odd.len()] * f16::from_f32((i % 11) as f32));

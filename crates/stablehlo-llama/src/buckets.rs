@@ -41,7 +41,12 @@ pub fn buckets_for_context(max_context: usize) -> Vec<usize> {
 
 /// Cuts `tokens` new tokens at `position` into calls of the decode graph and the prefill
 /// graphs of `buckets` (any order). Fails when the tokens do not fit in `max_context`.
-pub fn plan_prefill(position: usize, tokens: usize, buckets: &[usize], max_context: usize) -> Result<Vec<PlannedCall>, GraphError> {
+pub fn plan_prefill(
+    position: usize,
+    tokens: usize,
+    buckets: &[usize],
+    max_context: usize,
+) -> Result<Vec<PlannedCall>, GraphError> {
     if position + tokens > max_context {
         return Err(GraphError::Options(format!(
             "{tokens} tokens at position {position} exceed the context of {max_context}"
@@ -77,11 +82,19 @@ pub fn plan_prefill(position: usize, tokens: usize, buckets: &[usize], max_conte
 /// [`GraphKind::PrefillEmbeddings`] graph, with bucket 1 where the token plan has a decode step
 /// (there is no embeddings decode graph). A runtime that feeds embeddings therefore compiles
 /// `prefill_embeddings_1` besides the buckets it passes here.
-pub fn plan_prefill_embeddings(position: usize, rows: usize, buckets: &[usize], max_context: usize) -> Result<Vec<PlannedCall>, GraphError> {
+pub fn plan_prefill_embeddings(
+    position: usize,
+    rows: usize,
+    buckets: &[usize],
+    max_context: usize,
+) -> Result<Vec<PlannedCall>, GraphError> {
     let calls = plan_prefill(position, rows, buckets, max_context)?;
     Ok(calls
         .into_iter()
-        .map(|call| PlannedCall { graph: GraphKind::PrefillEmbeddings { bucket: call.graph.input_rows() }, count: call.count })
+        .map(|call| PlannedCall {
+            graph: GraphKind::PrefillEmbeddings { bucket: call.graph.input_rows() },
+            count: call.count,
+        })
         .collect())
 }
 
@@ -100,7 +113,10 @@ mod tests {
         assert_eq!(plan_prefill(0, 5, &b, 1024).unwrap(), vec![prefill(16, 5)]);
         assert_eq!(plan_prefill(0, 16, &b, 1024).unwrap(), vec![prefill(16, 16)]);
         assert_eq!(plan_prefill(0, 17, &b, 1024).unwrap(), vec![prefill(64, 17)]);
-        assert_eq!(plan_prefill(3, 600, &b, 1024).unwrap(), vec![prefill(256, 256), prefill(256, 256), prefill(256, 88)]);
+        assert_eq!(
+            plan_prefill(3, 600, &b, 1024).unwrap(),
+            vec![prefill(256, 256), prefill(256, 256), prefill(256, 88)]
+        );
         assert_eq!(plan_prefill(7, 1, &b, 1024).unwrap(), vec![DECODE]);
         assert_eq!(plan_prefill(7, 0, &b, 1024).unwrap(), vec![]);
         // Near the end: 20 positions left, 18 tokens: 16 fits (full), then 2 decode steps.
@@ -138,7 +154,10 @@ mod tests {
         let b = DEFAULT_BUCKETS;
         assert_eq!(plan_prefill_embeddings(0, 5, &b, 1024).unwrap(), vec![embeddings(16, 5)]);
         assert_eq!(plan_prefill_embeddings(7, 1, &b, 1024).unwrap(), vec![embeddings(1, 1)]);
-        assert_eq!(plan_prefill_embeddings(1004, 18, &b, 1024).unwrap(), vec![embeddings(16, 16), embeddings(1, 1), embeddings(1, 1)]);
+        assert_eq!(
+            plan_prefill_embeddings(1004, 18, &b, 1024).unwrap(),
+            vec![embeddings(16, 16), embeddings(1, 1), embeddings(1, 1)]
+        );
         for (position, rows) in [(0, 600), (3, 17), (1020, 3), (0, 0)] {
             let tokens = plan_prefill(position, rows, &b, 1024).unwrap();
             let from_embeddings = plan_prefill_embeddings(position, rows, &b, 1024).unwrap();

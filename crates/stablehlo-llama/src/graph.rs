@@ -58,7 +58,8 @@ impl LayerMode {
 /// `[L, KVH, C, D]`, or for [`LayerMode::UnrolledCachePerLayer`] `[KVH, D, C]` and `[KVH, C, D]`
 /// for each layer in turn.
 pub fn cache_arg_shapes(config: &LlamaConfig, options: &GraphOptions) -> Vec<Vec<usize>> {
-    let (layers, n_kv, d, c) = (config.num_hidden_layers, config.num_key_value_heads, config.head_dim, options.max_context);
+    let (layers, n_kv, d, c) =
+        (config.num_hidden_layers, config.num_key_value_heads, config.head_dim, options.max_context);
     match options.layers {
         LayerMode::Unrolled | LayerMode::Loop => vec![vec![layers, n_kv, d, c], vec![layers, n_kv, c, d]],
         LayerMode::UnrolledCachePerLayer => (0..layers).flat_map(|_| [vec![n_kv, d, c], vec![n_kv, c, d]]).collect(),
@@ -167,7 +168,11 @@ fn check(config: &LlamaConfig, options: &GraphOptions, specs: &[GraphSpec]) -> R
         return Err(GraphError::Options(format!("max_context {} is above 2^24", options.max_context)));
     }
     if options.format == WeightFormat::Int4 {
-        for (what, n) in [("hidden_size", config.hidden_size), ("intermediate_size", config.intermediate_size), ("q_dim", config.q_dim())] {
+        for (what, n) in [
+            ("hidden_size", config.hidden_size),
+            ("intermediate_size", config.intermediate_size),
+            ("q_dim", config.q_dim()),
+        ] {
             if n % GROUP_SIZE != 0 {
                 return Err(GraphError::Options(format!("int4 needs {what} ({n}) to be a multiple of {GROUP_SIZE}")));
             }
@@ -176,7 +181,10 @@ fn check(config: &LlamaConfig, options: &GraphOptions, specs: &[GraphSpec]) -> R
     for spec in specs {
         if let GraphKind::Prefill { bucket } | GraphKind::PrefillEmbeddings { bucket } = spec.kind {
             if bucket == 0 || bucket > options.max_context {
-                return Err(GraphError::Options(format!("prefill bucket {bucket} must be in 1..={}", options.max_context)));
+                return Err(GraphError::Options(format!(
+                    "prefill bucket {bucket} must be in 1..={}",
+                    options.max_context
+                )));
             }
         }
     }
@@ -245,7 +253,10 @@ impl Weights {
         match self.specs[i].part {
             WeightPart::DenseRowMajor | WeightPart::DenseTransposed => {
                 self.next += 1;
-                MatrixArg::Dense { w: self.vals[i].clone(), transposed: self.specs[i].part == WeightPart::DenseTransposed }
+                MatrixArg::Dense {
+                    w: self.vals[i].clone(),
+                    transposed: self.specs[i].part == WeightPart::DenseTransposed,
+                }
             }
             WeightPart::Int4Packed => {
                 self.next += 3;
@@ -631,13 +642,22 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     let embeddings = spec.kind.takes_embeddings();
     let (input, first_doc, real) = if embeddings {
         let doc = format!("embedding rows [{t}, hidden], padded to {t} with finite rows (zeros)");
-        (push_with(Ty::new(&[t, h], Elem::F32), "", doc), "position of the first row (positions already in the cache)", "rows")
+        (
+            push_with(Ty::new(&[t, h], Elem::F32), "", doc),
+            "position of the first row (positions already in the cache)",
+            "rows",
+        )
     } else {
         let doc = format!("token ids, padded to {t}");
-        (push_with(Ty::new(&[t], Elem::I32), "", doc), "position of the first token (tokens already in the cache)", "tokens")
+        (
+            push_with(Ty::new(&[t], Elem::I32), "", doc),
+            "position of the first token (tokens already in the cache)",
+            "tokens",
+        )
     };
     let position = push_with(Ty::new(&[], Elem::I32), "", first_doc.into());
-    let count = spec.kind.takes_count().then(|| push_with(Ty::new(&[], Elem::I32), "", format!("real {real}, 1..={t}")));
+    let count =
+        spec.kind.takes_count().then(|| push_with(Ty::new(&[], Elem::I32), "", format!("real {real}, 1..={t}")));
     // Keys are stored transposed, [D, C] per head, so that the score product reads them in the
     // [K, M] layout IREE's CPU code generation prefers (measured: see the docs); values are [C, D],
     // already [K, M] for the probability-weighted sum.
@@ -651,7 +671,8 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
         .iter()
         .enumerate()
         .map(|(i, shape)| {
-            let (which, layout) = if i % 2 == 0 { ("k", "head_dim, max_context") } else { ("v", "max_context, head_dim") };
+            let (which, layout) =
+                if i % 2 == 0 { ("k", "head_dim, max_context") } else { ("v", "max_context, head_dim") };
             let doc = if per_layer {
                 format!("{which} cache of layer {} [kv_heads, {layout}], updated in place", i / 2)
             } else {
@@ -661,7 +682,8 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
         })
         .collect();
     let specs = graph_weight_args(config, options);
-    let vals: Vec<Val> = specs.iter().map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone())).collect();
+    let vals: Vec<Val> =
+        specs.iter().map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone())).collect();
     let mut w = Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from };
 
     let mut b = FnBuilder::new();
@@ -753,7 +775,8 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
             let first = w.next;
             let per_layer = w.specs[first..].iter().take_while(|s| s.name.starts_with("model.layers.*.")).count();
             w.next += per_layer;
-            let stacked: Vec<(Val, WeightArg)> = (first..first + per_layer).map(|i| (w.vals[i].clone(), w.specs[i].clone())).collect();
+            let stacked: Vec<(Val, WeightArg)> =
+                (first..first + per_layer).map(|i| (w.vals[i].clone(), w.specs[i].clone())).collect();
             let start = b.const_int(0, Elem::I32, &[]);
             let NewKv { k: k0, v: v0 } = new_kv.unwrap_or_else(|| unreachable!("stacked caches"));
             b.comment("the decoder layers: one loop body");
@@ -777,7 +800,8 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
                         vals.push(b.reshape(&one, &dims[1..]));
                         specs.push(WeightArg { shape: dims[1..].to_vec(), ..spec.clone() });
                     }
-                    let mut layer_weights = Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from };
+                    let mut layer_weights =
+                        Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from };
                     let kv = LayerKv::Stacked(NewKv { k: carried[2].clone(), v: carried[3].clone() });
                     let (x, kv) = decoder_layer(b, config, &mut layer_weights, &shared, index, carried[1].clone(), kv);
                     let LayerKv::Stacked(new_kv) = kv else { unreachable!("stacked in, stacked out") };
@@ -786,7 +810,8 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
                     vec![next, x, new_kv.k, new_kv.v]
                 },
             );
-            let [_, x, k, v]: [Val; 4] = out.try_into().unwrap_or_else(|_| unreachable!("the loop carries four values"));
+            let [_, x, k, v]: [Val; 4] =
+                out.try_into().unwrap_or_else(|_| unreachable!("the loop carries four values"));
             (x, write_stacked(&mut b, &caches, NewKv { k, v }, &zero, &position))
         }
     };
@@ -833,7 +858,14 @@ mod tests {
     const DECODE: GraphSpec = GraphSpec { kind: GraphKind::Decode, logits: false };
 
     fn options(format: WeightFormat) -> GraphOptions {
-        GraphOptions { max_context: 16, format, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS }
+        GraphOptions {
+            max_context: 16,
+            format,
+            layers: LayerMode::Unrolled,
+            dense: StorageDtype::F16,
+            cache: StorageDtype::F16,
+            int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS,
+        }
     }
 
     #[test]
@@ -842,8 +874,14 @@ mod tests {
         assert_eq!(GraphSpec { kind: GraphKind::Decode, logits: true }.name(), "decode_logits");
         assert_eq!(GraphSpec { kind: GraphKind::Prefill { bucket: 64 }, logits: false }.name(), "prefill_64");
         assert_eq!(GraphSpec { kind: GraphKind::Prefill { bucket: 8 }, logits: true }.name(), "prefill_8_logits");
-        assert_eq!(GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket: 64 }, logits: false }.name(), "prefill_embeddings_64");
-        assert_eq!(GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket: 1 }, logits: true }.name(), "prefill_embeddings_1_logits");
+        assert_eq!(
+            GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket: 64 }, logits: false }.name(),
+            "prefill_embeddings_64"
+        );
+        assert_eq!(
+            GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket: 1 }, logits: true }.name(),
+            "prefill_embeddings_1_logits"
+        );
     }
 
     #[test]
@@ -854,7 +892,8 @@ mod tests {
             GraphKind::PrefillEmbeddings { bucket: 8 },
             GraphKind::PrefillEmbeddings { bucket: 1 },
         ];
-        let described: Vec<(usize, bool, bool)> = kinds.iter().map(|k| (k.input_rows(), k.takes_embeddings(), k.takes_count())).collect();
+        let described: Vec<(usize, bool, bool)> =
+            kinds.iter().map(|k| (k.input_rows(), k.takes_embeddings(), k.takes_count())).collect();
         assert_eq!(described, vec![(1, false, false), (8, false, true), (8, true, true), (1, true, true)]);
     }
 
@@ -864,9 +903,26 @@ mod tests {
         let prefill = |bucket| GraphSpec { kind: GraphKind::Prefill { bucket }, logits: false };
         let embeddings = |bucket| GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket }, logits: false };
         let cases: Vec<(GraphOptions, Vec<GraphSpec>)> = vec![
-            (GraphOptions { max_context: 0, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS }, vec![DECODE]),
             (
-                GraphOptions { max_context: c.max_position_embeddings + 1, format: WeightFormat::F16, layers: LayerMode::Unrolled, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS },
+                GraphOptions {
+                    max_context: 0,
+                    format: WeightFormat::F16,
+                    layers: LayerMode::Unrolled,
+                    dense: StorageDtype::F16,
+                    cache: StorageDtype::F16,
+                    int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS,
+                },
+                vec![DECODE],
+            ),
+            (
+                GraphOptions {
+                    max_context: c.max_position_embeddings + 1,
+                    format: WeightFormat::F16,
+                    layers: LayerMode::Unrolled,
+                    dense: StorageDtype::F16,
+                    cache: StorageDtype::F16,
+                    int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS,
+                },
                 vec![DECODE],
             ),
             (options(WeightFormat::F16), vec![prefill(0)]),
@@ -891,8 +947,12 @@ mod tests {
     #[test]
     fn weights_are_arguments_not_constants() {
         for (c, format) in [(tiny_config(), WeightFormat::F16), (tiny_llama32_config(), WeightFormat::Int4)] {
-            let text =
-                emit_module(&c, &options(format), &[DECODE, GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: true }]).unwrap();
+            let text = emit_module(
+                &c,
+                &options(format),
+                &[DECODE, GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: true }],
+            )
+            .unwrap();
             let vectors: Vec<&str> = text.lines().filter(|l| l.contains("value = dense<[")).collect();
             assert_eq!(vectors.len(), 2, "one rope table per function");
             assert!(vectors.iter().all(|l| l.contains(&format!("tensor<{}xf32>", c.head_dim / 2))));
@@ -910,7 +970,8 @@ mod tests {
         let text = emit_module(&c, &options(WeightFormat::F16), &[DECODE]).unwrap();
         let line = text.lines().find(|l| l.contains("value = dense<[")).unwrap();
         let inner = line.split("dense<[").nth(1).unwrap().split(']').next().unwrap();
-        let bits: Vec<u32> = inner.split(", ").map(|s| u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()).collect();
+        let bits: Vec<u32> =
+            inner.split(", ").map(|s| u32::from_str_radix(s.trim_start_matches("0x"), 16).unwrap()).collect();
         let want: Vec<u32> = c.rope_inv_freq().iter().map(|f| f.to_bits()).collect();
         assert_eq!(bits, want);
     }
@@ -995,15 +1056,26 @@ mod tests {
             let h = c.hidden_size;
             for (bucket, logits) in [(4, true), (1, false), (8, true)] {
                 let tied = c.tie_word_embeddings;
-                let what = format!("{:?} {:?} dense {:?} cache {:?} tied {tied} bucket {bucket}", o.layers, o.format, o.dense, o.cache);
+                let what = format!(
+                    "{:?} {:?} dense {:?} cache {:?} tied {tied} bucket {bucket}",
+                    o.layers, o.format, o.dense, o.cache
+                );
                 let from_tokens = GraphSpec { kind: GraphKind::Prefill { bucket }, logits };
                 let from_rows = GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket }, logits };
                 let tokens = emit_module(&c, &o, &[from_tokens]).unwrap();
                 let rows = emit_module(&c, &o, &[from_rows]).unwrap();
-                let name = if logits { format!("prefill_embeddings_{bucket}_logits") } else { format!("prefill_embeddings_{bucket}") };
+                let name = if logits {
+                    format!("prefill_embeddings_{bucket}_logits")
+                } else {
+                    format!("prefill_embeddings_{bucket}")
+                };
                 assert!(rows.contains(&format!("func.func @{name}(")), "{what}");
                 assert!(rows.contains(&format!("%arg0: tensor<{bucket}x{h}xf32>, // embedding rows")), "{what}");
-                assert!(rows.contains("%arg1: tensor<i32>, // position") && rows.contains("%arg2: tensor<i32>, // real rows"), "{what}");
+                assert!(
+                    rows.contains("%arg1: tensor<i32>, // position")
+                        && rows.contains("%arg2: tensor<i32>, // real rows"),
+                    "{what}"
+                );
                 // The rest of the signature (caches, weights, results) is the token graph's.
                 let signature_tail = |text: &str| -> Vec<String> {
                     text.lines()
@@ -1027,7 +1099,9 @@ mod tests {
                 let lookup = &tokens[lookup_start..lookup_end];
                 let looked_up = lookup.lines().last().unwrap().trim_start().split(' ').next().unwrap().to_string();
                 let without_lookup = format!("{}{}", &tokens[..lookup_start], &tokens[lookup_end..]);
-                let without_lookup = without_lookup.replace(&format!("{looked_up},"), "%arg0,").replace(&format!("{looked_up})"), "%arg0)");
+                let without_lookup = without_lookup
+                    .replace(&format!("{looked_up},"), "%arg0,")
+                    .replace(&format!("{looked_up})"), "%arg0)");
                 assert_same_lines(&canonical_body(&without_lookup), &canonical_body(&rows), &what);
                 // And the entry-module form of the same function.
                 let entry = emit_entry_module(&c, &o, from_rows).unwrap();
@@ -1062,7 +1136,10 @@ mod tests {
         let text = emit_module(&c, &o, &[DECODE]).unwrap();
         for (i, shape) in shapes.iter().enumerate() {
             let ty = format!("tensor<{}xf16>", shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x"));
-            assert!(text.contains(&format!("%arg{}: {ty} {{tf.aliasing_output = {} : i32}}", i + 2, i + 1)), "cache argument {i}");
+            assert!(
+                text.contains(&format!("%arg{}: {ty} {{tf.aliasing_output = {} : i32}}", i + 2, i + 1)),
+                "cache argument {i}"
+            );
         }
         assert!(!text.contains(&format!("tf.aliasing_output = {} : i32", shapes.len() + 1)));
         // One in-place write per cache, and attention reads the written caches whole.

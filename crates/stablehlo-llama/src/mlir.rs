@@ -143,8 +143,14 @@ impl FnBuilder {
         let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
         let types: Vec<String> = operands.iter().map(|v| v.ty.mlir()).collect();
         let attrs = if attrs.is_empty() { String::new() } else { format!(" {{{attrs}}}") };
-        writeln!(self.body, "    {result} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {}", names.join(", "), types.join(", "), ty.mlir())
-            .unwrap();
+        writeln!(
+            self.body,
+            "    {result} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {}",
+            names.join(", "),
+            types.join(", "),
+            ty.mlir()
+        )
+        .unwrap();
         Val { name: result, ty }
     }
 
@@ -248,7 +254,12 @@ impl FnBuilder {
         if a.dims() == dims {
             return a.clone();
         }
-        self.op("broadcast_in_dim", &[a], &format!("broadcast_dimensions = {}", i64_array(map)), Ty::new(dims, a.elem()))
+        self.op(
+            "broadcast_in_dim",
+            &[a],
+            &format!("broadcast_dimensions = {}", i64_array(map)),
+            Ty::new(dims, a.elem()),
+        )
     }
 
     /// `0, 1, 2, ...` along `dim` of an i32 tensor of shape `dims`.
@@ -263,7 +274,12 @@ impl FnBuilder {
             Cmp::Le => "LE",
             Cmp::Lt => "LT",
         };
-        self.op("compare", &[a, b], &format!("comparison_direction = #stablehlo<comparison_direction {dir}>"), Ty::new(a.dims(), Elem::I1))
+        self.op(
+            "compare",
+            &[a, b],
+            &format!("comparison_direction = #stablehlo<comparison_direction {dir}>"),
+            Ty::new(a.dims(), Elem::I1),
+        )
     }
 
     pub fn select(&mut self, pred: &Val, a: &Val, b: &Val) -> Val {
@@ -340,13 +356,21 @@ impl FnBuilder {
     }
 
     /// `dot_general`: result dims are the batch dims, then lhs free dims, then rhs free dims.
-    pub fn dot_general(&mut self, a: &Val, b: &Val, batch: (&[usize], &[usize]), contract: (&[usize], &[usize])) -> Val {
+    pub fn dot_general(
+        &mut self,
+        a: &Val,
+        b: &Val,
+        batch: (&[usize], &[usize]),
+        contract: (&[usize], &[usize]),
+    ) -> Val {
         assert_eq!(a.elem(), b.elem());
         for (&i, &j) in batch.0.iter().zip(batch.1).chain(contract.0.iter().zip(contract.1)) {
             assert_eq!(a.dims()[i], b.dims()[j], "dot_general of {:?} and {:?}", a.dims(), b.dims());
         }
         let mut dims: Vec<usize> = batch.0.iter().map(|&i| a.dims()[i]).collect();
-        let free = |v: &Val, used: Vec<usize>| -> Vec<usize> { (0..v.rank()).filter(|d| !used.contains(d)).map(|d| v.dims()[d]).collect() };
+        let free = |v: &Val, used: Vec<usize>| -> Vec<usize> {
+            (0..v.rank()).filter(|d| !used.contains(d)).map(|d| v.dims()[d]).collect()
+        };
         dims.extend(free(a, [batch.0, contract.0].concat()));
         dims.extend(free(b, [batch.1, contract.1].concat()));
         let attrs = format!(
@@ -382,7 +406,14 @@ impl FnBuilder {
         writeln!(self.body, "    ^bb0(%lhs: {scalar}, %rhs: {scalar}):").unwrap();
         writeln!(self.body, "      %r = \"stablehlo.{op}\"(%lhs, %rhs) : ({scalar}, {scalar}) -> {scalar}").unwrap();
         writeln!(self.body, "      \"stablehlo.return\"(%r) : ({scalar}) -> ()").unwrap();
-        writeln!(self.body, "    }}) {{dimensions = {}}} : ({}, {scalar}) -> {}", i64_array(dims), a.ty.mlir(), ty.mlir()).unwrap();
+        writeln!(
+            self.body,
+            "    }}) {{dimensions = {}}} : ({}, {scalar}) -> {}",
+            i64_array(dims),
+            a.ty.mlir(),
+            ty.mlir()
+        )
+        .unwrap();
         Val { name: result, ty }
     }
 
@@ -405,7 +436,10 @@ impl FnBuilder {
         let (f, i, b) = ("tensor<f32>", "tensor<i32>", "tensor<i1>");
         let cmp = |dir: &str| format!("{{comparison_direction = #stablehlo<comparison_direction {dir}>}}");
         let lines = [
-            format!("    {result}:2 = \"stablehlo.reduce\"({}, {}, {}, {}) ({{", v.name, ids.name, init_v.name, init_i.name),
+            format!(
+                "    {result}:2 = \"stablehlo.reduce\"({}, {}, {}, {}) ({{",
+                v.name, ids.name, init_v.name, init_i.name
+            ),
             format!("    ^bb0(%av: {f}, %ai: {i}, %bv: {f}, %bi: {i}):"),
             format!("      %gt = \"stablehlo.compare\"(%av, %bv) {} : ({f}, {f}) -> {b}", cmp("GT")),
             format!("      %eq = \"stablehlo.compare\"(%av, %bv) {} : ({f}, {f}) -> {b}", cmp("EQ")),
@@ -415,7 +449,11 @@ impl FnBuilder {
             format!("      %v = \"stablehlo.select\"(%a, %av, %bv) : ({b}, {f}, {f}) -> {f}"),
             format!("      %i = \"stablehlo.select\"(%a, %ai, %bi) : ({b}, {i}, {i}) -> {i}"),
             format!("      \"stablehlo.return\"(%v, %i) : ({f}, {i}) -> ()"),
-            format!("    }}) {{dimensions = array<i64: 0>}} : ({}, {}, {f}, {i}) -> ({f}, {i})", v.ty.mlir(), ids.ty.mlir()),
+            format!(
+                "    }}) {{dimensions = array<i64: 0>}} : ({}, {}, {f}, {i}) -> ({f}, {i})",
+                v.ty.mlir(),
+                ids.ty.mlir()
+            ),
         ];
         for line in lines {
             writeln!(self.body, "{line}").unwrap();
@@ -438,8 +476,9 @@ impl FnBuilder {
         let block_args = |prefix: &str| -> Vec<Val> {
             init.iter().enumerate().map(|(j, v)| Val { name: format!("%{prefix}{id}_{j}"), ty: v.ty.clone() }).collect()
         };
-        let signature =
-            |vals: &[Val]| -> String { vals.iter().map(|v| format!("{}: {}", v.name, v.ty.mlir())).collect::<Vec<_>>().join(", ") };
+        let signature = |vals: &[Val]| -> String {
+            vals.iter().map(|v| format!("{}: {}", v.name, v.ty.mlir())).collect::<Vec<_>>().join(", ")
+        };
         let (cond_args, body_args) = (block_args("c"), block_args("b"));
         let outer = std::mem::take(&mut self.body);
         let predicate = cond(self, &cond_args);

@@ -16,7 +16,10 @@
 use backend_reference::{EngineOptions, ReferenceEngine};
 use llama_model::{LlamaWeights, Matrix};
 use session_api::{SessionOptions, WeightFormat};
-use stablehlo_llama::{cache_arg_shapes, emit_module, graph_host_args, ArgDtype, StorageDtype, GraphKind, GraphOptions, GraphSpec, LayerMode};
+use stablehlo_llama::{
+    cache_arg_shapes, emit_module, graph_host_args, ArgDtype, GraphKind, GraphOptions, GraphSpec, LayerMode,
+    StorageDtype,
+};
 use std::path::{Path, PathBuf};
 use std::process::Command;
 
@@ -60,7 +63,12 @@ fn tool(dir: &Path, name: &str) -> Command {
 
 fn run(mut cmd: Command) {
     let out = cmd.output().expect("starting an IREE tool");
-    assert!(out.status.success(), "{cmd:?} failed:\n{}\n{}", String::from_utf8_lossy(&out.stdout), String::from_utf8_lossy(&out.stderr));
+    assert!(
+        out.status.success(),
+        "{cmd:?} failed:\n{}\n{}",
+        String::from_utf8_lossy(&out.stdout),
+        String::from_utf8_lossy(&out.stderr)
+    );
 }
 
 /// A minimal `.npy` (version 1.0) writer.
@@ -171,8 +179,11 @@ impl IreeSession<'_> {
         let path = self.dir.join(format!("embeddings_{}.npy", self.calls + 1));
         let bytes: Vec<u8> = padded.iter().flat_map(|v| v.to_le_bytes()).collect();
         write_npy(&path, "<f4", &[bucket, self.hidden], &bytes);
-        let inputs =
-            vec![format!("--input=@{}", path.display()), format!("--input=i32={}", self.position), format!("--input=i32={count}")];
+        let inputs = vec![
+            format!("--input=@{}", path.display()),
+            format!("--input=i32={}", self.position),
+            format!("--input=i32={count}"),
+        ];
         self.call(&format!("prefill_embeddings_{bucket}_logits"), inputs, count)
     }
 
@@ -202,7 +213,13 @@ impl IreeSession<'_> {
 }
 
 /// Compiles `specs` for `weights` with `options` into `dir` and opens a session on an empty cache.
-fn iree_session<'a>(tools: &'a Path, dir: &'a Path, weights: &LlamaWeights, options: &GraphOptions, specs: &[GraphSpec]) -> IreeSession<'a> {
+fn iree_session<'a>(
+    tools: &'a Path,
+    dir: &'a Path,
+    weights: &LlamaWeights,
+    options: &GraphOptions,
+    specs: &[GraphSpec],
+) -> IreeSession<'a> {
     let config = &weights.config;
     let mlir = dir.join("model.mlir");
     std::fs::write(&mlir, emit_module(config, options, specs).unwrap()).unwrap();
@@ -259,8 +276,10 @@ fn max_diff(a: &[f32], b: &[f32]) -> f32 {
 fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat, layers: LayerMode) -> f32 {
     let dir = tempfile::tempdir().unwrap();
     let options = graph_options(format, layers);
-    let specs =
-        [GraphSpec { kind: GraphKind::Decode, logits: true }, GraphSpec { kind: GraphKind::Prefill { bucket: BUCKET }, logits: true }];
+    let specs = [
+        GraphSpec { kind: GraphKind::Decode, logits: true },
+        GraphSpec { kind: GraphKind::Prefill { bucket: BUCKET }, logits: true },
+    ];
     let mut iree = iree_session(tools, dir.path(), weights, &options, &specs);
 
     let engine = ReferenceEngine::from_weights(weights, EngineOptions::default()).unwrap();
@@ -273,7 +292,10 @@ fn compare(tools: &Path, weights: &LlamaWeights, format: WeightFormat, layers: L
     let mut check = |what: &str, iree: (u32, Vec<f32>), reference: session_api::StepOutput| -> u32 {
         let ref_logits = reference.logits.unwrap();
         let diff = iree.1.iter().zip(&ref_logits).map(|(a, b)| (a - b).abs()).fold(0.0f32, f32::max);
-        eprintln!("{format} {layers:?} {what}: max |logit diff| {diff:.2e}, tokens iree {} reference {}", iree.0, reference.token);
+        eprintln!(
+            "{format} {layers:?} {what}: max |logit diff| {diff:.2e}, tokens iree {} reference {}",
+            iree.0, reference.token
+        );
         assert_eq!(iree.1.len(), ref_logits.len());
         assert_eq!(iree.0, reference.token, "{format} {what}: greedy token");
         worst = worst.max(diff);
@@ -387,7 +409,12 @@ fn compare_embeddings(tools: &Path, weights: &LlamaWeights, format: WeightFormat
         from_tokens.step(&extension),
         reference.prefill(&extension).unwrap().token,
     );
-    check("decode after extend", from_rows.step(&[next]), from_tokens.step(&[next]), reference.decode(next).unwrap().token);
+    check(
+        "decode after extend",
+        from_rows.step(&[next]),
+        from_tokens.step(&[next]),
+        reference.decode(next).unwrap().token,
+    );
     assert_eq!(from_rows.position, reference.position());
     assert_eq!(from_tokens.position, reference.position());
     worst
@@ -432,11 +459,19 @@ fn iree_updates_the_kv_cache_in_place() {
     let config = llama_model::random::tiny_config();
     for layers in [LayerMode::Unrolled, LayerMode::Loop] {
         // 24 positions: 2 * 2 * 24 * 16 f16 = 3072 bytes per cache, a size no weight has.
-        let options = GraphOptions { max_context: 24, format: WeightFormat::F16, layers, dense: StorageDtype::F16, cache: StorageDtype::F16, int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS };
+        let options = GraphOptions {
+            max_context: 24,
+            format: WeightFormat::F16,
+            layers,
+            dense: StorageDtype::F16,
+            cache: StorageDtype::F16,
+            int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
+        };
         let cache_bytes = config.num_hidden_layers * config.num_key_value_heads * 24 * config.head_dim * 2;
         let text = emit_module(&config, &options, &[GraphSpec { kind: GraphKind::Decode, logits: false }]).unwrap();
         assert!(text.contains("tf.aliasing_output"));
-        let control = text.replace(" {tf.aliasing_output = 1 : i32}", "").replace(" {tf.aliasing_output = 2 : i32}", "");
+        let control =
+            text.replace(" {tf.aliasing_output = 1 : i32}", "").replace(" {tf.aliasing_output = 2 : i32}", "");
         let dir = tempfile::tempdir().unwrap();
         let stream_ir = |name: &str, mlir: &str| -> String {
             let input = dir.path().join(format!("{name}.mlir"));
@@ -444,20 +479,31 @@ fn iree_updates_the_kv_cache_in_place() {
             std::fs::write(&input, mlir).unwrap();
             let mut cmd = tool(&tools, "iree-compile");
             cmd.arg(&input)
-                .args(["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", "--compile-to=stream", "-o"])
+                .args([
+                    "--iree-hal-target-backends=llvm-cpu",
+                    "--iree-llvmcpu-target-cpu=host",
+                    "--compile-to=stream",
+                    "-o",
+                ])
                 .arg(&output);
             run(cmd);
             let ir = std::fs::read_to_string(&output).unwrap();
             // The public wrapper function holds the imports, exports and copies.
             ir[ir.find("util.func public @decode").expect("the exported function")..].to_string()
         };
-        let cache_copies =
-            |ir: &str| ir.lines().filter(|l| l.contains("stream.cmd.copy") && l.contains(&format!(", %c{cache_bytes} :"))).count();
-        let consumed = |ir: &str| ir.lines().filter(|l| l.contains("stream.tensor.import") && l.contains(" consume %arg")).count();
+        let cache_copies = |ir: &str| {
+            ir.lines().filter(|l| l.contains("stream.cmd.copy") && l.contains(&format!(", %c{cache_bytes} :"))).count()
+        };
+        let consumed =
+            |ir: &str| ir.lines().filter(|l| l.contains("stream.tensor.import") && l.contains(" consume %arg")).count();
 
         let aliased = stream_ir(&format!("aliased_{layers:?}"), &text);
         let copied = stream_ir(&format!("control_{layers:?}"), &control);
-        eprintln!("{layers:?}: cache copies per decode step: {} with aliasing, {} without", cache_copies(&aliased), cache_copies(&copied));
+        eprintln!(
+            "{layers:?}: cache copies per decode step: {} with aliasing, {} without",
+            cache_copies(&aliased),
+            cache_copies(&copied)
+        );
         assert_eq!(cache_copies(&copied), 2, "the control must show the copies this test looks for");
         assert_eq!(consumed(&copied), 0);
         assert_eq!(cache_copies(&aliased), 0, "{layers:?}: the cache is copied");

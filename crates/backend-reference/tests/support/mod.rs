@@ -55,8 +55,11 @@ pub fn random_weights(config: &LlamaConfig, seed: u64, int4: bool) -> LlamaWeigh
 
 /// An engine over `weights` with an optional context cap.
 pub fn engine(weights: &LlamaWeights, max_context: Option<usize>) -> ReferenceEngine {
-    ReferenceEngine::from_weights(weights, EngineOptions { model_name: "tiny".into(), max_context, ..Default::default() })
-        .expect("tiny weights are valid")
+    ReferenceEngine::from_weights(
+        weights,
+        EngineOptions { model_name: "tiny".into(), max_context, ..Default::default() },
+    )
+    .expect("tiny weights are valid")
 }
 
 /// Largest absolute difference of two equally long vectors.
@@ -136,7 +139,10 @@ pub fn naive_last_logits(w: &LlamaWeights, tokens: &[u32]) -> Vec<f32> {
                 let kvh = head / group;
                 let q = &qs[p][head * d..(head + 1) * d];
                 let scores: Vec<f64> = (0..=p)
-                    .map(|j| q.iter().zip(&ks[j][kvh * d..(kvh + 1) * d]).map(|(a, b)| a * b).sum::<f64>() / (d as f64).sqrt())
+                    .map(|j| {
+                        q.iter().zip(&ks[j][kvh * d..(kvh + 1) * d]).map(|(a, b)| a * b).sum::<f64>()
+                            / (d as f64).sqrt()
+                    })
                     .collect();
                 let max = scores.iter().copied().fold(f64::NEG_INFINITY, f64::max);
                 let e: Vec<f64> = scores.iter().map(|s| (s - max).exp()).collect();

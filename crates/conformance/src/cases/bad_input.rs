@@ -68,9 +68,15 @@ fn token_out_of_vocabulary(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let mut driver = ctx.forced_driver(&baseline.trace.tokens, "session given bad token ids")?;
     let mut bad_prompt = prompt.clone();
     bad_prompt[5] = vocab;
-    let error = expect_error(driver.session.prefill(&bad_prompt), ErrorKind::InvalidInput, &format!("prefill with token id {vocab}"))?;
+    let error = expect_error(
+        driver.session.prefill(&bad_prompt),
+        ErrorKind::InvalidInput,
+        &format!("prefill with token id {vocab}"),
+    )?;
     if !matches!(error, SeamError::TokenOutOfVocabulary { token, .. } if token == vocab) {
-        return Err(Verdict::fail(format!("prefill with token id {vocab}: expected TokenOutOfVocabulary, got {error:?}")));
+        return Err(Verdict::fail(format!(
+            "prefill with token id {vocab}: expected TokenOutOfVocabulary, got {error:?}"
+        )));
     }
     unchanged(&*driver.session, 0, "a prefill with a bad token id")?;
     driver.prefill(&prompt, true)?;
@@ -82,7 +88,10 @@ fn token_out_of_vocabulary(ctx: &CaseContext<'_>) -> Checked<Verdict> {
         driver.step()?;
     }
     let comparison = ctx.check_against(&baseline, &driver.trace, "a session after refused bad token ids")?;
-    pass_with(format!("token ids {vocab} and {} refused with TokenOutOfVocabulary; the session continued unharmed", u32::MAX), &comparison)
+    pass_with(
+        format!("token ids {vocab} and {} refused with TokenOutOfVocabulary; the session continued unharmed", u32::MAX),
+        &comparison,
+    )
 }
 
 fn decode_before_prefill(ctx: &CaseContext<'_>) -> Checked<Verdict> {
@@ -98,7 +107,10 @@ fn decode_before_prefill(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     driver.session.reset();
     expect_error(driver.session.decode(prompt[0]), ErrorKind::InvalidState, "decode right after reset")?;
     let comparison = ctx.check_against(&baseline, &driver.trace, "a session after a refused decode")?;
-    pass_with("decode before prefill (and after reset) refused with NotPrefilled; the session worked afterwards", &comparison)
+    pass_with(
+        "decode before prefill (and after reset) refused with NotPrefilled; the session worked afterwards",
+        &comparison,
+    )
 }
 
 fn poisoned_session(ctx: &CaseContext<'_>) -> Checked<Verdict> {
@@ -106,10 +118,8 @@ fn poisoned_session(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let baseline = ctx.baseline(&prompt, STEPS)?;
     // The decorator runs the backend's first step for real, then reports a failure: the backend's
     // state has moved on, and reset must bring it back all the same.
-    let session = ctx
-        .engine
-        .new_session_failing_once(ctx.greedy_options())
-        .or_fail(|| "new_session_failing_once".to_string())?;
+    let session =
+        ctx.engine.new_session_failing_once(ctx.greedy_options()).or_fail(|| "new_session_failing_once".to_string())?;
     let mut driver = Driver::forced(session, &baseline.trace.tokens, "session with an injected fault");
     let failure = match driver.session.prefill(&prompt) {
         Ok(_) => return Err(Verdict::fail("the session with an injected fault did not fail its first step")),
@@ -128,12 +138,21 @@ fn poisoned_session(ctx: &CaseContext<'_>) -> Checked<Verdict> {
         match result {
             Err(SeamError::Poisoned { .. }) => {}
             other => {
-                return Err(Verdict::fail(format!("{what}: expected Poisoned, got {:?}", other.map_err(|e| e.to_string()))))
+                return Err(Verdict::fail(format!(
+                    "{what}: expected Poisoned, got {:?}",
+                    other.map_err(|e| e.to_string())
+                )))
             }
         }
     }
     driver.session.reset();
     driver.run(&prompt, STEPS)?;
     let comparison = ctx.check_against(&baseline, &driver.trace, "a poisoned session after reset")?;
-    pass_with(format!("injected {:?} failure poisoned the session; prefill and decode then Poisoned; reset recovered", failure.kind()), &comparison)
+    pass_with(
+        format!(
+            "injected {:?} failure poisoned the session; prefill and decode then Poisoned; reset recovered",
+            failure.kind()
+        ),
+        &comparison,
+    )
 }

@@ -8,7 +8,8 @@ use session_api::{ErrorKind, LoadRequest, SamplingConfig, SessionOptions, Weight
 /// The capability-claims case.
 pub const CASE: Case = Case {
     name: "contract.capabilities",
-    about: "mandatory capabilities present, engine info consistent, every unclaimed capability refused with Unsupported",
+    about:
+        "mandatory capabilities present, engine info consistent, every unclaimed capability refused with Unsupported",
     missing: super::needs_nothing,
     run,
 };
@@ -46,7 +47,11 @@ fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
         problems.push(format!("a new session's position() is {}", session.position()));
     }
     if session.capacity() > caps.max_context {
-        problems.push(format!("a session's capacity() {} exceeds max_context {}", session.capacity(), caps.max_context));
+        problems.push(format!(
+            "a session's capacity() {} exceeds max_context {}",
+            session.capacity(),
+            caps.max_context
+        ));
     }
     drop(session);
 
@@ -55,11 +60,16 @@ fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let mut expect_refusal = |what: &str, result: Result<(), session_api::SeamError>| match result {
         Err(e) if e.kind() == ErrorKind::Unsupported => refusals += 1,
         Err(e) => problems.push(format!("{what} (not claimed) failed with {:?} instead of Unsupported: {e}", e.kind())),
-        Ok(()) => problems.push(format!("{what} is not claimed, yet it was accepted instead of refused as Unsupported")),
+        Ok(()) => {
+            problems.push(format!("{what} is not claimed, yet it was accepted instead of refused as Unsupported"))
+        }
     };
     let session_with = |options: SessionOptions| ctx.engine.new_session(options).map(drop);
     if !caps.logits {
-        expect_refusal("return_logits", session_with(SessionOptions { return_logits: true, ..SessionOptions::default() }));
+        expect_refusal(
+            "return_logits",
+            session_with(SessionOptions { return_logits: true, ..SessionOptions::default() }),
+        );
     }
     let sample = |top_k, top_p| SessionOptions {
         sampling: SamplingConfig::Sample { temperature: 1.0, top_k, top_p, seed: 1 },

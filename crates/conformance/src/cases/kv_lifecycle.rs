@@ -2,12 +2,12 @@
 //! as the plainest way (one prefill, then decode).
 
 use super::{pass_with, Case, CaseContext};
-use crate::report::Figures;
 use crate::oracle::OracleRun;
+use crate::report::Figures;
 use crate::stream::{compare, Comparison, Driver, Expected, Trace};
-use std::sync::Arc;
 use crate::verdict::{expect_error, Checked, OrFail, Verdict};
 use session_api::{Capabilities, ErrorKind, LoadRequest, Session};
+use std::sync::Arc;
 
 /// The lifecycle cases, in order.
 pub const CASES: [Case; 8] = [
@@ -86,7 +86,8 @@ fn decode_equals_prefill(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     // sequence in one call must predict the same.
     for k in [1usize, 2, 7, STEPS - 1] {
         let sequence: Vec<u32> = prompt.iter().chain(&baseline.trace.tokens[..k]).copied().collect();
-        let mut driver = Driver::free(ctx.greedy_session()?, format!("whole-sequence prefill of {} tokens", sequence.len()));
+        let mut driver =
+            Driver::free(ctx.greedy_session()?, format!("whole-sequence prefill of {} tokens", sequence.len()));
         driver.prefill(&sequence, true)?;
         let expected = Expected {
             tokens: &baseline.trace.tokens[k..=k],
@@ -221,7 +222,8 @@ fn truncate(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let baseline = ctx.baseline(&fresh_prompt, STEPS)?;
     let mut after = Driver::forced(driver.session, &baseline.trace.tokens, "truncated session");
     after.run(&second, STEPS)?;
-    let comparison = ctx.check_against(&baseline,
+    let comparison = ctx.check_against(
+        &baseline,
         &after.trace,
         &format!("truncate({KEEP}) from position {position} then new tokens vs a fresh session"),
     )?;
@@ -266,10 +268,7 @@ fn fork(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     drop(child.session);
 
     let mut total = ctx.check_against(&full, &parent.trace, "the parent after forking vs an unforked session")?;
-    total.merge(&ctx.check_against(&child_expected,
-        &child.trace,
-        "the fork vs a fresh session given its sequence",
-    )?);
+    total.merge(&ctx.check_against(&child_expected, &child.trace, "the fork vs a fresh session given its sequence")?);
     pass_with("fork and parent evolve independently, each equal to a fresh session", &total)
 }
 
@@ -279,10 +278,7 @@ const CAPACITY_CAP: usize = 96;
 
 fn context_capacity(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let request = LoadRequest { max_context: Some(CAPACITY_CAP), ..ctx.request.clone() };
-    let engine = ctx
-        .backend
-        .load(&request)
-        .or_fail(|| format!("load with max_context {CAPACITY_CAP}"))?;
+    let engine = ctx.backend.load(&request).or_fail(|| format!("load with max_context {CAPACITY_CAP}"))?;
     let new_session = || engine.new_session(ctx.greedy_options()).or_fail(|| "new_session".to_string());
     let mut session = new_session()?;
     let capacity = session.capacity();
@@ -300,7 +296,11 @@ fn context_capacity(ctx: &CaseContext<'_>) -> Checked<Verdict> {
 
     // Too long at once: refused up front, and the session stays usable.
     let too_long = ctx.prompt(capacity + 1, 130);
-    expect_error(session.prefill(&too_long), ErrorKind::ContextOverflow, &format!("prefill of {} tokens", capacity + 1))?;
+    expect_error(
+        session.prefill(&too_long),
+        ErrorKind::ContextOverflow,
+        &format!("prefill of {} tokens", capacity + 1),
+    )?;
     check_position(&*session, 0, "a refused over-long prefill")?;
 
     // Exactly to capacity: prefill capacity-1, decode one.

@@ -60,7 +60,8 @@ fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let per_session = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * (PREFILL + 1) * 2;
     let tolerance = MIN_TOLERANCE.max((SESSIONS * per_session / 10) as i64);
     let growth = after - before;
-    let figures = Figures { rss_growth_bytes: Some(growth), rss_tolerance_bytes: Some(tolerance), ..Figures::default() };
+    let figures =
+        Figures { rss_growth_bytes: Some(growth), rss_tolerance_bytes: Some(tolerance), ..Figures::default() };
     let detail = format!(
         "{SESSIONS} sessions of {} positions (≥ {} KiB of KV cache each at f16)",
         PREFILL + 1,

@@ -26,7 +26,9 @@ fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let (lengths, skipped): (Vec<usize>, Vec<usize>) =
         ctx.parity_lengths.iter().partition(|&&len| len + PARITY_STEPS <= capacity);
     if lengths.is_empty() {
-        return Ok(Verdict::unsupported(format!("a session holds {capacity} positions, too few for any parity prompt")));
+        return Ok(Verdict::unsupported(format!(
+            "a session holds {capacity} positions, too few for any parity prompt"
+        )));
     }
     let mut total = Comparison::default();
     let mut first_divergence_len = None;

@@ -9,7 +9,8 @@ use session_api::{Capabilities, SamplingConfig, SessionOptions};
 pub const CASES: [Case; 3] = [
     Case {
         name: "sampling.seeded_reproducible",
-        about: "two sessions (and a reset one) with the same seed sample the same tokens; sampling is not silently greedy",
+        about:
+            "two sessions (and a reset one) with the same seed sample the same tokens; sampling is not silently greedy",
         missing: needs_seeded_temperature,
         run: seeded_reproducible,
     },
@@ -68,7 +69,8 @@ fn seeded_reproducible(ctx: &CaseContext<'_>) -> Checked<Verdict> {
         )));
     }
     let greedy = ctx.baseline(&prompt, STEPS)?;
-    let other_seeds = [sampled_run(ctx, config(1), &prompt, "seed 1")?, sampled_run(ctx, config(2), &prompt, "seed 2")?];
+    let other_seeds =
+        [sampled_run(ctx, config(1), &prompt, "seed 1")?, sampled_run(ctx, config(2), &prompt, "seed 2")?];
     let all_greedy = first_difference(&first.trace, &greedy.trace).is_none()
         && other_seeds.iter().all(|d| first_difference(&d.trace, &greedy.trace).is_none());
     if all_greedy {

@@ -8,7 +8,8 @@
 //! - [`Breakage::LeakSessions`]: never frees a dropped session's state.
 
 use session_api::{
-    Availability, Backend, Capabilities, Engine, EngineInfo, LoadRequest, RawStep, Result, SessionOptions, SessionSteps, StepInput,
+    Availability, Backend, Capabilities, Engine, EngineInfo, LoadRequest, RawStep, Result, SessionOptions,
+    SessionSteps, StepInput,
 };
 use std::sync::Arc;
 

@@ -17,7 +17,10 @@ pub(super) fn copy_from_gguf(w: &mut GgufWriter, path: &Path, vocab_size: usize)
     if tokens.len() != vocab_size {
         return Err(ExportError::Tokenizer {
             path: path.to_path_buf(),
-            message: format!("{} tokens, but the model has {vocab_size} embedding rows (llama.cpp needs one token per row)", tokens.len()),
+            message: format!(
+                "{} tokens, but the model has {vocab_size} embedding rows (llama.cpp needs one token per row)",
+                tokens.len()
+            ),
         });
     }
     for (key, value) in f.metadata().iter().filter(|(k, _)| k.starts_with("tokenizer.")) {
@@ -94,7 +97,9 @@ pub(super) fn from_model_dir(
         })?,
     };
 
-    let add = |w: &mut GgufWriter, key: &str, value: Value| w.add_metadata(key, value).map_err(|source| gguf_error(&path, source));
+    let add = |w: &mut GgufWriter, key: &str, value: Value| {
+        w.add_metadata(key, value).map_err(|source| gguf_error(&path, source))
+    };
     add(w, "tokenizer.ggml.model", "gpt2".into())?;
     add(w, "tokenizer.ggml.pre", pre.clone().into())?;
     add(w, "tokenizer.ggml.tokens", Array::String(tokens).into())?;

@@ -48,7 +48,9 @@ pub fn name_of(pre_tokenizer: &Value) -> Option<&'static str> {
     }
     let parts = pre_tokenizer["pretokenizers"].as_array().filter(|_| pre_tokenizer["type"] == "Sequence")?;
     match parts.as_slice() {
-        [split, last] if is_byte_level(last) && split["type"] == "Split" && split["pattern"]["Regex"] == LLAMA3_REGEX => {
+        [split, last]
+            if is_byte_level(last) && split["type"] == "Split" && split["pattern"]["Regex"] == LLAMA3_REGEX =>
+        {
             Some("llama-bpe")
         }
         [digits, last] if is_byte_level(last) && digits["type"] == "Digits" && digits["individual_digits"] == true => {

@@ -40,7 +40,9 @@ pub(crate) fn read_config(f: &GgufFile, path: &Path) -> Result<(LlamaConfig, Gen
     };
 
     if opt_usize("llama.expert_count")?.unwrap_or(0) > 0 {
-        return Err(ModelError::Unsupported { what: "mixture-of-experts Llama models (llama.expert_count > 0)".into() });
+        return Err(ModelError::Unsupported {
+            what: "mixture-of-experts Llama models (llama.expert_count > 0)".into(),
+        });
     }
     let hidden_size = usize_key("llama.embedding_length")?;
     let num_attention_heads = usize_key("llama.attention.head_count")?;
@@ -58,13 +60,19 @@ pub(crate) fn read_config(f: &GgufFile, path: &Path) -> Result<(LlamaConfig, Gen
     if let Some(rot) = opt_usize("llama.rope.dimension_count")? {
         if rot != head_dim {
             return Err(ModelError::Unsupported {
-                what: format!("partial rotary embeddings (llama.rope.dimension_count {rot}, head dimension {head_dim})"),
+                what: format!(
+                    "partial rotary embeddings (llama.rope.dimension_count {rot}, head dimension {head_dim})"
+                ),
             });
         }
     }
     let embd = f.tensor("token_embd.weight").map_err(err)?;
     if embd.dims.len() != 2 {
-        return Err(ModelError::Shape { name: "token_embd.weight".into(), expected: vec![0, hidden_size], found: embd.shape() });
+        return Err(ModelError::Shape {
+            name: "token_embd.weight".into(),
+            expected: vec![0, hidden_size],
+            found: embd.shape(),
+        });
     }
     let vocab_size = embd.dims[1] as usize;
 
@@ -141,7 +149,10 @@ fn rope_scaling(f: &GgufFile, path: &Path, config: &LlamaConfig) -> Result<Optio
     let half = config.head_dim / 2;
     if info.ggml_type != GgmlType::F32 || info.dims != [half as u64] {
         return Err(ModelError::Unsupported {
-            what: format!("{ROPE_FREQS_TENSOR} of type {} and dims {:?} (expected F32 [{half}])", info.ggml_type, info.dims),
+            what: format!(
+                "{ROPE_FREQS_TENSOR} of type {} and dims {:?} (expected F32 [{half}])",
+                info.ggml_type, info.dims
+            ),
         });
     }
     let divisors = f.dequantize(ROPE_FREQS_TENSOR).map_err(err)?;

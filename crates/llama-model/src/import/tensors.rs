@@ -30,7 +30,12 @@ pub(crate) enum Converted {
 }
 
 /// Converts the GGUF tensor behind `spec` (checking its shape against the config).
-pub(crate) fn convert(f: &GgufFile, path: &Path, spec: &TensorSpec, config: &LlamaConfig) -> Result<Converted, ModelError> {
+pub(crate) fn convert(
+    f: &GgufFile,
+    path: &Path,
+    spec: &TensorSpec,
+    config: &LlamaConfig,
+) -> Result<Converted, ModelError> {
     let gname = gguf_layout::gguf_name(&spec.name).expect("every expected tensor has a GGUF name");
     let info = f.tensor(&gname).map_err(|_| ModelError::MissingTensor { name: gname.clone() })?;
     let found = info.shape();
@@ -44,7 +49,9 @@ pub(crate) fn convert(f: &GgufFile, path: &Path, spec: &TensorSpec, config: &Lla
             gguf::dequantize(info.ggml_type, data, &mut out).map_err(|e| tensor_error(path, info, e))?;
             Ok(Converted::Norm(out))
         }
-        TensorRole::Matrix => convert_matrix(path, info, data, spec, gguf_layout::rope_permuted_heads(&spec.name, config)),
+        TensorRole::Matrix => {
+            convert_matrix(path, info, data, spec, gguf_layout::rope_permuted_heads(&spec.name, config))
+        }
     }
 }
 
@@ -67,12 +74,19 @@ fn convert_matrix(
     let (rows, cols) = (spec.shape[0], spec.shape[1]);
     if cols % GROUP_SIZE != 0 {
         return Err(ModelError::Unsupported {
-            what: format!("tensor '{}' has {cols} columns, not a multiple of the int4 group size {GROUP_SIZE}", info.name),
+            what: format!(
+                "tensor '{}' has {cols} columns, not a multiple of the int4 group size {GROUP_SIZE}",
+                info.name
+            ),
         });
     }
     if let Some(n) = n_head {
         if !rope_order::fits(rows, n) {
-            return Err(ModelError::Shape { name: info.name.clone(), expected: vec![rows.next_multiple_of(2 * n.max(1)), cols], found: vec![rows, cols] });
+            return Err(ModelError::Shape {
+                name: info.name.clone(),
+                expected: vec![rows.next_multiple_of(2 * n.max(1)), cols],
+                found: vec![rows, cols],
+            });
         }
     }
     // Rows are read from where llama.cpp's rope order put them (see `rope_order`).
@@ -102,7 +116,11 @@ fn convert_matrix(
 /// Carries Q4_1 blocks over to seam int4 without changing a value: `d` → scale, `m` → bias, and
 /// the codes repacked from ggml's split halves (byte `j`: elements `j`, `j + 16`) to seam's pairs
 /// (byte `i`: elements `2i`, `2i + 1`).
-fn q4_1_to_int4<'a>(rows: usize, cols: usize, source_bytes: impl Fn(usize) -> &'a [u8] + Sync) -> Result<Int4Matrix, ModelError> {
+fn q4_1_to_int4<'a>(
+    rows: usize,
+    cols: usize,
+    source_bytes: impl Fn(usize) -> &'a [u8] + Sync,
+) -> Result<Int4Matrix, ModelError> {
     let groups = cols / GROUP_SIZE;
     let mut packed = vec![0u8; rows * cols / 2];
     let mut scales = vec![f16::ZERO; rows * groups];

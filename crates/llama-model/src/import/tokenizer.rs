@@ -37,7 +37,11 @@ pub(crate) fn build(f: &GgufFile, path: &Path, context_length: usize) -> Result<
                     .into(),
             })
         }
-        other => return Err(ModelError::Unsupported { what: format!("GGUF tokenizer model '{other}' (only \"gpt2\" BPE is supported)") }),
+        other => {
+            return Err(ModelError::Unsupported {
+                what: format!("GGUF tokenizer model '{other}' (only \"gpt2\" BPE is supported)"),
+            })
+        }
     }
     let tokens = f.get_strings("tokenizer.ggml.tokens").map_err(err)?;
     let types: Vec<i64> = match f.get("tokenizer.ggml.token_type") {
@@ -197,9 +201,7 @@ pub(crate) fn build(f: &GgufFile, path: &Path, context_length: usize) -> Result<
         "tokenizer_class": "PreTrainedTokenizerFast",
     });
     if let Some(template) = f.get("tokenizer.chat_template") {
-        let template = template
-            .as_str()
-            .ok_or_else(|| corrupt("tokenizer.chat_template is not a string".into()))?;
+        let template = template.as_str().ok_or_else(|| corrupt("tokenizer.chat_template is not a string".into()))?;
         config["chat_template"] = json!(template);
     }
     Ok(TokenizerFiles {
