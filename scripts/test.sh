@@ -8,8 +8,8 @@ cd "$(dirname "$0")/.."
 # when the system lacks them.
 # shellcheck source=scripts/build-prereqs.sh
 source scripts/build-prereqs.sh
-# Style first: it fails in seconds, before the long test build. rustfmt.toml sets the format;
-# clippy's warnings are errors (the tree is clean of them).
+# Style first, before the long test build: rustfmt.toml sets the format (a check of seconds);
+# clippy (a check build of the tree) treats its warnings as errors; the tree is clean of them.
 cargo fmt --all --check
 cargo clippy --workspace --all-targets --quiet -- -D warnings
 cargo test --workspace --no-fail-fast "$@"
