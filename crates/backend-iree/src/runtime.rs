@@ -8,18 +8,14 @@
 
 use crate::compiler::compile_cached;
 use crate::device::IreeDevice;
-use crate::worker::{CacheId, CacheShape, StepCall, WorkerHandle};
+use crate::worker::{CacheId, CacheShape, WorkerHandle};
 use graph_engine::{CacheOutcome, CompileReport, GraphCall, GraphOutput, GraphRuntime, LoadedModel};
 use llama_model::LlamaConfig;
 use session_api::Result;
-use stablehlo_llama::{emit_module, GraphKind, GraphOptions, GraphSpec, HostArg};
+use stablehlo_llama::{emit_module, GraphOptions, GraphSpec, HostArg};
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::Mutex;
-
-/// The VM module name of the emitted graphs (`module @seam_llama`): functions are resolved as
-/// `seam_llama.<function>` inside the module that holds them.
-const VM_MODULE: &str = "seam_llama";
 
 /// One model's graphs on IREE.
 pub struct IreeRuntime {
@@ -108,16 +104,6 @@ impl GraphRuntime for IreeRuntime {
         let module = self.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&function).cloned();
         let module =
             module.ok_or_else(|| crate::error::IreeError::Runtime(format!("no loaded module holds {function}")))?;
-        let step = StepCall {
-            module,
-            function: format!("{VM_MODULE}.{function}"),
-            input: call.input.clone(),
-            hidden_size: self.config.hidden_size,
-            position: call.position as i32,
-            count: (call.graph.kind != GraphKind::Decode).then_some(call.count as i32),
-            logits: call.read_logits,
-        };
-        let result = self.worker.step(cache.id, step)?;
-        Ok(GraphOutput { token: result.token, logits: result.logits })
+        Ok(self.worker.step(cache.id, module, call.clone())?)
     }
 }

@@ -17,7 +17,7 @@ use crate::device::IreeDevice;
 use crate::error::IreeError;
 use eerie::runtime::{BufferElement, BufferView, Value};
 use eerie::runtime::{Program, Runtime};
-use graph_engine::GraphInput;
+use graph_engine::{GraphCall, GraphInput, GraphOutput};
 use half::f16;
 use stablehlo_llama::{ArgDtype, HostArg};
 use std::collections::HashMap;
@@ -34,31 +34,9 @@ pub struct CacheShape {
     pub v: [usize; 4],
 }
 
-/// One call of a compiled function.
-#[derive(Debug, Clone)]
-pub struct StepCall {
-    /// Which loaded module (see [`WorkerHandle::load_module`]).
-    pub module: String,
-    /// The function's name (`seam_llama.decode_logits`, ...).
-    pub function: String,
-    /// The token ids or embedding rows, padded to the function's bucket.
-    pub input: GraphInput,
-    /// Width of an embedding row.
-    pub hidden_size: usize,
-    /// Where they go in the sequence.
-    pub position: i32,
-    /// Real tokens among `tokens` (prefill functions only).
-    pub count: Option<i32>,
-    /// Whether to read the logits the function returns back to the host.
-    pub logits: bool,
-}
-
-/// What a step returns.
-#[derive(Debug, Clone, PartialEq)]
-pub struct StepResult {
-    pub token: u32,
-    pub logits: Option<Vec<f32>>,
-}
+/// The VM module name of the emitted graphs (`module @seam_llama`): functions are resolved as
+/// `seam_llama.<function>` inside the module that holds them.
+const VM_MODULE: &str = "seam_llama";
 
 /// Work for the runtime thread: a closure over the state only that thread may touch.
 type Job = Box<dyn FnOnce(&mut WorkerState) + Send>;
@@ -155,9 +133,9 @@ impl WorkerHandle {
         }));
     }
 
-    /// Runs one step on `cache`.
-    pub fn step(&self, cache: CacheId, call: StepCall) -> Result<StepResult, IreeError> {
-        self.run(move |state| state.step(cache, call))
+    /// Runs `call` of the graphs loaded as `module` on `cache`.
+    pub fn step(&self, cache: CacheId, module: String, call: GraphCall) -> Result<GraphOutput, IreeError> {
+        self.run(move |state| state.step(cache, &module, call))
     }
 }
 
@@ -218,12 +196,11 @@ impl WorkerState {
         Ok(id)
     }
 
-    fn step(&mut self, cache_id: CacheId, call: StepCall) -> Result<StepResult, IreeError> {
-        let program = self
-            .modules
-            .get(&call.module)
-            .ok_or_else(|| IreeError::Runtime(format!("module {} is not loaded", call.module)))?;
-        let function = program.function(&call.function)?;
+    fn step(&mut self, cache_id: CacheId, module: &str, call: GraphCall) -> Result<GraphOutput, IreeError> {
+        let program =
+            self.modules.get(module).ok_or_else(|| IreeError::Runtime(format!("module {module} is not loaded")))?;
+        let name = format!("{VM_MODULE}.{}", call.graph.name());
+        let function = program.function(&name)?;
         let cache =
             self.caches.get_mut(&cache_id).ok_or_else(|| IreeError::Runtime(format!("no KV cache {cache_id}")))?;
         // Taken out: the function consumes these buffers and returns the updated ones.
@@ -234,13 +211,14 @@ impl WorkerState {
         let mut inputs: Vec<Value> = Vec::with_capacity(5 + self.weights.len());
         inputs.push(match &call.input {
             GraphInput::Tokens(ids) => self.runtime.buffer_view(&[ids.len()], ids)?.into(),
-            GraphInput::Embeddings(rows) => {
-                self.runtime.buffer_view(&[rows.len() / call.hidden_size.max(1), call.hidden_size], rows)?.into()
+            GraphInput::Embeddings(values) => {
+                let rows = call.graph.kind.input_rows();
+                self.runtime.buffer_view(&[rows, values.len() / rows], values)?.into()
             }
         });
-        inputs.push(self.runtime.buffer_view::<i32>(&[], &[call.position])?.into());
-        if let Some(count) = call.count {
-            inputs.push(self.runtime.buffer_view::<i32>(&[], &[count])?.into());
+        inputs.push(self.runtime.buffer_view::<i32>(&[], &[call.position as i32])?.into());
+        if call.graph.kind.takes_count() {
+            inputs.push(self.runtime.buffer_view::<i32>(&[], &[call.count as i32])?.into());
         }
         inputs.push(k.into());
         inputs.push(v.into());
@@ -250,11 +228,7 @@ impl WorkerState {
         // stay in device memory unless the call asks for them.
         let expected = 4;
         if outputs.len() != expected {
-            return Err(IreeError::Runtime(format!(
-                "{} returned {} results, expected {expected}",
-                call.function,
-                outputs.len()
-            )));
+            return Err(IreeError::Runtime(format!("{name} returned {} results, expected {expected}", outputs.len())));
         }
         let token: BufferView<i32> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
         let k: BufferView<f16> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
@@ -263,11 +237,11 @@ impl WorkerState {
         let token = token.read()?;
         let token = *token.first().ok_or_else(|| IreeError::Runtime("empty token result".into()))?;
         let logits = match outputs.next() {
-            Some(value) if call.logits => Some(BufferView::<f32>::try_from(value)?.read()?),
+            Some(value) if call.read_logits => Some(BufferView::<f32>::try_from(value)?.read()?),
             _ => None,
         };
         let token =
             u32::try_from(token).map_err(|_| IreeError::Runtime(format!("the graph returned token id {token}")))?;
-        Ok(StepResult { token, logits })
+        Ok(GraphOutput { token, logits })
     }
 }
