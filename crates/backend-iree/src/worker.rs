@@ -154,33 +154,25 @@ struct WorkerState {
     next_cache: CacheId,
 }
 
-fn typed<T: BufferElement>(bytes: &[u8], size: usize, decode: impl Fn(&[u8]) -> T) -> Vec<T> {
-    bytes.chunks_exact(size).map(decode).collect()
-}
-
 impl WorkerState {
     fn upload(&mut self, args: Vec<HostArg>) -> Result<(), IreeError> {
-        let mut weights = Vec::with_capacity(args.len());
-        for arg in args {
-            let shape = &arg.spec.shape;
-            let value: Value = match arg.spec.dtype {
-                ArgDtype::F32 => self
-                    .runtime
-                    .buffer_view(shape, &typed(&arg.bytes, 4, |c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])))?
-                    .into(),
-                ArgDtype::F16 => {
-                    self.runtime.buffer_view(shape, &typed(&arg.bytes, 2, |c| f16::from_le_bytes([c[0], c[1]])))?.into()
-                }
-                ArgDtype::I32 => self
-                    .runtime
-                    .buffer_view(shape, &typed(&arg.bytes, 4, |c| i32::from_le_bytes([c[0], c[1], c[2], c[3]])))?
-                    .into(),
-                ArgDtype::I8 => self.runtime.buffer_view(shape, &typed(&arg.bytes, 1, |c| c[0] as i8))?.into(),
-            };
-            weights.push(value);
-        }
-        self.weights = weights;
+        let view = |arg: &HostArg| match arg.spec.dtype {
+            ArgDtype::F32 => self.view::<f32>(&arg.spec.shape, &arg.bytes),
+            ArgDtype::F16 => self.view::<f16>(&arg.spec.shape, &arg.bytes),
+            ArgDtype::I32 => self.view::<i32>(&arg.spec.shape, &arg.bytes),
+            ArgDtype::I8 => self.view::<i8>(&arg.spec.shape, &arg.bytes),
+        };
+        self.weights = args.iter().map(view).collect::<Result<_, _>>()?;
         Ok(())
+    }
+
+    /// A device buffer of `T` from upload bytes, which are little-endian like every host seam
+    /// builds for (x86-64, aarch64), so they are the host's own layout of `T`.
+    fn view<T: BufferElement + bytemuck::Pod>(&self, shape: &[usize], bytes: &[u8]) -> Result<Value, IreeError>
+    where
+        Value: From<BufferView<T>>,
+    {
+        Ok(self.runtime.buffer_view(shape, &bytemuck::pod_collect_to_vec::<u8, T>(bytes))?.into())
     }
 
     fn new_cache(&mut self, shape: CacheShape, contents: Option<(Vec<f16>, Vec<f16>)>) -> Result<CacheId, IreeError> {
