@@ -11,6 +11,7 @@
 use crate::error::IreeError;
 use eerie::compiler::Compiler;
 use graph_engine::{ArtifactCache, CacheOutcome};
+use llama_model::home;
 use std::path::{Path, PathBuf};
 use std::process::Command;
 use std::sync::{Mutex, OnceLock};
@@ -26,11 +27,6 @@ const LIBRARY_NAME: &str = "libIREECompiler.so";
 /// is part of the cache key.
 pub const LLVM_CPU_FLAGS: [&str; 3] =
     ["--iree-hal-target-backends=llvm-cpu", "--iree-llvmcpu-target-cpu=host", "--iree-opt-level=O3"];
-
-/// Where the project-local compiler wheel lives.
-pub fn local_install_dir() -> PathBuf {
-    llama_model::home::py_iree_dir()
-}
 
 fn library_in(dir: &Path) -> PathBuf {
     dir.join("iree/compiler/_mlir_libs").join(LIBRARY_NAME)
@@ -52,7 +48,7 @@ pub fn find_compiler_library() -> Result<PathBuf, IreeError> {
             Err(IreeError::CompilerMissing(format!("{COMPILER_ENV}={} holds no {LIBRARY_NAME}", explicit.display())))
         };
     }
-    let local = library_in(&local_install_dir());
+    let local = library_in(&home::py_iree_dir());
     if local.is_file() {
         return Ok(local);
     }
@@ -63,7 +59,7 @@ pub fn find_compiler_library() -> Result<PathBuf, IreeError> {
         "not in {COMPILER_ENV}, {}, nor python3's site-packages; install it with \
          `python3 -m pip install --target {} {COMPILER_WHEEL}` (seam does this on the first load)",
         local.display(),
-        local_install_dir().display()
+        home::py_iree_dir().display()
     )))
 }
 
@@ -82,7 +78,7 @@ fn python_site_library() -> Option<PathBuf> {
     file.is_file().then_some(file)
 }
 
-/// Finds the compiler library, installing the pinned wheel into [`local_install_dir`] first when
+/// Finds the compiler library, installing the pinned wheel into [`home::py_iree_dir`] first when
 /// it is nowhere to be found. Concurrent callers (tests run in parallel) install once: the install
 /// holds a file lock.
 pub fn ensure_compiler_library() -> Result<PathBuf, IreeError> {
@@ -92,7 +88,7 @@ pub fn ensure_compiler_library() -> Result<PathBuf, IreeError> {
     if explicit_compiler_path().is_some() {
         return find_compiler_library();
     }
-    let dir = local_install_dir();
+    let dir = home::py_iree_dir();
     std::fs::create_dir_all(&dir).map_err(|e| IreeError::io(&dir, e))?;
     let lock_path = dir.with_extension("lock");
     let lock = std::fs::File::create(&lock_path).map_err(|e| IreeError::io(&lock_path, e))?;
@@ -136,7 +132,7 @@ pub fn load_compiler(path: &Path) -> Result<(Compiler, String), IreeError> {
 /// The cache of compiled modules: `home::iree_cache_dir()/<key>.vmfb` (`.seam/cache/iree` unless
 /// `SEAM_CACHE_DIR` says otherwise), verified by hash on every read.
 pub fn module_cache() -> ArtifactCache {
-    ArtifactCache::new(llama_model::home::iree_cache_dir(), "vmfb")
+    ArtifactCache::new(home::iree_cache_dir(), "vmfb")
 }
 
 /// The host CPU's identity for the cache key: modules are compiled with `target-cpu=host`.

@@ -55,11 +55,6 @@ impl PjrtDevice {
     }
 }
 
-/// The project's plugin install folder.
-pub fn project_plugin_dir() -> PathBuf {
-    llama_model::home::pjrt_plugin_dir()
-}
-
 /// site-packages folders pip may have installed a plugin wheel into.
 fn site_packages() -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = Vec::new();
@@ -89,7 +84,7 @@ fn site_packages() -> Vec<PathBuf> {
 
 /// The folders searched for plugin wheels, in order.
 fn search_folders() -> Vec<PathBuf> {
-    let mut folders = vec![project_plugin_dir()];
+    let mut folders = vec![llama_model::home::pjrt_plugin_dir()];
     folders.extend(site_packages().into_iter().filter(|p| p.is_dir()));
     folders
 }
