@@ -227,7 +227,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     if args.repeats == 0 || args.decode_tokens == 0 || args.prompt_lengths.contains(&0) {
         return Err(CliError::Usage("--repeats, --decode-tokens and every prompt length must be at least 1".into()));
     }
-    let longest = args.prompt_lengths.iter().copied().max().unwrap_or(16).max(16 + args.decode_tokens);
+    let longest = args.prompt_lengths.iter().copied().max().unwrap_or(16).max(args.decode_tokens.saturating_add(16));
     if let Some(max) = args.max_context {
         if max < longest {
             return Err(CliError::Usage(format!("--max-context {max} cannot hold {longest} tokens")));
@@ -236,6 +236,14 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let model_dir = resolve_model_dir(args.model.clone())?;
     let model = llama_model::model_dir::ModelDir::open(&model_dir)?;
     let vocab = model.config().vocab_size;
+    // Before anything is sized from the arguments: a prompt or a decode run longer than the
+    // model's context cannot run, and would only allocate in proportion to the number given.
+    let model_context = model.config().max_position_embeddings;
+    if longest > model_context {
+        return Err(CliError::Usage(format!(
+            "a prompt length or 16 + --decode-tokens of {longest} is beyond the model's context of {model_context}"
+        )));
+    }
     let backends: Vec<String> = if args.backends.is_empty() {
         session_api::registered_backends()
             .into_iter()
@@ -255,7 +263,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             return Err(session_api::SeamError::Unavailable { backend: name.clone(), reason }.into());
         }
         for &format in &formats {
-            eprintln!("bench: {name} {format} ...");
+            say!("bench: {name} {format} ...");
             let mut request = LoadRequest::new(&model_dir, format);
             request.max_context = Some(args.max_context.unwrap_or(longest.max(2048)));
             let Loaded { engine, cold_ms: load_cold_ms, warm_ms: load_warm_ms, rss: resident } =

@@ -44,6 +44,13 @@ pub struct ConformanceArgs {
 
 pub fn run(args: ConformanceArgs) -> Result<(), CliError> {
     let named = !args.backends.is_empty();
+    if let Some(filter) = &args.cases {
+        let all = conformance::list_cases();
+        if !all.iter().any(|(name, _)| name.contains(filter.as_str())) {
+            let names: Vec<&str> = all.iter().map(|(name, _)| *name).collect();
+            return Err(CliError::Usage(format!("--cases {filter} names no case (cases: {})", names.join(", "))));
+        }
+    }
     let mut options = SuiteOptions {
         backends: args.backends,
         backend_settings: crate::run_command::backend_settings(args.plugin.as_deref()),
@@ -64,7 +71,7 @@ pub fn run(args: ConformanceArgs) -> Result<(), CliError> {
     report.print_matrix();
     if let Some(path) = &args.json {
         std::fs::write(path, report.to_json()).map_err(CliError::Output)?;
-        eprintln!("report written to {}", path.display());
+        say!("report written to {}", path.display());
     }
     if report.has_failures() {
         return Err(CliError::CheckFailed("conformance failed: see the matrix above".into()));

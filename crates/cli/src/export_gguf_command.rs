@@ -68,7 +68,7 @@ pub fn run(args: ExportGgufArgs) -> Result<(), CliError> {
         ExportError::Model(e) => CliError::from(e),
         other => CliError::Seam(SeamError::InvalidInput(other.to_string())),
     })?;
-    eprintln!(
+    say!(
         "wrote {} ({} tensors, {} matrices as {}, tokenizer pre '{}', {:.1} MB) in {:.1} s",
         args.out.display(),
         report.tensors,
@@ -79,7 +79,7 @@ pub fn run(args: ExportGgufArgs) -> Result<(), CliError> {
         started.elapsed().as_secs_f64()
     );
     if !report.dropped_tokens.is_empty() {
-        eprintln!(
+        say!(
             "note: left out {} added token(s) of tokenizer.json whose ids have no embedding row: {}",
             report.dropped_tokens.len(),
             report.dropped_tokens.join(" ")

@@ -1,5 +1,14 @@
 //! `seam`: run a model on a backend, list backends, convert GGUF files.
 
+/// `eprintln!` that cannot panic: with a closed or full stderr the message is lost and the exit
+/// status still tells (`eprintln!` panics there, after the work is done).
+macro_rules! say {
+    ($($arg:tt)*) => {{
+        use std::io::Write as _;
+        let _ = writeln!(std::io::stderr(), $($arg)*);
+    }};
+}
+
 mod backends_command;
 mod bench_command;
 mod cli_error;
@@ -56,7 +65,7 @@ fn main() -> ExitCode {
     match result {
         Ok(()) => ExitCode::SUCCESS,
         Err(error) => {
-            eprintln!("error: {error}");
+            say!("error: {error}");
             ExitCode::FAILURE
         }
     }

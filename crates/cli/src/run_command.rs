@@ -91,7 +91,7 @@ pub fn resolve_model_dir(model: Option<PathBuf>) -> Result<PathBuf, CliError> {
         None => {
             let dir = llama_model::default_model::default_model_dir();
             if !llama_model::default_model::is_installed(&dir) {
-                eprintln!("installing the default model (SmolLM2-135M-Instruct) into {} ...", dir.display());
+                say!("installing the default model (SmolLM2-135M-Instruct) into {} ...", dir.display());
                 let bar = StageBar::new();
                 let report = |done, total| bar.count("converting", done, total);
                 let installed = llama_model::default_model::ensure_default_model(Some(&report))?;
@@ -132,7 +132,7 @@ fn choose_backend(named: Option<&str>, plugin: Option<&Path>) -> Result<Box<dyn 
 }
 
 fn fall_back(reason: &str) -> Result<Box<dyn session_api::Backend>, CliError> {
-    eprintln!("note: the default backend {DEFAULT_BACKEND} is unavailable ({reason}); running on {FALLBACK_BACKEND}");
+    say!("note: the default backend {DEFAULT_BACKEND} is unavailable ({reason}); running on {FALLBACK_BACKEND}");
     Ok(find_backend(FALLBACK_BACKEND)?)
 }
 
@@ -157,8 +157,12 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     if prompt_text.trim().is_empty() {
         return Err(CliError::Seam(SeamError::EmptyInput));
     }
-    let sampling = SamplingConfig::from_settings(Some(args.temperature), args.top_k, args.top_p, args.seed);
+    let sampling = SamplingConfig::from_settings(Some(args.temperature), args.top_k, args.top_p, args.seed)
+        .map_err(CliError::Usage)?;
     sampling.validate().map_err(CliError::Usage)?;
+    if let Some(empty) = args.stop_strings.iter().position(String::is_empty) {
+        return Err(CliError::Usage(format!("--stop number {} is empty: a stop string needs text", empty + 1)));
+    }
 
     let backend = choose_backend(args.backend.as_deref(), args.plugin.as_deref())?;
     let model_dir = resolve_model_dir(args.model.clone())?;
@@ -247,11 +251,15 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         writeln!(stdout.lock(), "{}", serde_json::to_string_pretty(&report).expect("the report serializes"))?;
     } else {
         writeln!(stdout.lock())?;
-        eprintln!(
+        say!(
             "\n[{} on {} ({}), {} weights resident as {}]",
-            info.model, info.backend, info.device, info.weights, info.resident_precision
+            info.model,
+            info.backend,
+            info.device,
+            info.weights,
+            info.resident_precision
         );
-        eprintln!("{}", output.stats.summary());
+        say!("{}", output.stats.summary());
     }
     Ok(())
 }

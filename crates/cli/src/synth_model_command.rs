@@ -50,7 +50,7 @@ pub fn run(args: SynthModelArgs) -> Result<(), CliError> {
     }
     let params: usize =
         llama_model::weights::expected_tensors(&config).iter().map(|t| t.shape.iter().product::<usize>()).sum();
-    eprintln!(
+    say!(
         "wrote {} ({} shape, seed {}, {:.2} B parameters in f16) in {:.1} s",
         args.out.display(),
         args.shape,

@@ -53,6 +53,49 @@ fn bad_flags_and_values_are_refused_by_the_parser() {
 fn bad_sampling_settings_are_refused() {
     let out = seam(&["run", "--temperature", "0.8", "--top-p", "1.5", "--prompt", "x", "--model", "/nonexistent"]);
     assert_clean_failure(&out, "top-p must be in (0, 1]");
+    // Settings that used to turn silently into a greedy run, or be ignored.
+    for (flag, value, expected) in [
+        ("--temperature", "NaN", "temperature must be a finite number"),
+        ("--temperature=-1", "", "temperature must be a finite number"),
+        ("--top-p", "2", "top-p must be in (0, 1]"),
+        ("--stop", "", "is empty"),
+    ] {
+        let mut args = vec!["run", flag];
+        if !value.is_empty() || flag == "--stop" {
+            args.push(value);
+        }
+        args.extend(["--prompt", "x", "--model", "/nonexistent"]);
+        assert_clean_failure(&seam(&args), expected);
+    }
+}
+
+/// Benchmark arguments beyond the model's context, or beyond what a number can hold, are refused
+/// before anything is allocated from them; a case filter that names no case is an error.
+#[test]
+fn absurd_bench_and_suite_arguments_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    llama_model::random::write_random_checkpoint(&model, &llama_model::random::tiny_config(), 1).unwrap();
+    let model = model.to_str().unwrap();
+    for (flag, value) in [("--prompt-lengths", "10000000000"), ("--decode-tokens", "18446744073709551615")] {
+        let out = seam(&["bench", "--backend", "reference", "--model", model, flag, value]);
+        assert_clean_failure(&out, "beyond the model's context");
+    }
+    assert_clean_failure(&seam(&["conformance", "--cases", "zzz"]), "--cases zzz names no case");
+}
+
+/// A full stderr loses the stats but never panics the run (it did, after the text was printed).
+#[test]
+fn a_full_stderr_does_not_panic() {
+    let full = std::fs::OpenOptions::new().write(true).open("/dev/full").unwrap();
+    let out = Command::new(env!("CARGO_BIN_EXE_seam"))
+        .args(["run", "--backend", "reference", "--prompt", "The capital of France is", "--max-tokens", "2"])
+        .stderr(full)
+        .output()
+        .unwrap();
+    assert_ne!(out.status.code(), Some(101), "seam panicked");
+    assert!(out.status.success(), "{:?}", out.status);
+    assert!(!out.stdout.is_empty(), "the text still reaches stdout");
 }
 
 #[test]

@@ -70,13 +70,20 @@ impl ArtifactCache {
         build: impl FnOnce() -> Result<(T, Vec<u8>)>,
     ) -> Result<(T, CacheOutcome)> {
         let path = self.path(key);
-        if let Some(bytes) = read_verified(&path) {
-            if let Ok(value) = load(bytes) {
-                return Ok((value, CacheOutcome::Hit));
-            }
+        match read_verified(&path) {
+            Some(bytes) => match load(bytes) {
+                Ok(value) => return Ok((value, CacheOutcome::Hit)),
+                Err(e) => eprintln!("warning: {} was refused ({e}); compiling it again", path.display()),
+            },
+            None if path.exists() => eprintln!("warning: {} is damaged; compiling it again", path.display()),
+            None => {}
         }
         let (value, bytes) = build()?;
-        self.store(&path, &bytes)?;
+        // A cache that cannot be written (read-only, full) costs the next load a compile; it
+        // must not fail this one.
+        if let Err(e) = self.store(&path, &bytes) {
+            eprintln!("warning: the compiled graph was not cached ({e}); the next load compiles it again");
+        }
         Ok((value, CacheOutcome::Built))
     }
 
@@ -141,6 +148,9 @@ mod tests {
         // An entry the runtime refuses is rebuilt too.
         let refuse = |_: Vec<u8>| Err(SeamError::Backend("not mine".into()));
         assert_eq!(cache.load_or_build("k", refuse, build(6)).unwrap(), (6, CacheOutcome::Built));
+        // A cache folder that cannot be written is a warning, not a failure.
+        let blocked = ArtifactCache::new(dir.path().join("k.bin").join("sub"), "bin");
+        assert_eq!(blocked.load_or_build("k", load, build(7)).unwrap(), (7, CacheOutcome::Built));
         let leftovers: Vec<_> = std::fs::read_dir(dir.path()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert_eq!(leftovers.len(), 1, "no temporary files left: {leftovers:?}");
     }

@@ -347,6 +347,13 @@ impl LlamaConfig {
             if value == 0 {
                 return Err(format!("{name} must be positive"));
             }
+            // Sizes come from untrusted files and every buffer is sized from them: bounded here,
+            // their products (matrices, caches, tensor lists) fit in memory arithmetic, and an
+            // absurd file fails in microseconds instead of allocating in proportion to it.
+            let limit = Self::size_limit(name);
+            if value > limit {
+                return Err(format!("{name} {value} is above seam's limit of {limit}"));
+            }
         }
         if !self.num_attention_heads.is_multiple_of(self.num_key_value_heads) {
             return Err(format!(
@@ -367,6 +374,19 @@ impl LlamaConfig {
             scaling.validate()?;
         }
         Ok(())
+    }
+
+    /// The largest value [`LlamaConfig::validate`] accepts for a size field: several times the
+    /// largest published Llama-family model's (405B: 126 layers, hidden 16384, 128 heads, vocab
+    /// 128256, context 131072), far below where products of sizes could overflow.
+    pub fn size_limit(field: &str) -> usize {
+        match field {
+            "num_hidden_layers" => 1 << 10,
+            "num_attention_heads" | "num_key_value_heads" | "head_dim" => 1 << 12,
+            "hidden_size" => 1 << 17,
+            "intermediate_size" => 1 << 20,
+            _ => 1 << 24, // vocab_size, max_position_embeddings
+        }
     }
 
     /// Width of the query projection output (`num_attention_heads * head_dim`).
@@ -651,6 +671,22 @@ mod tests {
             }
         );
         assert_eq!((c.q_dim(), c.kv_dim()), (2048, 512));
+    }
+
+    #[test]
+    fn absurd_sizes_are_refused_before_anything_is_sized_from_them() {
+        let base = crate::random::tiny_config();
+        for (field, value) in [
+            ("num_hidden_layers", 1_000_000_000),
+            ("num_attention_heads", usize::MAX / 2),
+            ("head_dim", 1 << 40),
+            ("vocab_size", 1 << 40),
+        ] {
+            let mut json: serde_json::Value = serde_json::from_str(&base.to_json()).unwrap();
+            json[field] = serde_json::json!(value);
+            let err = LlamaConfig::from_json_str(&json.to_string()).unwrap_err().to_string();
+            assert!(err.contains("limit") || err.contains("multiple"), "{field}={value}: {err}");
+        }
     }
 
     #[test]

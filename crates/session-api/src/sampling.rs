@@ -20,14 +20,23 @@ pub enum SamplingConfig {
 }
 
 impl SamplingConfig {
-    /// Builds a config from user-facing settings: temperature 0 (or absent) is greedy.
+    /// Builds a config from user-facing settings: temperature 0 (or absent) is greedy. A
+    /// temperature that is not a finite number `>= 0`, or a `top_p` outside (0, 1], is refused
+    /// with a sentence for the user, at temperature 0 too (a setting that would be ignored is a
+    /// mistake the user should hear about, not a silent greedy run).
     pub fn from_settings(
         temperature: Option<f32>,
         top_k: Option<usize>,
         top_p: Option<f32>,
         seed: Option<u64>,
-    ) -> Self {
-        match temperature {
+    ) -> Result<Self, String> {
+        if let Some(t) = temperature.filter(|t| !(t.is_finite() && *t >= 0.0)) {
+            return Err(format!("temperature must be a finite number >= 0 (0 is greedy), got {t}"));
+        }
+        if let Some(p) = top_p.filter(|p| !(*p > 0.0 && *p <= 1.0)) {
+            return Err(format!("top-p must be in (0, 1], got {p}"));
+        }
+        Ok(match temperature {
             Some(t) if t > 0.0 => SamplingConfig::Sample {
                 temperature: t,
                 top_k: top_k.unwrap_or(0),
@@ -35,7 +44,7 @@ impl SamplingConfig {
                 seed: seed.unwrap_or(0),
             },
             _ => SamplingConfig::Greedy,
-        }
+        })
     }
 
     /// The sampling modes this config needs, to check against [`SamplingModes`].
@@ -200,7 +209,10 @@ mod tests {
 
     #[test]
     fn temperature_zero_means_greedy() {
-        assert_eq!(SamplingConfig::from_settings(Some(0.0), Some(5), None, Some(1)), SamplingConfig::Greedy);
+        assert_eq!(SamplingConfig::from_settings(Some(0.0), Some(5), None, Some(1)), Ok(SamplingConfig::Greedy));
+        for (t, p) in [(f32::NAN, None), (-1.0, None), (f32::INFINITY, None), (0.0, Some(2.0)), (0.7, Some(0.0))] {
+            assert!(SamplingConfig::from_settings(Some(t), None, p, None).is_err(), "temperature {t}, top-p {p:?}");
+        }
         assert!(SamplingConfig::Sample { temperature: 1.0, top_k: 0, top_p: 1.5, seed: 0 }.validate().is_err());
     }
 }

@@ -249,6 +249,14 @@ impl CheckedSession {
                     self.limits.vocab_size
                 )));
             }
+            if let Some(at) = logits.iter().position(|v| !v.is_finite()) {
+                // NaN or inf logits mean broken weights or a broken step: a token picked from them
+                // would be confident garbage, different on every backend.
+                return Err(SeamError::Backend(format!(
+                    "{backend} returned a non-finite logit ({}) for token {at}",
+                    logits[at]
+                )));
+            }
         } else if want_logits {
             return Err(SeamError::Backend(format!("{backend} returned no logits for a step that needs them")));
         }
@@ -498,6 +506,23 @@ mod tests {
         assert_eq!(s.position(), 0);
         s.reset();
         assert_eq!(record.lock().unwrap().resets, vec![true, false]);
+    }
+
+    #[test]
+    fn non_finite_logits_poison() {
+        struct Nan;
+        impl SessionSteps for Nan {
+            fn append(&mut self, _: usize, _: StepInput<'_>, _: bool) -> Result<RawStep> {
+                Ok(RawStep { greedy_token: Some(0), logits: Some(vec![0.0, f32::NAN]) })
+            }
+            fn reset(&mut self, _: bool) -> Result<()> {
+                Ok(())
+            }
+        }
+        let limits = SessionLimits { backend: "nan".into(), vocab_size: 2, hidden_size: 1, capabilities: caps(8) };
+        let mut s = CheckedSession::new(Box::new(Nan), limits, SessionOptions::default());
+        assert_eq!(s.prefill(&[1]).unwrap_err().kind(), ErrorKind::Backend);
+        assert!(matches!(s.prefill(&[1]), Err(SeamError::Poisoned { .. })));
     }
 
     #[test]

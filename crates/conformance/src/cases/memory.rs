@@ -86,9 +86,14 @@ mod tests {
     #[test]
     fn resident_memory_is_readable_and_sees_a_touched_allocation() {
         let Some(before) = super::resident_bytes() else { return };
-        let block = vec![1u8; 64 << 20];
+        // black_box: an optimized build would otherwise remove the unused block, and RSS with it.
+        let block = std::hint::black_box(vec![1u8; 64 << 20]);
         let after = super::resident_bytes().unwrap();
-        assert!(after - before > 32 << 20, "64 MiB touched, RSS grew by {}", after - before);
-        drop(block);
+        assert!(
+            after.saturating_sub(before) > 32 << 20,
+            "64 MiB touched, RSS grew by {}",
+            after.saturating_sub(before)
+        );
+        drop(std::hint::black_box(block));
     }
 }

@@ -86,7 +86,7 @@ fn first_difference(a: &Trace, b: &Trace) -> Option<usize> {
 }
 
 fn temperature_zero_is_greedy(ctx: &CaseContext<'_>) -> Checked<Verdict> {
-    let sampling = SamplingConfig::from_settings(Some(0.0), Some(40), Some(0.9), Some(7));
+    let sampling = SamplingConfig::from_settings(Some(0.0), Some(40), Some(0.9), Some(7)).map_err(Verdict::fail)?;
     if sampling != SamplingConfig::Greedy {
         return Err(Verdict::fail(format!("session-api maps temperature 0 to {sampling:?}, not Greedy")));
     }
