@@ -243,7 +243,30 @@ impl LlamaWeights {
         out
     }
 
-    /// Checks every shape against the config (for weights built elsewhere, e.g. by an importer).
+    /// Checks that every norm, f16 value and int4 scale and bias is finite: a NaN or an infinity
+    /// in a weight makes every backend emit confident garbage (and a different garbage on each),
+    /// so it is a typed error naming the tensor, at import and at load.
+    pub fn check_finite(&self) -> Result<(), ModelError> {
+        // An f16 is not finite when its exponent bits are all ones.
+        let bad_f16 = |values: &[f16]| values.iter().position(|v| v.to_bits() & 0x7C00 == 0x7C00);
+        self.tensors().par_iter().try_for_each(|(name, tensor)| {
+            let bad = match tensor {
+                TensorRef::Norm(values) => values.iter().position(|v| !v.is_finite()),
+                TensorRef::Matrix(Matrix::F16 { data, .. }) => bad_f16(data),
+                TensorRef::Matrix(Matrix::Int4(q)) => bad_f16(&q.scales).or_else(|| bad_f16(&q.biases)),
+            };
+            match bad {
+                Some(at) => Err(ModelError::InvalidTensor {
+                    name: name.clone(),
+                    message: format!("value {at} (or its group's scale or bias) is not finite (NaN or infinity)"),
+                }),
+                None => Ok(()),
+            }
+        })
+    }
+
+    /// Checks every shape against the config (for weights built elsewhere, e.g. by an importer),
+    /// and that every value is finite ([`LlamaWeights::check_finite`]).
     pub fn validate(&self) -> Result<(), ModelError> {
         self.config.validate().map_err(|message| ModelError::Config { path: None, message })?;
         let specs = expected_tensors(&self.config);
@@ -290,7 +313,7 @@ impl LlamaWeights {
                 return Err(ModelError::Shape { name: name.clone(), expected: spec.shape.clone(), found });
             }
         }
-        Ok(())
+        self.check_finite()
     }
 }
 
@@ -374,8 +397,20 @@ fn check_shape(store: &TensorStore, spec: &TensorSpec, name: &str) -> Result<(),
 ///   written to `model.int4.safetensors` so the next load skips the work. If that file cannot be
 ///   written (a read-only directory, a full disk) the weights are returned anyway.
 ///
-/// Every shape is checked against `config.json`; `progress(done, total)` counts tensors.
+/// Every shape is checked against `config.json` and every value for being finite;
+/// `progress(done, total)` counts tensors.
 pub fn load_weights(
+    dir: &Path,
+    format: WeightFormat,
+    progress: Option<&(dyn Fn(u64, u64) + Sync)>,
+) -> Result<LlamaWeights, ModelError> {
+    let weights = load_weights_unchecked(dir, format, progress)?;
+    weights.check_finite()?;
+    Ok(weights)
+}
+
+/// [`load_weights`] without the finiteness check.
+fn load_weights_unchecked(
     dir: &Path,
     format: WeightFormat,
     progress: Option<&(dyn Fn(u64, u64) + Sync)>,
@@ -572,4 +607,35 @@ pub fn write_f16_weights(path: &Path, weights: &LlamaWeights) -> Result<(), Mode
         .collect();
     let metadata = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     write_safetensors_raw(path, &raw, &metadata)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn nan_or_infinity_in_a_weight_is_an_error_naming_the_tensor() {
+        let config = crate::random::tiny_config();
+        let clean = crate::random::random_weights(&config, 3).unwrap();
+        assert!(clean.validate().is_ok());
+        let mut norm = clean.clone();
+        norm.layers[1].attn_norm[5] = f32::NAN;
+        let mut matrix = clean.clone();
+        if let Matrix::F16 { data, .. } = &mut matrix.layers[0].wq {
+            data[7] = f16::INFINITY;
+        }
+        let mut scale = clean.clone();
+        let mut quantized = scale.layers[0].wk.to_int4().unwrap();
+        quantized.scales[2] = f16::NAN;
+        scale.layers[0].wk = Matrix::Int4(quantized);
+        let cases = [
+            (norm, "layers.1.input_layernorm"),
+            (matrix, "layers.0.self_attn.q_proj"),
+            (scale, "layers.0.self_attn.k_proj"),
+        ];
+        for (weights, tensor) in cases {
+            let err = weights.check_finite().unwrap_err().to_string();
+            assert!(err.contains(tensor) && err.contains("not finite"), "{err}");
+        }
+    }
 }
