@@ -373,6 +373,15 @@ impl LlamaConfig {
         if let Some(scaling) = &self.rope_scaling {
             scaling.validate()?;
         }
+        // A special token outside the vocabulary can never be produced (an EOS that never stops)
+        // or fed (a BOS that fails every prompt): the file is wrong, say so at load.
+        let ids = self.bos_token_ids.iter().map(|id| ("bos_token_id", id));
+        if let Some((key, id)) = ids
+            .chain(self.eos_token_ids.iter().map(|id| ("eos_token_id", id)))
+            .find(|(_, id)| **id as usize >= self.vocab_size)
+        {
+            return Err(format!("{key} {id} is outside the vocabulary (size {})", self.vocab_size));
+        }
         Ok(())
     }
 
@@ -681,11 +690,16 @@ mod tests {
             ("num_attention_heads", usize::MAX / 2),
             ("head_dim", 1 << 40),
             ("vocab_size", 1 << 40),
+            ("eos_token_id", 1 << 20),
+            ("bos_token_id", 256),
         ] {
             let mut json: serde_json::Value = serde_json::from_str(&base.to_json()).unwrap();
             json[field] = serde_json::json!(value);
             let err = LlamaConfig::from_json_str(&json.to_string()).unwrap_err().to_string();
-            assert!(err.contains("limit") || err.contains("multiple"), "{field}={value}: {err}");
+            assert!(
+                err.contains("limit") || err.contains("multiple") || err.contains("outside the vocabulary"),
+                "{field}={value}: {err}"
+            );
         }
     }
 
