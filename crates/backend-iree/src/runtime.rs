@@ -15,6 +15,7 @@ use session_api::Result;
 use stablehlo_llama::{emit_module, GraphOptions, GraphSpec, HostArg};
 use std::collections::HashMap;
 use std::path::PathBuf;
+use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// One model's graphs on IREE.
@@ -27,6 +28,8 @@ pub struct IreeRuntime {
     cache_shape: CacheShape,
     /// The loaded module of each graph, by function name.
     modules: Mutex<HashMap<String, String>>,
+    /// Numbers the modules loaded on the runtime thread.
+    next_module: AtomicUsize,
 }
 
 impl IreeRuntime {
@@ -51,6 +54,7 @@ impl IreeRuntime {
             options: model.options.clone(),
             cache_shape,
             modules: Mutex::new(HashMap::new()),
+            next_module: AtomicUsize::new(0),
         })
     }
 }
@@ -72,12 +76,14 @@ impl GraphRuntime for IreeRuntime {
 
     fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport> {
         let text = emit_module(&self.config, &self.options, graphs).map_err(crate::error::IreeError::from)?;
-        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
-        let module = format!("graphs{}", modules.len());
+        // Compiled outside the lock: a graph first needed by one session (embedding input) must not
+        // hold up the steps of the others while it compiles.
+        let module = format!("graphs{}", self.next_module.fetch_add(1, Ordering::Relaxed));
         let flags: Vec<&str> = self.flags.iter().map(String::as_str).collect();
         let what = graphs.iter().map(GraphSpec::name).collect::<Vec<_>>().join(", ");
         let load = |vmfb: Vec<u8>| Ok(self.worker.load_module(&module, vmfb)?);
         let outcome = compile_cached(&self.compiler_library, &what, &text, &flags, load)?;
+        let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         for graph in graphs {
             modules.insert(graph.name(), module.clone());
         }

@@ -9,7 +9,7 @@ use graph_engine::token_graphs;
 use llama_model::random::{tiny_config, tiny_llama32_config};
 use session_api::WeightFormat;
 use stablehlo_llama::buckets_for_context;
-use stablehlo_llama::{emit_module, GraphOptions, LayerMode, StorageDtype};
+use stablehlo_llama::{emit_module, GraphOptions, LayerMode};
 use std::cell::RefCell;
 
 #[test]
@@ -28,14 +28,7 @@ fn graphs_compile_for_cuda() {
         (tiny_config(), WeightFormat::F16, LayerMode::Unrolled),
     ];
     for (config, format, layers) in cases {
-        let options = GraphOptions {
-            max_context: 32,
-            format,
-            layers,
-            dense: StorageDtype::F16,
-            cache: StorageDtype::F16,
-            int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
-        };
+        let options = GraphOptions { layers, ..GraphOptions::new(32, format) };
         let text = emit_module(&config, &options, &token_graphs(&buckets_for_context(32))).unwrap();
         let module = RefCell::new(Vec::new());
         compile_cached(&library, "cuda test", &text, &flags, |vmfb| {

@@ -159,7 +159,6 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     }
     let sampling = SamplingConfig::from_settings(Some(args.temperature), args.top_k, args.top_p, args.seed)
         .map_err(CliError::Usage)?;
-    sampling.validate().map_err(CliError::Usage)?;
     if let Some(empty) = args.stop_strings.iter().position(String::is_empty) {
         return Err(CliError::Usage(format!("--stop number {} is empty: a stop string needs text", empty + 1)));
     }

@@ -105,6 +105,7 @@ impl<'a> Suite<'a> {
         sink.report.capabilities = Some(capabilities.clone());
 
         let self_comparison = name == "reference";
+        let rest = Phase::Rest { self_comparison };
         // The memory case first, for every format, in a heap the other cases have not fragmented
         // yet: a runtime that allocates from its worker threads' arenas (XLA's CPU client) moved
         // the resident set by 5-22 MiB across 200 sessions after the rest of the suite, not in
@@ -116,16 +117,7 @@ impl<'a> Suite<'a> {
         }
         for &format in &self.options.formats {
             for model in &self.tiny {
-                let lengths = TINY_PARITY_LENGTHS;
-                self.run_model(
-                    target,
-                    &capabilities,
-                    model,
-                    format,
-                    lengths,
-                    Phase::Rest { self_comparison },
-                    &mut sink,
-                );
+                self.run_model(target, &capabilities, model, format, TINY_PARITY_LENGTHS, rest, &mut sink);
             }
             if self.options.real_model == RealModelParity::Skip || !self.wants(cases::parity::CASE.name) {
                 continue;
@@ -137,15 +129,7 @@ impl<'a> Suite<'a> {
                         RealModelParity::Full => REAL_PARITY_LENGTHS,
                         _ => QUICK_REAL_PARITY_LENGTHS,
                     };
-                    self.run_model(
-                        target,
-                        &capabilities,
-                        model,
-                        format,
-                        lengths,
-                        Phase::Rest { self_comparison },
-                        &mut sink,
-                    );
+                    self.run_model(target, &capabilities, model, format, lengths, rest, &mut sink);
                 }
                 Err(missing) => sink.push(CaseResult::new(
                     cases::parity::CASE.name,

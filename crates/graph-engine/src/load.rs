@@ -74,12 +74,11 @@ impl GraphSettings {
     /// The graph options for a model of `config`, a context request and a weight format.
     pub fn options(&self, config: &LlamaConfig, max_context: Option<usize>, format: WeightFormat) -> GraphOptions {
         GraphOptions {
-            max_context: max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings),
-            format,
             layers: self.layers,
             dense: self.dense,
             cache: self.cache,
             int4_dequantize_from: self.int4_dequantize_from,
+            ..GraphOptions::new(max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings), format)
         }
     }
 

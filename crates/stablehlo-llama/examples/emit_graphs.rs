@@ -9,7 +9,7 @@
 //! `--loop` emits one loop over stacked layer weights instead of unrolled layers.
 
 use session_api::WeightFormat;
-use stablehlo_llama::{emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode, StorageDtype};
+use stablehlo_llama::{emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode};
 use std::path::Path;
 
 fn main() -> Result<(), Box<dyn std::error::Error>> {
@@ -31,20 +31,6 @@ fn main() -> Result<(), Box<dyn std::error::Error>> {
     for bucket in &args[3..] {
         specs.push(GraphSpec { kind: GraphKind::Prefill { bucket: bucket.parse()? }, logits: false });
     }
-    print!(
-        "{}",
-        emit_module(
-            &config,
-            &GraphOptions {
-                max_context,
-                format,
-                layers,
-                dense: StorageDtype::F16,
-                cache: StorageDtype::F16,
-                int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS
-            },
-            &specs
-        )?
-    );
+    print!("{}", emit_module(&config, &GraphOptions { layers, ..GraphOptions::new(max_context, format) }, &specs)?);
     Ok(())
 }

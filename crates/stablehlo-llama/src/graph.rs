@@ -66,7 +66,8 @@ pub fn cache_arg_shapes(config: &LlamaConfig, options: &GraphOptions) -> Vec<Vec
     }
 }
 
-/// What every graph of one model shares.
+/// What every graph of one model shares. [`GraphOptions::new`] gives the common starting point;
+/// a runtime changes the fields it decides with struct update syntax.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GraphOptions {
     /// Positions of the KV cache (`C`): the longest sequence a session can hold.
@@ -84,6 +85,21 @@ pub struct GraphOptions {
     /// [`PREFILL_DEQUANTIZE_MIN_TOKENS`] suits IREE; XLA's CPU backend is faster dequantizing
     /// even for one token (docs/backends/pjrt.md).
     pub int4_dequantize_from: usize,
+}
+
+impl GraphOptions {
+    /// Graphs of `max_context` positions reading `format`: unrolled layers, f16 matrices and KV
+    /// cache, int4 dequantized in the graph from [`PREFILL_DEQUANTIZE_MIN_TOKENS`] rows on.
+    pub fn new(max_context: usize, format: WeightFormat) -> GraphOptions {
+        GraphOptions {
+            max_context,
+            format,
+            layers: LayerMode::Unrolled,
+            dense: StorageDtype::F16,
+            cache: StorageDtype::F16,
+            int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS,
+        }
+    }
 }
 
 /// One function of the module.
@@ -858,14 +874,7 @@ mod tests {
     const DECODE: GraphSpec = GraphSpec { kind: GraphKind::Decode, logits: false };
 
     fn options(format: WeightFormat) -> GraphOptions {
-        GraphOptions {
-            max_context: 16,
-            format,
-            layers: LayerMode::Unrolled,
-            dense: StorageDtype::F16,
-            cache: StorageDtype::F16,
-            int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS,
-        }
+        GraphOptions::new(16, format)
     }
 
     #[test]
@@ -903,28 +912,8 @@ mod tests {
         let prefill = |bucket| GraphSpec { kind: GraphKind::Prefill { bucket }, logits: false };
         let embeddings = |bucket| GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket }, logits: false };
         let cases: Vec<(GraphOptions, Vec<GraphSpec>)> = vec![
-            (
-                GraphOptions {
-                    max_context: 0,
-                    format: WeightFormat::F16,
-                    layers: LayerMode::Unrolled,
-                    dense: StorageDtype::F16,
-                    cache: StorageDtype::F16,
-                    int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS,
-                },
-                vec![DECODE],
-            ),
-            (
-                GraphOptions {
-                    max_context: c.max_position_embeddings + 1,
-                    format: WeightFormat::F16,
-                    layers: LayerMode::Unrolled,
-                    dense: StorageDtype::F16,
-                    cache: StorageDtype::F16,
-                    int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS,
-                },
-                vec![DECODE],
-            ),
+            (GraphOptions::new(0, WeightFormat::F16), vec![DECODE]),
+            (GraphOptions::new(c.max_position_embeddings + 1, WeightFormat::F16), vec![DECODE]),
             (options(WeightFormat::F16), vec![prefill(0)]),
             (options(WeightFormat::F16), vec![prefill(17)]),
             (options(WeightFormat::F16), vec![embeddings(0)]),

@@ -256,14 +256,7 @@ fn iree_session<'a>(
 }
 
 fn graph_options(format: WeightFormat, layers: LayerMode) -> GraphOptions {
-    GraphOptions {
-        max_context: MAX_CONTEXT,
-        format,
-        layers,
-        dense: StorageDtype::F16,
-        cache: StorageDtype::F16,
-        int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
-    }
+    GraphOptions { layers, ..GraphOptions::new(MAX_CONTEXT, format) }
 }
 
 /// Largest absolute difference of two logit vectors of the same length.
@@ -459,14 +452,7 @@ fn iree_updates_the_kv_cache_in_place() {
     let config = llama_model::random::tiny_config();
     for layers in [LayerMode::Unrolled, LayerMode::Loop] {
         // 24 positions: 2 * 2 * 24 * 16 f16 = 3072 bytes per cache, a size no weight has.
-        let options = GraphOptions {
-            max_context: 24,
-            format: WeightFormat::F16,
-            layers,
-            dense: StorageDtype::F16,
-            cache: StorageDtype::F16,
-            int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
-        };
+        let options = GraphOptions { layers, ..GraphOptions::new(24, WeightFormat::F16) };
         let cache_bytes = config.num_hidden_layers * config.num_key_value_heads * 24 * config.head_dim * 2;
         let text = emit_module(&config, &options, &[GraphSpec { kind: GraphKind::Decode, logits: false }]).unwrap();
         assert!(text.contains("tf.aliasing_output"));

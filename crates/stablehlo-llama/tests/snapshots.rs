@@ -3,32 +3,18 @@
 
 use llama_model::random::{tiny_config, tiny_llama32_config};
 use session_api::WeightFormat;
-use stablehlo_llama::{emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode, StorageDtype};
+use stablehlo_llama::{emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode};
 
 #[test]
 fn tiny_decode_f16() {
-    let options = GraphOptions {
-        max_context: 16,
-        format: WeightFormat::F16,
-        layers: LayerMode::Unrolled,
-        dense: StorageDtype::F16,
-        cache: StorageDtype::F16,
-        int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
-    };
+    let options = GraphOptions::new(16, WeightFormat::F16);
     let text = emit_module(&tiny_config(), &options, &[GraphSpec { kind: GraphKind::Decode, logits: false }]).unwrap();
     insta::assert_snapshot!(text);
 }
 
 #[test]
 fn tiny_llama32_prefill_int4_with_logits() {
-    let options = GraphOptions {
-        max_context: 16,
-        format: WeightFormat::Int4,
-        layers: LayerMode::Unrolled,
-        dense: StorageDtype::F16,
-        cache: StorageDtype::F16,
-        int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
-    };
+    let options = GraphOptions::new(16, WeightFormat::Int4);
     let spec = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: true };
     let text = emit_module(&tiny_llama32_config(), &options, &[spec]).unwrap();
     insta::assert_snapshot!(text);
@@ -36,14 +22,7 @@ fn tiny_llama32_prefill_int4_with_logits() {
 
 #[test]
 fn tiny_decode_f16_layer_loop() {
-    let options = GraphOptions {
-        max_context: 16,
-        format: WeightFormat::F16,
-        layers: LayerMode::Loop,
-        dense: StorageDtype::F16,
-        cache: StorageDtype::F16,
-        int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
-    };
+    let options = GraphOptions { layers: LayerMode::Loop, ..GraphOptions::new(16, WeightFormat::F16) };
     let text = emit_module(&tiny_config(), &options, &[GraphSpec { kind: GraphKind::Decode, logits: false }]).unwrap();
     insta::assert_snapshot!(text);
 }
