@@ -7,6 +7,11 @@
 //! 2. `home::py_iree_dir()/iree/compiler/_mlir_libs/`: the project-local install, which
 //!    [`ensure_compiler_library`] creates with `pip install --target` on first use;
 //! 3. the `iree.compiler` package of `python3`'s own site-packages.
+//!
+//! `SEAM_IREE_COMPILER=none` says this machine compiles nothing: every module must already be in
+//! the cache, compiled ahead of time elsewhere ([`crate::compile_ahead`], for a GPU machine that
+//! has no compiler and no package registry). The cache key then takes the compiler identity that
+//! the cache folder recorded when its modules were compiled ([`REVISION_FILE`]).
 
 use crate::error::IreeError;
 use eerie::compiler::Compiler;
@@ -21,6 +26,35 @@ pub const COMPILER_WHEEL: &str = "iree-base-compiler==3.13.0";
 /// Environment variable naming the compiler library (or its directory) explicitly.
 pub const COMPILER_ENV: &str = "SEAM_IREE_COMPILER";
 const LIBRARY_NAME: &str = "libIREECompiler.so";
+/// The value of [`COMPILER_ENV`] that turns compiling off (cached modules only).
+pub const NO_COMPILER: &str = "none";
+/// The file in the module cache recording the identity of the compiler that last compiled into it.
+pub const REVISION_FILE: &str = "compiler-revision.txt";
+
+/// Which compiler a runtime uses.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub enum CompilerChoice {
+    /// The compiler library at this path (loaded once per process).
+    Library(PathBuf),
+    /// No compiler ([`COMPILER_ENV`]` = none`): modules come from the cache alone.
+    CachedOnly,
+}
+
+/// Whether [`COMPILER_ENV`] turns compiling off.
+pub fn compiling_disabled() -> bool {
+    std::env::var(COMPILER_ENV).is_ok_and(|v| v == NO_COMPILER)
+}
+
+/// The compiler to use: none when [`COMPILER_ENV`] says so, else the library, installed first
+/// when it is nowhere to be found ([`ensure_compiler_library`]) and loaded.
+pub fn choose_compiler() -> Result<CompilerChoice, IreeError> {
+    if compiling_disabled() {
+        return Ok(CompilerChoice::CachedOnly);
+    }
+    let library = ensure_compiler_library()?;
+    load_compiler(&library)?;
+    Ok(CompilerChoice::Library(library))
+}
 
 /// Flags of every llvm-cpu compilation. `O3` made the f16 decode gemv 1.5x faster on IREE 3.13
 /// (FACTS.md); `target-cpu=host` uses the machine's vector extensions, which is why the host CPU
@@ -32,9 +66,9 @@ fn library_in(dir: &Path) -> PathBuf {
     dir.join("iree/compiler/_mlir_libs").join(LIBRARY_NAME)
 }
 
-/// The compiler library named by [`COMPILER_ENV`], if set (it may not exist).
+/// The compiler library named by [`COMPILER_ENV`], if set (it may not exist; `none` is no path).
 pub fn explicit_compiler_path() -> Option<PathBuf> {
-    std::env::var_os(COMPILER_ENV).filter(|v| !v.is_empty()).map(PathBuf::from)
+    std::env::var_os(COMPILER_ENV).filter(|v| !v.is_empty() && v != NO_COMPILER).map(PathBuf::from)
 }
 
 /// Finds the compiler library without installing anything. The error says where it looked.
@@ -135,7 +169,7 @@ pub fn module_cache() -> ArtifactCache {
     ArtifactCache::new(home::iree_cache_dir(), "vmfb")
 }
 
-/// The host CPU's identity for the cache key: modules are compiled with `target-cpu=host`.
+/// The host CPU's identity, part of the cache key of modules compiled with `target-cpu=host`.
 fn host_cpu() -> String {
     let info = std::fs::read_to_string("/proc/cpuinfo").unwrap_or_default();
     let field = |name: &str| {
@@ -148,28 +182,75 @@ fn host_cpu() -> String {
     format!("{} | {} | {}", std::env::consts::ARCH, field("model name"), field("flags"))
 }
 
-/// The cache key of `mlir` compiled with `flags` by compiler `version`.
+/// The cache key of `mlir` compiled with `flags` by compiler `version`. Code compiled for the host
+/// CPU is keyed by that CPU too; code for a GPU target is the same whichever machine compiled it,
+/// which is what lets a module compiled here run on a GPU machine.
 pub fn cache_key(mlir: &str, flags: &[&str], version: &str) -> String {
+    let host = if flags.iter().any(|f| f.ends_with("target-cpu=host")) { host_cpu() } else { String::new() };
     let flags = flags.join("\n");
-    graph_engine::artifact_cache::cache_key(&[
-        version.as_bytes(),
-        host_cpu().as_bytes(),
-        flags.as_bytes(),
-        mlir.as_bytes(),
-    ])
+    graph_engine::artifact_cache::cache_key(&[version.as_bytes(), host.as_bytes(), flags.as_bytes(), mlir.as_bytes()])
+}
+
+/// The compiler identity recorded in the module cache, for a machine without a compiler.
+fn recorded_revision() -> Result<String, IreeError> {
+    let path = home::iree_cache_dir().join(REVISION_FILE);
+    std::fs::read_to_string(&path).map(|s| s.trim().to_string()).map_err(|e| {
+        IreeError::CompilerMissing(format!(
+            "{COMPILER_ENV}={NO_COMPILER} and the module cache records no compiler ({}: {e}); \
+             compile the model ahead with `seam compile` and carry {}",
+            path.display(),
+            home::iree_cache_dir().display()
+        ))
+    })
+}
+
+/// Records `version` as the identity of the compiler whose modules the cache holds.
+fn record_revision(version: &str) {
+    let dir = home::iree_cache_dir();
+    let path = dir.join(REVISION_FILE);
+    if std::fs::read_to_string(&path).is_ok_and(|s| s.trim() == version) {
+        return;
+    }
+    let temp = dir.join(format!(".{REVISION_FILE}.{}.tmp", std::process::id()));
+    // Best effort, like the cache itself: a machine that cannot write it loses only the ability to
+    // use this cache without a compiler.
+    let written = std::fs::create_dir_all(&dir)
+        .and_then(|()| std::fs::write(&temp, format!("{version}\n")))
+        .and_then(|()| std::fs::rename(&temp, &path));
+    if written.is_err() {
+        let _ = std::fs::remove_file(&temp);
+    }
 }
 
 /// Compiles `mlir` (or takes its module from the cache, when it holds one for this text, these
 /// flags and this compiler) and hands the module to `load`. A cached module that `load` refuses
-/// is compiled again. `what` names the graphs in errors.
+/// is compiled again. `what` names the graphs in errors. Without a compiler
+/// ([`CompilerChoice::CachedOnly`]) a module missing from the cache is an error naming it.
 pub fn compile_cached(
-    compiler_library: &Path,
+    compiler: &CompilerChoice,
     what: &str,
     mlir: &str,
     flags: &[&str],
     load: impl Fn(Vec<u8>) -> session_api::Result<()>,
 ) -> session_api::Result<CacheOutcome> {
-    let (compiler, version) = load_compiler(compiler_library)?;
+    let library = match compiler {
+        CompilerChoice::Library(library) => library,
+        CompilerChoice::CachedOnly => {
+            let key = cache_key(mlir, flags, &recorded_revision()?);
+            let build = || {
+                Err(IreeError::CompilerMissing(format!(
+                    "{COMPILER_ENV}={NO_COMPILER} and the {what} graphs ({}) are not in the module cache {}; \
+                     compile them ahead with `seam compile` for the same model shape, context and settings",
+                    flags.join(" "),
+                    module_cache().dir().display()
+                ))
+                .into())
+            };
+            let ((), outcome) = module_cache().load_or_build(&key, &load, build)?;
+            return Ok(outcome);
+        }
+    };
+    let (compiler, version) = load_compiler(library)?;
     let build = || {
         let vmfb = {
             let _serial = COMPILE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
@@ -181,5 +262,6 @@ pub fn compile_cached(
         Ok(((), vmfb))
     };
     let ((), outcome) = module_cache().load_or_build(&cache_key(mlir, flags, &version), &load, build)?;
+    record_revision(&version);
     Ok(outcome)
 }

@@ -27,7 +27,8 @@ pub use device::IreeDevice;
 pub use error::IreeError;
 pub use runtime::IreeRuntime;
 
-use graph_engine::{capabilities_with, GraphEngine, GraphSettings, DEFAULT_MAX_CONTEXT};
+use compiler::CompilerChoice;
+use graph_engine::{capabilities_with, CompileReport, GraphEngine, GraphSettings, DEFAULT_MAX_CONTEXT};
 use session_api::{Availability, Backend, Capabilities, Engine, LoadRequest, Result};
 use stablehlo_llama::{LayerMode, StorageDtype};
 use std::sync::Arc;
@@ -56,6 +57,22 @@ pub const DEFAULT_SETTINGS: GraphSettings = GraphSettings {
     cache: StorageDtype::F16,
     int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
 };
+
+/// The defaults on a GPU: layers unrolled, no device-side loop around the layers (as pjrt does on
+/// a GPU). Measured on an H100, the loop was not where iree-cuda's time goes, but it gains nothing
+/// there (docs/performance.md), and the longer compile of unrolled layers is paid once, ahead of
+/// time (`seam compile`).
+pub const CUDA_SETTINGS: GraphSettings = GraphSettings { layers: LayerMode::Unrolled, ..DEFAULT_SETTINGS };
+
+impl IreeDevice {
+    /// The graph settings a load on this device starts from.
+    pub fn default_settings(self) -> GraphSettings {
+        match self {
+            IreeDevice::Cpu => DEFAULT_SETTINGS,
+            IreeDevice::Cuda => CUDA_SETTINGS,
+        }
+    }
+}
 
 /// The IREE backend: every device IREE drives here.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -119,6 +136,9 @@ impl Backend for IreeBackend {
 /// unavailable if that fails. An explicit `SEAM_IREE_COMPILER` that holds no library, or a
 /// library that does not load, makes it unusable now.
 fn compiler_usable() -> std::result::Result<(), String> {
+    if compiler::compiling_disabled() {
+        return Ok(());
+    }
     match compiler::find_compiler_library() {
         Ok(library) => compiler::load_compiler(&library).map(drop).map_err(|e| e.to_string()),
         Err(e) if compiler::explicit_compiler_path().is_some() => Err(e.to_string()),
@@ -146,11 +166,42 @@ fn load_engine(request: &LoadRequest) -> Result<IreeEngine> {
         // eerie exposes no way to size the local-task driver's worker pool.
         graph_engine::refuse_thread_count(BACKEND_NAME, request, "the local-task driver")?;
     }
-    let settings = DEFAULT_SETTINGS.with_request(BACKEND_NAME, request, "SEAM_IREE")?;
+    let settings = device.default_settings().with_request(BACKEND_NAME, request, "SEAM_IREE")?;
     let flags = device.compile_flags()?;
-    let compiler_library = compiler::ensure_compiler_library()?;
-    compiler::load_compiler(&compiler_library)?;
+    let compiler = compiler::choose_compiler()?;
     graph_engine::load_engine(BACKEND_NAME, device.id(), request, settings, |model| {
-        IreeRuntime::new(device, compiler_library, flags, model)
+        IreeRuntime::new(device, compiler, flags, model)
     })
+}
+
+/// Compiles every module a load of `request` may need (the token graphs, and the embedding graph
+/// of every prefill bucket) into the module cache, without the device: for a machine that can run
+/// the modules but has no compiler (`SEAM_IREE_COMPILER=none` there), such as a GPU machine with
+/// no package registry. A CUDA target is compiled for [`device::CUDA_TARGET_ENV`] when no GPU is
+/// here. The modules cannot be loaded here, so they are checked only by the compiler. With
+/// `embeddings` false only the token graphs are compiled (what token prompts need).
+pub fn compile_ahead(request: &LoadRequest, embeddings: bool) -> Result<CompileReport> {
+    let device = IreeDevice::from_id(request.device.as_deref().unwrap_or("cpu"))?;
+    let settings = device.default_settings().with_request(BACKEND_NAME, request, "SEAM_IREE")?;
+    let flags = device.compile_flags()?;
+    let compiler = compiler::choose_compiler()?;
+    if compiler == CompilerChoice::CachedOnly {
+        return Err(IreeError::CompilerMissing(format!(
+            "{}={} turns compiling off",
+            compiler::COMPILER_ENV,
+            compiler::NO_COMPILER
+        ))
+        .into());
+    }
+    let mut plan = graph_engine::plan_graphs(request, settings)?;
+    if !embeddings {
+        plan.groups.truncate(1);
+    }
+    let mut total = CompileReport::default();
+    for (done, group) in plan.groups.iter().enumerate() {
+        request.report("compiling graphs", done as u64, Some(plan.groups.len() as u64));
+        total += runtime::compile_graphs(&compiler, &flags, &plan.config, &plan.options, group, |_| Ok(()))?;
+    }
+    request.report("compiling graphs", plan.groups.len() as u64, Some(plan.groups.len() as u64));
+    Ok(total)
 }

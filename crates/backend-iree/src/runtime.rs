@@ -6,7 +6,7 @@
 //! function returns the greedy token (argmax on the device) and the logits, which stay in device
 //! memory unless a call reads them.
 
-use crate::compiler::compile_cached;
+use crate::compiler::{compile_cached, CompilerChoice};
 use crate::device::IreeDevice;
 use crate::worker::{CacheId, CacheShape, WorkerHandle};
 use graph_engine::{CacheOutcome, CompileReport, GraphCall, GraphOutput, GraphRuntime, LoadedModel};
@@ -14,14 +14,13 @@ use llama_model::LlamaConfig;
 use session_api::Result;
 use stablehlo_llama::{emit_module, GraphOptions, GraphSpec, HostArg};
 use std::collections::HashMap;
-use std::path::PathBuf;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
 
 /// One model's graphs on IREE.
 pub struct IreeRuntime {
     worker: WorkerHandle,
-    compiler_library: PathBuf,
+    compiler: CompilerChoice,
     flags: Vec<String>,
     config: LlamaConfig,
     options: GraphOptions,
@@ -33,11 +32,10 @@ pub struct IreeRuntime {
 }
 
 impl IreeRuntime {
-    /// A runtime thread on `device` for `model`, compiling with the library at
-    /// `compiler_library` and `flags`.
+    /// A runtime thread on `device` for `model`, compiling with `compiler` and `flags`.
     pub fn new(
         device: IreeDevice,
-        compiler_library: PathBuf,
+        compiler: CompilerChoice,
         flags: Vec<String>,
         model: LoadedModel<'_>,
     ) -> Result<Self> {
@@ -48,7 +46,7 @@ impl IreeRuntime {
         };
         Ok(IreeRuntime {
             worker: WorkerHandle::spawn(device)?,
-            compiler_library,
+            compiler,
             flags,
             config: c.clone(),
             options: model.options.clone(),
@@ -57,6 +55,26 @@ impl IreeRuntime {
             next_module: AtomicUsize::new(0),
         })
     }
+}
+
+/// Emits `graphs` as one module and compiles it (or takes it from the cache), handing the module
+/// to `load`. The one way modules are made, at load and ahead of time, so that both key the cache
+/// alike.
+pub fn compile_graphs(
+    compiler: &CompilerChoice,
+    flags: &[String],
+    config: &LlamaConfig,
+    options: &GraphOptions,
+    graphs: &[GraphSpec],
+    load: impl Fn(Vec<u8>) -> Result<()>,
+) -> Result<CompileReport> {
+    let text = emit_module(config, options, graphs).map_err(crate::error::IreeError::from)?;
+    let flags: Vec<&str> = flags.iter().map(String::as_str).collect();
+    let what = graphs.iter().map(GraphSpec::name).collect::<Vec<_>>().join(", ");
+    Ok(match compile_cached(compiler, &what, &text, &flags, load)? {
+        CacheOutcome::Hit => CompileReport { compiled: 0, from_cache: graphs.len() },
+        CacheOutcome::Built => CompileReport { compiled: graphs.len(), from_cache: 0 },
+    })
 }
 
 /// A session's cache on the runtime thread; dropping it frees the buffers there.
@@ -75,22 +93,16 @@ impl GraphRuntime for IreeRuntime {
     type Cache = IreeCache;
 
     fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport> {
-        let text = emit_module(&self.config, &self.options, graphs).map_err(crate::error::IreeError::from)?;
         // Compiled outside the lock: a graph first needed by one session (embedding input) must not
         // hold up the steps of the others while it compiles.
         let module = format!("graphs{}", self.next_module.fetch_add(1, Ordering::Relaxed));
-        let flags: Vec<&str> = self.flags.iter().map(String::as_str).collect();
-        let what = graphs.iter().map(GraphSpec::name).collect::<Vec<_>>().join(", ");
         let load = |vmfb: Vec<u8>| Ok(self.worker.load_module(&module, vmfb)?);
-        let outcome = compile_cached(&self.compiler_library, &what, &text, &flags, load)?;
+        let report = compile_graphs(&self.compiler, &self.flags, &self.config, &self.options, graphs, load)?;
         let mut modules = self.modules.lock().unwrap_or_else(|p| p.into_inner());
         for graph in graphs {
             modules.insert(graph.name(), module.clone());
         }
-        Ok(match outcome {
-            CacheOutcome::Hit => CompileReport { compiled: 0, from_cache: graphs.len() },
-            CacheOutcome::Built => CompileReport { compiled: graphs.len(), from_cache: 0 },
-        })
+        Ok(report)
     }
 
     fn upload_weights(&self, weights: Vec<HostArg>) -> Result<()> {

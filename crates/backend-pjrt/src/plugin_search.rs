@@ -5,7 +5,8 @@
 //! 2. the project's own install, `.seam/pjrt` (where `scripts/build-prereqs.sh` puts the pinned
 //!    `xla-cpu-pjrt==0.0.1` wheel; `SEAM_HOME` moves `.seam`);
 //! 3. the places pip installs the known plugin wheels: the active virtual environment, the user's
-//!    site-packages, and the system's.
+//!    site-packages, the system's, and those of the `python3` on the `PATH` (a virtual environment
+//!    that is not activated, such as the one a GPU machine's image ships JAX in).
 //!
 //! Every candidate that exists is tried; when none loads, the error lists each place and why it
 //! failed (no file, not a plugin, API version mismatch, no device).
@@ -79,7 +80,20 @@ fn site_packages() -> Vec<PathBuf> {
             out.push(python.join("dist-packages"));
         }
     }
+    out.extend(python_site_packages());
     out
+}
+
+/// The site-packages folders of the `python3` on the `PATH`, if there is one.
+fn python_site_packages() -> Vec<PathBuf> {
+    let script = "import site; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))";
+    let output = std::process::Command::new("python3").args(["-c", script]).env_remove("PYTHONPATH").output();
+    match output {
+        Ok(out) if out.status.success() => {
+            String::from_utf8_lossy(&out.stdout).lines().filter(|l| !l.is_empty()).map(PathBuf::from).collect()
+        }
+        _ => Vec::new(),
+    }
 }
 
 /// The folders searched for plugin wheels, in order.

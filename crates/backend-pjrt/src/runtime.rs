@@ -177,6 +177,41 @@ impl GraphRuntime for PjrtRuntime {
         self.weights.set(buffers).map_err(|_| SeamError::Backend("the weights were uploaded twice".into()))
     }
 
+    /// The better of two probes over a large f32 array on the device, each a warm-up run then the
+    /// best of five: `y = x + 1` (a copy: every element read once and written once) and the sum
+    /// of `x` (reads only, like decode). XLA's elementwise kernel alone stays well below what the
+    /// memory delivers, which would overstate the fraction decode reaches.
+    fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
+        // Large enough that launch overhead is noise: 1 GiB in on a device, 256 MiB in host memory.
+        let n: usize = if self.host_memory { 64 << 20 } else { 256 << 20 };
+        let copy = format!(
+            "module @bandwidth_copy {{\n  func.func public @main(%x: tensor<{n}xf32>) -> tensor<{n}xf32> {{\n    \
+             %one = stablehlo.constant dense<1.0> : tensor<{n}xf32>\n    \
+             %y = stablehlo.add %x, %one : tensor<{n}xf32>\n    return %y : tensor<{n}xf32>\n  }}\n}}\n"
+        );
+        let read = format!(
+            "module @bandwidth_read {{\n  func.func public @main(%x: tensor<{n}xf32>) -> tensor<f32> {{\n    \
+             %zero = stablehlo.constant dense<0.0> : tensor<f32>\n    \
+             %s = stablehlo.reduce(%x init: %zero) applies stablehlo.add across dimensions = [0] \
+             : (tensor<{n}xf32>, tensor<f32>) -> tensor<f32>\n    return %s : tensor<f32>\n  }}\n}}\n"
+        );
+        let x = self.client.zeros(ElementType::F32, &[n]).map_err(pjrt_error)?;
+        let mut best = 0f64;
+        for (module, bytes) in [(copy, 2 * n * 4), (read, n * 4)] {
+            let probe = self.client.compile(&module, &CompileOptions::default()).map_err(pjrt_error)?;
+            let mut fastest = f64::INFINITY;
+            for run in 0..6 {
+                let started = std::time::Instant::now();
+                drop(probe.execute(vec![ExecuteArg::Keep(&x)]).map_err(pjrt_error)?);
+                if run > 0 {
+                    fastest = fastest.min(started.elapsed().as_secs_f64());
+                }
+            }
+            best = best.max(bytes as f64 / fastest);
+        }
+        Ok(Some(best))
+    }
+
     fn new_cache(&self) -> Result<PjrtCache> {
         let buffers = self
             .cache_shapes

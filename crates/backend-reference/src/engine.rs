@@ -144,6 +144,8 @@ impl Engine for ReferenceEngine {
             hidden_size: config.hidden_size,
             load_time: self.load_time,
             weight_bytes: self.shared.model.weight_bytes(),
+            // Its attention reads only the filled positions: the bytes grow along the sequence.
+            decode_bytes_per_token: None,
         }
     }
 

@@ -87,6 +87,24 @@ struct DecodeResult {
     tokens_per_s: Spread,
     /// Per-step times of the run with the median throughput.
     step_ms: StepTimeSummary,
+    /// The memory traffic of decode, where the engine says how many bytes a step reads.
+    memory: Option<DecodeMemory>,
+}
+
+/// How close decode comes to the device's memory bandwidth.
+#[derive(Debug, Serialize)]
+struct DecodeMemory {
+    /// Bytes a decode step reads (`EngineInfo::decode_bytes_per_token`).
+    bytes_per_token: u64,
+    /// `bytes_per_token` times the median decode rate.
+    achieved_bytes_per_s: f64,
+    /// The device's bandwidth from a copy probe on it (read plus written bytes per second).
+    device_bytes_per_s: Option<f64>,
+    /// The backend whose engine ran the probe (another backend's, on the same device id in this
+    /// run, where this one has no probe).
+    probe_by: Option<String>,
+    /// `achieved_bytes_per_s / device_bytes_per_s`.
+    fraction: Option<f64>,
 }
 
 #[derive(Debug, Serialize)]
@@ -177,7 +195,7 @@ fn measure_decode(
     let spread = Spread::of(&rates);
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
     let median_run = &runs[runs.len() / 2].1;
-    Ok(DecodeResult { steps, tokens_per_s: spread, step_ms: StepTimeSummary::from_steps(median_run) })
+    Ok(DecodeResult { steps, tokens_per_s: spread, step_ms: StepTimeSummary::from_steps(median_run), memory: None })
 }
 
 /// The warm engine of [`load_cold_and_warm`] and what its loads measured.
@@ -257,6 +275,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let formats = if args.formats.is_empty() { WeightFormat::ALL.to_vec() } else { args.formats.clone() };
 
     let mut results = Vec::new();
+    // Device id -> (bandwidth from a copy probe, the backend that measured it).
+    let mut probes: std::collections::HashMap<String, (f64, String)> = Default::default();
     for name in &backends {
         let backend = find_backend(name)?;
         if let Availability::Unavailable { reason } = backend.availability() {
@@ -273,7 +293,28 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             for &n in &args.prompt_lengths {
                 prefill.push(measure_prefill(&engine, &prompt_ids(n, vocab), args.repeats)?);
             }
-            let decode = measure_decode(&engine, &prompt_ids(16, vocab), args.decode_tokens, args.repeats)?;
+            let mut decode = measure_decode(&engine, &prompt_ids(16, vocab), args.decode_tokens, args.repeats)?;
+            if let Some(bytes_per_token) = info.decode_bytes_per_token {
+                if !probes.contains_key(&info.device) {
+                    // The probe only adds a figure: its failure must not lose the measurements.
+                    match engine.measure_memory_bandwidth() {
+                        Ok(Some(bandwidth)) => {
+                            probes.insert(info.device.clone(), (bandwidth, name.clone()));
+                        }
+                        Ok(None) => {}
+                        Err(e) => say!("warning: {name}'s memory bandwidth probe failed: {e}"),
+                    }
+                }
+                let achieved = bytes_per_token as f64 * decode.tokens_per_s.median;
+                let probe = probes.get(&info.device);
+                decode.memory = Some(DecodeMemory {
+                    bytes_per_token,
+                    achieved_bytes_per_s: achieved,
+                    device_bytes_per_s: probe.map(|p| p.0),
+                    probe_by: probe.map(|p| p.1.clone()),
+                    fraction: probe.map(|p| achieved / p.0),
+                });
+            }
             results.push(BenchResult {
                 backend: name.clone(),
                 weights: format,
@@ -289,6 +330,11 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     }
 
     print_table(&results);
+    let mut probed: Vec<_> = probes.iter().collect();
+    probed.sort_by_key(|(device, _)| device.as_str());
+    for (device, (bandwidth, by)) in probed {
+        println!("device {device}: memory bandwidth {:.0} GB/s (probe run by {by})", bandwidth / 1e9);
+    }
     if let Some(path) = &args.json {
         let cpu = backend_reference::cpu_device();
         let report = BenchReport {
@@ -329,7 +375,7 @@ fn print_table(results: &[BenchResult]) {
     for n in &lengths {
         header.push_str(&format!(" {:>12}", format!("prefill@{n}")));
     }
-    header.push_str(&format!(" {:>10} {:>9} {:>9}", "decode t/s", "p50 ms", "p90 ms"));
+    header.push_str(&format!(" {:>10} {:>9} {:>9} {:>9} {:>6}", "decode t/s", "p50 ms", "p90 ms", "MB/token", "%bw"));
     println!("{header}");
     println!("{}", "-".repeat(header.len()));
     for r in results {
@@ -346,9 +392,17 @@ fn print_table(results: &[BenchResult]) {
             " {:>10.1} {:>9.1} {:>9.1}",
             r.decode.tokens_per_s.median, r.decode.step_ms.p50_ms, r.decode.step_ms.p90_ms
         ));
+        let memory = r.decode.memory.as_ref();
+        let per_token = memory.map(|m| format!("{:.0}", m.bytes_per_token as f64 / 1e6)).unwrap_or_else(|| "-".into());
+        let fraction =
+            memory.and_then(|m| m.fraction).map(|f| format!("{:.0}%", f * 100.0)).unwrap_or_else(|| "-".into());
+        line.push_str(&format!(" {per_token:>9} {fraction:>6}"));
         println!("{line}");
     }
-    println!("(medians of the repeats; prefill in tokens/s; min and every figure in --json)");
+    println!(
+        "(medians of the repeats; prefill in tokens/s; MB/token: bytes a decode step reads; %bw: MB/token x decode t/s"
+    );
+    println!(" over the device's bandwidth from a copy probe on it; min and every figure in --json)");
 }
 
 #[cfg(test)]

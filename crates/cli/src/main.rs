@@ -12,6 +12,7 @@ macro_rules! say {
 mod backends_command;
 mod bench_command;
 mod cli_error;
+mod compile_command;
 mod conformance_command;
 mod convert_command;
 mod export_gguf_command;
@@ -42,6 +43,8 @@ enum Command {
     Conformance(conformance_command::ConformanceArgs),
     /// Measure load, prefill and decode speed of backends (min / median over repeats).
     Bench(bench_command::BenchArgs),
+    /// Compile a model's graphs into the on-disk cache ahead of time (for a machine that cannot compile).
+    Compile(compile_command::CompileArgs),
     /// Import a GGUF Llama file into a seam model directory (fp16 and int4 weights, tokenizer).
     Convert(convert_command::ConvertArgs),
     /// Write a model directory with deterministic random weights in a known shape (benchmarks).
@@ -57,6 +60,7 @@ fn main() -> ExitCode {
         Command::Run(args) => run_command::run(args),
         Command::Backends(args) => backends_command::run(args),
         Command::Convert(args) => convert_command::run(args),
+        Command::Compile(args) => compile_command::run(args),
         Command::Conformance(args) => conformance_command::run(args),
         Command::Bench(args) => bench_command::run(args),
         Command::SynthModel(args) => synth_model_command::run(args),

@@ -50,6 +50,11 @@ pub use report::{BackendReport, CaseResult, Figures, Outcome, Report};
 pub use runner::LIFECYCLE_MODEL;
 pub use tolerance::{ComputePrecision, Tolerances};
 
+/// Every `max_context` the suite loads a model with (`None`: the backend's default), so that a
+/// backend's graphs can be compiled ahead for a machine that cannot compile (`seam compile
+/// --conformance-models`).
+pub const LOAD_CONTEXTS: [Option<usize>; 2] = [None, Some(cases::kv_lifecycle::CAPACITY_CAP)];
+
 use session_api::{Backend, LoadRequest, SeamError, WeightFormat};
 use std::collections::BTreeMap;
 use std::path::PathBuf;

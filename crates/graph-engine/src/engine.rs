@@ -50,7 +50,7 @@ impl<R: GraphRuntime> Shared<R> {
     fn ensure_embedding_graph(&self, bucket: usize) -> Result<()> {
         let mut loaded = self.embedding_graphs.lock().unwrap_or_else(|p| p.into_inner());
         if !loaded.contains(&bucket) {
-            self.runtime.load_graphs(&[GraphSpec { kind: GraphKind::PrefillEmbeddings { bucket }, logits: true }])?;
+            self.runtime.load_graphs(&[embedding_graph(bucket)])?;
             loaded.push(bucket);
         }
         Ok(())
@@ -67,6 +67,22 @@ pub fn token_graphs(buckets: &[usize]) -> Vec<GraphSpec> {
     let mut graphs = vec![graph_of(GraphKind::Decode)];
     graphs.extend(buckets.iter().filter(|&&b| b > 1).map(|&bucket| graph_of(GraphKind::Prefill { bucket })));
     graphs
+}
+
+/// The embedding-input graph of `bucket` rows, which an engine loads (as a group of its own) the
+/// first time a session appends embeddings through it.
+pub fn embedding_graph(bucket: usize) -> GraphSpec {
+    graph_of(GraphKind::PrefillEmbeddings { bucket })
+}
+
+/// Every group of graphs an engine with prefill `buckets` may hand its runtime's
+/// [`GraphRuntime::load_graphs`]: the token graphs at load, then each embedding graph alone. A
+/// runtime that compiles ahead of time (for a device it cannot reach now) compiles these groups,
+/// so that the engine later finds each one in its cache.
+pub fn graph_groups(buckets: &[usize]) -> Vec<Vec<GraphSpec>> {
+    let mut groups = vec![token_graphs(buckets)];
+    groups.extend(buckets.iter().map(|&bucket| vec![embedding_graph(bucket)]));
+    groups
 }
 
 /// A model loaded on a [`GraphRuntime`].
@@ -99,6 +115,10 @@ impl<R: GraphRuntime> Engine for GraphEngine<R> {
 
     fn capabilities(&self) -> Capabilities {
         capabilities_with(self.shared.max_context)
+    }
+
+    fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
+        self.shared.runtime.measure_memory_bandwidth()
     }
 
     fn open_steps(&self, _options: &SessionOptions) -> Result<Box<dyn SessionSteps>> {

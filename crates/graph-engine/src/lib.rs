@@ -22,6 +22,6 @@ mod load;
 pub mod runtime;
 
 pub use artifact_cache::{ArtifactCache, CacheOutcome};
-pub use engine::{capabilities_with, token_graphs, GraphEngine, DEFAULT_MAX_CONTEXT};
-pub use load::{load_engine, refuse_thread_count, GraphSettings, LoadedModel};
+pub use engine::{capabilities_with, embedding_graph, graph_groups, token_graphs, GraphEngine, DEFAULT_MAX_CONTEXT};
+pub use load::{load_engine, plan_graphs, refuse_thread_count, GraphPlan, GraphSettings, LoadedModel};
 pub use runtime::{CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime};

@@ -1,12 +1,15 @@
 //! Loading a model onto a [`GraphRuntime`]: the part every compiler backend shares.
 
-use crate::engine::{token_graphs, GraphEngine, Shared, DEFAULT_MAX_CONTEXT};
+use crate::engine::{graph_groups, token_graphs, GraphEngine, Shared, DEFAULT_MAX_CONTEXT};
 use crate::runtime::GraphRuntime;
 use llama_model::model_dir::ModelDir;
 use llama_model::weights::load_weights;
+use llama_model::weights::names::EMBED_TOKENS;
 use llama_model::LlamaConfig;
 use session_api::{EngineInfo, LoadRequest, Result, SeamError, WeightFormat};
-use stablehlo_llama::{buckets_for_context, graph_host_args, GraphError, GraphOptions, LayerMode, StorageDtype};
+use stablehlo_llama::{
+    buckets_for_context, graph_host_args, GraphError, GraphOptions, GraphSpec, LayerMode, StorageDtype,
+};
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
 
@@ -112,6 +115,28 @@ pub struct LoadedModel<'a> {
     pub options: &'a GraphOptions,
 }
 
+/// The graphs a load of `request` with `settings` would compile, known without reading the
+/// weights: for compiling ahead of time, on a machine that has the compiler but not the device.
+#[derive(Debug, Clone)]
+pub struct GraphPlan {
+    pub config: LlamaConfig,
+    pub options: GraphOptions,
+    /// [`graph_groups`] of the request's context.
+    pub groups: Vec<Vec<GraphSpec>>,
+}
+
+/// The [`GraphPlan`] of `request` with `settings` (the model's config alone is read).
+pub fn plan_graphs(request: &LoadRequest, settings: GraphSettings) -> Result<GraphPlan> {
+    if request.max_context == Some(0) {
+        return Err(SeamError::InvalidInput("max_context must be at least 1".into()));
+    }
+    let dir = ModelDir::open(&request.model_dir)?;
+    let config = dir.config().clone();
+    let options = settings.options(&config, request.max_context, request.weights);
+    let groups = graph_groups(&buckets_for_context(options.max_context));
+    Ok(GraphPlan { config, options, groups })
+}
+
 /// A graph error as the contract's error: bad options are the caller's, the rest the model's.
 pub(crate) fn graph_error(error: GraphError) -> SeamError {
     match error {
@@ -155,15 +180,26 @@ pub fn load_engine<R: GraphRuntime>(
             // The host copy in the model's own layout is not needed once the upload bytes exist.
             drop(weights);
             let bytes: u64 = args.iter().map(|a| a.bytes.len() as u64).sum();
+            // An untied embedding table is only gathered from, a row per token: a decode step
+            // does not read it.
+            let gathered: u64 = args
+                .iter()
+                .filter(|a| !config.tie_word_embeddings && a.spec.name.starts_with(EMBED_TOKENS))
+                .map(|a| a.bytes.len() as u64)
+                .sum();
             request.report("uploading weights", 0, Some(1));
             runtime.upload_weights(args)?;
             request.report("uploading weights", 1, Some(1));
-            Ok(bytes)
+            Ok((bytes, gathered))
         });
         let compiled = compile.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (uploaded, compiled)
     });
-    let weight_bytes = uploaded?;
+    let (weight_bytes, gathered_bytes) = uploaded?;
+    // Every decode step attends over the whole cache (masked), keys and values of every layer.
+    let c = &config;
+    let cache_bytes = (c.num_hidden_layers * c.num_key_value_heads * c.head_dim * options.max_context * 2) as u64
+        * options.cache.arg_dtype().size() as u64;
     let compile_report = compiled?;
     request.report(compiling, graphs.len() as u64, Some(graphs.len() as u64));
 
@@ -177,6 +213,7 @@ pub fn load_engine<R: GraphRuntime>(
         hidden_size: config.hidden_size,
         load_time: Default::default(),
         weight_bytes,
+        decode_bytes_per_token: Some(weight_bytes - gathered_bytes + cache_bytes),
     };
     let shared = Shared {
         runtime,

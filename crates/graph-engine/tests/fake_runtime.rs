@@ -14,15 +14,16 @@
 use backend_reference::{EngineOptions, ReferenceEngine};
 use conformance::{Outcome, RealModelParity, SuiteOptions, Target};
 use graph_engine::{
-    capabilities_with, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime, GraphSettings, LoadedModel,
-    DEFAULT_MAX_CONTEXT,
+    capabilities_with, graph_groups, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime, GraphSettings,
+    LoadedModel, DEFAULT_MAX_CONTEXT,
 };
 use session_api::{
     Availability, Backend, Capabilities, Engine, LoadRequest, Result, SeamError, SessionOptions, SessionSteps,
     StepInput,
 };
 use stablehlo_llama::{
-    emit_entry_module, graph_weight_args, GraphOptions, GraphSpec, HostArg, LayerMode, StorageDtype,
+    buckets_for_context, emit_entry_module, graph_weight_args, GraphOptions, GraphSpec, HostArg, LayerMode,
+    StorageDtype,
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -63,6 +64,11 @@ impl GraphRuntime for FakeRuntime {
     type Cache = FakeCache;
 
     fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport> {
+        // A group the plan does not list is one that compiling ahead (`seam compile`) would miss.
+        let planned = graph_groups(&buckets_for_context(self.options.max_context));
+        if !planned.iter().any(|group| group == graphs) {
+            return Err(SeamError::Backend(format!("{graphs:?} is not a group of graph_groups: {planned:?}")));
+        }
         for graph in graphs {
             // Every graph the engine asks for must be one the emitter can write.
             emit_entry_module(&self.config, &self.options, *graph)
@@ -155,6 +161,13 @@ impl Backend for FakeBackend {
         let engine = graph_engine::load_engine(NAME, "cpu", request, settings, |model| {
             FakeRuntime::new(&request.model_dir, model)
         })?;
+        let info = engine.info();
+        if info.decode_bytes_per_token.is_none_or(|bytes| bytes <= info.weight_bytes) {
+            return Err(SeamError::Backend(format!(
+                "decode reads the weights and the cache, yet {:?} bytes per token for {} bytes of weights",
+                info.decode_bytes_per_token, info.weight_bytes
+            )));
+        }
         Ok(Arc::new(engine))
     }
 }

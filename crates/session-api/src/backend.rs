@@ -223,6 +223,10 @@ pub struct EngineInfo {
     pub load_time: Duration,
     /// Bytes of weights resident on the device.
     pub weight_bytes: u64,
+    /// Bytes one decode step reads from device memory, where the backend knows it: the resident
+    /// weights it multiplies by (an untied embedding table is only gathered from) and the KV cache
+    /// it attends over. With tokens per second it gives the memory bandwidth decode reaches.
+    pub decode_bytes_per_token: Option<u64>,
 }
 
 /// A loaded model: its weights, held once, shared by all of its sessions.
@@ -237,6 +241,13 @@ pub trait Engine: Send + Sync {
 
     /// Capabilities with the loaded model's limits filled in.
     fn capabilities(&self) -> Capabilities;
+
+    /// The device's memory bandwidth in bytes per second (bytes read plus bytes written), measured
+    /// now by a copy on the device itself, for benchmarks to say what fraction of it decode
+    /// reaches. `None` where the backend has no such probe.
+    fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
+        Ok(None)
+    }
 
     /// The raw steps of a new, empty sequence. `options` have already been checked against
     /// [`Engine::capabilities`]; sampling happens above the backend, so most backends ignore them.

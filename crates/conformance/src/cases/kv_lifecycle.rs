@@ -274,7 +274,8 @@ fn fork(ctx: &CaseContext<'_>) -> Checked<Verdict> {
 
 /// Context cap requested for the capacity case: small, so filling it is quick, and off any
 /// power-of-two bucket.
-const CAPACITY_CAP: usize = 96;
+/// The context of the capacity case's second load (a cap below the default).
+pub const CAPACITY_CAP: usize = 96;
 
 fn context_capacity(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let request = LoadRequest { max_context: Some(CAPACITY_CAP), ..ctx.request.clone() };

@@ -1,0 +1,65 @@
+#!/usr/bin/env bash
+# Builds, on this machine, everything a GPU machine needs to prove seam's CUDA backends and that it
+# cannot build itself (it has no Rust toolchain, no IREE compiler and no package registry), into
+# the git-ignored folder gpu-bundle/:
+#   bin/seam        a stripped release build with the `cuda` feature (iree-cuda and pjrt-cuda);
+#   cache/iree/     the IREE CUDA modules of the conformance suite's tiny models (every context the
+#                   suite loads them with, embedding graphs included) and of the Llama-3.2-1B shape
+#                   (fp16 and int4 token graphs, the context `seam bench` loads with), compiled ahead
+#                   with `seam compile` for $SEAM_IREE_CUDA_TARGET (default sm_89: IREE 3.13 has no
+#                   sm_90 target, and an H100's driver compiles sm_89 PTX);
+#   run.sh          the run script (scripts/gpu/run.sh).
+# On the GPU machine: `gpu-bundle/run.sh` (OUT names the folder for the reports). With the device
+# tool: carry gpu-bundle and run `gpu-bundle/run.sh`. Idempotent: a second run rebuilds only what
+# changed (the module cache is reused).
+#
+# `--dry-run` then runs the same script here on the CPU backends (iree-cpu and pjrt-cpu instead of
+# the CUDA ones), to check it end to end without a GPU.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+BUNDLE="$PWD/gpu-bundle"
+step() { printf '\n== %s\n' "$*" >&2; }
+
+step "build prerequisites (cmake, libclang, CUDA headers and libdevice)"
+# shellcheck source=scripts/build-prereqs.sh
+source scripts/build-prereqs.sh
+# shellcheck source=scripts/cuda-prereqs.sh
+source scripts/cuda-prereqs.sh
+
+step "release build of seam with the cuda feature"
+cargo build --release -p cli --features cuda
+mkdir -p "$BUNDLE/bin" "$BUNDLE/cache"
+strip -o "$BUNDLE/bin/seam.tmp" target/release/seam && mv "$BUNDLE/bin/seam.tmp" "$BUNDLE/bin/seam"
+cp scripts/gpu/run.sh "$BUNDLE/run.sh"
+chmod +x "$BUNDLE/run.sh"
+
+step "IREE CUDA modules, compiled ahead (${SEAM_IREE_CUDA_TARGET:=sm_89})"
+export SEAM_IREE_CUDA_TARGET
+SEAM="$BUNDLE/bin/seam"
+# Only the config of a model decides its graphs: the 1B shape is written with random weights, read
+# for its config, and removed.
+shape_dir=$(mktemp -d)
+trap 'rm -rf "$shape_dir"' EXIT
+"$SEAM" synth-model --shape llama-3.2-1b --out "$shape_dir/l1b" >/dev/null
+"$SEAM" synth-model --shape tiny --out "$shape_dir/tiny" >/dev/null
+# The modules go to the bundle's own cache folder, nothing else of it (SEAM_CACHE_DIR moves only
+# the compiled-graph caches).
+SEAM_CACHE_DIR="$BUNDLE/cache" "$SEAM" compile --backend iree-cuda --conformance-models
+# The bench models (run.sh benches with a context of 2048), token graphs only.
+SEAM_CACHE_DIR="$BUNDLE/cache" "$SEAM" compile --backend iree-cuda --model "$shape_dir/l1b" \
+  --model "$shape_dir/tiny" --max-context 2048 --token-graphs-only
+rm -rf "$BUNDLE/cache/pjrt"
+
+size=$(du -sm "$BUNDLE" | cut -f1)
+step "gpu-bundle: ${size} MiB (the device tool carries at most 64 MiB with the working tree)"
+if [ "$size" -ge 60 ]; then
+  echo "gpu-bundle is ${size} MiB, over the 60 MiB it must fit in" >&2
+  exit 1
+fi
+
+if [ "${1:-}" = "--dry-run" ]; then
+  step "dry run of run.sh on the CPU backends"
+  dry_out=$(mktemp -d)
+  SEAM_GPU_DRY_RUN=1 OUT="$dry_out" "$BUNDLE/run.sh"
+  echo "dry-run reports in $dry_out" >&2
+fi

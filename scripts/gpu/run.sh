@@ -1,0 +1,108 @@
+#!/usr/bin/env bash
+# The GPU proof, run on a machine with an NVIDIA GPU from the bundle scripts/gpu-bundle.sh builds
+# (this file is copied there as run.sh). It needs nothing but the bundle, the GPU's driver and, for
+# pjrt-cuda, a CUDA PJRT plugin already installed on the machine (JAX's jax-cuda12/13-pjrt, or
+# OpenXLA's xla-cuda12-pjrt), which seam finds in python3's site-packages.
+#
+# It runs `seam backends`, the conformance suite on pjrt-cuda and iree-cuda (parity against the
+# reference backend on this machine's CPU; the tiny models are generated here, deterministically),
+# and `seam bench` on a Llama-3.2-1B-shaped model in fp16 and int4, and writes to $OUT:
+#   log.txt                          everything the commands printed;
+#   conformance-{pjrt,iree}-cuda.json the suite's reports;
+#   bench-cuda.json                  the benchmark report of both backends (one process, so that
+#                                    a backend without a bandwidth probe uses the other's figure);
+#   bench-tiny.json                  the same on a tiny model: the per-step cost that is not
+#                                    moving weights (launches, host round trips);
+#   xla-kernels.txt                  the kernels XLA made of each pjrt-cuda graph of the tiny run;
+#   summary.txt                      the verdict lines and the bench tables.
+# The suite runs with the f16 tolerances: both backends keep f16 weights and an f16 KV cache on a
+# GPU (and XLA's GPU dots may use TF32), as on the CPU, where the in-tree suites use the same preset.
+# Each step has a time limit so the whole fits in ten minutes; a step that fails is reported and
+# the next one still runs. SEAM_GPU_DRY_RUN=1 runs the same steps on iree-cpu and pjrt-cpu (with a
+# tiny bench model), to check the script on a machine without a GPU.
+set -uo pipefail
+BUNDLE="$(cd "$(dirname "$0")" && pwd)"
+OUT="${OUT:-$BUNDLE/out}"
+mkdir -p "$OUT"
+SEAM="$BUNDLE/bin/seam"
+LOG="$OUT/log.txt"
+: >"$LOG"
+WORK="$(mktemp -d)"
+export SEAM_HOME="$WORK/home"
+
+if [ "${SEAM_GPU_DRY_RUN:-}" = 1 ]; then
+  device=cpu shape=tiny bench_args=(--prompt-lengths 16,64 --decode-tokens 16 --repeats 2)
+  tiny_args=(--prompt-lengths 16 --decode-tokens 16 --repeats 2)
+else
+  device=cuda shape=llama-3.2-1b bench_args=(--prompt-lengths 16,128,512 --decode-tokens 64 --repeats 3)
+  tiny_args=(--prompt-lengths 16 --decode-tokens 64 --repeats 3)
+  # No compiler here: the IREE modules come from the bundle's cache, compiled ahead.
+  export SEAM_CACHE_DIR="$BUNDLE/cache" SEAM_IREE_COMPILER=none
+fi
+
+# step NAME LIMIT_S COMMAND...: runs and logs one step; its status goes to the summary.
+status_lines=()
+step() {
+  local name=$1 limit=$2
+  shift 2
+  printf '\n== %s (limit %ss): %s\n' "$name" "$limit" "$*" >>"$LOG"
+  local started=$SECONDS
+  timeout "$limit" "$@" >>"$LOG" 2>&1
+  local rc=$?
+  local verdict="ok"
+  [ $rc -eq 124 ] && verdict="TIMED OUT"
+  [ $rc -ne 0 ] && [ $rc -ne 124 ] && verdict="FAILED (exit $rc)"
+  status_lines+=("$(printf '%-28s %-16s %4ss' "$name" "$verdict" $((SECONDS - started)))")
+  printf '== %s: %s after %ss\n' "$name" "$verdict" $((SECONDS - started)) >>"$LOG"
+}
+
+{
+  echo "== machine"
+  uname -a
+  nvidia-smi --query-gpu=name,memory.total,driver_version,compute_cap --format=csv 2>&1 || true
+  echo "python3: $(command -v python3)"
+  echo "CUDA PJRT plugins installed (for the record; seam does its own search):"
+  python3 - <<'PY' 2>&1 || true
+import glob, site
+for folder in site.getsitepackages():
+    for name in ("jax_plugins/*/*.so", "xla_plugins/*/*.so"):
+        for path in glob.glob(f"{folder}/{name}"):
+            print("  ", path)
+PY
+} >>"$LOG" 2>&1
+
+step "seam backends" 60 "$SEAM" backends
+for backend in pjrt iree; do
+  step "conformance $backend-$device" 150 "$SEAM" conformance --backend "$backend-$device" --precision f16 \
+    --real-model skip --json "$OUT/conformance-$backend-$device.json"
+done
+step "synth-model $shape" 60 "$SEAM" synth-model --shape "$shape" --out "$WORK/bench-model"
+step "bench $shape" 330 "$SEAM" bench --backend "pjrt-$device" --backend "iree-$device" --model "$WORK/bench-model" \
+  --no-cold "${bench_args[@]}" --json "$OUT/bench-$device.json"
+step "synth-model tiny" 30 "$SEAM" synth-model --shape tiny --out "$WORK/tiny-model"
+# XLA writes each graph it compiles, after optimization: the kernels a step launches.
+step "bench tiny" 90 env XLA_FLAGS="--xla_dump_to=$WORK/xla --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=^$" \
+  "$SEAM" bench --backend "pjrt-$device" --backend "iree-$device" --model "$WORK/tiny-model" --no-cold \
+  "${tiny_args[@]}" --json "$OUT/bench-tiny.json"
+for f in "$WORK"/xla/*after_optimizations.txt; do
+  [ -f "$f" ] || continue
+  entry=$(awk '/^ENTRY/{p=1} p&&/^}/{exit} p' "$f")
+  printf '%-70s fusions %4d  custom-calls %4d  copies %3d  while %2d\n' "$(basename "$f")" \
+    "$(grep -c ' fusion(' <<<"$entry")" "$(grep -c 'custom-call(' <<<"$entry")" \
+    "$(grep -c ' copy(' <<<"$entry")" "$(grep -c ' while(' <<<"$entry")"
+done >"$OUT/xla-kernels.txt" 2>&1
+
+{
+  echo "seam GPU proof, $(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo 'no GPU (dry run)')"
+  echo
+  printf '%s\n' "${status_lines[@]}"
+  echo
+  # The suite's matrix and the bench tables, as the commands printed them.
+  grep -E '^(case|backend|pjrt|iree|reference|[a-z]+\.[a-z_]+ |.*(FAIL|pass|unsupported) |.*memory bandwidth)' "$LOG" \
+    | grep -v '^  ' || true
+  echo
+  echo "kernels per pjrt graph (tiny model):"
+  grep -E 'decode|prefill' "$OUT/xla-kernels.txt" | head -20
+} >"$OUT/summary.txt"
+rm -rf "$WORK"
+cat "$OUT/summary.txt"
