@@ -166,12 +166,18 @@ fn load_engine(request: &LoadRequest) -> Result<IreeEngine> {
         // eerie exposes no way to size the local-task driver's worker pool.
         graph_engine::refuse_thread_count(BACKEND_NAME, request, "the local-task driver")?;
     }
-    let settings = device.default_settings().with_request(BACKEND_NAME, request, "SEAM_IREE")?;
-    let flags = device.compile_flags()?;
+    let (settings, flags) = settings_and_flags(device, request)?;
     let compiler = compiler::choose_compiler()?;
     graph_engine::load_engine(BACKEND_NAME, device.id(), request, settings, |model| {
         IreeRuntime::new(device, compiler, flags, model)
     })
+}
+
+/// The graph settings of `request` on `device` and the compiler flags of its modules: the same for
+/// a load and for compiling ahead, so that both key the module cache alike.
+fn settings_and_flags(device: IreeDevice, request: &LoadRequest) -> Result<(GraphSettings, Vec<String>)> {
+    let settings = device.default_settings().with_request(BACKEND_NAME, request, "SEAM_IREE")?;
+    Ok((settings, device.compile_flags()?))
 }
 
 /// Compiles every module a load of `request` may need (the token graphs, and the embedding graph
@@ -182,8 +188,7 @@ fn load_engine(request: &LoadRequest) -> Result<IreeEngine> {
 /// `embeddings` false only the token graphs are compiled (what token prompts need).
 pub fn compile_ahead(request: &LoadRequest, embeddings: bool) -> Result<CompileReport> {
     let device = IreeDevice::from_id(request.device.as_deref().unwrap_or("cpu"))?;
-    let settings = device.default_settings().with_request(BACKEND_NAME, request, "SEAM_IREE")?;
-    let flags = device.compile_flags()?;
+    let (settings, flags) = settings_and_flags(device, request)?;
     let compiler = compiler::choose_compiler()?;
     if compiler == CompilerChoice::CachedOnly {
         return Err(IreeError::CompilerMissing(format!(
@@ -193,15 +198,16 @@ pub fn compile_ahead(request: &LoadRequest, embeddings: bool) -> Result<CompileR
         ))
         .into());
     }
-    let mut plan = graph_engine::plan_graphs(request, settings)?;
+    let plan = graph_engine::plan_graphs(request, settings)?;
+    let mut groups = plan.groups();
     if !embeddings {
-        plan.groups.truncate(1);
+        groups.truncate(1);
     }
     let mut total = CompileReport::default();
-    for (done, group) in plan.groups.iter().enumerate() {
-        request.report("compiling graphs", done as u64, Some(plan.groups.len() as u64));
+    for (done, group) in groups.iter().enumerate() {
+        request.report("compiling graphs", done as u64, Some(groups.len() as u64));
         total += runtime::compile_graphs(&compiler, &flags, &plan.config, &plan.options, group, |_| Ok(()))?;
     }
-    request.report("compiling graphs", plan.groups.len() as u64, Some(plan.groups.len() as u64));
+    request.report("compiling graphs", groups.len() as u64, Some(groups.len() as u64));
     Ok(total)
 }

@@ -84,8 +84,15 @@ fn site_packages() -> Vec<PathBuf> {
     out
 }
 
-/// The site-packages folders of the `python3` on the `PATH`, if there is one.
+/// The site-packages folders of the `python3` on the `PATH`, if there is one. Asked once per
+/// process: every availability check searches, and starting Python each time would cost more
+/// than the rest of the search.
 fn python_site_packages() -> Vec<PathBuf> {
+    static FOLDERS: std::sync::OnceLock<Vec<PathBuf>> = std::sync::OnceLock::new();
+    FOLDERS.get_or_init(ask_python_site_packages).clone()
+}
+
+fn ask_python_site_packages() -> Vec<PathBuf> {
     let script = "import site; print('\\n'.join(site.getsitepackages() + [site.getusersitepackages()]))";
     let output = std::process::Command::new("python3").args(["-c", script]).env_remove("PYTHONPATH").output();
     match output {

@@ -98,7 +98,7 @@ struct DecodeMemory {
     bytes_per_token: u64,
     /// `bytes_per_token` times the median decode rate.
     achieved_bytes_per_s: f64,
-    /// The device's bandwidth from a copy probe on it (read plus written bytes per second).
+    /// The device's bandwidth from a probe on it (`Engine::measure_memory_bandwidth`).
     device_bytes_per_s: Option<f64>,
     /// The backend whose engine ran the probe (another backend's, on the same device id in this
     /// run, where this one has no probe).
@@ -275,7 +275,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let formats = if args.formats.is_empty() { WeightFormat::ALL.to_vec() } else { args.formats.clone() };
 
     let mut results = Vec::new();
-    // Device id -> (bandwidth from a copy probe, the backend that measured it).
+    // Device id -> (bandwidth from a probe on the device, the backend that measured it).
     let mut probes: std::collections::HashMap<String, (f64, String)> = Default::default();
     for name in &backends {
         let backend = find_backend(name)?;
@@ -402,7 +402,7 @@ fn print_table(results: &[BenchResult]) {
     println!(
         "(medians of the repeats; prefill in tokens/s; MB/token: bytes a decode step reads; %bw: MB/token x decode t/s"
     );
-    println!(" over the device's bandwidth from a copy probe on it; min and every figure in --json)");
+    println!(" over the device's bandwidth from a probe on it; min and every figure in --json)");
 }
 
 #[cfg(test)]

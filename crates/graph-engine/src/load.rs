@@ -115,26 +115,43 @@ pub struct LoadedModel<'a> {
     pub options: &'a GraphOptions,
 }
 
-/// The graphs a load of `request` with `settings` would compile, known without reading the
-/// weights: for compiling ahead of time, on a machine that has the compiler but not the device.
+/// The graphs a load of `request` with `settings` compiles: known from the model's config alone,
+/// so that a machine with the compiler but not the device can compile them ahead of time.
 #[derive(Debug, Clone)]
 pub struct GraphPlan {
     pub config: LlamaConfig,
     pub options: GraphOptions,
-    /// [`graph_groups`] of the request's context.
-    pub groups: Vec<Vec<GraphSpec>>,
+    /// Prefill buckets of the token graphs (decode is the one-row graph).
+    pub buckets: Vec<usize>,
+}
+
+impl GraphPlan {
+    /// The plan of a model of `config` loaded by `request` with `settings`.
+    fn new(config: LlamaConfig, request: &LoadRequest, settings: GraphSettings) -> GraphPlan {
+        let options = settings.options(&config, request.max_context, request.weights);
+        let buckets = buckets_for_context(options.max_context);
+        GraphPlan { config, options, buckets }
+    }
+
+    /// [`graph_groups`] of the plan's buckets: the token graphs first, then each embedding graph.
+    pub fn groups(&self) -> Vec<Vec<GraphSpec>> {
+        graph_groups(&self.buckets)
+    }
+}
+
+/// A context of zero is the caller's mistake, refused before any file is read.
+fn check_context(request: &LoadRequest) -> Result<()> {
+    match request.max_context {
+        Some(0) => Err(SeamError::InvalidInput("max_context must be at least 1".into())),
+        _ => Ok(()),
+    }
 }
 
 /// The [`GraphPlan`] of `request` with `settings` (the model's config alone is read).
 pub fn plan_graphs(request: &LoadRequest, settings: GraphSettings) -> Result<GraphPlan> {
-    if request.max_context == Some(0) {
-        return Err(SeamError::InvalidInput("max_context must be at least 1".into()));
-    }
+    check_context(request)?;
     let dir = ModelDir::open(&request.model_dir)?;
-    let config = dir.config().clone();
-    let options = settings.options(&config, request.max_context, request.weights);
-    let groups = graph_groups(&buckets_for_context(options.max_context));
-    Ok(GraphPlan { config, options, groups })
+    Ok(GraphPlan::new(dir.config().clone(), request, settings))
 }
 
 /// A graph error as the contract's error: bad options are the caller's, the rest the model's.
@@ -159,17 +176,13 @@ pub fn load_engine<R: GraphRuntime>(
     settings: GraphSettings,
     make_runtime: impl FnOnce(LoadedModel<'_>) -> Result<R>,
 ) -> Result<GraphEngine<R>> {
-    if request.max_context == Some(0) {
-        return Err(SeamError::InvalidInput("max_context must be at least 1".into()));
-    }
+    check_context(request)?;
     let started = Instant::now();
     let dir = ModelDir::open(&request.model_dir)?;
     let report_read = |done: u64, total: u64| request.report("reading weights", done, Some(total));
     let weights = load_weights(&request.model_dir, request.weights, Some(&report_read))?;
-    let config = weights.config.clone();
-    let options = settings.options(&config, request.max_context, request.weights);
+    let GraphPlan { config, options, buckets } = GraphPlan::new(weights.config.clone(), request, settings);
     let runtime = make_runtime(LoadedModel { config: &config, options: &options })?;
-    let buckets = buckets_for_context(options.max_context);
     let graphs = token_graphs(&buckets);
 
     let compiling = "compiling graphs (cached after the first load)";

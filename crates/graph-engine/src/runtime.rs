@@ -79,7 +79,7 @@ pub trait GraphRuntime: Send + Sync + 'static {
     /// Runs `call` on `cache`, updating it.
     fn execute(&self, cache: &mut Self::Cache, call: &GraphCall) -> Result<GraphOutput>;
 
-    /// The device's memory bandwidth from a copy probe on it ([`session_api::Engine::measure_memory_bandwidth`]);
+    /// The device's memory bandwidth from a probe on it ([`session_api::Engine::measure_memory_bandwidth`]);
     /// `None` where the runtime has no probe.
     fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
         Ok(None)

@@ -242,8 +242,8 @@ pub trait Engine: Send + Sync {
     /// Capabilities with the loaded model's limits filled in.
     fn capabilities(&self) -> Capabilities;
 
-    /// The device's memory bandwidth in bytes per second (bytes read plus bytes written), measured
-    /// now by a copy on the device itself, for benchmarks to say what fraction of it decode
+    /// The device's memory bandwidth in bytes per second, measured now by a probe on the device
+    /// itself (bytes moved by a copy or a reduction over a large array), for benchmarks to say what fraction of it decode
     /// reaches. `None` where the backend has no such probe.
     fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
         Ok(None)
