@@ -1,0 +1,134 @@
+//! Microbenchmark: the kernels' read rate against the machine's read bandwidth.
+//!
+//! `cargo bench -p cpu-kernels [-- --quick]`. For each matrix shape it cycles through enough
+//! copies of the matrix to exceed the last-level cache (so the weights come from memory, as in a
+//! decode step), times one-token products, and prints bytes read per second and the fraction of a
+//! read probe: the best of several parallel sums over a 512 MiB buffer on the same pool.
+
+use cpu_kernels::pool::Pool;
+use cpu_kernels::{attention_decode, matmul_f16, matmul_int4, AttentionShape, F16Matrix, Int4Matrix, Isa, GROUP_SIZE};
+use std::hint::black_box;
+use std::time::Instant;
+
+const WORKING_SET: usize = 512 << 20;
+
+fn probe(pool: &Pool) -> f64 {
+    let data = vec![1.0f32; WORKING_SET / 4];
+    let tasks = pool.threads() * 8;
+    let chunk = data.len().div_ceil(tasks);
+    let mut best = 0.0f64;
+    for _ in 0..5 {
+        let start = Instant::now();
+        let sums: Vec<std::sync::atomic::AtomicU32> = (0..tasks).map(|_| Default::default()).collect();
+        pool.run(tasks, &|t| {
+            let part = &data[(t * chunk).min(data.len())..((t + 1) * chunk).min(data.len())];
+            // Eight independent sums so the adds do not serialize on one register.
+            let mut acc = [0.0f32; 8];
+            for c in part.chunks_exact(8) {
+                for i in 0..8 {
+                    acc[i] += c[i];
+                }
+            }
+            sums[t].store(acc.iter().sum::<f32>().to_bits(), std::sync::atomic::Ordering::Relaxed);
+        });
+        let secs = start.elapsed().as_secs_f64();
+        black_box(&sums);
+        best = best.max(WORKING_SET as f64 / secs);
+    }
+    best
+}
+
+fn time<F: FnMut(usize)>(copies: usize, mut f: F) -> f64 {
+    for i in 0..copies {
+        f(i);
+    }
+    let mut best = f64::MAX;
+    for _ in 0..3 {
+        let start = Instant::now();
+        for i in 0..copies {
+            f(i);
+        }
+        best = best.min(start.elapsed().as_secs_f64() / copies as f64);
+    }
+    best
+}
+
+fn main() {
+    let quick = std::env::args().any(|a| a == "--quick");
+    let pool = Pool::global();
+    let bandwidth = probe(pool);
+    println!("threads {}, paths {:?}", pool.threads(), Isa::supported().iter().map(|i| i.name()).collect::<Vec<_>>());
+    println!("read probe: {:.1} GB/s", bandwidth / 1e9);
+    let shapes: &[(&str, usize, usize)] = if quick {
+        &[("smollm2 mlp up", 1536, 576)]
+    } else {
+        &[
+            ("smollm2 mlp up", 1536, 576),
+            ("smollm2 mlp down", 576, 1536),
+            ("smollm2 lm head", 49152, 576),
+            ("1b mlp up", 8192, 2048),
+            ("1b mlp down", 2048, 8192),
+        ]
+    };
+    println!("{:<18} {:>12} {:>10} {:>10} {:>8}", "shape [N x K]", "kernel", "us/call", "GB/s", "of probe");
+    for &(name, n, k) in shapes {
+        let x: Vec<f32> = (0..k).map(|i| (i % 7) as f32 * 0.1).collect();
+        let mut out = vec![0.0f32; n];
+        let f16_bytes = n * k * 2;
+        let copies = (WORKING_SET / f16_bytes).max(2);
+        let f16s: Vec<Vec<u16>> = (0..copies).map(|c| vec![0x3c00u16 + c as u16; n * k]).collect();
+        for isa in Isa::supported() {
+            let secs = time(copies, |i| {
+                let w = F16Matrix { rows: n, cols: k, data: &f16s[i] };
+                matmul_f16(isa, pool, &x, 1, w, &mut out).unwrap();
+            });
+            report(name, n, k, &format!("f16 {}", short(isa)), secs, f16_bytes, bandwidth);
+        }
+        drop(f16s);
+        let groups = k / GROUP_SIZE;
+        let int4_bytes = n * k / 2 + 4 * n * groups;
+        let copies = (WORKING_SET / int4_bytes).max(2);
+        let mats: Vec<(Vec<u8>, Vec<u16>, Vec<u16>)> = (0..copies)
+            .map(|c| (vec![c as u8; n * k / 2], vec![0x2c00; n * groups], vec![0xb000; n * groups]))
+            .collect();
+        for isa in Isa::supported() {
+            let secs = time(copies, |i| {
+                let (p, s, b) = &mats[i];
+                let w = Int4Matrix { rows: n, cols: k, packed: p, scales: s, biases: b };
+                matmul_int4(isa, pool, &x, 1, w, &mut out).unwrap();
+            });
+            report(name, n, k, &format!("int4 {}", short(isa)), secs, int4_bytes, bandwidth);
+        }
+    }
+    // Attention of one step at a few fill levels of a 2048-position f32 cache (SmolLM2's heads).
+    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, capacity: 2048 };
+    let q = vec![0.1f32; 9 * 64];
+    let keys = vec![0.01f32; 3 * 64 * 2048];
+    let values = vec![0.02f32; 3 * 2048 * 64];
+    let mut out = vec![0.0f32; 9 * 64];
+    for len in [16usize, 256, 2048] {
+        let secs = time(200, |_| {
+            attention_decode(Isa::best(), pool, shape, &q, &keys, &values, len, &mut out).unwrap();
+        });
+        println!("attention 9/3 heads x 64, {len:>4} of 2048 positions: {:>8.1} us", secs * 1e6);
+    }
+}
+
+fn short(isa: Isa) -> &'static str {
+    match isa {
+        Isa::Scalar => "scalar",
+        Isa::Avx2 => "avx2",
+    }
+}
+
+fn report(name: &str, n: usize, k: usize, kernel: &str, secs: f64, bytes: usize, bandwidth: f64) {
+    let rate = bytes as f64 / secs;
+    println!(
+        "{:<18} {:>12} {:>10.1} {:>10.1} {:>7.0}%   [{n} x {k}]",
+        name,
+        kernel,
+        secs * 1e6,
+        rate / 1e9,
+        100.0 * rate / bandwidth
+    );
+}

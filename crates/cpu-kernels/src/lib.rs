@@ -1,0 +1,52 @@
+//! # cpu-kernels: the decode hot loops, written once for every CPU runtime
+//!
+//! A decode step of a small language model is a chain of matrix-vector products whose cost is the
+//! bytes of the weights, plus attention over the cached positions. Compilers that see these as
+//! generic dots widen the stored weights first (XLA's CPU backend holds f16 as f32 and
+//! materializes dequantized int4 matrices), so they read two to seven times the bytes the model
+//! holds. These kernels read the weights as stored and widen them in registers:
+//!
+//! - [`matmul_f16`]: `y = x W^T` for f16 `W` `[N, K]` and f32 `x` `[T, K]`;
+//! - [`matmul_int4`]: the same for seam's int4 format (ADR 0002: groups of 32 along `K`, an f16
+//!   scale and bias per group, element `2i` in the low nibble);
+//! - [`attention_decode`]: one query position against the first `len` positions of a KV cache in
+//!   seam's layout (keys `[KVH, D, C]`, values `[KVH, C, D]`), grouped-query heads included.
+//!
+//! Every kernel has a plain scalar definition ([`scalar`]) that the tests hold the fast paths to,
+//! and picks its instruction set at run time ([`Isa`]). Work is split over a persistent pool of
+//! workers ([`pool`]) with no allocation per call.
+//!
+//! The reference backend does not use these kernels: it stays the readable oracle they are tested
+//! against (through the backends that call them).
+
+mod attention;
+mod isa;
+mod matmul;
+pub mod pool;
+pub mod scalar;
+
+pub use attention::{attention_decode, AttentionShape};
+pub use isa::Isa;
+pub use matmul::{matmul_f16, matmul_int4, F16Matrix, Int4Matrix, GROUP_SIZE};
+
+use std::fmt;
+
+/// A kernel's arguments do not describe each other (lengths disagree with the shape).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct ShapeError(pub String);
+
+impl fmt::Display for ShapeError {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        write!(f, "kernel arguments disagree: {}", self.0)
+    }
+}
+
+impl std::error::Error for ShapeError {}
+
+fn check_len(what: &str, actual: usize, expected: usize) -> Result<(), ShapeError> {
+    if actual == expected {
+        Ok(())
+    } else {
+        Err(ShapeError(format!("{what} has {actual} elements, the shape needs {expected}")))
+    }
+}

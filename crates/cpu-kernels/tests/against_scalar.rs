@@ -1,0 +1,161 @@
+//! Every instruction-set path this machine has, held to the scalar definitions, on sizes that
+//! leave remainders everywhere (odd row counts, columns off the vector width, one token and many).
+
+use cpu_kernels::pool::Pool;
+use cpu_kernels::{
+    attention_decode, matmul_f16, matmul_int4, scalar, AttentionShape, F16Matrix, Int4Matrix, Isa, GROUP_SIZE,
+};
+use half::f16;
+
+/// A small deterministic generator (xorshift), so failures reproduce.
+struct Rng(u64);
+impl Rng {
+    fn next(&mut self) -> u64 {
+        self.0 ^= self.0 << 13;
+        self.0 ^= self.0 >> 7;
+        self.0 ^= self.0 << 17;
+        self.0
+    }
+    fn f32(&mut self) -> f32 {
+        (self.next() % 20001) as f32 / 10000.0 - 1.0
+    }
+    fn f16_bits(&mut self, scale: f32) -> u16 {
+        f16::from_f32(self.f32() * scale).to_bits()
+    }
+}
+
+fn close(a: f32, b: f32, magnitude: f32) -> bool {
+    (a - b).abs() <= 1e-5 * magnitude.max(1.0)
+}
+
+#[test]
+fn matmul_f16_matches_scalar_on_every_path() {
+    let mut rng = Rng(7);
+    for pool in [Pool::new(1), Pool::new(3)] {
+        for &(n, k, tokens) in &[(1, 1, 1), (5, 7, 1), (33, 40, 2), (17, 576, 1), (100, 131, 3), (64, 1536, 1)] {
+            let w: Vec<u16> = (0..n * k).map(|_| rng.f16_bits(1.0)).collect();
+            let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
+            for isa in Isa::supported() {
+                let mut out = vec![f32::NAN; tokens * n];
+                matmul_f16(isa, &pool, &x, tokens, F16Matrix { rows: n, cols: k, data: &w }, &mut out).unwrap();
+                for t in 0..tokens {
+                    for row in 0..n {
+                        let want = scalar::dot_f16(&x[t * k..(t + 1) * k], &w[row * k..(row + 1) * k]);
+                        let got = out[t * n + row];
+                        assert!(close(got, want, k as f32), "{isa:?} f16 [{n}x{k}] t{t} row {row}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn matmul_int4_matches_scalar_on_every_path() {
+    let mut rng = Rng(11);
+    for pool in [Pool::new(1), Pool::new(2)] {
+        for &(n, k, tokens) in &[(1, 32, 1), (3, 64, 2), (19, 288, 1), (50, 576, 1), (7, 1536, 4), (129, 96, 1)] {
+            let groups = k / GROUP_SIZE;
+            let packed: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
+            let scales: Vec<u16> = (0..n * groups).map(|_| rng.f16_bits(0.1)).collect();
+            let biases: Vec<u16> = (0..n * groups).map(|_| rng.f16_bits(0.5)).collect();
+            let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
+            let w = Int4Matrix { rows: n, cols: k, packed: &packed, scales: &scales, biases: &biases };
+            for isa in Isa::supported() {
+                let mut out = vec![f32::NAN; tokens * n];
+                matmul_int4(isa, &pool, &x, tokens, w, &mut out).unwrap();
+                for t in 0..tokens {
+                    for row in 0..n {
+                        let want = scalar::dot_int4(
+                            &x[t * k..(t + 1) * k],
+                            &packed[row * k / 2..(row + 1) * k / 2],
+                            &scales[row * groups..(row + 1) * groups],
+                            &biases[row * groups..(row + 1) * groups],
+                            GROUP_SIZE,
+                        );
+                        let got = out[t * n + row];
+                        assert!(close(got, want, k as f32), "{isa:?} int4 [{n}x{k}] t{t} row {row}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn int4_scalar_definition_is_the_format() {
+    // One group: q = 0..15 twice, element 2i in the low nibble; scale 0.5, bias -1.
+    let packed: Vec<u8> = (0..16).map(|i| ((2 * i) % 16) as u8 | ((((2 * i + 1) % 16) as u8) << 4)).collect();
+    let (s, b) = (f16::from_f32(0.5).to_bits(), f16::from_f32(-1.0).to_bits());
+    for e in 0..32 {
+        let mut x = vec![0.0f32; 32];
+        x[e] = 1.0;
+        let want = 0.5 * (e % 16) as f32 - 1.0;
+        assert_eq!(scalar::dot_int4(&x, &packed, &[s], &[b], 32), want, "element {e}");
+        for isa in Isa::supported() {
+            let mut out = [0.0f32];
+            let w = Int4Matrix { rows: 1, cols: 32, packed: &packed, scales: &[s], biases: &[b] };
+            matmul_int4(isa, &Pool::new(1), &x, 1, w, &mut out).unwrap();
+            assert_eq!(out[0], want, "{isa:?} element {e}");
+        }
+    }
+}
+
+#[test]
+fn attention_matches_scalar_and_reads_only_the_filled_span() {
+    let mut rng = Rng(3);
+    let pool = Pool::new(2);
+    for &(heads, kv_heads, d, c, len) in
+        &[(1, 1, 4, 8, 1), (9, 3, 64, 100, 37), (4, 2, 16, 64, 64), (32, 8, 64, 300, 250)]
+    {
+        let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
+        let q: Vec<f32> = (0..heads * d).map(|_| rng.f32()).collect();
+        let mut keys: Vec<f32> = (0..kv_heads * d * c).map(|_| rng.f32()).collect();
+        let mut values: Vec<f32> = (0..kv_heads * c * d).map(|_| rng.f32()).collect();
+        // Positions past `len` hold NaN: reading any of them would poison the result.
+        for kvh in 0..kv_heads {
+            for j in 0..d {
+                keys[kvh * d * c + j * c + len..kvh * d * c + (j + 1) * c].fill(f32::NAN);
+            }
+            values[kvh * c * d + len * d..(kvh + 1) * c * d].fill(f32::NAN);
+        }
+        let group = heads / kv_heads;
+        let mut scores = vec![0.0; len];
+        for isa in Isa::supported() {
+            let mut out = vec![f32::NAN; heads * d];
+            attention_decode(isa, &pool, shape, &q, &keys, &values, len, &mut out).unwrap();
+            for h in 0..heads {
+                let kvh = h / group;
+                let mut want = vec![0.0; d];
+                scalar::attend_one(
+                    &q[h * d..(h + 1) * d],
+                    &keys[kvh * d * c..(kvh + 1) * d * c],
+                    &values[kvh * c * d..(kvh + 1) * c * d],
+                    c,
+                    len,
+                    1.0 / (d as f32).sqrt(),
+                    &mut scores,
+                    &mut want,
+                );
+                for j in 0..d {
+                    let got = out[h * d + j];
+                    assert!(close(got, want[j], 1.0), "{isa:?} head {h} [{j}]: {got} vs {}", want[j]);
+                }
+            }
+        }
+    }
+}
+
+#[test]
+fn shapes_that_disagree_are_errors() {
+    let pool = Pool::new(1);
+    let w = [0u16; 6];
+    let mut out = [0.0f32; 2];
+    assert!(matmul_f16(Isa::Scalar, &pool, &[0.0; 4], 1, F16Matrix { rows: 2, cols: 3, data: &w }, &mut out).is_err());
+    let int4 = Int4Matrix { rows: 1, cols: 16, packed: &[0; 8], scales: &[0], biases: &[0] };
+    assert!(matmul_int4(Isa::Scalar, &pool, &[0.0; 16], 1, int4, &mut out[..1]).is_err());
+    let shape = AttentionShape { heads: 3, kv_heads: 2, head_dim: 1, capacity: 1 };
+    assert!(attention_decode(Isa::Scalar, &pool, shape, &[0.0; 3], &[0.0; 2], &[0.0; 2], 1, &mut [0.0; 3]).is_err());
+    let shape = AttentionShape { heads: 1, kv_heads: 1, head_dim: 1, capacity: 2 };
+    assert!(attention_decode(Isa::Scalar, &pool, shape, &[0.0], &[0.0; 2], &[0.0; 2], 3, &mut [0.0]).is_err());
+}
