@@ -56,6 +56,7 @@ pub const DEFAULT_SETTINGS: GraphSettings = GraphSettings {
     dense: StorageDtype::F16,
     cache: StorageDtype::F16,
     int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
+    host_kernels: None,
 };
 
 /// The defaults on a GPU: layers unrolled, no device-side loop around the layers (as pjrt does on

@@ -13,12 +13,16 @@
 //! - Weights are uploaded once per engine and shared by its sessions; each session's KV cache is
 //!   donated to every step and aliased to its output, so a step updates it in place; greedy
 //!   argmax runs on the device.
-//! - Resident precision is chosen per device: XLA's CPU backend runs f16 matrices 6-9x slower
-//!   than f32 (FACTS.md), so `pjrt-cpu` keeps fp16 models' matrices in f32 (the same values,
-//!   widened); a GPU keeps f16. int4 stays packed int4 with f16 scales everywhere.
+//! - On XLA's CPU plugin, seam's own kernels ([`host_kernels`], the `cpu-kernels` crate) run the
+//!   decode step's matrix products and attention as custom calls registered through the plugin's
+//!   FFI extension, reading f16 and int4 weights as stored ([`CPU_KERNEL_SETTINGS`]). Without
+//!   them ([`CPU_SETTINGS`]) XLA runs f16 matrices 6-9x slower than f32 (FACTS.md), so fp16
+//!   models' matrices are held in f32 (the same values, widened). A GPU keeps f16. int4 stays
+//!   packed int4 with f16 scales everywhere.
 //!
 //! Register with the binary by calling [`link`].
 
+pub mod host_kernels;
 pub mod plugin_search;
 pub mod runtime;
 
@@ -30,7 +34,7 @@ use plugin_search::FoundPlugin;
 use session_api::{
     Availability, Backend, Capabilities, DeviceInfo, DeviceKind, Engine, LoadRequest, Result, SeamError,
 };
-use stablehlo_llama::{LayerMode, StorageDtype};
+use stablehlo_llama::{HostKernels, LayerMode, StorageDtype};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -48,8 +52,24 @@ session_api::register_backend_alias!("pjrt-cuda", BACKEND_NAME, "cuda:0");
 /// Referenced by binaries so the linker keeps this crate's registration.
 pub fn link() {}
 
-/// The graph settings on a CPU (`LoadRequest::settings`, environment `SEAM_PJRT_*`, override
-/// them).
+/// The graph settings on a CPU when seam's kernels are registered with the plugin
+/// ([`host_kernels`], ADR 0011); `LoadRequest::settings` and the environment `SEAM_PJRT_*`
+/// override them (`kernels=none` falls back to [`CPU_SETTINGS`]).
+///
+/// - One-token calls run seam's kernels as custom calls: the f16 and int4 products read the
+///   weights as stored, and attention reads only the filled cache positions.
+/// - fp16 matrices held as f16, row-major (the kernels' layout); longer calls (prefill) widen
+///   them to f32 inside the graph and multiply with XLA's dots.
+/// - Layers unrolled with per-layer f32 caches, int4 dequantized in the graph for calls that do
+///   not use the kernels: as [`CPU_SETTINGS`].
+pub const CPU_KERNEL_SETTINGS: GraphSettings = GraphSettings {
+    dense: StorageDtype::F16,
+    host_kernels: Some(HostKernels { max_tokens: 1 }),
+    ..CPU_SETTINGS
+};
+
+/// The graph settings on a CPU without seam's kernels (a plugin without the FFI extension, or
+/// `kernels=none`): every product an XLA dot.
 ///
 /// - Layers unrolled, each with its own cache arguments: XLA compiles SmolLM2's unrolled graphs
 ///   in about 5 s, and inside a loop it copies each layer's slice of the stacked weights every
@@ -65,6 +85,7 @@ pub const CPU_SETTINGS: GraphSettings = GraphSettings {
     dense: StorageDtype::F32,
     cache: StorageDtype::F32,
     int4_dequantize_from: 1,
+    host_kernels: None,
 };
 
 /// The graph settings on any other device (a GPU, a vendor's accelerator): f16 matrices and cache,
@@ -74,6 +95,7 @@ pub const DEVICE_SETTINGS: GraphSettings = GraphSettings {
     dense: StorageDtype::F16,
     cache: StorageDtype::F16,
     int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
+    host_kernels: None,
 };
 
 /// The PJRT backend: the plugins found on this machine (XLA's CPU plugin as `cpu`, a CUDA plugin
@@ -219,13 +241,32 @@ impl Backend for PjrtBackend {
     }
 }
 
+/// [`CPU_KERNEL_SETTINGS`] where seam's kernels register with the plugin, else [`CPU_SETTINGS`]
+/// (with a warning, unless the request said `kernels=none`; an error if it said `kernels=seam`).
+fn cpu_defaults(client: &pjrt_runtime::Client, request: &LoadRequest) -> Result<GraphSettings> {
+    let wanted = GraphSettings::kernels_requested(request, "SEAM_PJRT")?;
+    if wanted == Some(false) {
+        return Ok(CPU_SETTINGS);
+    }
+    match host_kernels::register(client.plugin()) {
+        Ok(()) => Ok(CPU_KERNEL_SETTINGS),
+        Err(reason) if wanted == Some(true) => {
+            Err(SeamError::Unavailable { backend: BACKEND_NAME.to_string(), reason: format!("kernels=seam: {reason}") })
+        }
+        Err(reason) => {
+            eprintln!("warning: pjrt: seam's CPU kernels are not available ({reason}); every product runs as an XLA dot");
+            Ok(CPU_SETTINGS)
+        }
+    }
+}
+
 fn load_engine(target: &Target, request: &LoadRequest) -> Result<PjrtEngine> {
     let on_cpu = target.device.kind == DeviceKind::Cpu;
     if on_cpu {
         // The CPU plugin takes no option for the size of its thread pool.
         graph_engine::refuse_thread_count(BACKEND_NAME, request, "the XLA CPU client")?;
     }
-    let defaults = if on_cpu { CPU_SETTINGS } else { DEVICE_SETTINGS };
+    let defaults = if on_cpu { cpu_defaults(&target.found.client, request)? } else { DEVICE_SETTINGS };
     let settings = defaults.with_request(BACKEND_NAME, request, "SEAM_PJRT")?;
     let client = Arc::clone(&target.found.client);
     graph_engine::load_engine(BACKEND_NAME, &target.device.id, request, settings, |model| {

@@ -8,6 +8,7 @@ use llama_model::weights::names::EMBED_TOKENS;
 use llama_model::LlamaConfig;
 use session_api::{EngineInfo, LoadRequest, Result, SeamError, WeightFormat};
 use stablehlo_llama::{
+    HostKernels,
     buckets_for_context, graph_host_args, GraphError, GraphOptions, GraphSpec, LayerMode, StorageDtype,
 };
 use std::sync::{Arc, Mutex};
@@ -25,13 +26,34 @@ pub struct GraphSettings {
     pub cache: StorageDtype,
     /// From how many rows per call int4 matrices are dequantized in the graph.
     pub int4_dequantize_from: usize,
+    /// seam's CPU kernels as custom calls, for a runtime that registered them
+    /// ([`stablehlo_llama::HostKernels`]).
+    pub host_kernels: Option<HostKernels>,
 }
 
 impl GraphSettings {
     /// The keys of [`LoadRequest::settings`] a graph backend takes: `layers` (`loop`,
     /// `unrolled`, `per-layer-cache`), `dense` and `kv_cache` (`f16`, `f32`),
-    /// `int4_dequantize_from` (a row count, at least 1).
-    pub const KEYS: [&'static str; 4] = ["layers", "dense", "kv_cache", "int4_dequantize_from"];
+    /// `int4_dequantize_from` (a row count, at least 1), `kernels` (`seam` or `none`: whether
+    /// the graphs call seam's CPU kernels; only a backend that registered them accepts `seam`,
+    /// see [`GraphSettings::kernels_requested`]).
+    pub const KEYS: [&'static str; 5] = ["layers", "dense", "kv_cache", "int4_dequantize_from", "kernels"];
+
+    /// What `request` (or `{env_prefix}_KERNELS`) says of seam's CPU kernels: `Some(true)` for
+    /// `seam`, `Some(false)` for `none`, `None` when it says nothing. A backend reads this first
+    /// to pick its defaults (the kernels change the layout and precision the weights are held
+    /// in), then applies [`GraphSettings::with_request`].
+    pub fn kernels_requested(request: &LoadRequest, env_prefix: &str) -> Result<Option<bool>> {
+        let env = format!("{env_prefix}_KERNELS");
+        match request.setting("kernels", &env).as_deref() {
+            None => Ok(None),
+            Some("seam") => Ok(Some(true)),
+            Some("none") => Ok(Some(false)),
+            Some(other) => {
+                Err(SeamError::InvalidInput(format!("kernels={other} (setting or {env}): expected seam or none")))
+            }
+        }
+    }
 
     /// These settings (a backend's defaults) with what `request` sets, or else the environment
     /// variables `{env_prefix}_LAYERS`, `_DENSE`, `_KV_CACHE`, `_INT4_DEQUANTIZE_FROM`, overriding
@@ -64,6 +86,15 @@ impl GraphSettings {
         if let Some((what, value)) = get("kv_cache") {
             settings.cache = dtype(what, value)?;
         }
+        match Self::kernels_requested(request, env_prefix)? {
+            Some(true) if settings.host_kernels.is_none() => {
+                return Err(SeamError::InvalidInput(format!(
+                    "kernels=seam: {backend} has not registered seam's CPU kernels for this device"
+                )))
+            }
+            Some(false) => settings.host_kernels = None,
+            _ => {}
+        }
         if let Some((what, value)) = get("int4_dequantize_from") {
             settings.int4_dequantize_from = value
                 .parse::<usize>()
@@ -81,6 +112,7 @@ impl GraphSettings {
             dense: self.dense,
             cache: self.cache,
             int4_dequantize_from: self.int4_dequantize_from,
+            host_kernels: self.host_kernels,
             ..GraphOptions::new(max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings), format)
         }
     }

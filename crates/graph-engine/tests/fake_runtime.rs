@@ -156,6 +156,7 @@ impl Backend for FakeBackend {
             dense: StorageDtype::F32,
             cache: StorageDtype::F32,
             int4_dequantize_from: 1,
+            host_kernels: None,
         };
         let settings = settings.with_request(NAME, request, "SEAM_FAKE_GRAPH")?;
         let engine = graph_engine::load_engine(NAME, "cpu", request, settings, |model| {

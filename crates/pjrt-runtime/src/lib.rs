@@ -10,6 +10,8 @@
 //!   ([`Client::buffer_from_host`]) in every element type the graphs use, f16 included.
 //! - [`Buffer`]: device memory that stays resident until dropped; device-to-host copies.
 //! - [`LoadedExecutable`]: execution with explicit donation ([`ExecuteArg`]), serialization.
+//! - [`ffi`]: host functions registered as XLA custom-call targets through the plugin's FFI
+//!   extension ([`Plugin::register_ffi_handler`]), and the call frames they receive.
 //! - Every failure is a [`PjrtError`] carrying the plugin's message and status code.
 //!
 //! The raw bindings ([`sys`]) are generated at build time by bindgen from the `pjrt_c_api.h` the
@@ -25,6 +27,7 @@ mod client;
 mod compile_options;
 mod error;
 mod executable;
+pub mod ffi;
 mod plugin;
 
 /// The C API as bindgen generates it from the plugin's header.

@@ -103,13 +103,29 @@ impl StorageDtype {
 /// The weight arguments of every graph for `config` in `format`, in order: the tensors of
 /// `llama_model::weights::expected_tensors` (embeddings; per layer attention norm, q, k, v, o, MLP
 /// norm, gate, up, down; final norm; LM head when untied), an int4 matrix as three arguments.
-/// Dense matrices are f16; [`weight_args_with`] chooses.
+/// Dense matrices are f16 and transposed; [`weight_args_with`] chooses.
 pub fn weight_args(config: &LlamaConfig, format: WeightFormat) -> Vec<WeightArg> {
-    weight_args_with(config, format, StorageDtype::F16)
+    weight_args_with(config, format, StorageDtype::F16, DenseLayout::Transposed)
 }
 
-/// [`weight_args`] with the fp16 format's matrices uploaded as `dense`.
-pub fn weight_args_with(config: &LlamaConfig, format: WeightFormat, dense: StorageDtype) -> Vec<WeightArg> {
+/// How the fp16 format's linear weights are laid out on the device.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum DenseLayout {
+    /// `[K, M]` (transposed from Hugging Face's `[M, K]`): the layout compilers' dots read best.
+    /// An untied embedding table, only gathered by rows, stays `[vocab, hidden]`.
+    #[default]
+    Transposed,
+    /// `[M, K]` as stored: one row per output, what seam's host kernels read (ADR 0011).
+    RowMajor,
+}
+
+/// [`weight_args`] with the fp16 format's matrices uploaded as `dense`, laid out as `layout`.
+pub fn weight_args_with(
+    config: &LlamaConfig,
+    format: WeightFormat,
+    dense: StorageDtype,
+    layout: DenseLayout,
+) -> Vec<WeightArg> {
     let mut out = Vec::new();
     for spec in expected_tensors(config) {
         match spec.role {
@@ -124,7 +140,9 @@ pub fn weight_args_with(config: &LlamaConfig, format: WeightFormat, dense: Stora
                         // as a linear weight, transposed, including a tied table (the LM head: the
                         // biggest matrix of a small model; its [vocab, hidden] gemv took 10.8 ms of a
                         // 46 ms SmolLM2 decode step on IREE, about 4x its bandwidth cost).
-                        if spec.name == llama_model::weights::names::EMBED_TOKENS && !config.tie_word_embeddings {
+                        let gathered_only =
+                            spec.name == llama_model::weights::names::EMBED_TOKENS && !config.tie_word_embeddings;
+                        if gathered_only || layout == DenseLayout::RowMajor {
                             out.push(WeightArg {
                                 name: spec.name,
                                 shape: vec![rows, cols],
@@ -245,7 +263,7 @@ fn dense_bytes(values: &[f16], dense: StorageDtype) -> Vec<u8> {
 /// The bytes to upload for every argument of [`weight_args`], from weights in one format.
 /// Fails if a matrix is in another format than `format` or a shape disagrees with the config.
 pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<HostArg>, GraphError> {
-    host_args_with(weights, format, StorageDtype::F16)
+    host_args_with(weights, format, StorageDtype::F16, DenseLayout::Transposed)
 }
 
 /// [`host_args`] for the arguments of [`weight_args_with`].
@@ -253,8 +271,9 @@ pub fn host_args_with(
     weights: &LlamaWeights,
     format: WeightFormat,
     dense: StorageDtype,
+    layout: DenseLayout,
 ) -> Result<Vec<HostArg>, GraphError> {
-    let specs = weight_args_with(&weights.config, format, dense);
+    let specs = weight_args_with(&weights.config, format, dense, layout);
     let mut specs = specs.into_iter();
     let mut out = Vec::new();
     let mut next = |name: &str| {
@@ -395,7 +414,7 @@ pub fn stack_host_args(args: Vec<HostArg>) -> Result<Vec<HostArg>, GraphError> {
 
 /// The weight arguments of graphs emitted with `options` (stacked when they loop over layers).
 pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) -> Vec<WeightArg> {
-    let args = weight_args_with(config, options.format, options.dense);
+    let args = weight_args_with(config, options.format, options.dense, options.dense_layout());
     match options.layers {
         crate::LayerMode::Unrolled | crate::LayerMode::UnrolledCachePerLayer => args,
         crate::LayerMode::Loop => stack_weight_args(args),
@@ -404,7 +423,7 @@ pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) ->
 
 /// The bytes to upload for [`graph_weight_args`].
 pub fn graph_host_args(weights: &LlamaWeights, options: &crate::GraphOptions) -> Result<Vec<HostArg>, GraphError> {
-    let args = host_args_with(weights, options.format, options.dense)?;
+    let args = host_args_with(weights, options.format, options.dense, options.dense_layout())?;
     match options.layers {
         crate::LayerMode::Unrolled | crate::LayerMode::UnrolledCachePerLayer => Ok(args),
         crate::LayerMode::Loop => stack_host_args(args),
@@ -464,7 +483,7 @@ mod tests {
 
         // Widened to f32 (what pjrt-cpu holds): the same positions, each value exact, for a matrix
         // whose sides are not multiples of the conversion's tile.
-        let wide = host_args_with(&w, WeightFormat::F16, StorageDtype::F32).unwrap();
+        let wide = host_args_with(&w, WeightFormat::F16, StorageDtype::F32, DenseLayout::Transposed).unwrap();
         for (narrow, wide) in args.iter().zip(&wide) {
             let narrow_len = narrow.bytes.len();
             match narrow.spec.dtype {

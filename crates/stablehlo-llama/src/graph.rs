@@ -85,6 +85,32 @@ pub struct GraphOptions {
     /// [`PREFILL_DEQUANTIZE_MIN_TOKENS`] suits IREE; XLA's CPU backend is faster dequantizing
     /// even for one token (docs/backends/pjrt.md).
     pub int4_dequantize_from: usize,
+    /// seam's CPU kernels as custom calls for the products of short calls and for decode
+    /// attention ([`HostKernels`]), or `None`: every product a StableHLO dot.
+    pub host_kernels: Option<HostKernels>,
+}
+
+/// The custom-call target of the f16 matrix product: `(x f32[T, K], w f16[M, K]) -> f32[T, M]`.
+pub const MATMUL_F16_TARGET: &str = "seam_matmul_f16";
+/// The custom-call target of the int4 matrix product: `(x f32[T, K], packed i8[M, K/2],
+/// scales f16[M, K/32], biases f16[M, K/32]) -> f32[T, M]` (seam's int4 format, ADR 0002).
+pub const MATMUL_INT4_TARGET: &str = "seam_matmul_int4";
+/// The custom-call target of one position's attention: `(q f32[H, D], keys f32[KVH, D, C],
+/// values f32[KVH, C, D], position i32[]) -> f32[H, D]`, over cache positions `0..=position`.
+pub const ATTENTION_DECODE_TARGET: &str = "seam_attention_decode";
+
+/// Graphs that call seam's CPU kernels (the `cpu-kernels` crate) as custom calls, for a runtime
+/// that registers them under [`MATMUL_F16_TARGET`], [`MATMUL_INT4_TARGET`] and
+/// [`ATTENTION_DECODE_TARGET`] (XLA's CPU plugin through the PJRT FFI extension, ADR 0011).
+///
+/// With them, fp16 matrices are laid out row-major ([`crate::DenseLayout::RowMajor`]), the
+/// layout the kernels read; calls of more than `max_tokens` rows (long prefills) keep the dots,
+/// where a compiler's matrix-matrix code beats a matrix-vector kernel; one-token calls with an
+/// f32 cache attend through the kernel over the filled positions only.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct HostKernels {
+    /// The most rows (tokens) per call that still go through the matrix kernels.
+    pub max_tokens: usize,
 }
 
 impl GraphOptions {
@@ -98,7 +124,21 @@ impl GraphOptions {
             dense: StorageDtype::F16,
             cache: StorageDtype::F16,
             int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS,
+            host_kernels: None,
         }
+    }
+
+    /// The layout of the fp16 format's matrices: row-major for the host kernels, else transposed.
+    pub fn dense_layout(&self) -> crate::DenseLayout {
+        match self.host_kernels {
+            Some(_) => crate::DenseLayout::RowMajor,
+            None => crate::DenseLayout::Transposed,
+        }
+    }
+
+    /// Whether calls of `rows` rows multiply through the host kernels.
+    fn kernel_rows(&self, rows: usize) -> bool {
+        self.host_kernels.is_some_and(|k| rows <= k.max_tokens)
     }
 }
 
@@ -248,12 +288,14 @@ struct Weights {
     next: usize,
     /// [`GraphOptions::int4_dequantize_from`].
     dequantize_from: usize,
+    /// Whether this function's products go through the host kernels.
+    kernels: bool,
 }
 
 /// A matrix as the graph sees it.
 enum MatrixArg {
-    Dense { w: Val, transposed: bool },
-    Int4 { packed: Val, scales: Val, biases: Val, dequantize_from: usize },
+    Dense { w: Val, transposed: bool, kernel: bool },
+    Int4 { packed: Val, scales: Val, biases: Val, dequantize_from: usize, kernel: bool },
 }
 
 impl Weights {
@@ -272,6 +314,7 @@ impl Weights {
                 MatrixArg::Dense {
                     w: self.vals[i].clone(),
                     transposed: self.specs[i].part == WeightPart::DenseTransposed,
+                    kernel: self.kernels,
                 }
             }
             WeightPart::Int4Packed => {
@@ -281,6 +324,7 @@ impl Weights {
                     scales: self.vals[i + 1].clone(),
                     biases: self.vals[i + 2].clone(),
                     dequantize_from: self.dequantize_from,
+                    kernel: self.kernels,
                 }
             }
             other => unreachable!("argument order of weight_args: {other:?} where a matrix starts"),
@@ -297,7 +341,15 @@ pub const PREFILL_DEQUANTIZE_MIN_TOKENS: usize = 8;
 /// `y = x W^T` for `x` f32 `[T, K]` and a weight of Hugging Face shape `[M, K]`: f32 `[T, M]`.
 fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
     match w {
-        MatrixArg::Dense { w, transposed } => {
+        MatrixArg::Dense { w, transposed: false, kernel: true } => {
+            let ty = Ty::new(&[x.dims()[0], w.dims()[0]], Elem::F32);
+            b.custom_call(MATMUL_F16_TARGET, &[x, w], ty)
+        }
+        MatrixArg::Int4 { packed, scales, biases, kernel: true, .. } => {
+            let ty = Ty::new(&[x.dims()[0], packed.dims()[0]], Elem::F32);
+            b.custom_call(MATMUL_INT4_TARGET, &[x, packed, scales, biases], ty)
+        }
+        MatrixArg::Dense { w, transposed, .. } => {
             let w = b.convert(w, Elem::F32);
             if *transposed {
                 // [K, M]: contract x's columns with the weight's rows.
@@ -306,7 +358,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
                 b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
             }
         }
-        MatrixArg::Int4 { packed, scales, biases, dequantize_from } if x.dims()[0] >= *dequantize_from => {
+        MatrixArg::Int4 { packed, scales, biases, dequantize_from, .. } if x.dims()[0] >= *dequantize_from => {
             // Many tokens: form the f32 matrix once (scale * q + bias, exactly the format's values)
             // and run one matmul; the dequantization is amortized over the tokens, while the
             // per-group form below runs a batched dot of inner length 16 per group and token.
@@ -373,11 +425,11 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
 /// Rows `ids` of the embedding table as f32 `[T, hidden]`.
 fn embed_rows(b: &mut FnBuilder, table: &MatrixArg, ids: &Val) -> Val {
     match table {
-        MatrixArg::Dense { w, transposed: false } => {
+        MatrixArg::Dense { w, transposed: false, .. } => {
             let rows = b.gather_rows(w, ids);
             b.convert(&rows, Elem::F32)
         }
-        MatrixArg::Dense { w, transposed: true } => {
+        MatrixArg::Dense { w, transposed: true, .. } => {
             // A tied table uploaded [hidden, vocab] for the LM head: gather its columns.
             let rows = b.gather_columns(w, ids);
             b.convert(&rows, Elem::F32)
@@ -465,6 +517,9 @@ struct LayerInputs {
     cache_elem: Elem,
     t: usize,
     eps: f32,
+    /// One position per call, per-layer f32 caches and host kernels: attention is
+    /// [`ATTENTION_DECODE_TARGET`] over the filled positions instead of masked dots over all.
+    attention_kernel: bool,
 }
 
 /// The attention masks of one layout of the caches.
@@ -519,7 +574,7 @@ fn decoder_layer(
     x: Val,
     kv: LayerKv,
 ) -> (Val, LayerKv) {
-    let LayerInputs { cos, sin, masks, position, zero, cache_elem, t, eps } = inputs;
+    let LayerInputs { cos, sin, masks, position, zero, cache_elem, t, eps, attention_kernel } = inputs;
     let (t, eps, cache_elem) = (*t, *eps, *cache_elem);
     let d = config.head_dim;
     let (n_heads, n_kv) = (config.num_attention_heads, config.num_key_value_heads);
@@ -604,13 +659,21 @@ fn decoder_layer(
             let k_cache = b.dynamic_update_slice(&k_cache, &new_k, &[zero, zero, position]);
             let new_v = new_v_of(b);
             let v_cache = b.dynamic_update_slice(&v_cache, &new_v, &[zero, position, zero]);
-            let keys = b.convert(&k_cache, Elem::F32); // [KVH, D, C]
-            let values = b.convert(&v_cache, Elem::F32); // [KVH, C, D]
-            let q = grouped_queries(b);
-            let scores = masked_scores(b, &q, &keys, visible);
-            let probs = softmax_last(b, &scores); // [KVH, G, T, C]
-            let probs = b.reshape(&probs, &[n_kv, group * t, c]);
-            let attn = b.dot_general(&probs, &values, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, D]
+            let attn = if *attention_kernel {
+                // One query row per head; the kernel reads cache positions 0..=position only.
+                let q = b.reshape(&q, &[n_heads, d]);
+                let ty = Ty::new(&[n_heads, d], Elem::F32);
+                let attn = b.custom_call(ATTENTION_DECODE_TARGET, &[&q, &k_cache, &v_cache, position], ty);
+                b.reshape(&attn, &[n_kv, group * t, d])
+            } else {
+                let keys = b.convert(&k_cache, Elem::F32); // [KVH, D, C]
+                let values = b.convert(&v_cache, Elem::F32); // [KVH, C, D]
+                let q = grouped_queries(b);
+                let scores = masked_scores(b, &q, &keys, visible);
+                let probs = softmax_last(b, &scores); // [KVH, G, T, C]
+                let probs = b.reshape(&probs, &[n_kv, group * t, c]);
+                b.dot_general(&probs, &values, (&[0], &[0]), (&[2], &[1])) // [KVH, G*T, D]
+            };
             (attn, LayerKv::Own { k: k_cache, v: v_cache })
         }
         _ => unreachable!("the masks are built for the layout of the caches"),
@@ -700,7 +763,8 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     let specs = graph_weight_args(config, options);
     let vals: Vec<Val> =
         specs.iter().map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone())).collect();
-    let mut w = Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from };
+    let kernels = options.kernel_rows(t);
+    let mut w = Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels };
 
     let mut b = FnBuilder::new();
     // The embedding table is taken in every graph (one weight list for the whole module), even
@@ -758,7 +822,18 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
         NewKv { k: zeros(&[layers, n_kv, d, t]), v: zeros(&[layers, n_kv, t, d]) }
     });
 
-    let shared = LayerInputs { cos, sin, masks, position: position.clone(), zero: zero.clone(), cache_elem, t, eps };
+    let attention_kernel = per_layer && t == 1 && options.host_kernels.is_some() && cache_elem == Elem::F32;
+    let shared = LayerInputs {
+        cos,
+        sin,
+        masks,
+        position: position.clone(),
+        zero: zero.clone(),
+        cache_elem,
+        t,
+        eps,
+        attention_kernel,
+    };
     let (x, updated_caches) = match options.layers {
         LayerMode::Unrolled => {
             let mut x = x;
@@ -817,7 +892,7 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
                         specs.push(WeightArg { shape: dims[1..].to_vec(), ..spec.clone() });
                     }
                     let mut layer_weights =
-                        Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from };
+                        Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels };
                     let kv = LayerKv::Stacked(NewKv { k: carried[2].clone(), v: carried[3].clone() });
                     let (x, kv) = decoder_layer(b, config, &mut layer_weights, &shared, index, carried[1].clone(), kv);
                     let LayerKv::Stacked(new_kv) = kv else { unreachable!("stacked in, stacked out") };

@@ -17,11 +17,11 @@ pub mod mlir;
 
 pub use arguments::{
     graph_host_args, graph_weight_args, host_args, host_args_with, stack_host_args, stack_weight_args, weight_args,
-    weight_args_with, ArgDtype, HostArg, StorageDtype, WeightArg, WeightPart,
+    weight_args_with, ArgDtype, DenseLayout, HostArg, StorageDtype, WeightArg, WeightPart,
 };
 pub use buckets::{buckets_for_context, plan_prefill, plan_prefill_embeddings, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;
 pub use graph::{
-    cache_arg_shapes, emit_entry_module, emit_module, GraphKind, GraphOptions, GraphSpec, LayerMode,
-    PREFILL_DEQUANTIZE_MIN_TOKENS,
+    cache_arg_shapes, emit_entry_module, emit_module, GraphKind, GraphOptions, GraphSpec, HostKernels, LayerMode,
+    ATTENTION_DECODE_TARGET, MATMUL_F16_TARGET, MATMUL_INT4_TARGET, PREFILL_DEQUANTIZE_MIN_TOKENS,
 };

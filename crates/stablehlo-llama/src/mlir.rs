@@ -154,6 +154,14 @@ impl FnBuilder {
         Val { name: result, ty }
     }
 
+    /// A call of a function the runtime provides (`stablehlo.custom_call` with XLA's typed-FFI
+    /// calling convention, `api_version = 4`, no attributes): `target` reads `operands` and
+    /// returns one array of type `ty`. Only a runtime that registered `target` can compile it.
+    pub fn custom_call(&mut self, target: &str, operands: &[&Val], ty: Ty) -> Val {
+        let attrs = format!("api_version = 4 : i32, backend_config = {{}}, call_target_name = \"{target}\"");
+        self.op("custom_call", operands, &attrs, ty)
+    }
+
     /// A splat f32 constant of shape `dims`.
     pub fn const_f32(&mut self, x: f32, dims: &[usize]) -> Val {
         let ty = Ty::new(dims, Elem::F32);
