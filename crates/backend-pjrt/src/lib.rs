@@ -62,11 +62,8 @@ pub fn link() {}
 ///   them to f32 inside the graph and multiply with XLA's dots.
 /// - Layers unrolled with per-layer f32 caches, int4 dequantized in the graph for calls that do
 ///   not use the kernels: as [`CPU_SETTINGS`].
-pub const CPU_KERNEL_SETTINGS: GraphSettings = GraphSettings {
-    dense: StorageDtype::F16,
-    host_kernels: Some(HostKernels { max_tokens: 1 }),
-    ..CPU_SETTINGS
-};
+pub const CPU_KERNEL_SETTINGS: GraphSettings =
+    GraphSettings { dense: StorageDtype::F16, host_kernels: Some(HostKernels { max_tokens: 1 }), ..CPU_SETTINGS };
 
 /// The graph settings on a CPU without seam's kernels (a plugin without the FFI extension, or
 /// `kernels=none`): every product an XLA dot.
@@ -254,7 +251,9 @@ fn cpu_defaults(client: &pjrt_runtime::Client, request: &LoadRequest) -> Result<
             Err(SeamError::Unavailable { backend: BACKEND_NAME.to_string(), reason: format!("kernels=seam: {reason}") })
         }
         Err(reason) => {
-            eprintln!("warning: pjrt: seam's CPU kernels are not available ({reason}); every product runs as an XLA dot");
+            eprintln!(
+                "warning: pjrt: seam's CPU kernels are not available ({reason}); every product runs as an XLA dot"
+            );
             Ok(CPU_SETTINGS)
         }
     }

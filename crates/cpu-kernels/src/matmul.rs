@@ -7,9 +7,14 @@ use std::cell::RefCell;
 /// Weights per int4 group (ADR 0002).
 pub const GROUP_SIZE: usize = 32;
 
-/// Rows of `W` per task: small enough that two threads share a 576-row matrix evenly, large
-/// enough that a task's bookkeeping is noise against its bytes.
-const ROWS_PER_TASK: usize = 16;
+/// Tasks per thread of the pool. Each task is one contiguous run of rows: the hardware
+/// prefetchers follow a long stream but restart at every jump, so few long runs read memory
+/// faster than many short ones, while more than one per thread keeps a thread that was
+/// descheduled from holding up the whole call.
+const TASKS_PER_THREAD: usize = 4;
+
+/// The fewest rows of a task: below this, waking another thread costs more than it saves.
+const MIN_ROWS_PER_TASK: usize = 16;
 
 /// An f16 matrix `[rows, cols]`, row-major, as raw f16 bits.
 #[derive(Debug, Clone, Copy)]
@@ -41,12 +46,13 @@ fn for_each_row(
     out: &mut [f32],
     row: &(dyn Fn(usize, &mut dyn FnMut(usize, f32)) + Sync),
 ) {
-    let tasks = rows.div_ceil(ROWS_PER_TASK);
+    let per_task = rows.div_ceil(pool.threads() * TASKS_PER_THREAD).max(MIN_ROWS_PER_TASK);
+    let tasks = rows.div_ceil(per_task);
     let out_ptr = SendPtr(out.as_mut_ptr());
     pool.run(tasks, &|task| {
         let out_ptr = &out_ptr;
-        let start = task * ROWS_PER_TASK;
-        let end = (start + ROWS_PER_TASK).min(rows);
+        let start = task * per_task;
+        let end = (start + per_task).min(rows);
         for n in start..end {
             row(n, &mut |t, value| {
                 debug_assert!(t < tokens);
@@ -90,15 +96,29 @@ pub fn matmul_f16(
     Ok(())
 }
 
+/// The largest magnitude of an activation rounded to i16: products with a nibble (at most 15),
+/// summed in pairs, stay far inside i32.
+const I16_RANGE: f32 = 32767.0;
+
+/// Activations prepared for the int4 fast path, reused across calls on one thread.
+#[derive(Default)]
+struct Int4Scratch {
+    quantized: Vec<i16>,
+    steps: Vec<f32>,
+    sums: Vec<f32>,
+}
+
 thread_local! {
-    /// Activations rearranged for the int4 kernel, reused across calls on this thread.
-    static INT4_SCRATCH: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    static INT4_SCRATCH: RefCell<Int4Scratch> = RefCell::new(Int4Scratch::default());
 }
 
 /// `out[t, n] = x[t, :] · W[n, :]` for int4 `W`: `x` is `[tokens, cols]`, `out` `[tokens, rows]`.
 ///
-/// Computed per group as `scale · (x_g · q_g) + bias · Σ x_g`: the nibbles are widened to f32 in
-/// registers and the dequantized matrix never exists.
+/// Computed per group as `scale · (x_g · q_g) + bias · Σ x_g`; the dequantized matrix never
+/// exists. On the fast paths `x_g · q_g` is an integer dot product: each group of activations is
+/// rounded to i16 against its largest magnitude (a relative error below 2^-15 per input, far
+/// under f32 tolerances of a whole forward pass), the nibbles are widened to i16 in registers,
+/// and pairs are multiplied and added in one instruction. The bias term uses the exact f32 sums.
 pub fn matmul_int4(
     isa: Isa,
     pool: &Pool,
@@ -128,32 +148,43 @@ pub fn matmul_int4(
         return Ok(());
     }
     // Each token's activations as the fast path reads them: per group, the 16 inputs that meet
-    // low nibbles, then the 16 that meet high nibbles; after all tokens, each token's group sums.
+    // low nibbles, then the 16 that meet high nibbles, rounded to i16 against the group's largest
+    // magnitude (so the products are exact integer multiply-adds); per group, that step and the
+    // exact f32 sum of the inputs (for the bias term).
     INT4_SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
-        scratch.clear();
-        scratch.resize(tokens * (k + groups), 0.0);
-        let (split, sums) = scratch.split_at_mut(tokens * k);
+        let Int4Scratch { quantized, steps, sums } = &mut *scratch;
+        quantized.clear();
+        quantized.resize(tokens * k, 0);
+        steps.clear();
+        steps.resize(tokens * groups, 0.0);
+        sums.clear();
+        sums.resize(tokens * groups, 0.0);
         for t in 0..tokens {
             let xr = &x[t * k..(t + 1) * k];
             for g in 0..groups {
                 let src = &xr[g * GROUP_SIZE..(g + 1) * GROUP_SIZE];
-                let dst = &mut split[t * k + g * GROUP_SIZE..t * k + (g + 1) * GROUP_SIZE];
+                let dst = &mut quantized[t * k + g * GROUP_SIZE..t * k + (g + 1) * GROUP_SIZE];
+                let max = src.iter().fold(0.0f32, |m, v| m.max(v.abs()));
+                let step = max / I16_RANGE;
+                let inv = if step > 0.0 { 1.0 / step } else { 0.0 };
                 for i in 0..GROUP_SIZE / 2 {
-                    dst[i] = src[2 * i];
-                    dst[GROUP_SIZE / 2 + i] = src[2 * i + 1];
+                    dst[i] = (src[2 * i] * inv).round() as i16;
+                    dst[GROUP_SIZE / 2 + i] = (src[2 * i + 1] * inv).round() as i16;
                 }
+                steps[t * groups + g] = step;
                 sums[t * groups + g] = src.iter().sum();
             }
         }
-        let (split, sums) = (&*split, &*sums);
+        let (quantized, steps, sums) = (&*quantized, &*steps, &*sums);
         for_each_row(pool, n, tokens, out, &|row, put| {
             let (p, s, b) = row_of(&w, row, groups);
             for t in 0..tokens {
-                let xs = &split[t * k..(t + 1) * k];
+                let xq = &quantized[t * k..(t + 1) * k];
+                let st = &steps[t * groups..(t + 1) * groups];
                 let gs = &sums[t * groups..(t + 1) * groups];
                 // SAFETY: the CPU supports the path (checked above).
-                put(t, unsafe { avx2::dot_int4(xs, gs, p, s, b) });
+                put(t, unsafe { avx2::dot_int4(xq, st, gs, p, s, b) });
             }
         });
     });
@@ -209,44 +240,53 @@ mod avx2 {
         total
     }
 
-    /// One int4 row times activations rearranged by `matmul_int4` (`xs`: per group the inputs of
-    /// the low nibbles, then of the high ones; `sums`: each group's sum of inputs).
+    /// One int4 row times activations prepared by `matmul_int4` (`xq`: per group the i16 inputs
+    /// of the low nibbles, then of the high ones; `steps`: each group's rounding step; `sums`:
+    /// each group's exact sum of inputs).
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_int4(xs: &[f32], sums: &[f32], packed: &[u8], scales: &[u16], biases: &[u16]) -> f32 {
+    pub unsafe fn dot_int4(
+        xq: &[i16],
+        steps: &[f32],
+        sums: &[f32],
+        packed: &[u8],
+        scales: &[u16],
+        biases: &[u16],
+    ) -> f32 {
         let groups = sums.len();
-        debug_assert!(xs.len() == groups * GROUP_SIZE && packed.len() == groups * GROUP_SIZE / 2);
-        let (xp, pp) = (xs.as_ptr(), packed.as_ptr());
+        debug_assert!(xq.len() == groups * GROUP_SIZE && packed.len() == groups * GROUP_SIZE / 2);
+        debug_assert!(steps.len() == groups && scales.len() == groups && biases.len() == groups);
+        let (xp, pp) = (xq.as_ptr(), packed.as_ptr());
         let low4 = _mm_set1_epi8(0x0f);
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
         let mut g = 0;
-        // Scales widened 8 at a time; each group's scale is then broadcast from its lane.
-        while g < groups {
-            let block = (groups - g).min(8);
-            let mut s8 = [0u16; 8];
-            s8[..block].copy_from_slice(&scales[g..g + block]);
-            let sv = _mm256_cvtph_ps(_mm_loadu_si128(s8.as_ptr() as *const __m128i));
-            let mut lanes = [0f32; 8];
-            _mm256_storeu_ps(lanes.as_mut_ptr(), sv);
-            for (j, &scale) in lanes.iter().enumerate().take(block) {
-                let gi = g + j;
-                let bytes = _mm_loadu_si128(pp.add(gi * 16) as *const __m128i);
-                let lo = _mm_and_si128(bytes, low4);
-                let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
-                let x = xp.add(gi * GROUP_SIZE);
-                let l0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(lo));
-                let l1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(lo, 8)));
-                let h0 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(hi));
-                let h1 = _mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(_mm_srli_si128(hi, 8)));
-                let d = _mm256_mul_ps(l0, _mm256_loadu_ps(x));
-                let d = _mm256_fmadd_ps(l1, _mm256_loadu_ps(x.add(8)), d);
-                let e = _mm256_mul_ps(h0, _mm256_loadu_ps(x.add(16)));
-                let e = _mm256_fmadd_ps(h1, _mm256_loadu_ps(x.add(24)), e);
-                let s = _mm256_set1_ps(scale);
-                acc0 = _mm256_fmadd_ps(d, s, acc0);
-                acc1 = _mm256_fmadd_ps(e, s, acc1);
+        // One group's integer dot product, scaled by `factor` (its scale times its step).
+        let group = |gi: usize, factor: __m256, acc: __m256| -> __m256 {
+            let bytes = _mm_loadu_si128(pp.add(gi * 16) as *const __m128i);
+            let lo = _mm256_cvtepu8_epi16(_mm_and_si128(bytes, low4));
+            let hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
+            let x = xp.add(gi * GROUP_SIZE);
+            let dl = _mm256_madd_epi16(lo, _mm256_loadu_si256(x as *const __m256i));
+            let dh = _mm256_madd_epi16(hi, _mm256_loadu_si256(x.add(16) as *const __m256i));
+            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(dl, dh)), factor, acc)
+        };
+        // Eight groups at a time: their scales widened at once and multiplied by the steps, each
+        // group's factor then broadcast from its lane in registers.
+        while g + 8 <= groups {
+            let sv = _mm256_cvtph_ps(_mm_loadu_si128(scales.as_ptr().add(g) as *const __m128i));
+            let fv = _mm256_mul_ps(sv, _mm256_loadu_ps(steps.as_ptr().add(g)));
+            for j in (0..8).step_by(2) {
+                let f0 = _mm256_permutevar8x32_ps(fv, _mm256_set1_epi32(j as i32));
+                let f1 = _mm256_permutevar8x32_ps(fv, _mm256_set1_epi32(j as i32 + 1));
+                acc0 = group(g + j, f0, acc0);
+                acc1 = group(g + j + 1, f1, acc1);
             }
-            g += block;
+            g += 8;
+        }
+        while g < groups {
+            let factor = half::f16::from_bits(scales[g]).to_f32() * steps[g];
+            acc0 = group(g, _mm256_set1_ps(factor), acc0);
+            g += 1;
         }
         let mut total = hsum(_mm256_add_ps(acc0, acc1));
         // The bias term: Σ_g bias_g · Σ x_g.
@@ -270,7 +310,7 @@ mod avx2 {
     pub unsafe fn dot_f16(_: &[f32], _: &[u16]) -> f32 {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
-    pub unsafe fn dot_int4(_: &[f32], _: &[f32], _: &[u8], _: &[u16], _: &[u16]) -> f32 {
+    pub unsafe fn dot_int4(_: &[i16], _: &[f32], _: &[f32], _: &[u8], _: &[u16], _: &[u16]) -> f32 {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
 }

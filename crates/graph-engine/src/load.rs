@@ -8,8 +8,7 @@ use llama_model::weights::names::EMBED_TOKENS;
 use llama_model::LlamaConfig;
 use session_api::{EngineInfo, LoadRequest, Result, SeamError, WeightFormat};
 use stablehlo_llama::{
-    HostKernels,
-    buckets_for_context, graph_host_args, GraphError, GraphOptions, GraphSpec, LayerMode, StorageDtype,
+    buckets_for_context, graph_host_args, GraphError, GraphOptions, GraphSpec, HostKernels, LayerMode, StorageDtype,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Instant;

@@ -80,7 +80,10 @@ impl Buffer {
             return Vec::new();
         }
         // SAFETY: XLA passes `rank` dimensions at `dims`.
-        unsafe { std::slice::from_raw_parts(self.dims, self.rank as usize) }.iter().map(|&d| d.max(0) as usize).collect()
+        unsafe { std::slice::from_raw_parts(self.dims, self.rank as usize) }
+            .iter()
+            .map(|&d| d.max(0) as usize)
+            .collect()
     }
 
     /// The element count.
@@ -290,7 +293,10 @@ impl Plugin {
         // SAFETY: a node of the FFI type is a `PJRT_FFI_Extension`; its size says which fields exist.
         let extension = unsafe { &*extension };
         let has_register = extension.base.struct_size >= std::mem::size_of::<FfiExtension>();
-        let register = extension.register_handler.filter(|_| has_register).ok_or_else(|| missing("FFI handler registration (extension version 2)"))?;
+        let register = extension
+            .register_handler
+            .filter(|_| has_register)
+            .ok_or_else(|| missing("FFI handler registration (extension version 2)"))?;
         let mut args = RegisterHandlerArgs {
             struct_size: std::mem::size_of::<RegisterHandlerArgs>(),
             target_name: target.as_ptr() as *const std::ffi::c_char,
