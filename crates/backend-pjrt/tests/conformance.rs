@@ -8,6 +8,11 @@
 //! `pjrt-cuda` runs in the same matrix: where no CUDA plugin loads or no GPU is found it is listed
 //! as unavailable with the reason (not a failure); where it is available it must pass too.
 //!
+//! On the CPU the suite runs the default graphs, which call seam's kernels as custom calls
+//! (`kernels=seam`); a second, shorter pass runs the greedy-parity cases on the tiny models with
+//! `SEAM_PJRT_KERNELS=none`, so the pure-StableHLO graphs XLA's CPU plugin falls back to stay
+//! proven too.
+//!
 //! Tolerances are the f16 ones: the KV cache is f16 and int4 scales are f16 on every device, and
 //! on a GPU the matrices are f16 too. Compiled executables are cached in `.seam/cache/pjrt`.
 
@@ -30,6 +35,29 @@ fn main() {
     let cpu_unavailable = report.backends.iter().any(|b| b.backend == "pjrt-cpu" && !b.availability.is_available());
     if report.has_failures() || cpu_unavailable {
         eprintln!("conformance: {}", if cpu_unavailable { "pjrt-cpu is unavailable" } else { "FAILED" });
+        std::process::exit(1);
+    }
+
+    // The graphs without seam's kernels. Set before any load of this pass reads it; the suite
+    // above has finished, and nothing else in this process reads the environment concurrently.
+    std::env::set_var("SEAM_PJRT_KERNELS", "none");
+    let options = SuiteOptions {
+        case_filter: Some("parity.".into()),
+        real_model: conformance::RealModelParity::Skip,
+        ..SuiteOptions::from_env()
+    };
+    let target = Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::F16);
+    let report = match conformance::run_targets(&[target], &options) {
+        Ok(report) => report,
+        Err(e) => {
+            eprintln!("conformance (kernels=none): {e}");
+            std::process::exit(1);
+        }
+    };
+    println!("pjrt-cpu with kernels=none (pure-StableHLO graphs):");
+    report.print_matrix();
+    if report.has_failures() {
+        eprintln!("conformance: FAILED with kernels=none");
         std::process::exit(1);
     }
     println!("conformance: pjrt passed");

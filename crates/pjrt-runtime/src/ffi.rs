@@ -250,7 +250,14 @@ impl CallFrame {
     }
 }
 
-/// `PJRT_FFI_Register_Handler_Args` as plugins up to C API 0.?? declare it (typed handlers only).
+/// The newest C API version whose `PJRT_FFI_Register_Handler_Args` seam knows to have the layout
+/// below (the pinned `xla-cpu-pjrt` plugin's). Later headers insert an `api_version` field before
+/// `handler`; handing that plugin the other layout makes it throw a C++ exception, which aborts
+/// the process, so a newer plugin is refused rather than guessed at.
+pub const NEWEST_KNOWN_FFI_LAYOUT: crate::ApiVersion = crate::ApiVersion { major: 0, minor: 81 };
+
+/// `PJRT_FFI_Register_Handler_Args` as plugins up to [`NEWEST_KNOWN_FFI_LAYOUT`] declare it
+/// (typed handlers only).
 #[repr(C)]
 struct RegisterHandlerArgs {
     struct_size: usize,
@@ -276,8 +283,16 @@ impl Plugin {
     /// `cuda`, ...) in this plugin's XLA. The registry is the plugin's, process-wide: a target is
     /// registered once per plugin, and a second registration of the same name is the plugin's
     /// error to report.
+    ///
+    /// Plugins newer than [`NEWEST_KNOWN_FFI_LAYOUT`] are refused (see there).
     pub fn register_ffi_handler(&self, target: &str, platform: &str, handler: Handler) -> Result<()> {
         let missing = |what: &str| PjrtError::InvalidArgument(format!("the PJRT plugin has no {what}"));
+        if self.version() > NEWEST_KNOWN_FFI_LAYOUT {
+            return Err(PjrtError::InvalidArgument(format!(
+                "the plugin's C API {} is newer than {NEWEST_KNOWN_FFI_LAYOUT}, the newest whose FFI registration layout seam knows",
+                self.version()
+            )));
+        }
         let mut ext = self.api().extension_start;
         let extension = loop {
             if ext.is_null() {

@@ -123,3 +123,59 @@ fn mistakes_are_typed_errors() {
     assert!(matches!(wrong_size, Err(PjrtError::InvalidArgument(_))));
     assert!(client.deserialize(b"not an executable").is_err());
 }
+
+/// A typed-FFI handler: result = 2 * argument (f32, any shape); an argument of another type is
+/// the handler's error, which XLA must report as the execution's.
+unsafe extern "C" fn double(frame: *mut pjrt_runtime::ffi::CallFrame) -> *mut pjrt_runtime::ffi::XlaError {
+    let frame = unsafe { &mut *frame };
+    if frame.answer_metadata() || !frame.is_execute() {
+        return std::ptr::null_mut();
+    }
+    let (Ok(x), Ok(y)) = (frame.arg(0), frame.ret(0)) else {
+        return frame.error("double: expected one argument and one result");
+    };
+    if x.dtype != pjrt_runtime::ffi::dtype::F32 {
+        return frame.error("double: f32 only");
+    }
+    let n = x.len();
+    let (x, y) = unsafe {
+        (std::slice::from_raw_parts(x.data as *const f32, n), std::slice::from_raw_parts_mut(y.data as *mut f32, n))
+    };
+    for (y, x) in y.iter_mut().zip(x) {
+        *y = 2.0 * x;
+    }
+    std::ptr::null_mut()
+}
+
+#[test]
+fn ffi_handlers_run_as_custom_calls_and_report_errors() {
+    let client = client();
+    client.plugin().register_ffi_handler("binding_test_double", "cpu", double).expect("registration");
+    let program = |elem: &str| {
+        format!(
+            r#"
+module @ffi_test {{
+  func.func @main(%x: tensor<3x{elem}>) -> tensor<3x{elem}> {{
+    %y = "stablehlo.custom_call"(%x) {{api_version = 4 : i32, backend_config = {{}}, call_target_name = "binding_test_double"}} : (tensor<3x{elem}>) -> tensor<3x{elem}>
+    "func.return"(%y) : (tensor<3x{elem}>) -> ()
+  }}
+}}
+"#
+        )
+    };
+    let executable = client.compile(&program("f32"), &CompileOptions::default()).unwrap();
+    let x = client
+        .buffer_from_host(
+            &[1f32, -2., 0.25].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
+            ElementType::F32,
+            &[3],
+        )
+        .unwrap();
+    let out = executable.execute(vec![ExecuteArg::Keep(&x)]).unwrap();
+    assert_eq!(f32_values(&out[0].to_host().unwrap()), vec![2., -4., 0.5]);
+    // The handler's error is the execution's error, not a crash.
+    let executable = client.compile(&program("i32"), &CompileOptions::default()).unwrap();
+    let x = client.buffer_from_host(&[0u8; 12], ElementType::S32, &[3]).unwrap();
+    let error = executable.execute(vec![ExecuteArg::Keep(&x)]).unwrap_err();
+    assert!(error.to_string().contains("f32 only"), "{error}");
+}

@@ -1218,6 +1218,40 @@ mod tests {
 
     /// int4 matrices in the per-group form below the threshold, dequantized from it on.
     #[test]
+    fn host_kernels_replace_one_token_products_and_attention() {
+        let c = tiny_llama32_config();
+        let layers = c.num_hidden_layers;
+        let prefill = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: false };
+        for format in [WeightFormat::F16, WeightFormat::Int4] {
+            let base =
+                GraphOptions { layers: LayerMode::UnrolledCachePerLayer, cache: StorageDtype::F32, ..options(format) };
+            let with = GraphOptions { host_kernels: Some(HostKernels { max_tokens: 1 }), ..base.clone() };
+            let target = if format == WeightFormat::F16 { MATMUL_F16_TARGET } else { MATMUL_INT4_TARGET };
+            let calls = |o: &GraphOptions, spec: GraphSpec, target: &str| {
+                emit_module(&c, o, &[spec]).unwrap().matches(&format!("call_target_name = \"{target}\"")).count()
+            };
+            // Seven products per layer plus the LM head, one attention per layer.
+            assert_eq!(calls(&with, DECODE, target), 7 * layers + 1, "{format}");
+            assert_eq!(calls(&with, DECODE, ATTENTION_DECODE_TARGET), layers, "{format}");
+            // Longer calls keep the dots, and without kernels nothing is a custom call.
+            assert_eq!(calls(&with, prefill, target), 0, "{format}");
+            assert_eq!(calls(&with, prefill, ATTENTION_DECODE_TARGET), 0, "{format}");
+            assert!(!emit_module(&c, &base, &[DECODE]).unwrap().contains("custom_call"), "{format}");
+            // The kernels read fp16 matrices row-major, [out, in] as stored.
+            let args = graph_weight_args(&c, &with);
+            let q = args.iter().find(|a| a.name.starts_with("model.layers.0.self_attn.q_proj")).unwrap();
+            assert_eq!(q.shape[0], c.q_dim(), "{format}");
+        }
+        // An f16 cache keeps the attention in the graph (the kernel reads f32).
+        let f16_cache = GraphOptions {
+            layers: LayerMode::UnrolledCachePerLayer,
+            host_kernels: Some(HostKernels { max_tokens: 1 }),
+            ..options(WeightFormat::F16)
+        };
+        assert!(!emit_module(&c, &f16_cache, &[DECODE]).unwrap().contains(ATTENTION_DECODE_TARGET));
+    }
+
+    #[test]
     fn int4_dequantize_threshold() {
         let c = tiny_llama32_config();
         let dots = |from: usize, spec: GraphSpec| {
