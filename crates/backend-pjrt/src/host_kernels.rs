@@ -62,11 +62,27 @@ unsafe fn handle(frame: *mut CallFrame, body: impl FnOnce(&CallFrame) -> Result<
     }
 }
 
-/// The array's elements, after checking its element type and dimensions.
+/// An argument's elements, after checking its element type and dimensions.
 ///
 /// # Safety
 /// `buffer` describes live host memory of its dimensions and type (XLA's CPU arrays do).
-unsafe fn elements<'a, T>(buffer: &'a Buffer, ty: i32, dims: &[usize], what: &str) -> Result<&'a mut [T], String> {
+unsafe fn elements<'a, T>(buffer: &'a Buffer, ty: i32, dims: &[usize], what: &str) -> Result<&'a [T], String> {
+    // SAFETY: the caller's promise.
+    unsafe { result_elements(buffer, ty, dims, what) }.map(|e| &*e)
+}
+
+/// A result's elements, writable, after checking its element type and dimensions.
+///
+/// # Safety
+/// As [`elements`]; and the memory is this call's result, which nothing else reads or writes
+/// while the handler runs.
+#[allow(clippy::mut_from_ref)] // the memory is XLA's result buffer, not the descriptor's
+unsafe fn result_elements<'a, T>(
+    buffer: &'a Buffer,
+    ty: i32,
+    dims: &[usize],
+    what: &str,
+) -> Result<&'a mut [T], String> {
     if buffer.dtype != ty {
         return Err(format!("{what}: element type {} where {ty} was expected", buffer.dtype));
     }
@@ -98,7 +114,7 @@ unsafe extern "C" fn matmul_f16(frame: *mut CallFrame) -> *mut XlaError {
             let (n, _) = rows_cols(w, "weights")?;
             let x = elements::<f32>(x, dtype::F32, &[tokens, k], "x")?;
             let data = elements::<u16>(w, dtype::F16, &[n, k], "weights")?;
-            let out = elements::<f32>(out, dtype::F32, &[tokens, n], "result")?;
+            let out = result_elements::<f32>(out, dtype::F32, &[tokens, n], "result")?;
             let w = F16Matrix { rows: n, cols: k, data };
             cpu_kernels::matmul_f16(Isa::best(), Pool::global(), x, tokens, w, out).map_err(|e| e.to_string())
         })
@@ -120,7 +136,7 @@ unsafe extern "C" fn matmul_int4(frame: *mut CallFrame) -> *mut XlaError {
             let packed = elements::<u8>(packed, packed_ty, &[n, k / 2], "packed weights")?;
             let scales = elements::<u16>(scales, dtype::F16, &[n, groups], "scales")?;
             let biases = elements::<u16>(biases, dtype::F16, &[n, groups], "biases")?;
-            let out = elements::<f32>(out, dtype::F32, &[tokens, n], "result")?;
+            let out = result_elements::<f32>(out, dtype::F32, &[tokens, n], "result")?;
             let w = Int4Matrix { rows: n, cols: k, packed, scales, biases };
             cpu_kernels::matmul_int4(Isa::best(), Pool::global(), x, tokens, w, out).map_err(|e| e.to_string())
         })
@@ -142,7 +158,7 @@ unsafe extern "C" fn attention_decode(frame: *mut CallFrame) -> *mut XlaError {
             let keys = elements::<f32>(keys, dtype::F32, &[kv_heads, d, capacity], "keys")?;
             let values = elements::<f32>(values, dtype::F32, &[kv_heads, capacity, d], "values")?;
             let position = elements::<i32>(position, dtype::S32, &[], "position")?;
-            let out = elements::<f32>(out, dtype::F32, &[heads, d], "result")?;
+            let out = result_elements::<f32>(out, dtype::F32, &[heads, d], "result")?;
             let position = *position.first().ok_or("position: no element")?;
             let len = usize::try_from(position).map_err(|_| format!("position {position} is negative"))? + 1;
             let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };

@@ -23,6 +23,7 @@ thread_local! {
 /// `keys` `[kv_heads, head_dim, capacity]` and `values` `[kv_heads, capacity, head_dim]`, scores
 /// scaled by `1 / sqrt(head_dim)`; the result `[heads, head_dim]` goes to `out`. Positions from
 /// `len` on are never read, so a step's cost grows with the conversation, not the capacity.
+#[allow(clippy::too_many_arguments)] // the three arrays of one attention, each with its own layout
 pub fn attention_decode(
     isa: Isa,
     pool: &Pool,

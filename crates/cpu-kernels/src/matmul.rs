@@ -35,17 +35,14 @@ pub struct Int4Matrix<'a> {
     pub biases: &'a [u16],
 }
 
+/// Computes output row `n` and hands each token's value to the writer.
+type RowFn<'a> = dyn Fn(usize, &mut dyn FnMut(usize, f32)) + Sync + 'a;
+
 /// Splits the output rows over the pool and runs `row(n, out_row_of_each_token)`.
 ///
 /// `out` is `[tokens, rows]`: each task writes the columns `n` of its rows in every token's row of
 /// the output, which no other task touches.
-fn for_each_row(
-    pool: &Pool,
-    rows: usize,
-    tokens: usize,
-    out: &mut [f32],
-    row: &(dyn Fn(usize, &mut dyn FnMut(usize, f32)) + Sync),
-) {
+fn for_each_row(pool: &Pool, rows: usize, tokens: usize, out: &mut [f32], row: &RowFn<'_>) {
     let per_task = rows.div_ceil(pool.threads() * TASKS_PER_THREAD).max(MIN_ROWS_PER_TASK);
     let tasks = rows.div_ceil(per_task);
     let out_ptr = SendPtr(out.as_mut_ptr());

@@ -164,7 +164,7 @@ fn worker(shared: &Shared) {
                 break seq;
             }
             spins += 1;
-            if spins % 256 == 0 && started.elapsed() > SPIN {
+            if spins.is_multiple_of(256) && started.elapsed() > SPIN {
                 let mut lock = shared.lock.lock().unwrap_or_else(|e| e.into_inner());
                 shared.sleeping.fetch_add(1, Ordering::SeqCst);
                 while unpack(shared.call.load(Ordering::SeqCst)).0 == seen {
