@@ -56,14 +56,16 @@ pub fn link() {}
 /// ([`host_kernels`], ADR 0011); `LoadRequest::settings` and the environment `SEAM_PJRT_*`
 /// override them (`kernels=none` falls back to [`CPU_SETTINGS`]).
 ///
-/// - One-token calls run seam's kernels as custom calls: the f16 and int4 products read the
-///   weights as stored, and attention reads only the filled cache positions.
-/// - fp16 matrices held as f16, row-major (the kernels' layout); longer calls (prefill) widen
-///   them to f32 inside the graph and multiply with XLA's dots.
+/// - Calls of up to 64 rows (decode, prefill buckets up to 64) run seam's kernels as custom
+///   calls: the f16 and int4 products read the weights as stored; one-token calls attend through
+///   the kernel over the filled cache positions only.
+/// - fp16 matrices held as f16, row-major (the kernels' layout); longer calls (the 256-row
+///   prefill bucket) widen them to f32 inside the graph and multiply with XLA's dots, which beat
+///   the kernels' row-at-a-time product there (docs/backends/pjrt.md).
 /// - Layers unrolled with per-layer f32 caches, int4 dequantized in the graph for calls that do
 ///   not use the kernels: as [`CPU_SETTINGS`].
 pub const CPU_KERNEL_SETTINGS: GraphSettings =
-    GraphSettings { dense: StorageDtype::F16, host_kernels: Some(HostKernels { max_tokens: 1 }), ..CPU_SETTINGS };
+    GraphSettings { dense: StorageDtype::F16, host_kernels: Some(HostKernels { max_tokens: 64 }), ..CPU_SETTINGS };
 
 /// The graph settings on a CPU without seam's kernels (a plugin without the FFI extension, or
 /// `kernels=none`): every product an XLA dot.

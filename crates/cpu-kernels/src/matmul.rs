@@ -78,6 +78,14 @@ pub fn matmul_f16(
     check_len("f16 weights", w.data.len(), n * k)?;
     check_len("output", out.len(), tokens * n)?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
+    if isa == Isa::Avx2 && tokens >= WIDEN_FROM_TOKENS {
+        widened_rows(pool, x, tokens, k, n, out, &|row, wide| {
+            use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
+            let bits: &[half::f16] = w.data[row * k..(row + 1) * k].reinterpret_cast();
+            bits.convert_to_f32_slice(wide);
+        });
+        return Ok(());
+    }
     for_each_row(pool, n, tokens, out, &|row, put| {
         let wr = &w.data[row * k..(row + 1) * k];
         for t in 0..tokens {
@@ -144,6 +152,23 @@ pub fn matmul_int4(
         });
         return Ok(());
     }
+    if tokens >= WIDEN_FROM_TOKENS {
+        // Each row dequantized once, exactly as the format defines it (scale * q + bias in f32).
+        widened_rows(pool, x, tokens, k, n, out, &|row, wide| {
+            let (p, s, b) = row_of(&w, row, groups);
+            for g in 0..groups {
+                let scale = half::f16::from_bits(s[g]).to_f32();
+                let bias = half::f16::from_bits(b[g]).to_f32();
+                let bytes = &p[g * GROUP_SIZE / 2..(g + 1) * GROUP_SIZE / 2];
+                let dst = &mut wide[g * GROUP_SIZE..(g + 1) * GROUP_SIZE];
+                for (pair, &byte) in dst.chunks_exact_mut(2).zip(bytes) {
+                    pair[0] = scale * (byte & 15) as f32 + bias;
+                    pair[1] = scale * (byte >> 4) as f32 + bias;
+                }
+            }
+        });
+        return Ok(());
+    }
     // Each token's activations as the fast path reads them: per group, the 16 inputs that meet
     // low nibbles, then the 16 that meet high nibbles, rounded to i16 against the group's largest
     // magnitude (so the products are exact integer multiply-adds); per group, that step and the
@@ -188,6 +213,49 @@ pub fn matmul_int4(
     Ok(())
 }
 
+/// From this many tokens per call on (a short prefill, a batch of decodes), the fast paths widen
+/// each weight row to f32 once and multiply it with every token's activations: the per-token
+/// kernels above would widen the same row once per token, and their cost grows with the tokens.
+const WIDEN_FROM_TOKENS: usize = 4;
+
+thread_local! {
+    /// One widened weight row, reused across calls on this thread.
+    static WIDE_ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `out = x W^T` where `widen(row, buffer)` writes row `row` of `W` as f32 (AVX2 path only).
+fn widened_rows(
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    k: usize,
+    n: usize,
+    out: &mut [f32],
+    widen: &(dyn Fn(usize, &mut [f32]) + Sync),
+) {
+    for_each_row(pool, n, tokens, out, &|row, put| {
+        WIDE_ROW.with(|wide| {
+            let mut wide = wide.borrow_mut();
+            wide.resize(k, 0.0);
+            widen(row, &mut wide);
+            let mut t = 0;
+            while t + 4 <= tokens {
+                // SAFETY: only called on the AVX2 path, which the CPU supports.
+                let sums = unsafe { avx2::dot_f32_x4(&wide, &x[t * k..(t + 4) * k]) };
+                for (j, &v) in sums.iter().enumerate() {
+                    put(t + j, v);
+                }
+                t += 4;
+            }
+            for t in t..tokens {
+                // SAFETY: as above.
+                let sums = unsafe { avx2::dot_f32_x4(&wide, &x[t * k..(t + 1) * k]) };
+                put(t, sums[0]);
+            }
+        });
+    });
+}
+
 fn row_of<'a>(w: &Int4Matrix<'a>, row: usize, groups: usize) -> (&'a [u8], &'a [u16], &'a [u16]) {
     let half = w.cols / 2;
     (
@@ -210,6 +278,43 @@ mod avx2 {
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
         _mm_cvtss_f32(s)
+    }
+
+    /// `w · x_j` for up to four rows `x_j` of `w.len()` each, laid out one after another in `xs`
+    /// (`xs.len() / w.len()` of them): each weight loaded once for all of them.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f32_x4(w: &[f32], xs: &[f32]) -> [f32; 4] {
+        let k = w.len();
+        let rows = (xs.len() / k.max(1)).min(4);
+        let mut acc = [_mm256_setzero_ps(); 4];
+        let wp = w.as_ptr();
+        let xp = xs.as_ptr();
+        let mut i = 0;
+        if rows == 4 {
+            while i + 8 <= k {
+                let wv = _mm256_loadu_ps(wp.add(i));
+                for (j, a) in acc.iter_mut().enumerate() {
+                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(j * k + i)), *a);
+                }
+                i += 8;
+            }
+        } else {
+            while i + 8 <= k {
+                let wv = _mm256_loadu_ps(wp.add(i));
+                for (j, a) in acc.iter_mut().enumerate().take(rows) {
+                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(j * k + i)), *a);
+                }
+                i += 8;
+            }
+        }
+        let mut sums = [0f32; 4];
+        for (j, sum) in sums.iter_mut().enumerate().take(rows) {
+            *sum = hsum(acc[j]);
+            for r in i..k {
+                *sum += w[r] * xs[j * k + r];
+            }
+        }
+        sums
     }
 
     /// `x · w` for f16 `w`, 32 weights per iteration in four accumulators.
@@ -305,6 +410,9 @@ mod avx2 {
 #[cfg(not(target_arch = "x86_64"))]
 mod avx2 {
     pub unsafe fn dot_f16(_: &[f32], _: &[u16]) -> f32 {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+    pub unsafe fn dot_f32_x4(_: &[f32], _: &[f32]) -> [f32; 4] {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
     pub unsafe fn dot_int4(_: &[i16], _: &[f32], _: &[f32], _: &[u8], _: &[u16], _: &[u16]) -> f32 {

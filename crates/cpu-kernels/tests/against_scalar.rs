@@ -32,7 +32,7 @@ fn close(a: f32, b: f32, magnitude: f32) -> bool {
 fn matmul_f16_matches_scalar_on_every_path() {
     let mut rng = Rng(7);
     for pool in [Pool::new(1), Pool::new(3)] {
-        for &(n, k, tokens) in &[(1, 1, 1), (5, 7, 1), (33, 40, 2), (17, 576, 1), (100, 131, 3), (64, 1536, 1)] {
+        for &(n, k, tokens) in &[(1, 1, 1), (5, 7, 1), (33, 40, 2), (17, 576, 1), (100, 131, 3), (64, 1536, 1), (40, 64, 4), (21, 77, 11), (9, 576, 16)] {
             let w: Vec<u16> = (0..n * k).map(|_| rng.f16_bits(1.0)).collect();
             let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
             for isa in Isa::supported() {
@@ -54,7 +54,7 @@ fn matmul_f16_matches_scalar_on_every_path() {
 fn matmul_int4_matches_scalar_on_every_path() {
     let mut rng = Rng(11);
     for pool in [Pool::new(1), Pool::new(2)] {
-        for &(n, k, tokens) in &[(1, 32, 1), (3, 64, 2), (19, 288, 1), (50, 576, 1), (7, 1536, 4), (129, 96, 1)] {
+        for &(n, k, tokens) in &[(1, 32, 1), (3, 64, 2), (19, 288, 1), (50, 576, 1), (7, 1536, 4), (129, 96, 1), (33, 64, 5), (17, 576, 16)] {
             let groups = k / GROUP_SIZE;
             let packed: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
             let scales: Vec<u16> = (0..n * groups).map(|_| rng.f16_bits(0.1)).collect();

@@ -314,7 +314,8 @@ impl Weights {
                 MatrixArg::Dense {
                     w: self.vals[i].clone(),
                     transposed: self.specs[i].part == WeightPart::DenseTransposed,
-                    kernel: self.kernels,
+                    // The kernel reads f16; matrices held in f32 (`dense=f32`) keep the dot.
+                    kernel: self.kernels && self.specs[i].dtype == crate::ArgDtype::F16,
                 }
             }
             WeightPart::Int4Packed => {
