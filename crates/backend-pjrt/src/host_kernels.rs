@@ -1,14 +1,16 @@
 //! seam's CPU kernels (`cpu-kernels`) as XLA custom-call targets of the CPU plugin.
 //!
-//! [`register`] hands the three handlers below to the plugin's FFI extension under the names the
-//! graphs call ([`stablehlo_llama::MATMUL_F16_TARGET`] and the others). XLA then calls them from
+//! [`register`] hands the handlers below to the plugin's FFI extension under the names the graphs
+//! call ([`stablehlo_llama::linear_targets`], [`stablehlo_llama::ATTENTION_DECODE_TARGET`]). XLA then calls them from
 //! its executor threads with the argument arrays in host memory; each handler checks the shapes
 //! and element types against what the graph emitter promises, runs the kernel on the kernels'
 //! own worker pool, and returns an XLA error (never a panic across the C boundary) when something
 //! disagrees.
 
 use cpu_kernels::pool::Pool;
-use cpu_kernels::{AttentionShape, F16Matrix, Int4Matrix, Isa};
+use cpu_kernels::{AttentionShape, F16Matrix, Int4Matrix, Isa, LinearInput, LinearWeights};
+use session_api::WeightFormat;
+use stablehlo_llama::KernelInput;
 use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError};
 use pjrt_runtime::Plugin;
 use std::collections::HashMap;
@@ -26,14 +28,14 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
     let mut done = DONE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
     done.entry(plugin.path().to_path_buf())
         .or_insert_with(|| {
-            let handlers: [(&str, Handler); 3] = [
-                (stablehlo_llama::MATMUL_F16_TARGET, matmul_f16),
-                (stablehlo_llama::MATMUL_INT4_TARGET, matmul_int4),
-                (stablehlo_llama::ATTENTION_DECODE_TARGET, attention_decode),
-            ];
+            let mut handlers: Vec<(String, Handler)> = stablehlo_llama::linear_targets()
+                .into_iter()
+                .map(|(target, format, input, residual)| (target, linear_handler(format, input, residual)))
+                .collect();
+            handlers.push((stablehlo_llama::ATTENTION_DECODE_TARGET.to_string(), attention_decode));
             for (target, handler) in handlers {
                 plugin
-                    .register_ffi_handler(target, PLATFORM, handler)
+                    .register_ffi_handler(&target, PLATFORM, handler)
                     .map_err(|e| format!("registering {target} with the PJRT plugin's FFI: {e}"))?;
             }
             Ok(())
@@ -104,42 +106,73 @@ fn rows_cols(buffer: &Buffer, what: &str) -> Result<(usize, usize), String> {
     }
 }
 
-/// `(x f32[T, K], w f16[N, K]) -> f32[T, N]`.
-unsafe extern "C" fn matmul_f16(frame: *mut CallFrame) -> *mut XlaError {
+/// The handler of one [`stablehlo_llama::linear_target`]: `INT4` picks the weight format,
+/// `INPUT` the [`KernelInput`] (0 rows, 1 RMSNorm, 2 SwiGLU), `RESIDUAL` whether a residual
+/// operand follows the weights.
+unsafe extern "C" fn linear<const INT4: bool, const INPUT: u8, const RESIDUAL: bool>(
+    frame: *mut CallFrame,
+) -> *mut XlaError {
     // SAFETY: called by XLA with its call frame; the arrays are host memory of the CPU plugin.
     unsafe {
         handle(frame, |frame| {
-            let (x, w, out) = (frame.arg(0)?, frame.arg(1)?, frame.ret(0)?);
-            let (tokens, k) = rows_cols(x, "x")?;
-            let (n, _) = rows_cols(w, "weights")?;
-            let x = elements::<f32>(x, dtype::F32, &[tokens, k], "x")?;
-            let data = elements::<u16>(w, dtype::F16, &[n, k], "weights")?;
-            let out = result_elements::<f32>(out, dtype::F32, &[tokens, n], "result")?;
-            let w = F16Matrix { rows: n, cols: k, data };
-            cpu_kernels::matmul_f16(Isa::best(), Pool::global(), x, tokens, w, out).map_err(|e| e.to_string())
+            let first = frame.arg(0)?;
+            let (tokens, k) = rows_cols(first, "input")?;
+            let x = elements::<f32>(first, dtype::F32, &[tokens, k], "input")?;
+            let (input, mut next) = match INPUT {
+                0 => (LinearInput::Rows(x), 1),
+                1 => {
+                    let weight = elements::<f32>(frame.arg(1)?, dtype::F32, &[k], "norm weight")?;
+                    let eps = elements::<f32>(frame.arg(2)?, dtype::F32, &[], "eps")?;
+                    (LinearInput::RmsNorm { x, weight, eps: eps[0] }, 3)
+                }
+                _ => {
+                    let up = elements::<f32>(frame.arg(1)?, dtype::F32, &[tokens, k], "up")?;
+                    (LinearInput::SwiGlu { gate: x, up }, 2)
+                }
+            };
+            let first_weight = frame.arg(next)?;
+            let (n, _) = rows_cols(first_weight, "weights")?;
+            let weights = if INT4 {
+                let groups = k / cpu_kernels::GROUP_SIZE;
+                let packed_ty = if first_weight.dtype == dtype::U8 { dtype::U8 } else { dtype::S8 };
+                let packed = elements::<u8>(first_weight, packed_ty, &[n, k / 2], "packed weights")?;
+                let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
+                let biases = elements::<u16>(frame.arg(next + 2)?, dtype::F16, &[n, groups], "biases")?;
+                next += 3;
+                LinearWeights::Int4(Int4Matrix { rows: n, cols: k, packed, scales, biases })
+            } else {
+                let data = elements::<u16>(first_weight, dtype::F16, &[n, k], "weights")?;
+                next += 1;
+                LinearWeights::F16(F16Matrix { rows: n, cols: k, data })
+            };
+            let residual = match RESIDUAL {
+                true => Some(elements::<f32>(frame.arg(next)?, dtype::F32, &[tokens, n], "residual")?),
+                false => None,
+            };
+            let out = result_elements::<f32>(frame.ret(0)?, dtype::F32, &[tokens, n], "result")?;
+            cpu_kernels::linear(Isa::best(), Pool::global(), input, tokens, weights, residual, out)
+                .map_err(|e| e.to_string())
         })
     }
 }
 
-/// `(x f32[T, K], packed i8[N, K/2], scales f16[N, K/32], biases f16[N, K/32]) -> f32[T, N]`.
-unsafe extern "C" fn matmul_int4(frame: *mut CallFrame) -> *mut XlaError {
-    // SAFETY: as for `matmul_f16`.
-    unsafe {
-        handle(frame, |frame| {
-            let (x, packed, scales, biases, out) =
-                (frame.arg(0)?, frame.arg(1)?, frame.arg(2)?, frame.arg(3)?, frame.ret(0)?);
-            let (tokens, k) = rows_cols(x, "x")?;
-            let (n, _) = rows_cols(packed, "packed weights")?;
-            let groups = k / cpu_kernels::GROUP_SIZE;
-            let x = elements::<f32>(x, dtype::F32, &[tokens, k], "x")?;
-            let packed_ty = if packed.dtype == dtype::U8 { dtype::U8 } else { dtype::S8 };
-            let packed = elements::<u8>(packed, packed_ty, &[n, k / 2], "packed weights")?;
-            let scales = elements::<u16>(scales, dtype::F16, &[n, groups], "scales")?;
-            let biases = elements::<u16>(biases, dtype::F16, &[n, groups], "biases")?;
-            let out = result_elements::<f32>(out, dtype::F32, &[tokens, n], "result")?;
-            let w = Int4Matrix { rows: n, cols: k, packed, scales, biases };
-            cpu_kernels::matmul_int4(Isa::best(), Pool::global(), x, tokens, w, out).map_err(|e| e.to_string())
-        })
+/// The handler of a linear target.
+fn linear_handler(format: WeightFormat, input: KernelInput, residual: bool) -> Handler {
+    use KernelInput::{RmsNorm, Rows, SwiGlu};
+    use WeightFormat::{Int4, F16};
+    match (format, input, residual) {
+        (F16, Rows, false) => linear::<false, 0, false>,
+        (F16, Rows, true) => linear::<false, 0, true>,
+        (F16, RmsNorm, false) => linear::<false, 1, false>,
+        (F16, RmsNorm, true) => linear::<false, 1, true>,
+        (F16, SwiGlu, false) => linear::<false, 2, false>,
+        (F16, SwiGlu, true) => linear::<false, 2, true>,
+        (Int4, Rows, false) => linear::<true, 0, false>,
+        (Int4, Rows, true) => linear::<true, 0, true>,
+        (Int4, RmsNorm, false) => linear::<true, 1, false>,
+        (Int4, RmsNorm, true) => linear::<true, 1, true>,
+        (Int4, SwiGlu, false) => linear::<true, 2, false>,
+        (Int4, SwiGlu, true) => linear::<true, 2, true>,
     }
 }
 

@@ -100,6 +100,39 @@ fn main() {
             report(name, n, k, &format!("int4 {}", short(isa)), secs, int4_bytes, bandwidth);
         }
     }
+    // A whole SmolLM2 decode step's products, each layer with its own weights (as in a model):
+    // what the kernels alone cost per token.
+    let layer_shapes = [(576usize, 576usize), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
+    let mut int4_layers = Vec::new();
+    let mut f16_layers = Vec::new();
+    for _ in 0..30 {
+        for &(n, k) in &layer_shapes {
+            let g = k / GROUP_SIZE;
+            int4_layers.push((n, k, vec![7u8; n * k / 2], vec![0x2c00u16; n * g], vec![0xb000u16; n * g]));
+            f16_layers.push((n, k, vec![0x3c00u16; n * k]));
+        }
+    }
+    let head = (49152usize, 576usize);
+    int4_layers.push((head.0, head.1, vec![7u8; head.0 * head.1 / 2], vec![0x2c00; head.0 * 18], vec![0xb000; head.0 * 18]));
+    f16_layers.push((head.0, head.1, vec![0x3c00u16; head.0 * head.1]));
+    let x = vec![0.1f32; 1536];
+    let mut out = vec![0.0f32; 49152];
+    let int4_bytes: usize = int4_layers.iter().map(|(n, k, ..)| n * k / 2 + 4 * n * k / GROUP_SIZE).sum();
+    let f16_bytes: usize = f16_layers.iter().map(|(n, k, _)| n * k * 2).sum();
+    let secs = time(1, |_| {
+        for (n, k, p, s, b) in &int4_layers {
+            let w = Int4Matrix { rows: *n, cols: *k, packed: p, scales: s, biases: b };
+            matmul_int4(Isa::best(), pool, &x[..*k], 1, w, &mut out[..*n]).unwrap();
+        }
+    });
+    report("smollm2 step", int4_layers.len(), 0, "int4 avx2", secs, int4_bytes, bandwidth);
+    let secs = time(1, |_| {
+        for (n, k, d) in &f16_layers {
+            matmul_f16(Isa::best(), pool, &x[..*k], 1, F16Matrix { rows: *n, cols: *k, data: d }, &mut out[..*n]).unwrap();
+        }
+    });
+    report("smollm2 step", f16_layers.len(), 0, "f16 avx2", secs, f16_bytes, bandwidth);
+
     // Attention of one step at a few fill levels of a 2048-position f32 cache (SmolLM2's heads).
     let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, capacity: 2048 };
     let q = vec![0.1f32; 9 * 64];

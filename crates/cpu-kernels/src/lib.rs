@@ -9,6 +9,8 @@
 //! - [`matmul_f16`]: `y = x W^T` for f16 `W` `[N, K]` and f32 `x` `[T, K]`;
 //! - [`matmul_int4`]: the same for seam's int4 format (ADR 0002: groups of 32 along `K`, an f16
 //!   scale and bias per group, element `2i` in the low nibble);
+//! - [`linear`]: either product with the RMSNorm or SwiGLU before it and the residual add after
+//!   it, so a runtime makes one call where a graph would make six;
 //! - [`attention_decode`]: one query position against the first `len` positions of a KV cache in
 //!   seam's layout (keys `[KVH, D, C]`, values `[KVH, C, D]`), grouped-query heads included.
 //!
@@ -21,12 +23,14 @@
 
 mod attention;
 mod isa;
+mod linear;
 mod matmul;
 pub mod pool;
 pub mod scalar;
 
 pub use attention::{attention_decode, AttentionShape};
 pub use isa::Isa;
+pub use linear::{linear, LinearInput, LinearWeights};
 pub use matmul::{matmul_f16, matmul_int4, F16Matrix, Int4Matrix, GROUP_SIZE};
 
 use std::fmt;

@@ -90,18 +90,55 @@ pub struct GraphOptions {
     pub host_kernels: Option<HostKernels>,
 }
 
-/// The custom-call target of the f16 matrix product: `(x f32[T, K], w f16[M, K]) -> f32[T, M]`.
-pub const MATMUL_F16_TARGET: &str = "seam_matmul_f16";
-/// The custom-call target of the int4 matrix product: `(x f32[T, K], packed i8[M, K/2],
-/// scales f16[M, K/32], biases f16[M, K/32]) -> f32[T, M]` (seam's int4 format, ADR 0002).
-pub const MATMUL_INT4_TARGET: &str = "seam_matmul_int4";
+/// What a linear kernel call reads before its product (the runtime's kernel computes it, as
+/// `cpu_kernels::LinearInput` does): operands first, then the weight's, then the residual's.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum KernelInput {
+    /// `x f32[T, K]` as it is.
+    Rows,
+    /// `x f32[T, K], norm f32[K], eps f32[]`: the RMSNorm of each row.
+    RmsNorm,
+    /// `gate f32[T, K], up f32[T, K]`: `silu(gate) * up`.
+    SwiGlu,
+}
+
+/// The custom-call target of a linear layer through seam's kernels: `(input operands
+/// ([`KernelInput`]), weight operands, [residual f32[T, M]]) -> f32[T, M]`, the weight operands
+/// being `w f16[M, K]` (fp16) or `packed i8[M, K/2], scales f16[M, K/32], biases f16[M, K/32]`
+/// (int4, ADR 0002), and the residual, when present, added to the product.
+pub fn linear_target(format: WeightFormat, input: KernelInput, residual: bool) -> String {
+    let format = match format {
+        WeightFormat::F16 => "f16",
+        WeightFormat::Int4 => "int4",
+    };
+    let input = match input {
+        KernelInput::Rows => "",
+        KernelInput::RmsNorm => "_rmsnorm",
+        KernelInput::SwiGlu => "_swiglu",
+    };
+    let residual = if residual { "_residual" } else { "" };
+    format!("seam_linear_{format}{input}{residual}")
+}
+
+/// Every linear target a runtime registers, with what it computes.
+pub fn linear_targets() -> Vec<(String, WeightFormat, KernelInput, bool)> {
+    let mut out = Vec::new();
+    for format in [WeightFormat::F16, WeightFormat::Int4] {
+        for input in [KernelInput::Rows, KernelInput::RmsNorm, KernelInput::SwiGlu] {
+            for residual in [false, true] {
+                out.push((linear_target(format, input, residual), format, input, residual));
+            }
+        }
+    }
+    out
+}
+
 /// The custom-call target of one position's attention: `(q f32[H, D], keys f32[KVH, D, C],
 /// values f32[KVH, C, D], position i32[]) -> f32[H, D]`, over cache positions `0..=position`.
 pub const ATTENTION_DECODE_TARGET: &str = "seam_attention_decode";
 
 /// Graphs that call seam's CPU kernels (the `cpu-kernels` crate) as custom calls, for a runtime
-/// that registers them under [`MATMUL_F16_TARGET`], [`MATMUL_INT4_TARGET`] and
-/// [`ATTENTION_DECODE_TARGET`] (XLA's CPU plugin through the PJRT FFI extension, ADR 0011).
+/// that registers them under [`linear_targets`] and [`ATTENTION_DECODE_TARGET`] (XLA's CPU plugin through the PJRT FFI extension, ADR 0011).
 ///
 /// With them, fp16 matrices are laid out row-major ([`crate::DenseLayout::RowMajor`]), the
 /// layout the kernels read; calls of more than `max_tokens` rows (long prefills) keep the dots,
@@ -342,13 +379,8 @@ pub const PREFILL_DEQUANTIZE_MIN_TOKENS: usize = 8;
 /// `y = x W^T` for `x` f32 `[T, K]` and a weight of Hugging Face shape `[M, K]`: f32 `[T, M]`.
 fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
     match w {
-        MatrixArg::Dense { w, transposed: false, kernel: true } => {
-            let ty = Ty::new(&[x.dims()[0], w.dims()[0]], Elem::F32);
-            b.custom_call(MATMUL_F16_TARGET, &[x, w], ty)
-        }
-        MatrixArg::Int4 { packed, scales, biases, kernel: true, .. } => {
-            let ty = Ty::new(&[x.dims()[0], packed.dims()[0]], Elem::F32);
-            b.custom_call(MATMUL_INT4_TARGET, &[x, packed, scales, biases], ty)
+        MatrixArg::Dense { kernel: true, .. } | MatrixArg::Int4 { kernel: true, .. } => {
+            kernel_linear(b, &[x], KernelInput::Rows, w, None)
         }
         MatrixArg::Dense { w, transposed, .. } => {
             let w = b.convert(w, Elem::F32);
@@ -420,6 +452,31 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             let offset = b.dot_general(&xsum, &bias, (&[], &[]), (&[1], &[1])); // [T, M]
             b.add(&y, &offset)
         }
+    }
+}
+
+/// A linear layer through the runtime's kernel ([`linear_target`]): `inputs` are the operands
+/// of `input` (`[x]`, `[x, norm, eps]` or `[gate, up]`), `residual` is added to the product.
+fn kernel_linear(b: &mut FnBuilder, inputs: &[&Val], input: KernelInput, w: &MatrixArg, residual: Option<&Val>) -> Val {
+    let t = inputs[0].dims()[0];
+    let (format, mut operands, m) = match w {
+        MatrixArg::Dense { w, transposed: false, .. } => (WeightFormat::F16, vec![w], w.dims()[0]),
+        MatrixArg::Int4 { packed, scales, biases, .. } => {
+            (WeightFormat::Int4, vec![packed, scales, biases], packed.dims()[0])
+        }
+        MatrixArg::Dense { transposed: true, .. } => unreachable!("the kernels read row-major matrices"),
+    };
+    let mut all: Vec<&Val> = inputs.to_vec();
+    all.append(&mut operands);
+    all.extend(residual);
+    let target = linear_target(format, input, residual.is_some());
+    b.custom_call(&target, &all, Ty::new(&[t, m], Elem::F32))
+}
+
+impl MatrixArg {
+    /// Whether products with this matrix go through the runtime's kernel.
+    fn is_kernel(&self) -> bool {
+        matches!(self, MatrixArg::Dense { kernel: true, .. } | MatrixArg::Int4 { kernel: true, .. })
     }
 }
 
@@ -586,10 +643,20 @@ fn decoder_layer(
     let mlp_norm = w.norm();
     let (w_gate, w_up, w_down) = (w.matrix(), w.matrix(), w.matrix());
 
-    let normed = rms_norm(b, &x, &attn_norm, eps);
-    let q = linear(b, &normed, &wq);
-    let k = linear(b, &normed, &wk);
-    let v = linear(b, &normed, &wv);
+    // Through the kernels, each product takes the un-normalized rows and normalizes them itself
+    // (one call instead of the four small operations of the norm and the product).
+    let fused = wq.is_kernel();
+    let eps_val = fused.then(|| b.const_f32(eps, &[]));
+    let (q, k, v) = match &eps_val {
+        Some(e) => {
+            let normed = |b: &mut FnBuilder, w: &MatrixArg| kernel_linear(b, &[&x, &attn_norm, e], KernelInput::RmsNorm, w, None);
+            (normed(b, &wq), normed(b, &wk), normed(b, &wv))
+        }
+        None => {
+            let normed = rms_norm(b, &x, &attn_norm, eps);
+            (linear(b, &normed, &wq), linear(b, &normed, &wk), linear(b, &normed, &wv))
+        }
+    };
     let q = b.reshape(&q, &[t, n_heads, d]);
     let k = b.reshape(&k, &[t, n_kv, d]);
     let v = b.reshape(&v, &[t, n_kv, d]);
@@ -682,6 +749,14 @@ fn decoder_layer(
     let attn = b.reshape(&attn, &[n_kv, group, t, d]);
     let attn = b.transpose(&attn, &[2, 0, 1, 3]);
     let attn = b.reshape(&attn, &[t, n_heads * d]);
+    if let Some(e) = &eps_val {
+        // The residual adds, the MLP's norm and its SwiGLU all inside the kernels' calls.
+        x = kernel_linear(b, &[&attn], KernelInput::Rows, &wo, Some(&x));
+        let gate = kernel_linear(b, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_gate, None);
+        let up = kernel_linear(b, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_up, None);
+        x = kernel_linear(b, &[&gate, &up], KernelInput::SwiGlu, &w_down, Some(&x));
+        return (x, kv);
+    }
     let projected = linear(b, &attn, &wo);
     x = b.add(&x, &projected);
 
@@ -918,9 +993,14 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
         }
         None => x.clone(),
     };
-    let last = rms_norm(&mut b, &last, &final_norm, eps);
     let head = if config.tie_word_embeddings { embed } else { w.matrix() };
-    let logits = linear(&mut b, &last, &head);
+    let logits = if head.is_kernel() {
+        let e = b.const_f32(eps, &[]);
+        kernel_linear(&mut b, &[&last, &final_norm, &e], KernelInput::RmsNorm, &head, None)
+    } else {
+        let last = rms_norm(&mut b, &last, &final_norm, eps);
+        linear(&mut b, &last, &head)
+    };
     let logits = b.reshape(&logits, &[vocab]);
     // First index of the maximum, like session_api's argmax.
     let token = b.argmax(&logits);
@@ -1227,9 +1307,11 @@ mod tests {
             let base =
                 GraphOptions { layers: LayerMode::UnrolledCachePerLayer, cache: StorageDtype::F32, ..options(format) };
             let with = GraphOptions { host_kernels: Some(HostKernels { max_tokens: 1 }), ..base.clone() };
-            let target = if format == WeightFormat::F16 { MATMUL_F16_TARGET } else { MATMUL_INT4_TARGET };
+            let target = linear_target(format, KernelInput::Rows, false);
+            let target = target.as_str();
+            // Every linear target starts with the plain one's name.
             let calls = |o: &GraphOptions, spec: GraphSpec, target: &str| {
-                emit_module(&c, o, &[spec]).unwrap().matches(&format!("call_target_name = \"{target}\"")).count()
+                emit_module(&c, o, &[spec]).unwrap().matches(&format!("call_target_name = \"{target}")).count()
             };
             // Seven products per layer plus the LM head, one attention per layer.
             assert_eq!(calls(&with, DECODE, target), 7 * layers + 1, "{format}");

@@ -23,5 +23,5 @@ pub use buckets::{buckets_for_context, plan_prefill, plan_prefill_embeddings, Pl
 pub use error::GraphError;
 pub use graph::{
     cache_arg_shapes, emit_entry_module, emit_module, GraphKind, GraphOptions, GraphSpec, HostKernels, LayerMode,
-    ATTENTION_DECODE_TARGET, MATMUL_F16_TARGET, MATMUL_INT4_TARGET, PREFILL_DEQUANTIZE_MIN_TOKENS,
+    linear_target, linear_targets, KernelInput, ATTENTION_DECODE_TARGET, PREFILL_DEQUANTIZE_MIN_TOKENS,
 };

@@ -1,0 +1,103 @@
+//! A linear layer with what surrounds it in a decoder layer: the input RMS-normalized or gated
+//! (SwiGLU) on the way in, a residual added on the way out. One call instead of the five or six
+//! small operations a graph would otherwise run around each product; in a decode step those
+//! small operations, not their arithmetic, are what costs.
+
+use crate::pool::Pool;
+use crate::{check_len, matmul_f16, matmul_int4, F16Matrix, Int4Matrix, Isa, ShapeError};
+use std::cell::RefCell;
+
+/// What the product reads, `[tokens, cols]` once prepared.
+#[derive(Debug, Clone, Copy)]
+pub enum LinearInput<'a> {
+    /// The rows as they are.
+    Rows(&'a [f32]),
+    /// `weight * (x * (1 / sqrt(mean(x²) + eps)))` of each row, as the reference computes RMSNorm.
+    RmsNorm { x: &'a [f32], weight: &'a [f32], eps: f32 },
+    /// `silu(gate) * up`, element-wise, with `silu(g) = g / (1 + exp(-g))`.
+    SwiGlu { gate: &'a [f32], up: &'a [f32] },
+}
+
+/// The weights of a linear layer.
+#[derive(Debug, Clone, Copy)]
+pub enum LinearWeights<'a> {
+    F16(F16Matrix<'a>),
+    Int4(Int4Matrix<'a>),
+}
+
+impl LinearWeights<'_> {
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            LinearWeights::F16(w) => (w.rows, w.cols),
+            LinearWeights::Int4(w) => (w.rows, w.cols),
+        }
+    }
+}
+
+thread_local! {
+    static PREPARED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// `out = residual + prepare(input) W^T` (`residual` optional), for `tokens` rows; `out` is
+/// `[tokens, rows of W]`.
+pub fn linear(
+    isa: Isa,
+    pool: &Pool,
+    input: LinearInput<'_>,
+    tokens: usize,
+    w: LinearWeights<'_>,
+    residual: Option<&[f32]>,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    let (n, k) = w.shape();
+    check_len("output", out.len(), tokens * n)?;
+    if let Some(r) = residual {
+        check_len("residual", r.len(), tokens * n)?;
+    }
+    let run = |x: &[f32], out: &mut [f32]| match w {
+        LinearWeights::F16(w) => matmul_f16(isa, pool, x, tokens, w, out),
+        LinearWeights::Int4(w) => matmul_int4(isa, pool, x, tokens, w, out),
+    };
+    match input {
+        LinearInput::Rows(x) => run(x, out)?,
+        LinearInput::RmsNorm { x, weight, eps } => {
+            check_len("x", x.len(), tokens * k)?;
+            check_len("norm weight", weight.len(), k)?;
+            PREPARED.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                buf.resize(tokens * k, 0.0);
+                for (row, dst) in x.chunks_exact(k).zip(buf.chunks_exact_mut(k)) {
+                    rms_norm(row, weight, eps, dst);
+                }
+                run(&buf, out)
+            })?
+        }
+        LinearInput::SwiGlu { gate, up } => {
+            check_len("gate", gate.len(), tokens * k)?;
+            check_len("up", up.len(), tokens * k)?;
+            PREPARED.with(|buf| {
+                let mut buf = buf.borrow_mut();
+                buf.resize(tokens * k, 0.0);
+                for ((d, &g), &u) in buf.iter_mut().zip(gate).zip(up) {
+                    *d = g / (1.0 + (-g).exp()) * u;
+                }
+                run(&buf, out)
+            })?
+        }
+    }
+    if let Some(r) = residual {
+        for (o, &r) in out.iter_mut().zip(r) {
+            *o += r;
+        }
+    }
+    Ok(())
+}
+
+/// RMSNorm of one row, in the reference's order of operations.
+fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let mean_square = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+    let inv = 1.0 / (mean_square + eps).sqrt();
+    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+        *o = w * (v * inv);
+    }
+}
