@@ -9,10 +9,10 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{AttentionShape, F16Matrix, Int4Matrix, Isa, LinearInput, LinearWeights};
-use session_api::WeightFormat;
-use stablehlo_llama::KernelInput;
 use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError};
 use pjrt_runtime::Plugin;
+use session_api::WeightFormat;
+use stablehlo_llama::KernelInput;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};

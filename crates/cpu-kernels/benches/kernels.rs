@@ -102,7 +102,8 @@ fn main() {
     }
     // A whole SmolLM2 decode step's products, each layer with its own weights (as in a model):
     // what the kernels alone cost per token.
-    let layer_shapes = [(576usize, 576usize), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
+    let layer_shapes =
+        [(576usize, 576usize), (192, 576), (192, 576), (576, 576), (1536, 576), (1536, 576), (576, 1536)];
     let mut int4_layers = Vec::new();
     let mut f16_layers = Vec::new();
     for _ in 0..30 {
@@ -113,7 +114,13 @@ fn main() {
         }
     }
     let head = (49152usize, 576usize);
-    int4_layers.push((head.0, head.1, vec![7u8; head.0 * head.1 / 2], vec![0x2c00; head.0 * 18], vec![0xb000; head.0 * 18]));
+    int4_layers.push((
+        head.0,
+        head.1,
+        vec![7u8; head.0 * head.1 / 2],
+        vec![0x2c00; head.0 * 18],
+        vec![0xb000; head.0 * 18],
+    ));
     f16_layers.push((head.0, head.1, vec![0x3c00u16; head.0 * head.1]));
     let x = vec![0.1f32; 1536];
     let mut out = vec![0.0f32; 49152];
@@ -128,7 +135,8 @@ fn main() {
     report("smollm2 step", int4_layers.len(), 0, "int4 avx2", secs, int4_bytes, bandwidth);
     let secs = time(1, |_| {
         for (n, k, d) in &f16_layers {
-            matmul_f16(Isa::best(), pool, &x[..*k], 1, F16Matrix { rows: *n, cols: *k, data: d }, &mut out[..*n]).unwrap();
+            matmul_f16(Isa::best(), pool, &x[..*k], 1, F16Matrix { rows: *n, cols: *k, data: d }, &mut out[..*n])
+                .unwrap();
         }
     });
     report("smollm2 step", f16_layers.len(), 0, "f16 avx2", secs, f16_bytes, bandwidth);

@@ -105,6 +105,10 @@ pub fn matmul_f16(
 /// summed in pairs, stay far inside i32.
 const I16_RANGE: f32 = 32767.0;
 
+/// How much finer the second i16 of an activation is than the first (2^15: the first's rounding
+/// error, at most half a step, is then at most 16384 fine steps).
+const FINE: f32 = 32768.0;
+
 /// Activations prepared for the int4 fast path, reused across calls on one thread.
 #[derive(Default)]
 struct Int4Scratch {
@@ -120,10 +124,10 @@ thread_local! {
 /// `out[t, n] = x[t, :] · W[n, :]` for int4 `W`: `x` is `[tokens, cols]`, `out` `[tokens, rows]`.
 ///
 /// Computed per group as `scale · (x_g · q_g) + bias · Σ x_g`; the dequantized matrix never
-/// exists. On the fast paths `x_g · q_g` is an integer dot product: each group of activations is
-/// rounded to i16 against its largest magnitude (a relative error below 2^-15 per input, far
-/// under f32 tolerances of a whole forward pass), the nibbles are widened to i16 in registers,
-/// and pairs are multiplied and added in one instruction. The bias term uses the exact f32 sums.
+/// exists. On the fast paths `x_g · q_g` is two integer dot products: each group of activations
+/// is written as two i16 parts against its largest magnitude (to about 2^-30 of it: f32's
+/// precision), the nibbles are widened to i16 in registers, and pairs are multiplied and added
+/// in one instruction. The bias term uses the exact f32 sums.
 pub fn matmul_int4(
     isa: Isa,
     pool: &Pool,
@@ -169,15 +173,18 @@ pub fn matmul_int4(
         });
         return Ok(());
     }
-    // Each token's activations as the fast path reads them: per group, the 16 inputs that meet
-    // low nibbles, then the 16 that meet high nibbles, rounded to i16 against the group's largest
-    // magnitude (so the products are exact integer multiply-adds); per group, that step and the
-    // exact f32 sum of the inputs (for the bias term).
+    // Each token's activations as the fast path reads them, per group of 32: the inputs that meet
+    // low nibbles, then those that meet high nibbles, as i16 multiples of the group's step (its
+    // largest magnitude / 32767), then the same for what that rounding left over, in steps 2^15
+    // times finer. The two integer dot products together carry the activations to about 2^-30
+    // of the group's largest magnitude: f32's precision, where one i16 alone lost too much on
+    // groups with an outlier. Per group also the step and the exact f32 sum of the inputs (for the
+    // bias term).
     INT4_SCRATCH.with(|scratch| {
         let mut scratch = scratch.borrow_mut();
         let Int4Scratch { quantized, steps, sums } = &mut *scratch;
         quantized.clear();
-        quantized.resize(tokens * k, 0);
+        quantized.resize(tokens * k * 2, 0);
         steps.clear();
         steps.resize(tokens * groups, 0.0);
         sums.clear();
@@ -186,13 +193,18 @@ pub fn matmul_int4(
             let xr = &x[t * k..(t + 1) * k];
             for g in 0..groups {
                 let src = &xr[g * GROUP_SIZE..(g + 1) * GROUP_SIZE];
-                let dst = &mut quantized[t * k + g * GROUP_SIZE..t * k + (g + 1) * GROUP_SIZE];
+                let at = (t * groups + g) * 2 * GROUP_SIZE;
+                let dst = &mut quantized[at..at + 2 * GROUP_SIZE];
                 let max = src.iter().fold(0.0f32, |m, v| m.max(v.abs()));
                 let step = max / I16_RANGE;
                 let inv = if step > 0.0 { 1.0 / step } else { 0.0 };
-                for i in 0..GROUP_SIZE / 2 {
-                    dst[i] = (src[2 * i] * inv).round() as i16;
-                    dst[GROUP_SIZE / 2 + i] = (src[2 * i + 1] * inv).round() as i16;
+                for i in 0..GROUP_SIZE {
+                    // Input order within the group: the 16 low-nibble inputs, then the 16 high.
+                    let v = if i < GROUP_SIZE / 2 { src[2 * i] } else { src[2 * (i - GROUP_SIZE / 2) + 1] };
+                    let coarse = (v * inv).round();
+                    let rest = ((v * inv - coarse) * FINE).round();
+                    dst[i] = coarse as i16;
+                    dst[GROUP_SIZE + i] = rest as i16;
                 }
                 steps[t * groups + g] = step;
                 sums[t * groups + g] = src.iter().sum();
@@ -202,7 +214,7 @@ pub fn matmul_int4(
         for_each_row(pool, n, tokens, out, &|row, put| {
             let (p, s, b) = row_of(&w, row, groups);
             for t in 0..tokens {
-                let xq = &quantized[t * k..(t + 1) * k];
+                let xq = &quantized[t * 2 * k..(t + 1) * 2 * k];
                 let st = &steps[t * groups..(t + 1) * groups];
                 let gs = &sums[t * groups..(t + 1) * groups];
                 // SAFETY: the CPU supports the path (checked above).
@@ -342,9 +354,9 @@ mod avx2 {
         total
     }
 
-    /// One int4 row times activations prepared by `matmul_int4` (`xq`: per group the i16 inputs
-    /// of the low nibbles, then of the high ones; `steps`: each group's rounding step; `sums`:
-    /// each group's exact sum of inputs).
+    /// One int4 row times activations prepared by `matmul_int4` (`xq`: per group 32 coarse i16
+    /// inputs, those of the low nibbles first, then the 32 fine ones; `steps`: each group's
+    /// coarse step; `sums`: each group's exact sum of inputs).
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_int4(
         xq: &[i16],
@@ -355,10 +367,11 @@ mod avx2 {
         biases: &[u16],
     ) -> f32 {
         let groups = sums.len();
-        debug_assert!(xq.len() == groups * GROUP_SIZE && packed.len() == groups * GROUP_SIZE / 2);
+        debug_assert!(xq.len() == groups * 2 * GROUP_SIZE && packed.len() == groups * GROUP_SIZE / 2);
         debug_assert!(steps.len() == groups && scales.len() == groups && biases.len() == groups);
         let (xp, pp) = (xq.as_ptr(), packed.as_ptr());
         let low4 = _mm_set1_epi8(0x0f);
+        let fine_scale = _mm256_set1_ps(1.0 / super::FINE);
         let mut acc0 = _mm256_setzero_ps();
         let mut acc1 = _mm256_setzero_ps();
         let mut g = 0;
@@ -367,10 +380,17 @@ mod avx2 {
             let bytes = _mm_loadu_si128(pp.add(gi * 16) as *const __m128i);
             let lo = _mm256_cvtepu8_epi16(_mm_and_si128(bytes, low4));
             let hi = _mm256_cvtepu8_epi16(_mm_and_si128(_mm_srli_epi16(bytes, 4), low4));
-            let x = xp.add(gi * GROUP_SIZE);
-            let dl = _mm256_madd_epi16(lo, _mm256_loadu_si256(x as *const __m256i));
-            let dh = _mm256_madd_epi16(hi, _mm256_loadu_si256(x.add(16) as *const __m256i));
-            _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_add_epi32(dl, dh)), factor, acc)
+            let x = xp.add(gi * 2 * GROUP_SIZE);
+            let coarse = _mm256_add_epi32(
+                _mm256_madd_epi16(lo, _mm256_loadu_si256(x as *const __m256i)),
+                _mm256_madd_epi16(hi, _mm256_loadu_si256(x.add(16) as *const __m256i)),
+            );
+            let fine = _mm256_add_epi32(
+                _mm256_madd_epi16(lo, _mm256_loadu_si256(x.add(32) as *const __m256i)),
+                _mm256_madd_epi16(hi, _mm256_loadu_si256(x.add(48) as *const __m256i)),
+            );
+            let d = _mm256_fmadd_ps(_mm256_cvtepi32_ps(fine), fine_scale, _mm256_cvtepi32_ps(coarse));
+            _mm256_fmadd_ps(d, factor, acc)
         };
         // Eight groups at a time: their scales widened at once and multiplied by the steps, each
         // group's factor then broadcast from its lane in registers.

@@ -240,10 +240,16 @@ pub fn load_engine<R: GraphRuntime>(
         (uploaded, compiled)
     });
     let (weight_bytes, gathered_bytes) = uploaded?;
-    // Every decode step attends over the whole cache (masked), keys and values of every layer.
+    // A decode step of the pure graphs attends over the whole cache (masked), keys and values of
+    // every layer; through the attention kernel it reads only the filled positions, which depend
+    // on the conversation, so the figure leaves the cache out (a lower bound).
     let c = &config;
-    let cache_bytes = (c.num_hidden_layers * c.num_key_value_heads * c.head_dim * options.max_context * 2) as u64
-        * options.cache.arg_dtype().size() as u64;
+    let cache_bytes = if options.decode_attention_kernel() {
+        0
+    } else {
+        (c.num_hidden_layers * c.num_key_value_heads * c.head_dim * options.max_context * 2) as u64
+            * options.cache.arg_dtype().size() as u64
+    };
     let compile_report = compiled?;
     request.report(compiling, graphs.len() as u64, Some(graphs.len() as u64));
 

@@ -225,7 +225,9 @@ pub struct EngineInfo {
     pub weight_bytes: u64,
     /// Bytes one decode step reads from device memory, where the backend knows it: the resident
     /// weights it multiplies by (an untied embedding table is only gathered from) and the KV cache
-    /// it attends over. With tokens per second it gives the memory bandwidth decode reaches.
+    /// it attends over where that does not depend on the conversation (a graph that masks the
+    /// whole cache; a kernel that reads only the filled positions is left out, so the figure is
+    /// then a lower bound). With tokens per second it gives the memory bandwidth decode reaches.
     pub decode_bytes_per_token: Option<u64>,
 }
 

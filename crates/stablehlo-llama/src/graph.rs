@@ -173,6 +173,14 @@ impl GraphOptions {
         }
     }
 
+    /// Whether the one-token graphs attend through [`ATTENTION_DECODE_TARGET`], reading only the
+    /// filled cache positions: host kernels, per-layer caches, an f32 cache (what the kernel reads).
+    pub fn decode_attention_kernel(&self) -> bool {
+        self.host_kernels.is_some()
+            && self.layers == LayerMode::UnrolledCachePerLayer
+            && self.cache == StorageDtype::F32
+    }
+
     /// Whether calls of `rows` rows multiply through the host kernels.
     fn kernel_rows(&self, rows: usize) -> bool {
         self.host_kernels.is_some_and(|k| rows <= k.max_tokens)
@@ -649,7 +657,9 @@ fn decoder_layer(
     let eps_val = fused.then(|| b.const_f32(eps, &[]));
     let (q, k, v) = match &eps_val {
         Some(e) => {
-            let normed = |b: &mut FnBuilder, w: &MatrixArg| kernel_linear(b, &[&x, &attn_norm, e], KernelInput::RmsNorm, w, None);
+            let normed = |b: &mut FnBuilder, w: &MatrixArg| {
+                kernel_linear(b, &[&x, &attn_norm, e], KernelInput::RmsNorm, w, None)
+            };
             (normed(b, &wq), normed(b, &wk), normed(b, &wv))
         }
         None => {
@@ -898,7 +908,7 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
         NewKv { k: zeros(&[layers, n_kv, d, t]), v: zeros(&[layers, n_kv, t, d]) }
     });
 
-    let attention_kernel = per_layer && t == 1 && options.host_kernels.is_some() && cache_elem == Elem::F32;
+    let attention_kernel = t == 1 && options.decode_attention_kernel();
     let shared = LayerInputs {
         cos,
         sin,

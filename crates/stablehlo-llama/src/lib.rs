@@ -22,6 +22,6 @@ pub use arguments::{
 pub use buckets::{buckets_for_context, plan_prefill, plan_prefill_embeddings, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;
 pub use graph::{
-    cache_arg_shapes, emit_entry_module, emit_module, GraphKind, GraphOptions, GraphSpec, HostKernels, LayerMode,
-    linear_target, linear_targets, KernelInput, ATTENTION_DECODE_TARGET, PREFILL_DEQUANTIZE_MIN_TOKENS,
+    cache_arg_shapes, emit_entry_module, emit_module, linear_target, linear_targets, GraphKind, GraphOptions,
+    GraphSpec, HostKernels, KernelInput, LayerMode, ATTENTION_DECODE_TARGET, PREFILL_DEQUANTIZE_MIN_TOKENS,
 };
