@@ -9,10 +9,10 @@
 use crate::compiler::{compile_cached, CompilerChoice};
 use crate::device::IreeDevice;
 use crate::worker::{CacheId, CacheShape, WorkerHandle};
-use graph_engine::{CacheOutcome, CompileReport, GraphCall, GraphOutput, GraphRuntime, LoadedModel};
+use graph_engine::{CacheOutcome, CompileReport, GraphCall, GraphOutput, GraphRuntime, LoadedModel, PreparedWeights};
 use llama_model::LlamaConfig;
 use session_api::Result;
-use stablehlo_llama::{emit_module, GraphOptions, GraphSpec, HostArg};
+use stablehlo_llama::{emit_module, GraphOptions, GraphSpec};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
@@ -105,8 +105,8 @@ impl GraphRuntime for IreeRuntime {
         Ok(report)
     }
 
-    fn upload_weights(&self, weights: Vec<HostArg>) -> Result<()> {
-        Ok(self.worker.upload_weights(weights)?)
+    fn upload_weights(&self, weights: &PreparedWeights) -> Result<()> {
+        Ok(self.worker.upload_weights(weights.clone())?)
     }
 
     fn new_cache(&self) -> Result<IreeCache> {

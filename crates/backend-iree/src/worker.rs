@@ -17,9 +17,9 @@ use crate::device::IreeDevice;
 use crate::error::IreeError;
 use eerie::runtime::{BufferElement, BufferView, Value};
 use eerie::runtime::{Program, Runtime};
-use graph_engine::{GraphCall, GraphInput, GraphOutput};
+use graph_engine::{GraphCall, GraphInput, GraphOutput, PreparedArg, PreparedWeights};
 use half::f16;
-use stablehlo_llama::{ArgDtype, HostArg};
+use stablehlo_llama::ArgDtype;
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Sender};
 
@@ -105,8 +105,8 @@ impl WorkerHandle {
     }
 
     /// Uploads the weights, in the graphs' argument order, once for every later step.
-    pub fn upload_weights(&self, args: Vec<HostArg>) -> Result<(), IreeError> {
-        self.run(move |state| state.upload(args))
+    pub fn upload_weights(&self, weights: PreparedWeights) -> Result<(), IreeError> {
+        self.run(move |state| state.upload(&weights))
     }
 
     /// Allocates a zeroed KV cache (keys and values) of `shape`.
@@ -155,24 +155,32 @@ struct WorkerState {
 }
 
 impl WorkerState {
-    fn upload(&mut self, args: Vec<HostArg>) -> Result<(), IreeError> {
-        let view = |arg: &HostArg| match arg.spec.dtype {
-            ArgDtype::F32 => self.view::<f32>(&arg.spec.shape, &arg.bytes),
-            ArgDtype::F16 => self.view::<f16>(&arg.spec.shape, &arg.bytes),
-            ArgDtype::I32 => self.view::<i32>(&arg.spec.shape, &arg.bytes),
-            ArgDtype::I8 => self.view::<i8>(&arg.spec.shape, &arg.bytes),
+    fn upload(&mut self, weights: &PreparedWeights) -> Result<(), IreeError> {
+        let view = |arg: &PreparedArg| {
+            let bytes = weights.bytes(arg);
+            match arg.spec.dtype {
+                ArgDtype::F32 => self.view::<f32>(&arg.spec.shape, bytes),
+                ArgDtype::F16 => self.view::<f16>(&arg.spec.shape, bytes),
+                ArgDtype::I32 => self.view::<i32>(&arg.spec.shape, bytes),
+                ArgDtype::I8 => self.view::<i8>(&arg.spec.shape, bytes),
+            }
         };
-        self.weights = args.iter().map(view).collect::<Result<_, _>>()?;
+        self.weights = weights.args().iter().map(view).collect::<Result<_, _>>()?;
         Ok(())
     }
 
     /// A device buffer of `T` from upload bytes, which are little-endian like every host seam
-    /// builds for (x86-64, aarch64), so they are the host's own layout of `T`.
+    /// builds for (x86-64, aarch64), so they are the host's own layout of `T`. Aligned bytes (a
+    /// prepared-weights mapping) are read in place; others are copied into a `T` vector first.
     fn view<T: BufferElement + bytemuck::Pod>(&self, shape: &[usize], bytes: &[u8]) -> Result<Value, IreeError>
     where
         Value: From<BufferView<T>>,
     {
-        Ok(self.runtime.buffer_view(shape, &bytemuck::pod_collect_to_vec::<u8, T>(bytes))?.into())
+        let values: std::borrow::Cow<'_, [T]> = match bytemuck::try_cast_slice(bytes) {
+            Ok(values) => std::borrow::Cow::Borrowed(values),
+            Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec::<u8, T>(bytes)),
+        };
+        Ok(self.runtime.buffer_view(shape, &values)?.into())
     }
 
     fn new_cache(&mut self, shape: CacheShape, contents: Option<(Vec<f16>, Vec<f16>)>) -> Result<CacheId, IreeError> {

@@ -11,11 +11,12 @@
 
 use graph_engine::{
     ArtifactCache, CacheOutcome, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime, LoadedModel,
+    PreparedWeights,
 };
 use llama_model::LlamaConfig;
 use pjrt_runtime::{Buffer, Client, CompileOptions, ElementType, ExecuteArg, LoadedExecutable, PjrtError, Plugin};
 use session_api::{Result, SeamError};
-use stablehlo_llama::{cache_arg_shapes, emit_entry_module, ArgDtype, GraphKind, GraphOptions, GraphSpec, HostArg};
+use stablehlo_llama::{cache_arg_shapes, emit_entry_module, ArgDtype, GraphKind, GraphOptions, GraphSpec};
 use std::collections::HashMap;
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex, OnceLock, RwLock};
@@ -168,10 +169,20 @@ impl GraphRuntime for PjrtRuntime {
         Ok(report)
     }
 
-    fn upload_weights(&self, weights: Vec<HostArg>) -> Result<()> {
+    fn upload_weights(&self, weights: &PreparedWeights) -> Result<()> {
         let buffers = weights
+            .args()
             .iter()
-            .map(|arg| self.client.buffer_from_host(&arg.bytes, element(arg.spec.dtype), &arg.spec.shape))
+            .map(|arg| {
+                let (dtype, shape) = (element(arg.spec.dtype), &arg.spec.shape);
+                if self.host_memory {
+                    // The buffers are views of the mapped weights: paged in as the graphs read
+                    // them, held once, nothing copied at load.
+                    self.client.buffer_aliasing_host(weights.memory(), arg.range.clone(), dtype, shape)
+                } else {
+                    self.client.buffer_from_host(weights.bytes(arg), dtype, shape)
+                }
+            })
             .collect::<std::result::Result<Vec<_>, _>>()
             .map_err(pjrt_error)?;
         self.weights.set(buffers).map_err(|_| SeamError::Backend("the weights were uploaded twice".into()))

@@ -10,7 +10,11 @@
 //! - prefill throughput at each prompt length (a new session, one `prefill` of the whole prompt;
 //!   time to first token is the same call plus creating the session);
 //! - decode throughput over `--decode-tokens` greedy steps after a short prompt, with per-step
-//!   p50 / p90.
+//!   p50 / p90;
+//! - a new process: `seam run --max-tokens 1` on the same backend, format and model, with every
+//!   cache warm, timed from spawn to exit, with the load, time to first token and resident
+//!   memory (after the load, and its peak) it reports: what a user waits for and pays on every
+//!   start (`--no-process` skips it).
 //!
 //! Prompts are deterministic token ids spread over the vocabulary, so every backend sees the same
 //! work; greedy decoding then follows the model. Results print as a table and, with `--json`, as
@@ -52,6 +56,9 @@ pub struct BenchArgs {
     /// Skip the cold load (which compiles every graph again).
     #[arg(long)]
     no_cold: bool,
+    /// Skip the new-process runs (`seam run --max-tokens 1`, timed end to end).
+    #[arg(long)]
+    no_process: bool,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -107,6 +114,23 @@ struct DecodeMemory {
     fraction: Option<f64>,
 }
 
+/// `seam run --max-tokens 1` in a new process, every cache warm.
+#[derive(Debug, Serialize)]
+struct ProcessResult {
+    /// The command line after the program name.
+    args: Vec<String>,
+    /// Spawn to exit.
+    wall_ms: Spread,
+    /// The load as the process reports it.
+    load_ms: Spread,
+    /// Session, prompt and first token, as the process reports it.
+    time_to_first_token_ms: Spread,
+    /// Resident memory right after the load, as the process reports it (median).
+    rss_after_load_bytes: Option<Spread>,
+    /// The largest peak resident memory of the runs, as each reports it.
+    peak_rss_bytes: Option<u64>,
+}
+
 #[derive(Debug, Serialize)]
 struct BenchResult {
     backend: String,
@@ -118,6 +142,7 @@ struct BenchResult {
     rss_after_load_bytes: Option<u64>,
     prefill: Vec<PrefillResult>,
     decode: DecodeResult,
+    process: Option<ProcessResult>,
 }
 
 #[derive(Debug, Serialize)]
@@ -136,15 +161,11 @@ struct BenchReport {
     results: Vec<BenchResult>,
 }
 
-/// Resident set size of this process, from `/proc/self/status` (Linux).
+/// Resident set size of this process.
 fn rss_bytes() -> Option<u64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kb: u64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kb * 1024)
+    session_api::stats::ProcessMemory::now().map(|m| m.resident_bytes)
 }
 
-/// `n` token ids spread over the vocabulary (skipping the first 100, where special tokens live).
 fn prompt_ids(n: usize, vocab: usize) -> Vec<u32> {
     let span = vocab.saturating_sub(100).max(1) as u64;
     (0..n as u64).map(|i| (100 + (i * 7919 + 13) % span) as u32).collect()
@@ -241,6 +262,69 @@ fn load_cold_and_warm(
     Ok(Loaded { engine, cold_ms, warm_ms, rss: rss_bytes() })
 }
 
+/// Runs `seam run` in new processes, `repeats` times, and reads what each reports.
+fn measure_process(
+    backend: &str,
+    format: WeightFormat,
+    model_dir: &std::path::Path,
+    repeats: usize,
+) -> Result<ProcessResult, CliError> {
+    let program = std::env::current_exe().map_err(CliError::Output)?;
+    let args: Vec<String> = [
+        "run",
+        "--backend",
+        backend,
+        "--model",
+        &model_dir.to_string_lossy(),
+        "--weights",
+        format.as_str(),
+        "--prompt",
+        "Hello",
+        "--max-tokens",
+        "1",
+        "--json",
+    ]
+    .iter()
+    .map(|a| a.to_string())
+    .collect();
+    let (mut wall, mut load, mut first, mut after_load) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
+    let mut peak_rss = None;
+    for _ in 0..repeats {
+        let started = Instant::now();
+        let output = std::process::Command::new(&program)
+            .args(&args)
+            .stdin(std::process::Stdio::null())
+            .output()
+            .map_err(CliError::Output)?;
+        wall.push(ms_since(started));
+        if !output.status.success() {
+            return Err(CliError::Usage(format!(
+                "seam {} failed: {}",
+                args.join(" "),
+                String::from_utf8_lossy(&output.stderr).trim()
+            )));
+        }
+        let report: serde_json::Value = serde_json::from_slice(&output.stdout)
+            .map_err(|e| CliError::Usage(format!("seam run --json printed no report: {e}")))?;
+        let stat = |name: &str| report["stats"][name].as_f64();
+        load.push(stat("load_ms").unwrap_or(f64::NAN));
+        first.push(stat("time_to_first_token_ms").unwrap_or(f64::NAN));
+        let memory = &report["memory"];
+        if let Some(rss) = memory["rss_after_load_bytes"].as_f64() {
+            after_load.push(rss);
+        }
+        peak_rss = peak_rss.max(memory["peak_rss_bytes"].as_u64());
+    }
+    Ok(ProcessResult {
+        args,
+        wall_ms: Spread::of(&wall),
+        load_ms: Spread::of(&load),
+        time_to_first_token_ms: Spread::of(&first),
+        rss_after_load_bytes: (!after_load.is_empty()).then(|| Spread::of(&after_load)),
+        peak_rss_bytes: peak_rss,
+    })
+}
+
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
     if args.repeats == 0 || args.decode_tokens == 0 || args.prompt_lengths.contains(&0) {
         return Err(CliError::Usage("--repeats, --decode-tokens and every prompt length must be at least 1".into()));
@@ -315,6 +399,10 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                     fraction: probe.map(|p| achieved / p.0),
                 });
             }
+            // The engine goes first: the new processes should not share the machine with it.
+            drop(engine);
+            let process =
+                if args.no_process { None } else { Some(measure_process(name, format, &model_dir, args.repeats)?) };
             results.push(BenchResult {
                 backend: name.clone(),
                 weights: format,
@@ -325,6 +413,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                 rss_after_load_bytes: resident,
                 prefill,
                 decode,
+                process,
             });
         }
     }
@@ -376,6 +465,7 @@ fn print_table(results: &[BenchResult]) {
         header.push_str(&format!(" {:>12}", format!("prefill@{n}")));
     }
     header.push_str(&format!(" {:>10} {:>9} {:>9} {:>9} {:>6}", "decode t/s", "p50 ms", "p90 ms", "MB/token", "%bw"));
+    header.push_str(&format!(" {:>8} {:>8} {:>8}", "rss/wts", "run s", "run rss"));
     println!("{header}");
     println!("{}", "-".repeat(header.len()));
     for r in results {
@@ -397,12 +487,29 @@ fn print_table(results: &[BenchResult]) {
         let fraction =
             memory.and_then(|m| m.fraction).map(|f| format!("{:.0}%", f * 100.0)).unwrap_or_else(|| "-".into());
         line.push_str(&format!(" {per_token:>9} {fraction:>6}"));
+        let ratio = r
+            .rss_after_load_bytes
+            .filter(|_| r.weight_bytes > 0)
+            .map(|b| format!("{:.2}", b as f64 / r.weight_bytes as f64))
+            .unwrap_or_else(|| "-".into());
+        let run = r.process.as_ref().map(|p| format!("{:.2}", p.wall_ms.median / 1000.0)).unwrap_or_else(|| "-".into());
+        // The new process's RSS after its load over the weights: nothing of earlier loads in it.
+        let run_rss = r
+            .process
+            .as_ref()
+            .and_then(|p| p.rss_after_load_bytes)
+            .filter(|_| r.weight_bytes > 0)
+            .map(|b| format!("{:.2}", b.median / r.weight_bytes as f64))
+            .unwrap_or_else(|| "-".into());
+        line.push_str(&format!(" {ratio:>8} {run:>8} {run_rss:>8}"));
         println!("{line}");
     }
     println!(
         "(medians of the repeats; prefill in tokens/s; MB/token: bytes a decode step reads; %bw: MB/token x decode t/s"
     );
-    println!(" over the device's bandwidth from a probe on it; min and every figure in --json)");
+    println!(" over the device's bandwidth from a probe on it; rss/wts: RSS after the warm load over weights MB;");
+    println!(" run s: a new `seam run --max-tokens 1` process, spawn to exit; run rss: its RSS after its load over");
+    println!(" weights MB; min, peak RSS and every figure in --json)");
 }
 
 #[cfg(test)]

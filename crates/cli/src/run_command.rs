@@ -200,6 +200,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     };
     bar.finish();
     let info = engine.info();
+    let after_load = session_api::stats::ProcessMemory::now();
 
     let mut session = engine.new_session(SessionOptions { sampling, return_logits: false })?;
     let generation_config = model.generation_config();
@@ -246,6 +247,11 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
             "text": output.text,
             "finish_reason": output.finish_reason,
             "stats": output.stats,
+            "memory": {
+                "weight_bytes": info.weight_bytes,
+                "rss_after_load_bytes": after_load.map(|m| m.resident_bytes),
+                "peak_rss_bytes": session_api::stats::ProcessMemory::now().map(|m| m.peak_bytes),
+            },
         });
         writeln!(stdout.lock(), "{}", serde_json::to_string_pretty(&report).expect("the report serializes"))?;
     } else {

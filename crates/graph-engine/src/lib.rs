@@ -14,14 +14,18 @@
 //!   compiled the first time they are needed, rewind by position alone, and fork by copying the
 //!   cache; session-api's checked session adds the contract's rules and sampling on top;
 //! - [`ArtifactCache`] is the on-disk cache of compiled graphs both runtimes use, keyed by
-//!   everything that decides the compiled code and verified by hash on every read.
+//!   everything that decides the compiled code and verified by hash on every read;
+//! - [`WeightsCache`] holds the weights as the graphs take them, prepared by a model's first load
+//!   and memory-mapped by later ones ([`PreparedWeights`]).
 
 pub mod artifact_cache;
 mod engine;
 mod load;
+pub mod prepared_weights;
 pub mod runtime;
 
 pub use artifact_cache::{ArtifactCache, CacheOutcome};
 pub use engine::{capabilities_with, embedding_graph, graph_groups, token_graphs, GraphEngine, DEFAULT_MAX_CONTEXT};
 pub use load::{load_engine, plan_graphs, refuse_thread_count, GraphPlan, GraphSettings, LoadedModel};
+pub use prepared_weights::{PreparedArg, PreparedWeights, WeightsCache, WeightsOrigin};
 pub use runtime::{CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime};

@@ -1,14 +1,17 @@
 //! Loading a model onto a [`GraphRuntime`]: the part every compiler backend shares.
 
 use crate::engine::{graph_groups, token_graphs, GraphEngine, Shared, DEFAULT_MAX_CONTEXT};
+use crate::prepared_weights::{PreparedWeights, Unusable, WeightsCache};
 use crate::runtime::GraphRuntime;
 use llama_model::model_dir::ModelDir;
 use llama_model::weights::load_weights;
 use llama_model::weights::names::EMBED_TOKENS;
 use llama_model::LlamaConfig;
+use llama_model::LlamaWeights;
 use session_api::{EngineInfo, LoadRequest, Result, SeamError, WeightFormat};
 use stablehlo_llama::{
-    buckets_for_context, graph_host_args, GraphError, GraphOptions, GraphSpec, HostKernels, LayerMode, StorageDtype,
+    buckets_for_context, for_each_graph_host_arg, graph_weight_args, GraphError, GraphOptions, GraphSpec, HostKernels,
+    LayerMode, StorageDtype, WeightArg,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -170,6 +173,64 @@ impl GraphPlan {
     }
 }
 
+/// The model's weights in the requested format, read and checked.
+fn read_weights(dir: &ModelDir, request: &LoadRequest) -> Result<LlamaWeights> {
+    let report_read = |done: u64, total: u64| request.report("reading weights", done, Some(total));
+    Ok(load_weights(dir.path(), request.weights, Some(&report_read))?)
+}
+
+/// The weights of `key` as the graphs take them: the verified prepared file, or else `source`
+/// (the model's weights, read now when not given) laid out and stored as that file.
+fn prepared_weights(
+    cache: &WeightsCache,
+    key: &str,
+    dir: &ModelDir,
+    request: &LoadRequest,
+    options: &GraphOptions,
+    expected: &[WeightArg],
+    source: Option<LlamaWeights>,
+) -> Result<PreparedWeights> {
+    if source.is_none() {
+        request.report("verifying prepared weights", 0, Some(1));
+        match cache.open(key, &dir.weight_source_files(request.weights)?, expected) {
+            Ok(prepared) => {
+                request.report("verifying prepared weights", 1, Some(1));
+                return Ok(prepared);
+            }
+            Err(Unusable::Missing) => {}
+            Err(Unusable::Rejected(why)) => {
+                eprintln!("warning: {} is not used ({why}); preparing the weights again", cache.path(key).display())
+            }
+        }
+    }
+    let weights = match source {
+        Some(weights) => weights,
+        None => read_weights(dir, request)?,
+    };
+    // After the read: a first int4 load writes the int4 file it then reads, and the sources are
+    // the files as they are once the weights exist.
+    let sources = dir.weight_source_files(request.weights)?;
+    request.report("preparing weights (once per model and layout)", 0, Some(1));
+    // Each argument is laid out and written to the file in turn, never all held at once.
+    let prepared = cache.store(key, &sources, expected, |writer| {
+        let mut failed = None;
+        let laid_out = for_each_graph_host_arg(&weights, options, &mut |index, offset, piece| {
+            writer.write(index, offset, &piece.bytes).map_err(|e| {
+                let message = e.to_string();
+                failed = Some(e);
+                GraphError::Weight { name: piece.spec.name.clone(), message }
+            })
+        });
+        match (laid_out, failed) {
+            (_, Some(e)) => Err(e),
+            (Err(e), None) => Err(graph_error(e)),
+            (Ok(()), None) => Ok(()),
+        }
+    })?;
+    request.report("preparing weights (once per model and layout)", 1, Some(1));
+    Ok(prepared)
+}
+
 /// A context of zero is the caller's mistake, refused before any file is read.
 fn check_context(request: &LoadRequest) -> Result<()> {
     match request.max_context {
@@ -196,10 +257,13 @@ pub(crate) fn graph_error(error: GraphError) -> SeamError {
 /// Loads `request` for the backend `backend` on its device `device`, on the runtime
 /// `make_runtime` builds.
 ///
-/// The weights are read first (a bad model fails before any compile starts); then the token
-/// graphs are compiled, or read from the disk cache, on a thread of their own while the weights
-/// are laid out as the graphs take them and uploaded. The device, the settings and the thread
-/// count are the backend's to check before calling this ([`GraphSettings::with_request`]).
+/// The weights come from the prepared-weights cache ([`WeightsCache`]) when an earlier load left
+/// a file that is still valid for this model and layout; otherwise the model's files are read
+/// first (a bad model fails before any compile starts), laid out as the graphs take them, and
+/// stored for the next load. The token graphs are compiled, or read from the disk cache, on a
+/// thread of their own while the weights are verified or prepared and uploaded. The device, the
+/// settings and the thread count are the backend's to check before calling this
+/// ([`GraphSettings::with_request`]).
 pub fn load_engine<R: GraphRuntime>(
     backend: &str,
     device: &str,
@@ -210,9 +274,12 @@ pub fn load_engine<R: GraphRuntime>(
     check_context(request)?;
     let started = Instant::now();
     let dir = ModelDir::open(&request.model_dir)?;
-    let report_read = |done: u64, total: u64| request.report("reading weights", done, Some(total));
-    let weights = load_weights(&request.model_dir, request.weights, Some(&report_read))?;
-    let GraphPlan { config, options, buckets } = GraphPlan::new(weights.config.clone(), request, settings);
+    let GraphPlan { config, options, buckets } = GraphPlan::new(dir.config().clone(), request, settings);
+    let expected = graph_weight_args(&config, &options);
+    let cache = WeightsCache::project();
+    let key = WeightsCache::key(&dir, request.weights, &expected);
+    // Without a prepared file the model's own files are read now, before anything compiles.
+    let source = if cache.path(&key).is_file() { None } else { Some(read_weights(&dir, request)?) };
     let runtime = make_runtime(LoadedModel { config: &config, options: &options })?;
     let graphs = token_graphs(&buckets);
 
@@ -220,22 +287,21 @@ pub fn load_engine<R: GraphRuntime>(
     let (uploaded, compiled) = std::thread::scope(|scope| {
         let compile = scope.spawn(|| runtime.load_graphs(&graphs));
         request.report(compiling, 0, Some(graphs.len() as u64));
-        let uploaded = graph_host_args(&weights, &options).map_err(graph_error).and_then(|args| {
-            // The host copy in the model's own layout is not needed once the upload bytes exist.
-            drop(weights);
-            let bytes: u64 = args.iter().map(|a| a.bytes.len() as u64).sum();
-            // An untied embedding table is only gathered from, a row per token: a decode step
-            // does not read it.
-            let gathered: u64 = args
-                .iter()
-                .filter(|a| !config.tie_word_embeddings && a.spec.name.starts_with(EMBED_TOKENS))
-                .map(|a| a.bytes.len() as u64)
-                .sum();
-            request.report("uploading weights", 0, Some(1));
-            runtime.upload_weights(args)?;
-            request.report("uploading weights", 1, Some(1));
-            Ok((bytes, gathered))
-        });
+        let uploaded =
+            prepared_weights(&cache, &key, &dir, request, &options, &expected, source).and_then(|prepared| {
+                // An untied embedding table is only gathered from, a row per token: a decode step
+                // does not read it.
+                let gathered: u64 = prepared
+                    .args()
+                    .iter()
+                    .filter(|a| !config.tie_word_embeddings && a.spec.name.starts_with(EMBED_TOKENS))
+                    .map(|a| a.range.len() as u64)
+                    .sum();
+                request.report("uploading weights", 0, Some(1));
+                runtime.upload_weights(&prepared)?;
+                request.report("uploading weights", 1, Some(1));
+                Ok((prepared.total_bytes(), gathered))
+            });
         let compiled = compile.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (uploaded, compiled)
     });

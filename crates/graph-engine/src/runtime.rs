@@ -1,7 +1,8 @@
 //! The trait a runtime implements to run seam's graphs, and what passes through it.
 
+use crate::prepared_weights::PreparedWeights;
 use session_api::Result;
-use stablehlo_llama::{GraphSpec, HostArg};
+use stablehlo_llama::GraphSpec;
 
 /// How many graphs a load compiled and how many came from the disk cache.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
@@ -67,8 +68,10 @@ pub trait GraphRuntime: Send + Sync + 'static {
     /// token graphs, and later for a graph first needed by a step (embedding input).
     fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport>;
 
-    /// Uploads the weights, in the graphs' argument order, for every later call.
-    fn upload_weights(&self, weights: Vec<HostArg>) -> Result<()>;
+    /// Uploads the weights, in the graphs' argument order, for every later call. They are views
+    /// of a read-only mapping ([`PreparedWeights`]): a runtime whose buffers live in host memory
+    /// may keep [`PreparedWeights::memory`] and use the bytes in place; any other copies them.
+    fn upload_weights(&self, weights: &PreparedWeights) -> Result<()>;
 
     /// A zeroed cache.
     fn new_cache(&self) -> Result<Self::Cache>;

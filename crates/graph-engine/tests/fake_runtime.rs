@@ -15,15 +15,14 @@ use backend_reference::{EngineOptions, ReferenceEngine};
 use conformance::{Outcome, RealModelParity, SuiteOptions, Target};
 use graph_engine::{
     capabilities_with, graph_groups, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime, GraphSettings,
-    LoadedModel, DEFAULT_MAX_CONTEXT,
+    LoadedModel, PreparedWeights, DEFAULT_MAX_CONTEXT,
 };
 use session_api::{
     Availability, Backend, Capabilities, Engine, LoadRequest, Result, SeamError, SessionOptions, SessionSteps,
     StepInput,
 };
 use stablehlo_llama::{
-    buckets_for_context, emit_entry_module, graph_weight_args, GraphOptions, GraphSpec, HostArg, LayerMode,
-    StorageDtype,
+    buckets_for_context, emit_entry_module, graph_weight_args, GraphOptions, GraphSpec, LayerMode, StorageDtype,
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -78,9 +77,9 @@ impl GraphRuntime for FakeRuntime {
         Ok(CompileReport { compiled: graphs.len(), from_cache: 0 })
     }
 
-    fn upload_weights(&self, weights: Vec<HostArg>) -> Result<()> {
+    fn upload_weights(&self, weights: &PreparedWeights) -> Result<()> {
         let declared = graph_weight_args(&self.config, &self.options);
-        let given: Vec<_> = weights.iter().map(|w| w.spec.clone()).collect();
+        let given: Vec<_> = weights.args().iter().map(|w| w.spec.clone()).collect();
         if given != declared {
             return Err(SeamError::Backend("the uploaded weights are not the graphs' arguments".into()));
         }

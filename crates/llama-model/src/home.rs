@@ -13,6 +13,7 @@
 //! | [`cache_dir`]              | `root/cache`                         | `SEAM_CACHE_DIR`           |
 //! | [`iree_cache_dir`]         | `cache_dir/iree`                     | (follows `cache_dir`)      |
 //! | [`pjrt_cache_dir`]         | `cache_dir/pjrt`                     | (follows `cache_dir`)      |
+//! | [`prepared_weights_dir`]   | `cache_dir/weights`                  | (follows `cache_dir`)      |
 //! | [`py_iree_dir`]            | `root/py-iree`                       |                            |
 //! | [`pjrt_plugin_dir`]        | `root/pjrt`                          |                            |
 //! | [`py_build_dir`]           | `root/py-build`                      |                            |
@@ -87,6 +88,12 @@ pub fn iree_cache_dir() -> PathBuf {
 /// The PJRT backends' compiled executables (`<key>.pjrtexe`): `cache_dir/pjrt`.
 pub fn pjrt_cache_dir() -> PathBuf {
     cache_dir().join("pjrt")
+}
+
+/// Weights laid out as the graphs take them (`<key>.weights`), written by a model's first load
+/// and memory-mapped by later ones: `cache_dir/weights`.
+pub fn prepared_weights_dir() -> PathBuf {
+    cache_dir().join("weights")
 }
 
 /// The project-local install of the IREE compiler wheel (`iree-base-compiler`, pip `--target`),

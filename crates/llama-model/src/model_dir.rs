@@ -102,6 +102,30 @@ impl ModelDir {
         self.int4_weights_path().is_file()
     }
 
+    /// The files a load of the weights in `format` reads, sorted: `config.json` and the weight
+    /// files (the float safetensors, one file or the index and its shards, for f16; seam's int4
+    /// file for int4 when it exists, else the float files it will be quantized from). What a
+    /// cache of anything derived from the weights fingerprints to notice a changed model.
+    pub fn weight_source_files(&self, format: WeightFormat) -> Result<Vec<PathBuf>, ModelError> {
+        let int4 = self.int4_weights_path();
+        let mut files = vec![self.path.join(CONFIG_FILE)];
+        if format == WeightFormat::Int4 && int4.is_file() {
+            files.push(int4);
+        } else {
+            let entries = std::fs::read_dir(&self.path).map_err(|e| ModelError::from_io(&self.path, e))?;
+            for entry in entries {
+                let path = entry.map_err(|e| ModelError::from_io(&self.path, e))?.path();
+                let name = path.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_default();
+                let float = name.ends_with(".safetensors") || name == SAFETENSORS_INDEX_FILE;
+                if float && name != INT4_WEIGHTS_FILE && path.is_file() {
+                    files.push(path);
+                }
+            }
+        }
+        files.sort();
+        Ok(files)
+    }
+
     /// Loads the weights in `format` (see [`crate::weights::load_weights`]).
     pub fn load_weights(
         &self,

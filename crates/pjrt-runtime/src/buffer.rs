@@ -39,10 +39,22 @@ impl ElementType {
     }
 }
 
+/// Host memory that a buffer may alias instead of copying ([`Client::buffer_aliasing_host`]):
+/// the bytes must stay valid and unchanged as long as anything holds the `Arc`.
+pub type HostMemory = Arc<dyn AsRef<[u8]> + Send + Sync>;
+
+/// Host memory lent to the plugin, and the event that says when the plugin is done with it.
+pub(crate) struct Lent {
+    pub(crate) memory: HostMemory,
+    pub(crate) done: *mut sys::PJRT_Event,
+}
+
 /// Memory on a device, resident until dropped.
 pub struct Buffer {
     pub(crate) client: Arc<Client>,
     pub(crate) raw: *mut sys::PJRT_Buffer,
+    /// Host memory the buffer may alias, released only once the plugin says it is done with it.
+    pub(crate) lent: Option<Lent>,
 }
 
 // SAFETY: PJRT buffers may be used from any thread; the wrapper hands out no interior pointers.
@@ -101,6 +113,14 @@ impl Buffer {
         self.copy_to_host(&mut out)?;
         Ok(out)
     }
+
+    /// The address of the buffer's memory on its device (a host address on a CPU plugin): what
+    /// shows whether a buffer made by [`Client::buffer_aliasing_host`] aliases the host bytes.
+    pub fn device_address(&self) -> Result<usize> {
+        let mut a = args!(PJRT_Buffer_UnsafePointer_Args { buffer: self.raw });
+        call!(self.client.plugin(), PJRT_Buffer_UnsafePointer, &mut a)?;
+        Ok(a.buffer_pointer as usize)
+    }
 }
 
 impl Drop for Buffer {
@@ -108,5 +128,11 @@ impl Drop for Buffer {
         let mut a = args!(PJRT_Buffer_Destroy_Args { buffer: self.raw });
         // A failure to free cannot be reported from drop; the plugin logs its own errors.
         let _ = call!(self.client.plugin(), PJRT_Buffer_Destroy, &mut a);
+        if let Some(lent) = self.lent.take() {
+            // The plugin may still read the host memory until this event (an execution in flight
+            // holds the buffer past its destruction); only then may the memory go.
+            let _ = self.client.plugin().await_event(lent.done);
+            drop(lent.memory);
+        }
     }
 }

@@ -1,6 +1,6 @@
 //! A PJRT client: the plugin's devices, compilation, and host-to-device copies.
 
-use crate::buffer::{Buffer, ElementType};
+use crate::buffer::{Buffer, ElementType, HostMemory, Lent};
 use crate::compile_options::CompileOptions;
 use crate::error::PjrtError;
 use crate::executable::LoadedExecutable;
@@ -118,6 +118,43 @@ impl Client {
     /// Copies `bytes` (row-major `dims` of `element`, little-endian) to a new buffer on the
     /// device. Returns once the plugin no longer reads `bytes`.
     pub fn buffer_from_host(self: &Arc<Self>, bytes: &[u8], element: ElementType, dims: &[usize]) -> Result<Buffer> {
+        let semantics = sys::PJRT_HostBufferSemantics::PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+        let (raw, done) = self.upload(bytes, element, dims, semantics)?;
+        let buffer = Buffer { client: Arc::clone(self), raw, lent: None };
+        // `bytes` is borrowed only for this call: wait until the plugin is done with it.
+        self.plugin.await_event(done)?;
+        Ok(buffer)
+    }
+
+    /// A buffer of `memory[range]` (row-major `dims` of `element`) that the plugin may use in
+    /// place instead of copying (`kImmutableZeroCopy`): XLA's CPU plugin aliases host memory that
+    /// is suitably aligned, so weights mapped from a file are paged in on demand and held once.
+    /// A plugin that cannot alias copies, as [`Client::buffer_from_host`] does. Either way the
+    /// buffer keeps `memory` alive until the plugin is done with it.
+    pub fn buffer_aliasing_host(
+        self: &Arc<Self>,
+        memory: HostMemory,
+        range: std::ops::Range<usize>,
+        element: ElementType,
+        dims: &[usize],
+    ) -> Result<Buffer> {
+        let bytes = (*memory).as_ref().get(range.clone()).ok_or_else(|| {
+            PjrtError::InvalidArgument(format!("bytes {range:?} of a {}-byte host memory", (*memory).as_ref().len()))
+        })?;
+        let semantics = sys::PJRT_HostBufferSemantics::PJRT_HostBufferSemantics_kImmutableZeroCopy;
+        let (raw, done) = self.upload(bytes, element, dims, semantics)?;
+        Ok(Buffer { client: Arc::clone(self), raw, lent: Some(Lent { memory, done }) })
+    }
+
+    /// `PJRT_Client_BufferFromHostBuffer` of `bytes` with `semantics`, after checking their size:
+    /// the new buffer and the event of the plugin being done with `bytes`.
+    fn upload(
+        &self,
+        bytes: &[u8],
+        element: ElementType,
+        dims: &[usize],
+        semantics: sys::PJRT_HostBufferSemantics,
+    ) -> Result<(*mut sys::PJRT_Buffer, *mut sys::PJRT_Event)> {
         let count: usize = dims.iter().product();
         if bytes.len() != count * element.size() {
             return Err(PjrtError::InvalidArgument(format!(
@@ -133,15 +170,11 @@ impl Client {
             type_: element.to_sys(),
             dims: dims.as_ptr(),
             num_dims: dims.len(),
-            host_buffer_semantics:
-                sys::PJRT_HostBufferSemantics::PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes,
+            host_buffer_semantics: semantics,
             device: self.device,
         });
         call!(self.plugin, PJRT_Client_BufferFromHostBuffer, &mut a)?;
-        let buffer = Buffer { client: Arc::clone(self), raw: a.buffer };
-        // `bytes` is borrowed only for this call: wait until the plugin is done with it.
-        self.plugin.await_event(a.done_with_host_buffer)?;
-        Ok(buffer)
+        Ok((a.buffer, a.done_with_host_buffer))
     }
 
     /// A zero-filled buffer (through a host copy: the C API's uninitialized buffers are not

@@ -101,7 +101,7 @@ impl LoadedExecutable {
                 if raw.is_null() {
                     Err(PjrtError::InvalidArgument("the execution returned a missing output".into()))
                 } else {
-                    Ok(Buffer { client: Arc::clone(&self.client), raw })
+                    Ok(Buffer { client: Arc::clone(&self.client), raw, lent: None })
                 }
             })
             .collect::<Result<_>>()?;

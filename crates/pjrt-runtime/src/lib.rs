@@ -36,7 +36,7 @@ pub mod sys {
     include!(concat!(env!("OUT_DIR"), "/pjrt_c_api.rs"));
 }
 
-pub use buffer::{Buffer, ElementType};
+pub use buffer::{Buffer, ElementType, HostMemory};
 pub use client::{Client, DeviceInfo};
 pub use compile_options::CompileOptions;
 pub use error::{ErrorCode, PjrtError};

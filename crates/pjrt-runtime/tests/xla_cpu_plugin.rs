@@ -31,6 +31,10 @@ fn half_bits(v: f32) -> u16 {
     sign | ((exp as u16) << 10) | mantissa
 }
 
+fn f32_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
 fn f32_values(bytes: &[u8]) -> Vec<f32> {
     bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()
 }
@@ -71,13 +75,7 @@ fn compiles_executes_donates_and_round_trips_through_serialization() {
             &[2, 4],
         )
         .unwrap();
-    let x = client
-        .buffer_from_host(
-            &[1f32, 1., 1., 0.5].iter().flat_map(|v| v.to_le_bytes()).collect::<Vec<_>>(),
-            ElementType::F32,
-            &[4],
-        )
-        .unwrap();
+    let x = client.buffer_from_host(&f32_bytes(&[1., 1., 1., 0.5]), ElementType::F32, &[4]).unwrap();
     let mut state: Buffer = client.buffer_from_host(&f16_bytes(&[1., 2., 3., 4.]), ElementType::F16, &[4]).unwrap();
     for step in 1..=3 {
         let mut out = executable
@@ -104,6 +102,69 @@ fn compiles_executes_donates_and_round_trips_through_serialization() {
         .into_iter();
     let _ = out.next();
     assert_eq!(f32_values(&out.next().unwrap().to_host().unwrap()), vec![8.0, 1.5]);
+}
+
+/// Host bytes aligned to a cache line, as a prepared-weights file's mapped arguments are.
+struct Aligned {
+    ptr: *mut u8,
+    layout: std::alloc::Layout,
+}
+
+// SAFETY: the allocation is owned and only read after construction.
+unsafe impl Send for Aligned {}
+unsafe impl Sync for Aligned {}
+
+impl Aligned {
+    fn new(bytes: &[u8]) -> Aligned {
+        let layout = std::alloc::Layout::from_size_align(bytes.len().max(1), 64).unwrap();
+        // SAFETY: a non-zero size; the copy stays inside the new allocation.
+        let ptr = unsafe { std::alloc::alloc(layout) };
+        assert!(!ptr.is_null());
+        unsafe { std::ptr::copy_nonoverlapping(bytes.as_ptr(), ptr, bytes.len()) };
+        Aligned { ptr, layout }
+    }
+}
+
+impl AsRef<[u8]> for Aligned {
+    fn as_ref(&self) -> &[u8] {
+        // SAFETY: the allocation holds `layout.size()` initialized bytes.
+        unsafe { std::slice::from_raw_parts(self.ptr, self.layout.size()) }
+    }
+}
+
+impl Drop for Aligned {
+    fn drop(&mut self) {
+        // SAFETY: allocated with this layout in `new`.
+        unsafe { std::alloc::dealloc(self.ptr, self.layout) }
+    }
+}
+
+#[test]
+fn aligned_host_memory_is_aliased_not_copied_and_outlives_its_owner() {
+    let client = client();
+    let executable = client.compile(PROGRAM, &CompileOptions::default()).unwrap();
+    let values = [1f32, 2., 3., 4., 0., 1., 0., 1.];
+    let host: pjrt_runtime::HostMemory = Arc::new(Aligned::new(&f32_bytes(&values)));
+    let address = (*host).as_ref().as_ptr() as usize;
+    let w = client.buffer_aliasing_host(Arc::clone(&host), 0..32, ElementType::F32, &[2, 4]).unwrap();
+    assert_eq!(w.device_address().unwrap(), address, "XLA's CPU plugin aliases 64-byte aligned host memory");
+    // The caller's handle goes; the buffer keeps the bytes alive.
+    drop(host);
+    let x = client.buffer_from_host(&f32_bytes(&[1., 1., 1., 0.5]), ElementType::F32, &[4]).unwrap();
+    let state = client.buffer_from_host(&f16_bytes(&[0.; 4]), ElementType::F16, &[4]).unwrap();
+    let out = executable.execute(vec![ExecuteArg::Donate(state), ExecuteArg::Keep(&w), ExecuteArg::Keep(&x)]).unwrap();
+    assert_eq!(f32_values(&out[1].to_host().unwrap()), vec![8.0, 1.5]);
+    assert_eq!(f32_values(&w.to_host().unwrap()), values);
+    // A range past the memory, or of the wrong size, is refused before the plugin sees it.
+    let small: pjrt_runtime::HostMemory = Arc::new(Aligned::new(&[0u8; 16]));
+    assert!(matches!(
+        client.buffer_aliasing_host(Arc::clone(&small), 0..32, ElementType::F32, &[8]),
+        Err(PjrtError::InvalidArgument(_))
+    ));
+    assert!(matches!(
+        client.buffer_aliasing_host(small, 0..16, ElementType::F32, &[8]),
+        Err(PjrtError::InvalidArgument(_))
+    ));
 }
 
 #[test]

@@ -137,3 +137,25 @@ mod tests {
         assert_eq!(StepTimeSummary::from_steps(&[]), StepTimeSummary::default());
     }
 }
+
+/// The memory of this process, from `/proc/self/status` (Linux): what benchmarks and the
+/// conformance suite compare against the bytes a model holds.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Serialize)]
+pub struct ProcessMemory {
+    /// Resident now (`VmRSS`): anonymous memory and the mapped file pages touched.
+    pub resident_bytes: u64,
+    /// The most ever resident (`VmHWM`), since the process started its program.
+    pub peak_bytes: u64,
+}
+
+impl ProcessMemory {
+    /// This process's memory now; `None` where `/proc/self/status` is not there to read.
+    pub fn now() -> Option<ProcessMemory> {
+        let status = std::fs::read_to_string("/proc/self/status").ok()?;
+        let kib = |key: &str| -> Option<u64> {
+            let line = status.lines().find(|l| l.starts_with(key))?;
+            line.split_whitespace().nth(1)?.parse::<u64>().ok().map(|k| k * 1024)
+        };
+        Some(ProcessMemory { resident_bytes: kib("VmRSS:")?, peak_bytes: kib("VmHWM:")? })
+    }
+}

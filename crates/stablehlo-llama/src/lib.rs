@@ -16,8 +16,9 @@ pub mod graph;
 pub mod mlir;
 
 pub use arguments::{
-    graph_host_args, graph_weight_args, host_args, host_args_with, stack_host_args, stack_weight_args, weight_args,
-    weight_args_with, ArgDtype, DenseLayout, HostArg, StorageDtype, WeightArg, WeightPart,
+    for_each_graph_host_arg, graph_host_args, graph_weight_args, host_args, host_args_with, stack_host_args,
+    stack_weight_args, weight_args, weight_args_with, ArgDtype, DenseLayout, HostArg, StorageDtype, WeightArg,
+    WeightPart,
 };
 pub use buckets::{buckets_for_context, plan_prefill, plan_prefill_embeddings, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;

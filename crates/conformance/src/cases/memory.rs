@@ -73,12 +73,9 @@ fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     Ok(Verdict::pass(detail).with_figures(figures))
 }
 
-/// The process's resident set in bytes, from `/proc/self/status` (Linux).
+/// The process's resident set in bytes ([`session_api::stats::ProcessMemory`]).
 pub fn resident_bytes() -> Option<i64> {
-    let status = std::fs::read_to_string("/proc/self/status").ok()?;
-    let line = status.lines().find(|l| l.starts_with("VmRSS:"))?;
-    let kib: i64 = line.split_whitespace().nth(1)?.parse().ok()?;
-    Some(kib * 1024)
+    session_api::stats::ProcessMemory::now().map(|m| m.resident_bytes as i64)
 }
 
 #[cfg(test)]
