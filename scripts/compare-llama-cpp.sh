@@ -113,6 +113,19 @@ for pair in "f16:$f16" "int4:$q4_1"; do
   format="${pair%%:*}"; gguf="${pair#*:}"
   step "llama-bench $(basename "$gguf") -t $threads -p $prompt_lengths -n $decode_tokens -r $repeats"
   "$llama_bench" -m "$gguf" -t "$threads" -p "$prompt_lengths" -n "$decode_tokens" -r "$repeats" -o json > "$tmp/llama-$format.json"
+  # A whole llama.cpp process on the file (load, warm-up, one token), against which a new
+  # `seam run --max-tokens 1` process (timed by seam bench) is compared.
+  step "llama-bench $(basename "$gguf") -t $threads -p 0 -n 1 -r 1, whole process, $repeats times"
+  python3 - "$repeats" "$tmp/llama-process-$format.json" "$llama_bench" -m "$gguf" -t "$threads" -p 0 -n 1 -r 1 <<'PY'
+import json, subprocess, sys, time
+repeats, out, command = int(sys.argv[1]), sys.argv[2], sys.argv[3:]
+times = []
+for _ in range(repeats):
+    started = time.perf_counter()
+    subprocess.run(command, check=True, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    times.append((time.perf_counter() - started) * 1000)
+json.dump({"command": command, "wall_ms": times}, open(out, "w"))
+PY
 done
 
 bench_args=(bench --model "$model_dir" --prompt-lengths "$prompt_lengths" --decode-tokens "$decode_tokens" --repeats "$repeats" --json "$tmp/seam.json")
@@ -126,4 +139,5 @@ seam_commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 context="$(python3 -c 'import json,sys; print(json.dumps({"command": sys.argv[1], "model": sys.argv[2], "threads": int(sys.argv[3]), "llama_cpp": sys.argv[4], "llama_cpp_python": "0.3.36", "seam_commit": sys.argv[5], "ggufs": sys.argv[6:]}))' \
   "scripts/compare-llama-cpp.sh --model $model --backends $backends --threads $threads --repeats $repeats$( [ "$quick" = 1 ] && echo ' --quick')" "$model" "$threads" "$llama_commit" "$seam_commit" "$f16" "$q4_1")"
 python3 scripts/compare_llama_cpp.py --seam "$tmp/seam.json" --llama "f16=$tmp/llama-f16.json" --llama "int4=$tmp/llama-int4.json" \
+  --llama-process "f16=$tmp/llama-process-f16.json" --llama-process "int4=$tmp/llama-process-int4.json" \
   --context "$context" --out "$out"

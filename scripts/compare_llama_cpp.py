@@ -7,7 +7,10 @@ seam's int4 is compared with llama.cpp's Q4_1 and seam's fp16 with llama.cpp's F
 weights: the F16 GGUF is the Q4_1 one dequantized, and seam's int4 carries Q4_1 blocks exactly).
 Throughputs are medians (seam) and means (llama-bench's avg_ts); a ratio above 1 means seam is
 faster. Also printed, per seam backend: the targets of issue 6 that are not about llama.cpp
-(int4 decode vs fp16 decode, warm load, int4 weight bytes vs fp16).
+(int4 decode vs fp16 decode, warm load, int4 weight bytes vs fp16), and the start-up targets of
+issue 20: a new `seam run --max-tokens 1` process against llama.cpp's whole process on the same
+file (`llama-bench -p 0 -n 1 -r 1`, medians of the runs), and that process's RSS after its load
+over the weight bytes.
 """
 
 import argparse
@@ -26,6 +29,12 @@ def llama_rates(entries):
     return rates
 
 
+def median(values):
+    ordered = sorted(values)
+    n = len(ordered)
+    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
+
+
 def fmt(x, digits=1):
     return "-" if x is None else f"{x:.{digits}f}"
 
@@ -38,6 +47,7 @@ def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--seam", required=True)
     parser.add_argument("--llama", action="append", default=[], help="FORMAT=llama-bench.json (f16 or int4)")
+    parser.add_argument("--llama-process", action="append", default=[], help="FORMAT=whole-process.json (f16 or int4)")
     parser.add_argument("--out", required=True)
     parser.add_argument("--context", default="{}", help="JSON object merged into the output (commands, versions)")
     args = parser.parse_args()
@@ -50,6 +60,11 @@ def main() -> int:
         entries = json.load(open(path))
         llama_raw[fmt_name] = entries
         llama[fmt_name] = llama_rates(entries)
+
+    llama_process = {}
+    for item in args.llama_process:
+        fmt_name, path = item.split("=", 1)
+        llama_process[fmt_name] = json.load(open(path))
 
     lengths = seam["settings"]["prompt_lengths"]
     rows = []
@@ -101,7 +116,30 @@ def main() -> int:
         warm = ", ".join(f"{w} {fmt(s, 2)} s" for w, s in t["warm_load_s"].items())
         print(f"  {backend:<10} int4/fp16 decode {fmt(t['int4_over_fp16_decode'], 2)}x   warm load {warm}   int4/fp16 bytes {fmt(t['int4_over_fp16_weight_bytes'], 2)}x")
 
-    out = {"context": json.loads(args.context), "seam": seam, "llama_cpp": llama_raw, "comparison": rows, "targets": targets}
+    print()
+    print("start-up: a new `seam run --max-tokens 1` process / llama.cpp's whole process (target <= 1.5), RSS after load / weights (target <= 1.15)")
+    for r in seam["results"]:
+        process = r.get("process")
+        theirs = llama_process.get(r["weights"])
+        if not process:
+            continue
+        ours_ms = process["wall_ms"]["median"]
+        their_ms = median(theirs["wall_ms"]) if theirs else None
+        rss = process.get("rss_after_load_bytes")
+        rss_ratio = ratio(rss and rss["median"], r["weight_bytes"])
+        targets[r["backend"]].setdefault("start", {})[r["weights"]] = {
+            "seam_process_ms": ours_ms,
+            "llama_cpp_process_ms": their_ms,
+            "ratio": ratio(ours_ms, their_ms),
+            "rss_after_load_over_weights": rss_ratio,
+        }
+        print(
+            f"  {r['backend']:<10} {r['weights']:<5} {fmt(ours_ms / 1000, 2)} s / {fmt(their_ms and their_ms / 1000, 2)} s"
+            f" = {fmt(ratio(ours_ms, their_ms), 2)}x   RSS after load {fmt(rss and rss['median'] / 1e6, 0)} MB"
+            f" / weights {fmt(r['weight_bytes'] / 1e6, 0)} MB = {fmt(rss_ratio, 2)}x"
+        )
+
+    out = {"context": json.loads(args.context), "seam": seam, "llama_cpp": llama_raw, "llama_cpp_process": llama_process, "comparison": rows, "targets": targets}
     with open(args.out, "w") as f:
         json.dump(out, f, indent=1)
     print(f"\nwrote {args.out}")

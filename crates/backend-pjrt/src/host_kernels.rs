@@ -146,11 +146,29 @@ unsafe extern "C" fn linear<const INT4: bool, const INPUT: u8, const RESIDUAL: b
                 LinearWeights::F16(F16Matrix { rows: n, cols: k, data })
             };
             let residual = match RESIDUAL {
-                true => Some(elements::<f32>(frame.arg(next)?, dtype::F32, &[tokens, n], "residual")?),
+                true => {
+                    next += 1;
+                    Some(elements::<f32>(frame.arg(next - 1)?, dtype::F32, &[tokens, n], "residual")?)
+                }
                 false => None,
             };
+            let rows = elements::<i32>(frame.arg(next)?, dtype::S32, &[], "rows")?;
+            let rows = *rows.first().ok_or("rows: no element")?;
+            // The real rows of a padded call; the padding's results are zero (finite, and read by
+            // nothing but later padding).
+            let real = usize::try_from(rows).map_err(|_| format!("rows {rows} is negative"))?.min(tokens);
             let out = result_elements::<f32>(frame.ret(0)?, dtype::F32, &[tokens, n], "result")?;
-            cpu_kernels::linear(Isa::best(), Pool::global(), input, tokens, weights, residual, out)
+            let (out, padding) = out.split_at_mut(real * n);
+            padding.fill(0.0);
+            let input = match input {
+                LinearInput::Rows(x) => LinearInput::Rows(&x[..real * k]),
+                LinearInput::RmsNorm { x, weight, eps } => LinearInput::RmsNorm { x: &x[..real * k], weight, eps },
+                LinearInput::SwiGlu { gate, up } => {
+                    LinearInput::SwiGlu { gate: &gate[..real * k], up: &up[..real * k] }
+                }
+            };
+            let residual = residual.map(|r| &r[..real * n]);
+            cpu_kernels::linear(Isa::best(), Pool::global(), input, real, weights, residual, out)
                 .map_err(|e| e.to_string())
         })
     }

@@ -103,9 +103,11 @@ pub enum KernelInput {
 }
 
 /// The custom-call target of a linear layer through seam's kernels: `(input operands
-/// ([`KernelInput`]), weight operands, [residual f32[T, M]]) -> f32[T, M]`, the weight operands
-/// being `w f16[M, K]` (fp16) or `packed i8[M, K/2], scales f16[M, K/32], biases f16[M, K/32]`
-/// (int4, ADR 0002), and the residual, when present, added to the product.
+/// ([`KernelInput`]), weight operands, [residual f32[T, M]], rows i32[]) -> f32[T, M]`, the
+/// weight operands being `w f16[M, K]` (fp16) or `packed i8[M, K/2], scales f16[M, K/32],
+/// biases f16[M, K/32]` (int4, ADR 0002), the residual, when present, added to the product, and
+/// `rows` the real rows of a padded call: only those are computed, the rest of the result is
+/// zero (a 2-token prompt in the 16-row bucket costs 2 rows of work, not 16).
 pub fn linear_target(format: WeightFormat, input: KernelInput, residual: bool) -> String {
     let format = match format {
         WeightFormat::F16 => "f16",
@@ -388,7 +390,7 @@ pub const PREFILL_DEQUANTIZE_MIN_TOKENS: usize = 8;
 fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
     match w {
         MatrixArg::Dense { kernel: true, .. } | MatrixArg::Int4 { kernel: true, .. } => {
-            kernel_linear(b, &[x], KernelInput::Rows, w, None)
+            kernel_linear(b, None, &[x], KernelInput::Rows, w, None)
         }
         MatrixArg::Dense { w, transposed, .. } => {
             let w = b.convert(w, Elem::F32);
@@ -464,8 +466,16 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
 }
 
 /// A linear layer through the runtime's kernel ([`linear_target`]): `inputs` are the operands
-/// of `input` (`[x]`, `[x, norm, eps]` or `[gate, up]`), `residual` is added to the product.
-fn kernel_linear(b: &mut FnBuilder, inputs: &[&Val], input: KernelInput, w: &MatrixArg, residual: Option<&Val>) -> Val {
+/// of `input` (`[x]`, `[x, norm, eps]` or `[gate, up]`), `residual` is added to the product,
+/// `rows` are the real rows among the inputs' (all of them when `None`).
+fn kernel_linear(
+    b: &mut FnBuilder,
+    rows: Option<&Val>,
+    inputs: &[&Val],
+    input: KernelInput,
+    w: &MatrixArg,
+    residual: Option<&Val>,
+) -> Val {
     let t = inputs[0].dims()[0];
     let (format, mut operands, m) = match w {
         MatrixArg::Dense { w, transposed: false, .. } => (WeightFormat::F16, vec![w], w.dims()[0]),
@@ -474,9 +484,11 @@ fn kernel_linear(b: &mut FnBuilder, inputs: &[&Val], input: KernelInput, w: &Mat
         }
         MatrixArg::Dense { transposed: true, .. } => unreachable!("the kernels read row-major matrices"),
     };
+    let all_rows = rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
     let mut all: Vec<&Val> = inputs.to_vec();
     all.append(&mut operands);
     all.extend(residual);
+    all.extend(rows.or(all_rows.as_ref()));
     let target = linear_target(format, input, residual.is_some());
     b.custom_call(&target, &all, Ty::new(&[t, m], Elem::F32))
 }
@@ -586,6 +598,9 @@ struct LayerInputs {
     /// One position per call, per-layer f32 caches and host kernels: attention is
     /// [`ATTENTION_DECODE_TARGET`] over the filled positions instead of masked dots over all.
     attention_kernel: bool,
+    /// The real rows of a padded call (`count`), which the kernels compute alone; `None` when
+    /// every row is real (decode).
+    rows: Option<Val>,
 }
 
 /// The attention masks of one layout of the caches.
@@ -640,7 +655,8 @@ fn decoder_layer(
     x: Val,
     kv: LayerKv,
 ) -> (Val, LayerKv) {
-    let LayerInputs { cos, sin, masks, position, zero, cache_elem, t, eps, attention_kernel } = inputs;
+    let LayerInputs { cos, sin, masks, position, zero, cache_elem, t, eps, attention_kernel, rows } = inputs;
+    let rows = rows.as_ref();
     let (t, eps, cache_elem) = (*t, *eps, *cache_elem);
     let d = config.head_dim;
     let (n_heads, n_kv) = (config.num_attention_heads, config.num_key_value_heads);
@@ -658,7 +674,7 @@ fn decoder_layer(
     let (q, k, v) = match &eps_val {
         Some(e) => {
             let normed = |b: &mut FnBuilder, w: &MatrixArg| {
-                kernel_linear(b, &[&x, &attn_norm, e], KernelInput::RmsNorm, w, None)
+                kernel_linear(b, rows, &[&x, &attn_norm, e], KernelInput::RmsNorm, w, None)
             };
             (normed(b, &wq), normed(b, &wk), normed(b, &wv))
         }
@@ -761,10 +777,10 @@ fn decoder_layer(
     let attn = b.reshape(&attn, &[t, n_heads * d]);
     if let Some(e) = &eps_val {
         // The residual adds, the MLP's norm and its SwiGLU all inside the kernels' calls.
-        x = kernel_linear(b, &[&attn], KernelInput::Rows, &wo, Some(&x));
-        let gate = kernel_linear(b, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_gate, None);
-        let up = kernel_linear(b, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_up, None);
-        x = kernel_linear(b, &[&gate, &up], KernelInput::SwiGlu, &w_down, Some(&x));
+        x = kernel_linear(b, rows, &[&attn], KernelInput::Rows, &wo, Some(&x));
+        let gate = kernel_linear(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_gate, None);
+        let up = kernel_linear(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_up, None);
+        x = kernel_linear(b, rows, &[&gate, &up], KernelInput::SwiGlu, &w_down, Some(&x));
         return (x, kv);
     }
     let projected = linear(b, &attn, &wo);
@@ -919,6 +935,7 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
         t,
         eps,
         attention_kernel,
+        rows: count.clone(),
     };
     let (x, updated_caches) = match options.layers {
         LayerMode::Unrolled => {
@@ -1006,7 +1023,7 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     let head = if config.tie_word_embeddings { embed } else { w.matrix() };
     let logits = if head.is_kernel() {
         let e = b.const_f32(eps, &[]);
-        kernel_linear(&mut b, &[&last, &final_norm, &e], KernelInput::RmsNorm, &head, None)
+        kernel_linear(&mut b, None, &[&last, &final_norm, &e], KernelInput::RmsNorm, &head, None)
     } else {
         let last = rms_norm(&mut b, &last, &final_norm, eps);
         linear(&mut b, &last, &head)
@@ -1342,6 +1359,22 @@ mod tests {
             ..options(WeightFormat::F16)
         };
         assert!(!emit_module(&c, &f16_cache, &[DECODE]).unwrap().contains(ATTENTION_DECODE_TARGET));
+
+        // A padded call tells every product how many of its rows are real: its `count` argument
+        // (the third) is the last operand of each of the layers' calls; the LM head, one row,
+        // gets a constant.
+        let kernels = GraphOptions {
+            layers: LayerMode::UnrolledCachePerLayer,
+            cache: StorageDtype::F32,
+            host_kernels: Some(HostKernels { max_tokens: 4 }),
+            ..options(WeightFormat::Int4)
+        };
+        let text = emit_module(&c, &kernels, &[prefill]).unwrap();
+        let calls: Vec<&str> = text.lines().filter(|l| l.contains("stablehlo.custom_call")).collect();
+        assert_eq!(calls.len(), 7 * layers + 1);
+        let last_operand = |line: &str| line.split(')').next().unwrap().rsplit(", ").next().unwrap().to_string();
+        let counted = calls.iter().filter(|l| last_operand(l) == "%arg2").count();
+        assert_eq!(counted, 7 * layers, "{}", calls[0]);
     }
 
     #[test]
