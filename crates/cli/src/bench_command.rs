@@ -346,6 +346,10 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             "a prompt length or 16 + --decode-tokens of {longest} is beyond the model's context of {model_context}"
         )));
     }
+    let has_tokenizer = model.tokenizer_path().is_file();
+    if !has_tokenizer && !args.no_process {
+        say!("note: {} has no tokenizer.json: no new-process runs (seam run needs it)", model_dir.display());
+    }
     let backends: Vec<String> = if args.backends.is_empty() {
         session_api::registered_backends()
             .into_iter()
@@ -401,8 +405,12 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             }
             // The engine goes first: the new processes should not share the machine with it.
             drop(engine);
-            let process =
-                if args.no_process { None } else { Some(measure_process(name, format, &model_dir, args.repeats)?) };
+            // `seam run` needs the model's tokenizer, which benchmarks of token ids do not.
+            let process = if args.no_process || !has_tokenizer {
+                None
+            } else {
+                Some(measure_process(name, format, &model_dir, args.repeats)?)
+            };
             results.push(BenchResult {
                 backend: name.clone(),
                 weights: format,

@@ -166,21 +166,25 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let backend = choose_backend(args.backend.as_deref(), args.plugin.as_deref())?;
     let model_dir = resolve_model_dir(args.model.clone())?;
     let model = ModelDir::open(&model_dir)?;
-    let tokenizer = Tokenizer::from_model_dir(&model_dir)?;
-
-    let prompt_ids = if args.chat {
-        let template = ChatTemplate::from_model_dir(&model_dir)?;
-        let mut messages = Vec::new();
-        if let Some(system) = &args.system {
-            messages.push(ChatMessage::new("system", system));
-        }
-        messages.push(ChatMessage::new("user", &prompt_text));
-        let rendered = template.apply(&messages, true)?;
-        // The template already spells out BOS and role markers; adding special tokens again would
-        // double them (Hugging Face's apply_chat_template encodes the same way).
-        tokenizer.encode(&rendered, false)?
-    } else {
-        tokenizer.encode(&prompt_text, true)?
+    // The tokenizer (a large one takes a noticeable part of a second to parse) is read and the
+    // prompt encoded on a thread of their own while the engine loads.
+    let encode = || -> Result<(Tokenizer, Vec<u32>), CliError> {
+        let tokenizer = Tokenizer::from_model_dir(&model_dir)?;
+        let prompt_ids = if args.chat {
+            let template = ChatTemplate::from_model_dir(&model_dir)?;
+            let mut messages = Vec::new();
+            if let Some(system) = &args.system {
+                messages.push(ChatMessage::new("system", system));
+            }
+            messages.push(ChatMessage::new("user", &prompt_text));
+            let rendered = template.apply(&messages, true)?;
+            // The template already spells out BOS and role markers; adding special tokens again
+            // would double them (Hugging Face's apply_chat_template encodes the same way).
+            tokenizer.encode(&rendered, false)?
+        } else {
+            tokenizer.encode(&prompt_text, true)?
+        };
+        Ok((tokenizer, prompt_ids))
     };
 
     let bar = Arc::new(StageBar::new());
@@ -190,14 +194,22 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     request.device = args.device.clone();
     request.settings = parse_settings(&args.settings)?;
     request.progress = Some(bar.callback());
-    // The default backend may turn out unavailable only when loading (its compiler is installed
-    // on first use, which needs the network): fall back then too.
-    let engine = match backend.load(&request) {
-        Err(e) if args.backend.is_none() && e.kind() == session_api::ErrorKind::Unavailable => {
-            fall_back(&e.to_string())?.load(&request)?
-        }
-        loaded => loaded?,
-    };
+    let (encoded, loaded) = std::thread::scope(|scope| {
+        let encoding = scope.spawn(encode);
+        // The default backend may turn out unavailable only when loading (its compiler is
+        // installed on first use, which needs the network): fall back then too.
+        let loaded = match backend.load(&request) {
+            Err(e) if args.backend.is_none() && e.kind() == session_api::ErrorKind::Unavailable => {
+                fall_back(&e.to_string()).and_then(|fallback| Ok(fallback.load(&request)?))
+            }
+            loaded => loaded.map_err(CliError::from),
+        };
+        let encoded = encoding.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
+        (encoded, loaded)
+    });
+    // A bad tokenizer or prompt is reported before a failed load, as when they came first.
+    let (tokenizer, prompt_ids) = encoded?;
+    let engine = loaded?;
     bar.finish();
     let info = engine.info();
     let after_load = session_api::stats::ProcessMemory::now();
@@ -266,5 +278,9 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         );
         say!("{}", output.stats.summary());
     }
+    // The command ends here: the system reclaims the engine's memory at once, where dropping it
+    // would first destroy every buffer and unmap every weight, one by one.
+    std::mem::forget(session);
+    std::mem::forget(engine);
     Ok(())
 }

@@ -13,7 +13,9 @@
 //! time), the arguments with their offsets and an XXH3 hash of each one's bytes. A file whose
 //! sources changed (stale), whose size is not the header's (truncated), or whose bytes do not
 //! hash as recorded (corrupt) is never handed to a runtime: the load prepares it again and
-//! replaces it. Files are written under a temporary name and renamed into place, so a reader never
+//! replaces it. The bytes are hashed when the file is written and again whenever the file
+//! changed on disk since its last verification (`<key>.verified` records its inode, size and
+//! change time); a file untouched since is not hashed again. Files are written under a temporary name and renamed into place, so a reader never
 //! sees half a file; a temporary left by an interrupted process is removed by the next write.
 //!
 //! Layout: `SEAMWTS1`, the header's length (u64, little-endian), the header (JSON), zero padding
@@ -41,6 +43,9 @@ const FORMAT_VERSION: u32 = 1;
 pub const ALIGN: usize = 64;
 /// Where the data starts at the earliest: a page, so the header's pages are never touched again.
 const PAGE: usize = 4096;
+/// How long after its last change a file is trusted to stay as its stamp says (see
+/// [`WeightsCache::open`]).
+const RACY: std::time::Duration = std::time::Duration::from_secs(2);
 /// A header longer than this is not one of ours.
 const MAX_HEADER: u64 = 64 << 20;
 
@@ -259,9 +264,17 @@ impl WeightsCache {
         // place, so the mapped pages do not change under the mapping.
         let map =
             unsafe { MmapOptions::new().populate().map(&file) }.map_err(|e| rejected(format!("cannot map it: {e}")))?;
-        let hashes: Vec<u64> = header.args.iter().map(|a| a.xxh3).collect();
-        if let Some(i) = first_mismatch(&map, &args, &hashes) {
-            return Err(rejected(format!("the bytes of {} do not hash as recorded (corrupt)", args[i].spec.name)));
+        // Hashing every byte is the one part of a warm load that grows with the model: done when
+        // the file is new to this cache or was written since it was last verified (its stamp).
+        let stamp = file.metadata().ok().map(|meta| Stamp::of(key, &meta));
+        if stamp.is_none() || self.read_stamp(key) != stamp {
+            let hashes: Vec<u64> = header.args.iter().map(|a| a.xxh3).collect();
+            if let Some(i) = first_mismatch(&map, &args, &hashes) {
+                return Err(rejected(format!("the bytes of {} do not hash as recorded (corrupt)", args[i].spec.name)));
+            }
+            if let Some(stamp) = &stamp {
+                self.write_stamp(key, stamp);
+            }
         }
         Ok(PreparedWeights {
             memory: Arc::new(Memory(map)),
@@ -394,11 +407,65 @@ impl WeightsCache {
             .map_err(|e| SeamError::Backend(format!("could not allocate memory for the weights: {e}")))
     }
 
+    /// The file recording which version of `key`'s file was last verified.
+    fn stamp_path(&self, key: &str) -> PathBuf {
+        self.dir.join(format!("{key}.verified"))
+    }
+
+    fn read_stamp(&self, key: &str) -> Option<Stamp> {
+        serde_json::from_slice(&std::fs::read(self.stamp_path(key)).ok()?).ok()
+    }
+
+    /// Records `stamp` (temporary file, then rename); a failure only costs the next load a hash.
+    /// A file changed less than [`RACY`] ago is not stamped: file times tick coarsely, and a
+    /// write in the same tick as the verification would leave the stamp unchanged.
+    fn write_stamp(&self, key: &str, stamp: &Stamp) {
+        let now = std::time::SystemTime::now().duration_since(std::time::UNIX_EPOCH).unwrap_or_default();
+        let changed =
+            std::time::Duration::new(stamp.changed_s.max(0) as u64, stamp.changed_ns.clamp(0, 999_999_999) as u32);
+        if now.saturating_sub(changed) < RACY {
+            return;
+        }
+        let temp = self.dir.join(format!(".{key}.verified.{}.tmp", std::process::id()));
+        let Ok(json) = serde_json::to_vec(stamp) else { return };
+        if std::fs::write(&temp, json).and_then(|()| std::fs::rename(&temp, self.stamp_path(key))).is_err() {
+            let _ = std::fs::remove_file(&temp);
+        }
+    }
+
     /// A new temporary file in the cache's folder, after removing those of dead processes.
     fn create(&self, temp: &Path) -> std::io::Result<std::fs::File> {
         std::fs::create_dir_all(&self.dir)?;
         remove_dead_temporaries(&self.dir);
         std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(temp)
+    }
+}
+
+/// One version of a prepared file as the file system knows it: a replacement changes the inode,
+/// any write through the file system the change time (which no user call can set back), so a
+/// file whose stamp is unchanged since its bytes were hashed holds the same bytes. Damage that
+/// bypasses the file system (a failing disk) is the storage's to detect.
+#[derive(Debug, Clone, PartialEq, Eq, Serialize, Deserialize)]
+struct Stamp {
+    key: String,
+    device: u64,
+    inode: u64,
+    len: u64,
+    changed_s: i64,
+    changed_ns: i64,
+}
+
+impl Stamp {
+    fn of(key: &str, meta: &std::fs::Metadata) -> Stamp {
+        use std::os::unix::fs::MetadataExt;
+        Stamp {
+            key: key.to_string(),
+            device: meta.dev(),
+            inode: meta.ino(),
+            len: meta.size(),
+            changed_s: meta.ctime(),
+            changed_ns: meta.ctime_nsec(),
+        }
     }
 }
 
@@ -661,7 +728,27 @@ mod tests {
         assert_eq!(reused.origin(), WeightsOrigin::Reused);
         assert_holds(&reused, &f.args);
         let names: Vec<_> = std::fs::read_dir(f.cache.dir()).unwrap().map(|e| e.unwrap().file_name()).collect();
-        assert_eq!(names, vec![std::ffi::OsString::from("k.weights")], "no temporaries left");
+        // Changed too recently to be stamped: the next open hashes it again.
+        assert_eq!(names, vec![std::ffi::OsString::from("k.weights")], "the file alone, no temporaries");
+    }
+
+    #[test]
+    fn a_file_verified_once_is_trusted_until_it_changes() {
+        let f = fixture();
+        let expected = specs(&f.args);
+        store(&f.cache, "k", &f.sources, &f.args).unwrap();
+        std::thread::sleep(RACY + std::time::Duration::from_millis(100));
+        f.cache.open("k", &f.sources, &expected).unwrap();
+        let stamp = f.cache.dir().join("k.verified");
+        assert!(stamp.is_file(), "verified and old enough: stamped");
+        // A byte flipped in place changes the file's change time: hashed again, and rejected.
+        let mut bytes = std::fs::read(f.cache.path("k")).unwrap();
+        let at = f.cache.open("k", &f.sources, &expected).unwrap().args()[1].range.start;
+        bytes[at] ^= 1;
+        std::fs::write(f.cache.path("k"), &bytes).unwrap();
+        assert!(
+            matches!(f.cache.open("k", &f.sources, &expected), Err(Unusable::Rejected(why)) if why.contains("corrupt"))
+        );
     }
 
     #[test]
