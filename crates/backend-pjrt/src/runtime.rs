@@ -138,6 +138,11 @@ impl Drop for PjrtCache {
 impl GraphRuntime for PjrtRuntime {
     type Cache = PjrtCache;
 
+    /// Each graph is an executable of its own: loading one costs only that one.
+    fn loads_graphs_separately(&self) -> bool {
+        true
+    }
+
     fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport> {
         // Every core compiles (or deserializes) a graph of its own; each takes the next one left.
         let next = AtomicUsize::new(0);

@@ -43,9 +43,23 @@ pub(crate) struct Shared<R: GraphRuntime> {
     pub hidden_size: usize,
     /// Buckets of the embedding graphs loaded so far (they are compiled on first use).
     pub embedding_graphs: Mutex<Vec<usize>>,
+    /// Token graphs loaded so far: all of them at load, or only decode where the runtime loads
+    /// graphs one by one ([`GraphRuntime::loads_graphs_separately`]), the prefill buckets then
+    /// on first use.
+    pub token_graphs: Mutex<Vec<GraphSpec>>,
 }
 
 impl<R: GraphRuntime> Shared<R> {
+    /// Loads the token graph `graph` the first time it is needed.
+    fn ensure_token_graph(&self, graph: GraphSpec) -> Result<()> {
+        let mut loaded = self.token_graphs.lock().unwrap_or_else(|p| p.into_inner());
+        if !loaded.contains(&graph) {
+            self.runtime.load_graphs(&[graph])?;
+            loaded.push(graph);
+        }
+        Ok(())
+    }
+
     /// Loads the embedding graph of `bucket` the first time it is needed.
     fn ensure_embedding_graph(&self, bucket: usize) -> Result<()> {
         let mut loaded = self.embedding_graphs.lock().unwrap_or_else(|p| p.into_inner());
@@ -62,7 +76,8 @@ fn graph_of(kind: GraphKind) -> GraphSpec {
     GraphSpec { kind, logits: true }
 }
 
-/// The token graphs an engine loads up front: decode and one prefill per bucket above one.
+/// The token graphs: decode and one prefill per bucket above one. An engine loads them all up
+/// front, or decode alone where its runtime loads graphs one by one (the rest on first use).
 pub fn token_graphs(buckets: &[usize]) -> Vec<GraphSpec> {
     let mut graphs = vec![graph_of(GraphKind::Decode)];
     graphs.extend(buckets.iter().filter(|&&b| b > 1).map(|&bucket| graph_of(GraphKind::Prefill { bucket })));
@@ -175,8 +190,9 @@ impl<R: GraphRuntime> SessionSteps for GraphSteps<R> {
         }
         let mut output = None;
         for call in &calls {
-            if let GraphKind::PrefillEmbeddings { bucket } = call.graph.kind {
-                self.shared.ensure_embedding_graph(bucket)?;
+            match call.graph.kind {
+                GraphKind::PrefillEmbeddings { bucket } => self.shared.ensure_embedding_graph(bucket)?,
+                _ => self.shared.ensure_token_graph(call.graph)?,
             }
             output = Some(self.shared.runtime.execute(&mut self.cache, call)?);
         }

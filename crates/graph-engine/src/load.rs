@@ -281,7 +281,11 @@ pub fn load_engine<R: GraphRuntime>(
     // Without a prepared file the model's own files are read now, before anything compiles.
     let source = if cache.path(&key).is_file() { None } else { Some(read_weights(&dir, request)?) };
     let runtime = make_runtime(LoadedModel { config: &config, options: &options })?;
-    let graphs = token_graphs(&buckets);
+    let graphs = match runtime.loads_graphs_separately() {
+        // Decode alone now; each prefill bucket on first use (a short conversation may use none).
+        true => token_graphs(&[]),
+        false => token_graphs(&buckets),
+    };
 
     let compiling = "compiling graphs (cached after the first load)";
     let (uploaded, compiled) = std::thread::scope(|scope| {
@@ -337,6 +341,7 @@ pub fn load_engine<R: GraphRuntime>(
         max_context: options.max_context,
         hidden_size: config.hidden_size,
         embedding_graphs: Mutex::new(Vec::new()),
+        token_graphs: Mutex::new(graphs),
     };
     let mut engine = GraphEngine { shared: Arc::new(shared), info, compile_report };
     engine.set_load_time(started.elapsed());

@@ -68,6 +68,15 @@ pub trait GraphRuntime: Send + Sync + 'static {
     /// token graphs, and later for a graph first needed by a step (embedding input).
     fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport>;
 
+    /// Whether graphs are loaded one by one at no extra cost (an executable per graph, as PJRT
+    /// has): the engine then loads the decode graph at load and each prefill graph the first
+    /// time a call needs it, so that a start pays only for the graphs it uses. A runtime that
+    /// builds one module of all the graphs it is given (IREE) keeps the default, `false`: every
+    /// token graph is loaded at once, at load.
+    fn loads_graphs_separately(&self) -> bool {
+        false
+    }
+
     /// Uploads the weights, in the graphs' argument order, for every later call. They are views
     /// of a read-only mapping ([`PreparedWeights`]): a runtime whose buffers live in host memory
     /// may keep [`PreparedWeights::memory`] and use the bytes in place; any other copies them.
