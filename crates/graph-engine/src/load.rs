@@ -260,7 +260,8 @@ pub(crate) fn graph_error(error: GraphError) -> SeamError {
 /// The weights come from the prepared-weights cache ([`WeightsCache`]) when an earlier load left
 /// a file that is still valid for this model and layout; otherwise the model's files are read
 /// first (a bad model fails before any compile starts), laid out as the graphs take them, and
-/// stored for the next load. The token graphs are compiled, or read from the disk cache, on a
+/// stored for the next load. The token graphs (decode alone where the runtime loads graphs one
+/// by one, the prefill buckets then on first use) are compiled, or read from the disk cache, on a
 /// thread of their own while the weights are verified or prepared and uploaded. The device, the
 /// settings and the thread count are the backend's to check before calling this
 /// ([`GraphSettings::with_request`]).
