@@ -437,7 +437,27 @@ impl WeightsCache {
     fn create(&self, temp: &Path) -> std::io::Result<std::fs::File> {
         std::fs::create_dir_all(&self.dir)?;
         remove_dead_temporaries(&self.dir);
+        self.remove_orphans();
         std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(temp)
+    }
+
+    /// Removes the prepared files (and their stamps) of models that are gone: a file one of whose
+    /// recorded sources no longer exists can never be used again (a deleted model, a temporary
+    /// one). Files of models still present stay, whatever their layout.
+    fn remove_orphans(&self) {
+        let Ok(entries) = std::fs::read_dir(&self.dir) else { return };
+        for entry in entries.flatten() {
+            let path = entry.path();
+            if path.extension().is_none_or(|e| e != "weights") {
+                continue;
+            }
+            let Ok(mut file) = std::fs::File::open(&path) else { continue };
+            let Ok((header, _)) = read_header(&mut file) else { continue };
+            if header.sources.iter().any(|s| !Path::new(&s.path).exists()) {
+                let _ = std::fs::remove_file(&path);
+                let _ = std::fs::remove_file(self.stamp_path(&header.key));
+            }
+        }
     }
 }
 
@@ -630,6 +650,8 @@ fn fingerprint(sources: &[PathBuf]) -> std::result::Result<Vec<SourceFile>, Stri
                 .ok()
                 .and_then(|t| t.duration_since(std::time::UNIX_EPOCH).ok())
                 .map_or(0, |d| d.as_nanos() as u64);
+            // Absolute, so that the same model named from another directory is the same source.
+            let path = std::fs::canonicalize(path).unwrap_or_else(|_| path.clone());
             Ok(SourceFile { path: path.to_string_lossy().into_owned(), len: meta.len(), modified_ns })
         })
         .collect()
@@ -823,6 +845,19 @@ mod tests {
         let left: Vec<_> = std::fs::read_dir(f.cache.dir()).unwrap().map(|e| e.unwrap().file_name()).collect();
         assert!(left.is_empty(), "nothing left behind: {left:?}");
         assert_eq!(f.cache.open("k", &f.sources, &expected).unwrap_err(), Unusable::Missing);
+    }
+
+    #[test]
+    fn files_of_models_that_are_gone_are_removed_by_the_next_write() {
+        let f = fixture();
+        let gone = f._dir.path().join("gone.safetensors");
+        std::fs::write(&gone, b"a model deleted later").unwrap();
+        store(&f.cache, "old", std::slice::from_ref(&gone), &f.args).unwrap();
+        store(&f.cache, "kept", &f.sources, &f.args).unwrap();
+        std::fs::remove_file(&gone).unwrap();
+        store(&f.cache, "new", &f.sources, &f.args).unwrap();
+        assert!(!f.cache.path("old").exists(), "its model is gone");
+        assert!(f.cache.path("kept").exists() && f.cache.path("new").exists());
     }
 
     #[test]
