@@ -16,6 +16,7 @@ over the weight bytes.
 import argparse
 import json
 import sys
+from statistics import median
 
 
 def llama_rates(entries):
@@ -27,12 +28,6 @@ def llama_rates(entries):
         elif e.get("n_prompt", 0) == 0 and e.get("n_gen", 0) > 0:
             rates[("decode", e["n_gen"])] = e["avg_ts"]
     return rates
-
-
-def median(values):
-    ordered = sorted(values)
-    n = len(ordered)
-    return ordered[n // 2] if n % 2 else (ordered[n // 2 - 1] + ordered[n // 2]) / 2
 
 
 def fmt(x, digits=1):

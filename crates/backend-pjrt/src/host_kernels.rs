@@ -196,7 +196,7 @@ fn linear_handler(format: WeightFormat, input: KernelInput, residual: bool) -> H
 
 /// `(q f32[H, D], keys f32[KVH, D, C], values f32[KVH, C, D], position i32[]) -> f32[H, D]`.
 unsafe extern "C" fn attention_decode(frame: *mut CallFrame) -> *mut XlaError {
-    // SAFETY: as for `matmul_f16`.
+    // SAFETY: as for `linear`.
     unsafe {
         handle(frame, |frame| {
             let (q, keys, values, position, out) =

@@ -254,7 +254,8 @@ impl WeightsCache {
         if header.sources != now {
             return Err(rejected("the model's files changed since it was prepared".into()));
         }
-        let len = file.metadata().map_err(|e| rejected(e.to_string()))?.len();
+        let meta = file.metadata().map_err(|e| rejected(e.to_string()))?;
+        let len = meta.len();
         let want = start as u64 + header.data_len;
         if len != want {
             return Err(rejected(format!("{len} bytes where its header says {want} (truncated or extended)")));
@@ -266,15 +267,13 @@ impl WeightsCache {
             unsafe { MmapOptions::new().populate().map(&file) }.map_err(|e| rejected(format!("cannot map it: {e}")))?;
         // Hashing every byte is the one part of a warm load that grows with the model: done when
         // the file is new to this cache or was written since it was last verified (its stamp).
-        let stamp = file.metadata().ok().map(|meta| Stamp::of(key, &meta));
-        if stamp.is_none() || self.read_stamp(key) != stamp {
+        let stamp = Stamp::of(key, &meta);
+        if self.read_stamp(key).as_ref() != Some(&stamp) {
             let hashes: Vec<u64> = header.args.iter().map(|a| a.xxh3).collect();
             if let Some(i) = first_mismatch(&map, &args, &hashes) {
                 return Err(rejected(format!("the bytes of {} do not hash as recorded (corrupt)", args[i].spec.name)));
             }
-            if let Some(stamp) = &stamp {
-                self.write_stamp(key, stamp);
-            }
+            self.write_stamp(key, &stamp);
         }
         Ok(PreparedWeights {
             memory: Arc::new(Memory(map)),

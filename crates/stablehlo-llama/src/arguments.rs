@@ -485,30 +485,20 @@ pub fn for_each_graph_host_arg(
 ) -> Result<(), GraphError> {
     let graph_args = graph_weight_args(&weights.config, options);
     let stacked = options.layers == crate::LayerMode::Loop;
-    let mut next = 0;
+    // Argument names are unique: a piece goes to the argument of its own name, or, for one layer
+    // of a stacked argument, to `model.layers.*.{rest}` at that layer's offset.
+    let index_of: std::collections::HashMap<&str, usize> =
+        graph_args.iter().enumerate().map(|(i, a)| (a.name.as_str(), i)).collect();
     visit_host_args(weights, options.format, options.dense, options.dense_layout(), &mut |piece| {
-        let (index, offset) = match layer_of(&piece.spec.name).filter(|_| stacked) {
-            Some((layer, rest)) => {
-                let name = format!("model.layers.*.{rest}");
-                let index = graph_args.iter().position(|a| a.name == name).ok_or_else(|| GraphError::Weight {
-                    name: piece.spec.name.clone(),
-                    message: "no stacked argument of this kind".into(),
-                })?;
-                (index, layer * piece.bytes.len())
-            }
-            None => {
-                // Unstacked pieces come in argument order, between the stacked ones.
-                while stacked && graph_args.get(next).is_some_and(|a| a.name.starts_with("model.layers.*.")) {
-                    next += 1;
-                }
-                next += 1;
-                (next - 1, 0)
-            }
+        let (name, offset) = match layer_of(&piece.spec.name).filter(|_| stacked) {
+            Some((layer, rest)) => (format!("model.layers.*.{rest}"), layer * piece.bytes.len()),
+            None => (piece.spec.name.clone(), 0),
         };
-        let arg = graph_args.get(index).ok_or_else(|| GraphError::Weight {
+        let index = *index_of.get(name.as_str()).ok_or_else(|| GraphError::Weight {
             name: piece.spec.name.clone(),
-            message: "more tensors than the graphs take".into(),
+            message: "no graph argument takes this tensor".into(),
         })?;
+        let arg = &graph_args[index];
         let size = arg.shape.iter().product::<usize>() * arg.dtype.size();
         if offset + piece.bytes.len() > size || arg.dtype != piece.spec.dtype {
             return Err(GraphError::Weight {
