@@ -8,10 +8,10 @@
 //! disagrees.
 
 use cpu_kernels::pool::Pool;
-use cpu_kernels::{AttentionShape, F16Matrix, Int4Matrix, Isa, LinearInput, LinearWeights};
+use cpu_kernels::{AttentionShape, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights};
+use llama_model::MatrixFormat;
 use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError};
 use pjrt_runtime::Plugin;
-use session_api::WeightFormat;
 use stablehlo_llama::KernelInput;
 use std::collections::HashMap;
 use std::path::PathBuf;
@@ -106,10 +106,15 @@ fn rows_cols(buffer: &Buffer, what: &str) -> Result<(usize, usize), String> {
     }
 }
 
-/// The handler of one [`stablehlo_llama::linear_target`]: `INT4` picks the weight format,
-/// `INPUT` the [`KernelInput`] (0 rows, 1 RMSNorm, 2 SwiGLU), `RESIDUAL` whether a residual
-/// operand follows the weights.
-unsafe extern "C" fn linear<const INT4: bool, const INPUT: u8, const RESIDUAL: bool>(
+/// Weight formats of [`linear`]'s `FORMAT`.
+const F16: u8 = 0;
+const INT4: u8 = 1;
+const INT8: u8 = 2;
+
+/// The handler of one [`stablehlo_llama::linear_target`]: `FORMAT` picks the weight format
+/// ([`F16`], [`INT4`], [`INT8`]), `INPUT` the [`KernelInput`] (0 rows, 1 RMSNorm, 2 SwiGLU),
+/// `RESIDUAL` whether a residual operand follows the weights.
+unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>(
     frame: *mut CallFrame,
 ) -> *mut XlaError {
     // SAFETY: called by XLA with its call frame; the arrays are host memory of the CPU plugin.
@@ -132,8 +137,13 @@ unsafe extern "C" fn linear<const INT4: bool, const INPUT: u8, const RESIDUAL: b
             };
             let first_weight = frame.arg(next)?;
             let (n, _) = rows_cols(first_weight, "weights")?;
-            let weights = if INT4 {
-                let groups = k / cpu_kernels::GROUP_SIZE;
+            let groups = k / cpu_kernels::GROUP_SIZE;
+            let weights = if FORMAT == INT8 {
+                let codes = elements::<i8>(first_weight, dtype::S8, &[n, k], "int8 codes")?;
+                let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
+                next += 2;
+                LinearWeights::Int8(Int8Matrix { rows: n, cols: k, codes, scales })
+            } else if FORMAT == INT4 {
                 let packed_ty = if first_weight.dtype == dtype::U8 { dtype::U8 } else { dtype::S8 };
                 let packed = elements::<u8>(first_weight, packed_ty, &[n, k / 2], "packed weights")?;
                 let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
@@ -175,22 +185,23 @@ unsafe extern "C" fn linear<const INT4: bool, const INPUT: u8, const RESIDUAL: b
 }
 
 /// The handler of a linear target.
-fn linear_handler(format: WeightFormat, input: KernelInput, residual: bool) -> Handler {
-    use KernelInput::{RmsNorm, Rows, SwiGlu};
-    use WeightFormat::{Int4, F16};
-    match (format, input, residual) {
-        (F16, Rows, false) => linear::<false, 0, false>,
-        (F16, Rows, true) => linear::<false, 0, true>,
-        (F16, RmsNorm, false) => linear::<false, 1, false>,
-        (F16, RmsNorm, true) => linear::<false, 1, true>,
-        (F16, SwiGlu, false) => linear::<false, 2, false>,
-        (F16, SwiGlu, true) => linear::<false, 2, true>,
-        (Int4, Rows, false) => linear::<true, 0, false>,
-        (Int4, Rows, true) => linear::<true, 0, true>,
-        (Int4, RmsNorm, false) => linear::<true, 1, false>,
-        (Int4, RmsNorm, true) => linear::<true, 1, true>,
-        (Int4, SwiGlu, false) => linear::<true, 2, false>,
-        (Int4, SwiGlu, true) => linear::<true, 2, true>,
+fn linear_handler(format: MatrixFormat, input: KernelInput, residual: bool) -> Handler {
+    /// The handler for one format, by input and residual.
+    fn of<const FORMAT: u8>(input: KernelInput, residual: bool) -> Handler {
+        use KernelInput::{RmsNorm, Rows, SwiGlu};
+        match (input, residual) {
+            (Rows, false) => linear::<FORMAT, 0, false>,
+            (Rows, true) => linear::<FORMAT, 0, true>,
+            (RmsNorm, false) => linear::<FORMAT, 1, false>,
+            (RmsNorm, true) => linear::<FORMAT, 1, true>,
+            (SwiGlu, false) => linear::<FORMAT, 2, false>,
+            (SwiGlu, true) => linear::<FORMAT, 2, true>,
+        }
+    }
+    match format {
+        MatrixFormat::F16 => of::<F16>(input, residual),
+        MatrixFormat::Int4 => of::<INT4>(input, residual),
+        MatrixFormat::Int8 => of::<INT8>(input, residual),
     }
 }
 

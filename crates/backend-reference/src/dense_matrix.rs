@@ -36,7 +36,7 @@ impl DenseMatrix {
         Ok(DenseMatrix { rows, cols, data })
     }
 
-    /// Converts a model weight to f32: f16 exactly, int4 through `Int4Matrix::dequantize_row`.
+    /// Converts a model weight to f32: f16 exactly, int4 and int8 through their `dequantize_row`.
     pub fn from_weight(weight: &Matrix) -> Result<Self, SeamError> {
         match weight {
             Matrix::F16 { rows, cols, data } => Self::new(*rows, *cols, data.iter().map(|&v| f32::from(v)).collect()),
@@ -56,6 +56,18 @@ impl DenseMatrix {
                     data.par_chunks_mut(m.cols).enumerate().for_each(|(row, out)| m.dequantize_row(row, out));
                 }
                 Self::new(m.rows, m.cols, data)
+            }
+            Matrix::Int8(m) => {
+                let consistent = m.cols % llama_model::int8::GROUP_SIZE == 0
+                    && m.codes.len() == m.rows * m.cols
+                    && m.scales.len() == m.rows * m.cols / llama_model::int8::GROUP_SIZE;
+                if !consistent {
+                    return Err(SeamError::ModelFormat {
+                        path: None,
+                        message: format!("int8 matrix [{}, {}] has inconsistent storage sizes", m.rows, m.cols),
+                    });
+                }
+                Self::new(m.rows, m.cols, m.dequantize())
             }
         }
     }

@@ -75,9 +75,10 @@ impl ReferenceEngine {
     /// directory first; tests and other backends' checks can call this directly).
     pub fn from_weights(weights: &LlamaWeights, options: EngineOptions) -> Result<Self> {
         let started = Instant::now();
-        let format = match &weights.embed {
-            llama_model::Matrix::F16 { .. } => WeightFormat::F16,
-            llama_model::Matrix::Int4(_) => WeightFormat::Int4,
+        // An int4 model's embedding and head may be int8: its layers say which format it is.
+        let format = match weights.layers.first().map_or(&weights.embed, |l| &l.wq).format() {
+            llama_model::MatrixFormat::F16 => WeightFormat::F16,
+            llama_model::MatrixFormat::Int4 | llama_model::MatrixFormat::Int8 => WeightFormat::Int4,
         };
         let progress = options.progress.clone();
         let report = move |done: u64, total: u64| {

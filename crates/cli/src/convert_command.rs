@@ -4,6 +4,7 @@ use crate::cli_error::CliError;
 use crate::progress::StageBar;
 use clap::Args;
 use llama_model::import::{import_gguf, ImportOptions};
+use llama_model::MatrixFormat;
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -21,6 +22,11 @@ pub struct ConvertArgs {
     /// With `--default-model`: convert again even when the default model is already installed.
     #[arg(long, requires = "default_model")]
     force: bool,
+    /// Bits of the token embedding and the output head in the int4 weights: 8 (the default: a
+    /// Q8_0 tensor is carried exactly, others are quantized to seam's int8) or 4 (quantized to
+    /// int4 like the layers, smaller and less accurate). A Q4_1 or Q4_0 tensor stays 4-bit.
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u8).range(4..=8))]
+    embed_head_bits: u8,
 }
 
 pub fn run(args: ConvertArgs) -> Result<(), CliError> {
@@ -40,18 +46,25 @@ pub fn run(args: ConvertArgs) -> Result<(), CliError> {
     };
     let bar = StageBar::new();
     let report = |done, total| bar.count("converting tensors", done, total);
-    let options = ImportOptions { progress: Some(&report) };
+    let embed_head = match args.embed_head_bits {
+        4 => MatrixFormat::Int4,
+        8 => MatrixFormat::Int8,
+        other => return Err(CliError::Usage(format!("--embed-head-bits {other}: expected 4 or 8"))),
+    };
+    let options = ImportOptions { progress: Some(&report), embed_head };
     let report = import_gguf(&gguf, &out, &options)?;
     bar.finish();
     let types: Vec<String> = report.gguf_types.iter().map(|(t, n)| format!("{n} x {t}")).collect();
     say!(
-        "converted {} ({}) in {:.1} s + {:.1} s writing: {} int4 matrices carried exactly from Q4_1, {} quantized to int4, {} dequantized to f16, {} norms",
+        "converted {} ({}) in {:.1} s + {:.1} s writing: int4 file with {} int4 matrices carried exactly (Q4_1/Q4_0), {} quantized to int4, {} int8 carried exactly (Q8_0), {} quantized to int8; {} dequantized to f16, {} norms",
         gguf.display(),
         types.join(", "),
         report.convert_time.as_secs_f64(),
         report.write_time.as_secs_f64(),
         report.int4_exact,
         report.int4_requantized,
+        report.int8_exact,
+        report.int8_requantized,
         report.f16_dequantized,
         report.norms
     );

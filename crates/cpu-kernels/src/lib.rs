@@ -9,7 +9,9 @@
 //! - [`matmul_f16`]: `y = x W^T` for f16 `W` `[N, K]` and f32 `x` `[T, K]`;
 //! - [`matmul_int4`]: the same for seam's int4 format (ADR 0002: groups of 32 along `K`, an f16
 //!   scale and bias per group, element `2i` in the low nibble);
-//! - [`linear`]: either product with the RMSNorm or SwiGLU before it and the residual add after
+//! - [`matmul_int8`]: the same for seam's int8 format (ADR 0013: groups of 32 along `K`, an f16
+//!   scale per group; an int4 model's embedding and output head);
+//! - [`linear`]: any of these products with the RMSNorm or SwiGLU before it and the residual add after
 //!   it, so a runtime makes one call where a graph would make six;
 //! - [`attention_decode`]: one query position against the first `len` positions of a KV cache in
 //!   seam's layout (keys `[KVH, D, C]`, values `[KVH, C, D]`), grouped-query heads included.
@@ -31,7 +33,7 @@ pub mod scalar;
 pub use attention::{attention_decode, AttentionShape};
 pub use isa::Isa;
 pub use linear::{linear, LinearInput, LinearWeights};
-pub use matmul::{matmul_f16, matmul_int4, F16Matrix, Int4Matrix, GROUP_SIZE};
+pub use matmul::{matmul_f16, matmul_int4, matmul_int8, F16Matrix, Int4Matrix, Int8Matrix, GROUP_SIZE};
 
 use std::fmt;
 

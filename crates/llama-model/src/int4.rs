@@ -39,11 +39,14 @@ pub const BIASES_SUFFIX: &str = ".biases";
 
 /// `__metadata__` value of `format` in a seam int4 safetensors file.
 pub const FORMAT_NAME: &str = "seam-int4";
-/// `__metadata__` value of `version`.
-pub const FORMAT_VERSION: &str = "1";
+/// `__metadata__` value of `version` this build writes: 2 may hold int8 matrices
+/// ([`crate::int8`]) beside the int4 ones; 1 (every matrix int4) is still read.
+pub const FORMAT_VERSION: &str = "2";
+/// The versions this build reads.
+const READ_VERSIONS: [&str; 2] = ["1", "2"];
 
 /// The `__metadata__` every seam int4 safetensors file carries:
-/// `{"format": "seam-int4", "version": "1", "group_size": "32"}`.
+/// `{"format": "seam-int4", "version": "2", "group_size": "32"}`.
 pub fn int4_metadata() -> BTreeMap<String, String> {
     BTreeMap::from([
         ("format".to_string(), FORMAT_NAME.to_string()),
@@ -63,12 +66,13 @@ pub fn check_int4_metadata(store: &TensorStore) -> Result<(), ModelError> {
             message: format!("metadata format is {:?}, expected \"{FORMAT_NAME}\"", get("format")),
         });
     }
-    if get("version") != Some(FORMAT_VERSION) {
+    if !get("version").is_some_and(|v| READ_VERSIONS.contains(&v)) {
         return Err(ModelError::Unsupported {
             what: format!(
-                "seam-int4 version {:?} in {} (this build reads version {FORMAT_VERSION})",
+                "seam-int4 version {:?} in {} (this build reads versions {})",
                 get("version"),
-                path.display()
+                path.display(),
+                READ_VERSIONS.join(" and ")
             ),
         });
     }

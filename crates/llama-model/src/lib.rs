@@ -22,6 +22,7 @@ pub mod gguf_layout;
 pub mod home;
 pub mod import;
 pub mod int4;
+pub mod int8;
 pub mod model_dir;
 pub mod random;
 pub mod tensor_store;
@@ -31,4 +32,5 @@ pub use config::{GenerationConfig, LlamaConfig, RopeScaling};
 pub use error::ModelError;
 
 pub use int4::Int4Matrix;
-pub use weights::{LayerWeights, LlamaWeights, Matrix};
+pub use int8::Int8Matrix;
+pub use weights::{Int4Layout, LayerWeights, LlamaWeights, Matrix, MatrixFormat};

@@ -102,6 +102,18 @@ impl ModelDir {
         self.int4_weights_path().is_file()
     }
 
+    /// The [`crate::Int4Layout`] an int4 load of this model gets: the int4 file's, from its header,
+    /// when the file exists; else [`crate::Int4Layout::DEFAULT`], what quantizing the float
+    /// weights at load produces.
+    pub fn int4_layout(&self) -> Result<crate::Int4Layout, ModelError> {
+        let int4 = self.int4_weights_path();
+        if int4.is_file() {
+            crate::weights::int4_file_layout(&int4, &self.config)
+        } else {
+            Ok(crate::Int4Layout::DEFAULT.normalized(self.config.tie_word_embeddings))
+        }
+    }
+
     /// The files a load of the weights in `format` reads, sorted: `config.json` and the weight
     /// files (the float safetensors, one file or the index and its shards, for f16; seam's int4
     /// file for int4 when it exists, else the float files it will be quantized from). What a

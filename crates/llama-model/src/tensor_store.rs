@@ -264,6 +264,15 @@ impl TensorStore {
             other => Err(dtype_error(name, other, "U8")),
         }
     }
+
+    /// An I8 tensor's values.
+    pub fn read_i8(&self, name: &str) -> Result<Vec<i8>, ModelError> {
+        let entry = self.entry(name)?;
+        match entry.dtype {
+            Dtype::I8 => Ok(bytemuck::cast_slice(&self.files[entry.file].map[entry.start..entry.end]).to_vec()),
+            other => Err(dtype_error(name, other, "I8")),
+        }
+    }
 }
 
 /// Converts an aligned slice with a vectorized slice conversion (half's F16C path where the CPU
@@ -330,13 +339,17 @@ pub enum OwnedTensor {
     F32 { shape: Vec<usize>, data: Vec<f32> },
     F16 { shape: Vec<usize>, data: Vec<f16> },
     U8 { shape: Vec<usize>, data: Vec<u8> },
+    I8 { shape: Vec<usize>, data: Vec<i8> },
 }
 
 impl OwnedTensor {
     /// The tensor's shape.
     pub fn shape(&self) -> &[usize] {
         match self {
-            OwnedTensor::F32 { shape, .. } | OwnedTensor::F16 { shape, .. } | OwnedTensor::U8 { shape, .. } => shape,
+            OwnedTensor::F32 { shape, .. }
+            | OwnedTensor::F16 { shape, .. }
+            | OwnedTensor::U8 { shape, .. }
+            | OwnedTensor::I8 { shape, .. } => shape,
         }
     }
 
@@ -346,6 +359,7 @@ impl OwnedTensor {
             OwnedTensor::F32 { .. } => Dtype::F32,
             OwnedTensor::F16 { .. } => Dtype::F16,
             OwnedTensor::U8 { .. } => Dtype::U8,
+            OwnedTensor::I8 { .. } => Dtype::I8,
         }
     }
 
@@ -355,6 +369,7 @@ impl OwnedTensor {
             OwnedTensor::F32 { data, .. } => bytemuck::cast_slice(data),
             OwnedTensor::F16 { data, .. } => bytemuck::cast_slice(data),
             OwnedTensor::U8 { data, .. } => data,
+            OwnedTensor::I8 { data, .. } => bytemuck::cast_slice(data),
         }
     }
 

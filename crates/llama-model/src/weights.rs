@@ -6,6 +6,7 @@
 use crate::config::LlamaConfig;
 use crate::error::ModelError;
 use crate::int4::{self, Int4Matrix};
+use crate::int8::{self, Int8Matrix};
 use crate::model_dir::{CONFIG_FILE, INT4_WEIGHTS_FILE};
 use crate::tensor_store::{write_safetensors_raw, Dtype, RawTensor, TensorStore};
 use half::{f16, slice::HalfFloatSliceExt};
@@ -24,6 +25,73 @@ pub enum Matrix {
     F16 { rows: usize, cols: usize, data: Vec<f16> },
     /// seam's int4 format, see [`crate::int4`].
     Int4(Int4Matrix),
+    /// seam's int8 format, see [`crate::int8`] (an int4 model's embedding and output head).
+    Int8(Int8Matrix),
+}
+
+/// How one matrix is stored.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub enum MatrixFormat {
+    F16,
+    Int4,
+    Int8,
+}
+
+impl std::fmt::Display for MatrixFormat {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        f.write_str(match self {
+            MatrixFormat::F16 => "f16",
+            MatrixFormat::Int4 => "int4",
+            MatrixFormat::Int8 => "int8",
+        })
+    }
+}
+
+/// The formats of an int4 model's matrices: which are int4 and which int8 (ADR 0013).
+///
+/// Every decoder layer has the same layout (the graphs that loop over layers stack them), so the
+/// layout is three formats: the token embedding, the output head (the embedding itself when tied)
+/// and the decoder layers' matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Int4Layout {
+    pub embed: MatrixFormat,
+    /// Ignored when the embeddings are tied (the head is the embedding).
+    pub head: MatrixFormat,
+    pub layers: MatrixFormat,
+}
+
+impl Int4Layout {
+    /// What quantizing a float model produces: the embedding and output head at 8 bits, the layers
+    /// at 4 (llama.cpp keeps these two above 4 bits too: they hold the most error-sensitive rows).
+    pub const DEFAULT: Int4Layout =
+        Int4Layout { embed: MatrixFormat::Int8, head: MatrixFormat::Int8, layers: MatrixFormat::Int4 };
+    /// Every matrix int4 (files of seam-int4 version 1, and `seam convert --embed-head-bits 4`).
+    pub const ALL_INT4: Int4Layout =
+        Int4Layout { embed: MatrixFormat::Int4, head: MatrixFormat::Int4, layers: MatrixFormat::Int4 };
+
+    /// The format of the matrix named `name` (a Hugging Face tensor name).
+    pub fn of(&self, name: &str) -> MatrixFormat {
+        match name {
+            names::EMBED_TOKENS => self.embed,
+            names::LM_HEAD => self.head,
+            _ => self.layers,
+        }
+    }
+
+    /// `self` with the head's format equal to the embedding's when `tied` (one matrix).
+    pub fn normalized(self, tied: bool) -> Int4Layout {
+        if tied {
+            Int4Layout { head: self.embed, ..self }
+        } else {
+            self
+        }
+    }
+}
+
+impl std::fmt::Display for Int4Layout {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "embedding {}, head {}, layers {}", self.embed, self.head, self.layers)
+    }
 }
 
 /// The weights of one decoder layer.
@@ -144,6 +212,7 @@ impl Matrix {
         match self {
             Matrix::F16 { rows, .. } => *rows,
             Matrix::Int4(m) => m.rows,
+            Matrix::Int8(m) => m.rows,
         }
     }
 
@@ -152,14 +221,16 @@ impl Matrix {
         match self {
             Matrix::F16 { cols, .. } => *cols,
             Matrix::Int4(m) => m.cols,
+            Matrix::Int8(m) => m.cols,
         }
     }
 
-    /// The weight format of this matrix.
-    pub fn format(&self) -> WeightFormat {
+    /// The storage format of this matrix.
+    pub fn format(&self) -> MatrixFormat {
         match self {
-            Matrix::F16 { .. } => WeightFormat::F16,
-            Matrix::Int4(_) => WeightFormat::Int4,
+            Matrix::F16 { .. } => MatrixFormat::F16,
+            Matrix::Int4(_) => MatrixFormat::Int4,
+            Matrix::Int8(_) => MatrixFormat::Int8,
         }
     }
 
@@ -168,6 +239,7 @@ impl Matrix {
         match self {
             Matrix::F16 { data, .. } => data.len() * 2,
             Matrix::Int4(m) => m.byte_size(),
+            Matrix::Int8(m) => m.byte_size(),
         }
     }
 
@@ -185,6 +257,7 @@ impl Matrix {
                 }
             }
             Matrix::Int4(m) => m.dequantize_row(row, out),
+            Matrix::Int8(m) => m.dequantize_row(row, out),
         }
     }
 
@@ -197,15 +270,40 @@ impl Matrix {
                 out
             }
             Matrix::Int4(m) => m.dequantize(),
+            Matrix::Int8(m) => m.dequantize(),
         }
     }
 
-    /// The matrix in int4 (quantized when it is f16; cloned when it already is int4).
+    /// The matrix in int4 (quantized when it is not int4 yet; cloned when it is).
     pub fn to_int4(&self) -> Result<Int4Matrix, ModelError> {
         match self {
-            Matrix::F16 { rows, cols, .. } => int4::quantize(&self.to_f32(), *rows, *cols),
             Matrix::Int4(m) => Ok(m.clone()),
+            _ => int4::quantize(&self.to_f32(), self.rows(), self.cols()),
         }
+    }
+
+    /// The matrix in int8 (quantized when it is not int8 yet; cloned when it is).
+    pub fn to_int8(&self) -> Result<Int8Matrix, ModelError> {
+        match self {
+            Matrix::Int8(m) => Ok(m.clone()),
+            _ => int8::quantize(&self.to_f32(), self.rows(), self.cols()),
+        }
+    }
+
+    /// The matrix in `format`: itself when it already is, else converted (quantized, or for f16
+    /// dequantized and rounded).
+    pub fn to_format(&self, format: MatrixFormat) -> Result<Matrix, ModelError> {
+        Ok(match (self, format) {
+            (m, f) if m.format() == f => m.clone(),
+            (m, MatrixFormat::Int4) => Matrix::Int4(m.to_int4()?),
+            (m, MatrixFormat::Int8) => Matrix::Int8(m.to_int8()?),
+            (m, MatrixFormat::F16) => {
+                let values = m.to_f32();
+                let mut data = vec![f16::ZERO; values.len()];
+                data.convert_from_f32_slice(&values);
+                Matrix::F16 { rows: m.rows(), cols: m.cols(), data }
+            }
+        })
     }
 }
 
@@ -219,6 +317,76 @@ impl LlamaWeights {
                 TensorRef::Matrix(m) => m.byte_size(),
             })
             .sum()
+    }
+
+    /// The int4 layout of these weights: which matrices are int4 and which int8. Fails when a
+    /// matrix is f16, or the layers' matrices are not all of one format.
+    pub fn int4_layout(&self) -> Result<Int4Layout, ModelError> {
+        let quantized = |name: &str, m: &Matrix| match m.format() {
+            MatrixFormat::F16 => Err(ModelError::InvalidTensor {
+                name: name.to_string(),
+                message: "an f16 matrix in int4 weights".into(),
+            }),
+            f => Ok(f),
+        };
+        let embed = quantized(names::EMBED_TOKENS, &self.embed)?;
+        let head = match &self.lm_head {
+            Some(head) => quantized(names::LM_HEAD, head)?,
+            None => embed,
+        };
+        let mut layers = None;
+        for (name, tensor) in self.tensors() {
+            if let TensorRef::Matrix(m) = tensor {
+                if name == names::EMBED_TOKENS || name == names::LM_HEAD {
+                    continue;
+                }
+                let f = quantized(&name, m)?;
+                if *layers.get_or_insert(f) != f {
+                    return Err(ModelError::Unsupported {
+                        what: format!("{name} is {f} while other decoder-layer matrices are not: one format for every layer matrix is supported"),
+                    });
+                }
+            }
+        }
+        Ok(Int4Layout { embed, head, layers: layers.unwrap_or(MatrixFormat::Int4) })
+    }
+
+    /// These weights with every matrix in the format `layout` gives it (norms as they are).
+    pub fn quantized(&self, layout: Int4Layout) -> Result<LlamaWeights, ModelError> {
+        let convert = |name: &str, m: &Matrix| {
+            m.to_format(layout.of(name)).map_err(|e| match e {
+                ModelError::Quantization { message } => {
+                    ModelError::Quantization { message: format!("{name}: {message}") }
+                }
+                other => other,
+            })
+        };
+        let layers = self
+            .layers
+            .par_iter()
+            .enumerate()
+            .map(|(i, l)| {
+                let c = |suffix: &str, m: &Matrix| convert(&names::layer(i, suffix), m);
+                Ok(LayerWeights {
+                    attn_norm: l.attn_norm.clone(),
+                    wq: c(names::Q_PROJ, &l.wq)?,
+                    wk: c(names::K_PROJ, &l.wk)?,
+                    wv: c(names::V_PROJ, &l.wv)?,
+                    wo: c(names::O_PROJ, &l.wo)?,
+                    mlp_norm: l.mlp_norm.clone(),
+                    w_gate: c(names::GATE_PROJ, &l.w_gate)?,
+                    w_up: c(names::UP_PROJ, &l.w_up)?,
+                    w_down: c(names::DOWN_PROJ, &l.w_down)?,
+                })
+            })
+            .collect::<Result<Vec<_>, ModelError>>()?;
+        Ok(LlamaWeights {
+            config: self.config.clone(),
+            embed: convert(names::EMBED_TOKENS, &self.embed)?,
+            layers,
+            final_norm: self.final_norm.clone(),
+            lm_head: self.lm_head.as_ref().map(|h| convert(names::LM_HEAD, h)).transpose()?,
+        })
     }
 
     /// Every tensor with its Hugging Face name, in [`expected_tensors`] order.
@@ -254,6 +422,7 @@ impl LlamaWeights {
                 TensorRef::Norm(values) => values.iter().position(|v| !v.is_finite()),
                 TensorRef::Matrix(Matrix::F16 { data, .. }) => bad_f16(data),
                 TensorRef::Matrix(Matrix::Int4(q)) => bad_f16(&q.scales).or_else(|| bad_f16(&q.biases)),
+                TensorRef::Matrix(Matrix::Int8(q)) => bad_f16(&q.scales),
             };
             match bad {
                 Some(at) => Err(ModelError::InvalidTensor {
@@ -298,6 +467,11 @@ impl LlamaWeights {
                                 && q.packed.len() == q.rows * q.cols / 2
                                 && q.scales.len() == q.rows * q.cols / int4::GROUP_SIZE
                                 && q.biases.len() == q.scales.len()
+                        }
+                        Matrix::Int8(q) => {
+                            q.cols % int8::GROUP_SIZE == 0
+                                && q.codes.len() == q.rows * q.cols
+                                && q.scales.len() == q.rows * q.cols / int8::GROUP_SIZE
                         }
                     };
                     if !consistent {
@@ -443,15 +617,15 @@ fn load_weights_unchecked(
                                 Loaded::Norm(store.read_f32(&spec.name)?)
                             }
                             TensorRole::Matrix => {
-                                let m = Int4Matrix::from_store(&store, &spec.name)?;
-                                if [m.rows, m.cols] != [spec.shape[0], spec.shape[1]] {
+                                let m = read_quantized_matrix(&store, &spec.name)?;
+                                if [m.rows(), m.cols()] != [spec.shape[0], spec.shape[1]] {
                                     return Err(ModelError::Shape {
-                                        name: format!("{}{}", spec.name, int4::QWEIGHT_SUFFIX),
-                                        expected: vec![spec.shape[0], spec.shape[1] / 2],
-                                        found: vec![m.rows, m.cols / 2],
+                                        name: spec.name.clone(),
+                                        expected: spec.shape.clone(),
+                                        found: vec![m.rows(), m.cols()],
                                     });
                                 }
-                                Loaded::Matrix(Matrix::Int4(m))
+                                Loaded::Matrix(m)
                             }
                         };
                         progress.tick();
@@ -462,15 +636,20 @@ fn load_weights_unchecked(
             } else {
                 let store = TensorStore::open(dir)?;
                 progress.start();
+                let layout = Int4Layout::DEFAULT;
                 let loaded = load_float(&store, &specs, &progress, |spec, _| {
                     let values = store.read_f32(&spec.name)?;
-                    let m = int4::quantize(&values, spec.shape[0], spec.shape[1]).map_err(|e| match e {
+                    let (rows, cols) = (spec.shape[0], spec.shape[1]);
+                    let m = match layout.of(&spec.name) {
+                        MatrixFormat::Int8 => int8::quantize(&values, rows, cols).map(Matrix::Int8),
+                        _ => int4::quantize(&values, rows, cols).map(Matrix::Int4),
+                    };
+                    m.map_err(|e| match e {
                         ModelError::Quantization { message } => {
                             ModelError::Quantization { message: format!("{}: {message}", spec.name) }
                         }
                         other => other,
-                    })?;
-                    Ok(Matrix::Int4(m))
+                    })
                 })?;
                 let weights = assemble(&config, loaded);
                 // The cache is an optimization: failing to write it must not fail the load.
@@ -479,6 +658,32 @@ fn load_weights_unchecked(
             }
         }
     }
+}
+
+/// Reads the int4 or int8 matrix stored under `name` in a seam-int4 file: the dtype of its
+/// `.qweight` tells which (U8 packed nibbles, or I8 codes).
+pub fn read_quantized_matrix(store: &TensorStore, name: &str) -> Result<Matrix, ModelError> {
+    match store.dtype(&format!("{name}{}", int4::QWEIGHT_SUFFIX))? {
+        Dtype::I8 => Ok(Matrix::Int8(Int8Matrix::from_store(store, name)?)),
+        _ => Ok(Matrix::Int4(Int4Matrix::from_store(store, name)?)),
+    }
+}
+
+/// The [`Int4Layout`] of the seam-int4 file `path`, from its header alone.
+pub fn int4_file_layout(path: &Path, config: &LlamaConfig) -> Result<Int4Layout, ModelError> {
+    let store = TensorStore::open_file(path)?;
+    int4::check_int4_metadata(&store)?;
+    let format = |name: &str| -> Result<MatrixFormat, ModelError> {
+        Ok(match store.dtype(&format!("{name}{}", int4::QWEIGHT_SUFFIX))? {
+            Dtype::I8 => MatrixFormat::Int8,
+            _ => MatrixFormat::Int4,
+        })
+    };
+    let embed = format(names::EMBED_TOKENS)?;
+    let head = if config.tie_word_embeddings { embed } else { format(names::LM_HEAD)? };
+    let layers =
+        if config.num_hidden_layers == 0 { MatrixFormat::Int4 } else { format(&names::layer(0, names::Q_PROJ))? };
+    Ok(Int4Layout { embed, head, layers })
 }
 
 /// Loads float tensors in parallel: norms as f32, matrices through `matrix`, each shape checked.
@@ -505,17 +710,18 @@ fn load_float(
         .collect()
 }
 
-/// Writes `weights` as seam's int4 file (atomically): every matrix int4 under
-/// `{name}.qweight/.scales/.biases` (f16 matrices are quantized first), norms as F32 under their
-/// own names, with the seam-int4 metadata.
+/// Writes `weights` as seam's int4 file (atomically): every int4 matrix under
+/// `{name}.qweight/.scales/.biases`, every int8 one under `{name}.qweight/.scales`, f16 matrices
+/// quantized first as [`Int4Layout::DEFAULT`] says, norms as F32 under their own names, with the
+/// seam-int4 metadata.
 pub fn write_int4_weights(path: &Path, weights: &LlamaWeights) -> Result<(), ModelError> {
     weights.validate()?;
     let tensors = weights.tensors();
-    // Quantize what is not int4 yet, in parallel; borrow what already is.
-    let converted: Vec<Option<Int4Matrix>> = tensors
+    // Quantize what is f16, in parallel; borrow what already is quantized.
+    let converted: Vec<Option<Matrix>> = tensors
         .par_iter()
-        .map(|(_, t)| match t {
-            TensorRef::Matrix(m @ Matrix::F16 { .. }) => m.to_int4().map(Some),
+        .map(|(name, t)| match t {
+            TensorRef::Matrix(m @ Matrix::F16 { .. }) => m.to_format(Int4Layout::DEFAULT.of(name)).map(Some),
             _ => Ok(None),
         })
         .collect::<Result<_, ModelError>>()?;
@@ -535,10 +741,24 @@ pub fn write_int4_weights(path: &Path, weights: &LlamaWeights) -> Result<(), Mod
                 bytes: bytemuck::cast_slice(v),
             }),
             TensorRef::Matrix(m) => {
-                let q: &Int4Matrix = match (m, own) {
-                    (Matrix::Int4(q), _) => q,
-                    (_, Some(q)) => q,
-                    _ => unreachable!("every f16 matrix was quantized above"),
+                let q: &Int4Matrix = match own.as_ref().unwrap_or(m) {
+                    Matrix::Int4(q) => q,
+                    Matrix::Int8(q) => {
+                        entries.push(Entry {
+                            name: format!("{name}{}", int4::QWEIGHT_SUFFIX),
+                            dtype: Dtype::I8,
+                            shape: vec![q.rows, q.cols],
+                            bytes: bytemuck::cast_slice(&q.codes),
+                        });
+                        entries.push(Entry {
+                            name: format!("{name}{}", int4::SCALES_SUFFIX),
+                            dtype: Dtype::F16,
+                            shape: vec![q.rows, q.cols / int8::GROUP_SIZE],
+                            bytes: bytemuck::cast_slice(&q.scales),
+                        });
+                        continue;
+                    }
+                    Matrix::F16 { .. } => unreachable!("every f16 matrix was quantized above"),
                 };
                 let groups = q.cols / int4::GROUP_SIZE;
                 entries.push(Entry {
@@ -575,8 +795,8 @@ pub fn write_f16_weights(path: &Path, weights: &LlamaWeights) -> Result<(), Mode
     let converted: Vec<Option<Vec<f16>>> = tensors
         .par_iter()
         .map(|(_, t)| match t {
-            TensorRef::Matrix(Matrix::Int4(q)) => {
-                let values = q.dequantize();
+            TensorRef::Matrix(m @ (Matrix::Int4(_) | Matrix::Int8(_))) => {
+                let values = m.to_f32();
                 let mut data = vec![f16::ZERO; values.len()];
                 data.convert_from_f32_slice(&values);
                 Some(data)

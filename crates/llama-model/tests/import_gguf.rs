@@ -165,7 +165,8 @@ fn imports_a_tiny_llama() {
         assert!(done <= total);
         calls.fetch_add(1, Ordering::Relaxed);
     };
-    let report = import_gguf(&gguf_path, &out, &ImportOptions { progress: Some(&progress) }).unwrap();
+    let report =
+        import_gguf(&gguf_path, &out, &ImportOptions { progress: Some(&progress), ..Default::default() }).unwrap();
     let layers = shape().num_hidden_layers;
     let n_matrices = 1 + layers * 7 + 1;
     assert_eq!(calls.load(Ordering::Relaxed), (n_matrices + layers * 2 + 1) as u64);
@@ -173,7 +174,10 @@ fn imports_a_tiny_llama() {
     assert_eq!(report.f16_dequantized, n_matrices);
     let q41 = LAYER_TYPES.iter().flatten().filter(|&&t| t == GgmlType::Q4_1).count() + 1;
     assert_eq!(report.int4_exact, q41);
-    assert_eq!(report.int4_requantized, n_matrices - q41);
+    // The Q8_0 embedding is carried into int8; the layers' Q8_0, F16 and F32 matrices are
+    // requantized to int4 (one format for every layer matrix).
+    assert_eq!((report.int8_exact, report.int8_requantized), (1, 0));
+    assert_eq!(report.int4_requantized, n_matrices - q41 - 1);
     assert_eq!(report.gguf_types["Q4_1"], q41);
 
     let config = LlamaConfig::from_file(&out.join("config.json")).unwrap();
@@ -217,7 +221,16 @@ fn imports_a_tiny_llama() {
         let want: Vec<f16> = deq.iter().map(|&v| f16::from_f32(v)).collect();
         assert!(data == &want, "{name}: f16 weights differ from the dequantized GGUF values");
 
-        let Matrix::Int4(q) = get(&int4, name) else { panic!("{name}: not int4") };
+        let q = match get(&int4, name) {
+            Matrix::Int8(q) => {
+                // The Q8_0 embedding: carried exactly, scales are Q8_0's d.
+                assert_eq!((name.as_str(), *ty), ("token_embd.weight", GgmlType::Q8_0));
+                same_bits(&q.dequantize(), &deq, name);
+                continue;
+            }
+            Matrix::Int4(q) => q,
+            Matrix::F16 { .. } => panic!("{name}: f16 in the int4 file"),
+        };
         if *ty == GgmlType::Q4_1 {
             // Carried exactly: the same values bit for bit, the scales and biases are d and m.
             same_bits(&q.dequantize(), &deq, name);

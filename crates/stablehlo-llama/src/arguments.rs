@@ -15,7 +15,7 @@ use half::f16;
 use half::slice::HalfFloatSliceExt;
 use llama_model::int4::GROUP_SIZE;
 use llama_model::weights::{expected_tensors, TensorRole};
-use llama_model::{LlamaConfig, LlamaWeights, Matrix};
+use llama_model::{Int4Layout, LlamaConfig, LlamaWeights, Matrix, MatrixFormat};
 use session_api::WeightFormat;
 
 /// Element type of an argument as uploaded.
@@ -24,7 +24,7 @@ pub enum ArgDtype {
     F32,
     F16,
     I32,
-    /// int4 packed bytes (two 4-bit values per byte).
+    /// int4 packed bytes (two 4-bit values per byte), or int8 codes.
     I8,
 }
 
@@ -64,6 +64,10 @@ pub enum WeightPart {
     Int4Scales,
     /// int4 biases `[rows, cols / 32]`.
     Int4Biases,
+    /// int8 codes `[rows, cols]`.
+    Int8Codes,
+    /// int8 scales `[rows, cols / 32]`.
+    Int8Scales,
 }
 
 /// One weight argument of the graphs, in argument order.
@@ -102,10 +106,11 @@ impl StorageDtype {
 
 /// The weight arguments of every graph for `config` in `format`, in order: the tensors of
 /// `llama_model::weights::expected_tensors` (embeddings; per layer attention norm, q, k, v, o, MLP
-/// norm, gate, up, down; final norm; LM head when untied), an int4 matrix as three arguments.
-/// Dense matrices are f16 and transposed; [`weight_args_with`] chooses.
+/// norm, gate, up, down; final norm; LM head when untied), an int4 matrix as three arguments, an
+/// int8 one as two. Dense matrices are f16 and transposed, an int4 model's matrices as
+/// [`Int4Layout::DEFAULT`]; [`weight_args_with`] chooses.
 pub fn weight_args(config: &LlamaConfig, format: WeightFormat) -> Vec<WeightArg> {
-    weight_args_with(config, format, StorageDtype::F16, DenseLayout::Transposed)
+    weight_args_with(config, format, Int4Layout::DEFAULT, StorageDtype::F16, DenseLayout::Transposed)
 }
 
 /// How the fp16 format's linear weights are laid out on the device.
@@ -119,13 +124,16 @@ pub enum DenseLayout {
     RowMajor,
 }
 
-/// [`weight_args`] with the fp16 format's matrices uploaded as `dense`, laid out as `layout`.
+/// [`weight_args`] with an int4 model's matrices as `int4`, and the fp16 format's matrices
+/// uploaded as `dense`, laid out as `layout`.
 pub fn weight_args_with(
     config: &LlamaConfig,
     format: WeightFormat,
+    int4: Int4Layout,
     dense: StorageDtype,
     layout: DenseLayout,
 ) -> Vec<WeightArg> {
+    let int4 = int4.normalized(config.tie_word_embeddings);
     let mut out = Vec::new();
     for spec in expected_tensors(config) {
         match spec.role {
@@ -157,6 +165,20 @@ pub fn weight_args_with(
                                 part: WeightPart::DenseTransposed,
                             });
                         }
+                    }
+                    WeightFormat::Int4 if int4.of(&spec.name) == MatrixFormat::Int8 => {
+                        out.push(WeightArg {
+                            name: format!("{}.qweight", spec.name),
+                            shape: vec![rows, cols],
+                            dtype: ArgDtype::I8,
+                            part: WeightPart::Int8Codes,
+                        });
+                        out.push(WeightArg {
+                            name: format!("{}.scales", spec.name),
+                            shape: vec![rows, cols / GROUP_SIZE],
+                            dtype: ArgDtype::F16,
+                            part: WeightPart::Int8Scales,
+                        });
                     }
                     WeightFormat::Int4 => {
                         let groups = cols / GROUP_SIZE;
@@ -290,18 +312,19 @@ fn dense_bytes(values: &[f16], dense: StorageDtype) -> Vec<u8> {
 /// The bytes to upload for every argument of [`weight_args`], from weights in one format.
 /// Fails if a matrix is in another format than `format` or a shape disagrees with the config.
 pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<HostArg>, GraphError> {
-    host_args_with(weights, format, StorageDtype::F16, DenseLayout::Transposed)
+    host_args_with(weights, format, Int4Layout::DEFAULT, StorageDtype::F16, DenseLayout::Transposed)
 }
 
 /// [`host_args`] for the arguments of [`weight_args_with`].
 pub fn host_args_with(
     weights: &LlamaWeights,
     format: WeightFormat,
+    int4: Int4Layout,
     dense: StorageDtype,
     layout: DenseLayout,
 ) -> Result<Vec<HostArg>, GraphError> {
     let mut out = Vec::new();
-    visit_host_args(weights, format, dense, layout, &mut |arg| {
+    visit_host_args(weights, format, int4, dense, layout, &mut |arg| {
         out.push(arg);
         Ok(())
     })?;
@@ -313,11 +336,13 @@ pub fn host_args_with(
 fn visit_host_args(
     weights: &LlamaWeights,
     format: WeightFormat,
+    int4: Int4Layout,
     dense: StorageDtype,
     layout: DenseLayout,
     each: &mut dyn FnMut(HostArg) -> Result<(), GraphError>,
 ) -> Result<(), GraphError> {
-    let specs = weight_args_with(&weights.config, format, dense, layout);
+    let specs = weight_args_with(&weights.config, format, int4, dense, layout);
+    let int4 = int4.normalized(weights.config.tie_word_embeddings);
     let mut specs = specs.into_iter();
     let mut next = |name: &str| {
         specs.next().ok_or_else(|| GraphError::Weight {
@@ -360,7 +385,20 @@ fn visit_host_args(
                     };
                     each(HostArg { spec, bytes })?;
                 }
-                (Matrix::Int4(q), WeightFormat::Int4) => {
+                (Matrix::Int8(q), WeightFormat::Int4) if int4.of(&name) == MatrixFormat::Int8 => {
+                    let codes = next(&name)?;
+                    let groups = q.rows * q.cols / GROUP_SIZE;
+                    if codes.shape != [q.rows, q.cols] || q.codes.len() != q.rows * q.cols || q.scales.len() != groups {
+                        return Err(GraphError::Weight {
+                            name,
+                            message: format!("int8 [{}, {}] does not fit argument {:?}", q.rows, q.cols, codes.shape),
+                        });
+                    }
+                    each(HostArg { spec: codes, bytes: bytemuck::cast_slice(&q.codes).to_vec() })?;
+                    let scales = next(&name)?;
+                    each(HostArg { spec: scales, bytes: f16_slice_bytes(&q.scales) })?;
+                }
+                (Matrix::Int4(q), WeightFormat::Int4) if int4.of(&name) == MatrixFormat::Int4 => {
                     let packed = next(&name)?;
                     if packed.shape != [q.rows, q.cols / 2] || q.packed.len() != q.rows * q.cols / 2 {
                         return Err(GraphError::Weight {
@@ -382,10 +420,16 @@ fn visit_host_args(
                     each(HostArg { spec: biases, bytes: f16_slice_bytes(&q.biases) })?;
                 }
                 (m, _) => {
+                    let asked = int4.of(&name);
                     return Err(GraphError::Weight {
                         name,
-                        message: format!("stored as {}, the graphs were asked for {format}", m.format()),
-                    })
+                        message: match format {
+                            WeightFormat::Int4 => {
+                                format!("stored as {}, the graphs were asked for {} ({int4})", m.format(), asked)
+                            }
+                            WeightFormat::F16 => format!("stored as {}, the graphs were asked for f16", m.format()),
+                        },
+                    });
                 }
             },
         }
@@ -457,7 +501,7 @@ pub fn stack_host_args(args: Vec<HostArg>) -> Result<Vec<HostArg>, GraphError> {
 
 /// The weight arguments of graphs emitted with `options` (stacked when they loop over layers).
 pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) -> Vec<WeightArg> {
-    let args = weight_args_with(config, options.format, options.dense, options.dense_layout());
+    let args = weight_args_with(config, options.format, options.int4_layout, options.dense, options.dense_layout());
     match options.layers {
         crate::LayerMode::Unrolled | crate::LayerMode::UnrolledCachePerLayer => args,
         crate::LayerMode::Loop => stack_weight_args(args),
@@ -466,7 +510,7 @@ pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) ->
 
 /// The bytes to upload for [`graph_weight_args`].
 pub fn graph_host_args(weights: &LlamaWeights, options: &crate::GraphOptions) -> Result<Vec<HostArg>, GraphError> {
-    let args = host_args_with(weights, options.format, options.dense, options.dense_layout())?;
+    let args = host_args_with(weights, options.format, options.int4_layout, options.dense, options.dense_layout())?;
     match options.layers {
         crate::LayerMode::Unrolled | crate::LayerMode::UnrolledCachePerLayer => Ok(args),
         crate::LayerMode::Loop => stack_host_args(args),
@@ -489,7 +533,7 @@ pub fn for_each_graph_host_arg(
     // of a stacked argument, to `model.layers.*.{rest}` at that layer's offset.
     let index_of: std::collections::HashMap<&str, usize> =
         graph_args.iter().enumerate().map(|(i, a)| (a.name.as_str(), i)).collect();
-    visit_host_args(weights, options.format, options.dense, options.dense_layout(), &mut |piece| {
+    visit_host_args(weights, options.format, options.int4_layout, options.dense, options.dense_layout(), &mut |piece| {
         let (name, offset) = match layer_of(&piece.spec.name).filter(|_| stacked) {
             Some((layer, rest)) => (format!("model.layers.*.{rest}"), layer * piece.bytes.len()),
             None => (piece.spec.name.clone(), 0),
@@ -530,12 +574,20 @@ mod tests {
             ("model.layers.0.self_attn.k_proj.weight", vec![64, 32])
         );
         assert_eq!(f16.last().unwrap().shape, vec![64, 256]);
-        let int4 = weight_args(&c, WeightFormat::Int4);
+        let int4 =
+            weight_args_with(&c, WeightFormat::Int4, Int4Layout::ALL_INT4, StorageDtype::F16, DenseLayout::Transposed);
         assert_eq!(int4.len(), 3 * (1 + 7 * c.num_hidden_layers + 1) + 2 * c.num_hidden_layers + 1);
         assert_eq!(int4[0].name, "model.embed_tokens.weight.qweight");
         assert_eq!((int4[0].shape.clone(), int4[0].dtype), (vec![256, 32], ArgDtype::I8));
         assert_eq!((int4[1].shape.clone(), int4[1].dtype), (vec![256, 2], ArgDtype::F16));
         assert_eq!(int4[2].part, WeightPart::Int4Biases);
+        // The default layout: the embedding and the head as int8 codes and scales.
+        let default = weight_args(&c, WeightFormat::Int4);
+        assert_eq!(default.len(), int4.len() - 2);
+        assert_eq!(default[0].name, "model.embed_tokens.weight.qweight");
+        assert_eq!((default[0].shape.clone(), default[0].part), (vec![256, 64], WeightPart::Int8Codes));
+        assert_eq!((default[1].shape.clone(), default[1].part), (vec![256, 2], WeightPart::Int8Scales));
+        assert_eq!(default.last().unwrap().name, "lm_head.weight.scales");
         // Tied embeddings: no LM head argument, and the table is transposed (it is the LM head).
         let tied = weight_args(&tiny_llama32_config(), WeightFormat::F16);
         assert_eq!(tied.len(), f16.len() - 1);
@@ -563,7 +615,9 @@ mod tests {
 
         // Widened to f32 (what pjrt-cpu holds): the same positions, each value exact, for a matrix
         // whose sides are not multiples of the conversion's tile.
-        let wide = host_args_with(&w, WeightFormat::F16, StorageDtype::F32, DenseLayout::Transposed).unwrap();
+        let wide =
+            host_args_with(&w, WeightFormat::F16, Int4Layout::DEFAULT, StorageDtype::F32, DenseLayout::Transposed)
+                .unwrap();
         for (narrow, wide) in args.iter().zip(&wide) {
             let narrow_len = narrow.bytes.len();
             match narrow.spec.dtype {
@@ -608,6 +662,16 @@ mod tests {
         let mut q4 = w.clone();
         q4.layers[0].wq = Matrix::Int4(w.layers[0].wq.to_int4().unwrap());
         assert!(matches!(host_args(&q4, WeightFormat::F16), Err(GraphError::Weight { .. })));
+        // An int4 model whose layout differs from the graphs' (a 4-bit embedding where the graphs
+        // take 8 bits) is an error naming both.
+        let all_int4 = w.quantized(Int4Layout::ALL_INT4).unwrap();
+        let err = host_args(&all_int4, WeightFormat::Int4).unwrap_err().to_string();
+        assert!(err.contains("stored as int4") && err.contains("asked for int8"), "{err}");
+        let int4 = w.quantized(Int4Layout::DEFAULT).unwrap();
+        let args = host_args(&int4, WeightFormat::Int4).unwrap();
+        let Matrix::Int8(embed) = &int4.embed else { panic!("the default layout's embedding is int8") };
+        assert_eq!(args[0].bytes, bytemuck::cast_slice::<i8, u8>(&embed.codes));
+        assert_eq!(args[1].bytes, f16_slice_bytes(&embed.scales));
     }
 
     #[test]
@@ -615,12 +679,18 @@ mod tests {
         let c = tiny_config();
         let flat = weight_args(&c, WeightFormat::Int4);
         let stacked = stack_weight_args(flat.clone());
-        // embed (3 parts), 2 norms + 7 matrices x 3 parts per layer kind, final norm, LM head (3).
-        assert_eq!(stacked.len(), 3 + 2 + 7 * 3 + 1 + 3);
-        assert_eq!(stacked[3].name, "model.layers.*.input_layernorm.weight");
-        assert_eq!(stacked[3].shape, vec![c.num_hidden_layers, c.hidden_size]);
-        assert_eq!(stacked[4].name, "model.layers.*.self_attn.q_proj.weight.qweight");
-        assert_eq!(stacked[4].shape[0], c.num_hidden_layers);
+        // int8 embed (2 parts), 2 norms + 7 int4 matrices x 3 parts per layer kind, final norm,
+        // int8 LM head (2).
+        assert_eq!(stacked.len(), 2 + 2 + 7 * 3 + 1 + 2);
+        assert_eq!((stacked[0].part, stacked[1].part), (WeightPart::Int8Codes, WeightPart::Int8Scales));
+        assert_eq!(stacked[0].shape, vec![c.vocab_size, c.hidden_size]);
+        assert_eq!(stacked[2].name, "model.layers.*.input_layernorm.weight");
+        assert_eq!(stacked[2].shape, vec![c.num_hidden_layers, c.hidden_size]);
+        assert_eq!(stacked[3].name, "model.layers.*.self_attn.q_proj.weight.qweight");
+        assert_eq!(stacked[3].shape[0], c.num_hidden_layers);
+        let all_int4 =
+            weight_args_with(&c, WeightFormat::Int4, Int4Layout::ALL_INT4, StorageDtype::F16, DenseLayout::Transposed);
+        assert_eq!(stack_weight_args(all_int4).len(), 3 + 2 + 7 * 3 + 1 + 3);
 
         let w = random_weights(&c, 5).unwrap();
         let host = host_args(&w, WeightFormat::F16).unwrap();
@@ -636,27 +706,15 @@ mod tests {
     fn pieces_cover_the_graph_arguments_exactly() {
         let c = tiny_config();
         let f16 = random_weights(&c, 7).unwrap();
-        let mut int4 = f16.clone();
-        int4.embed = Matrix::Int4(f16.embed.to_int4().unwrap());
-        for layer in &mut int4.layers {
-            for m in [
-                &mut layer.wq,
-                &mut layer.wk,
-                &mut layer.wv,
-                &mut layer.wo,
-                &mut layer.w_gate,
-                &mut layer.w_up,
-                &mut layer.w_down,
-            ] {
-                *m = Matrix::Int4(m.to_int4().unwrap());
-            }
-        }
-        if let Some(head) = &mut int4.lm_head {
-            *head = Matrix::Int4(head.to_int4().unwrap());
-        }
-        for (weights, format) in [(&f16, WeightFormat::F16), (&int4, WeightFormat::Int4)] {
+        let int4 = f16.quantized(Int4Layout::DEFAULT).unwrap();
+        let all_int4 = f16.quantized(Int4Layout::ALL_INT4).unwrap();
+        for (weights, format, int4_layout) in [
+            (&f16, WeightFormat::F16, Int4Layout::DEFAULT),
+            (&int4, WeightFormat::Int4, Int4Layout::DEFAULT),
+            (&all_int4, WeightFormat::Int4, Int4Layout::ALL_INT4),
+        ] {
             for layers in [crate::LayerMode::Unrolled, crate::LayerMode::Loop] {
-                let options = crate::GraphOptions { layers, ..crate::GraphOptions::new(64, format) };
+                let options = crate::GraphOptions { layers, int4_layout, ..crate::GraphOptions::new(64, format) };
                 let whole = graph_host_args(weights, &options).unwrap();
                 let mut assembled: Vec<Vec<u8>> = whole.iter().map(|a| vec![0xAA; a.bytes.len()]).collect();
                 let mut covered: Vec<usize> = vec![0; whole.len()];

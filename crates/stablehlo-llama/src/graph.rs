@@ -27,7 +27,7 @@ use crate::arguments::{graph_weight_args, StorageDtype, WeightArg, WeightPart};
 use crate::error::GraphError;
 use crate::mlir::{arg, Cmp, Elem, FnArg, FnBuilder, Reduction, Ty, Val};
 use llama_model::int4::GROUP_SIZE;
-use llama_model::LlamaConfig;
+use llama_model::{Int4Layout, LlamaConfig, MatrixFormat};
 use session_api::WeightFormat;
 
 /// How the graphs lay out the decoder layers.
@@ -74,6 +74,9 @@ pub struct GraphOptions {
     pub max_context: usize,
     /// The weight format the graphs read.
     pub format: WeightFormat,
+    /// Which matrices of an int4 model are int4 and which int8 (the model file says; see
+    /// `llama_model::weights::int4_file_layout`). Ignored for fp16.
+    pub int4_layout: Int4Layout,
     /// Unrolled layers or a loop over them.
     pub layers: LayerMode,
     /// The element type of the fp16 format's matrices (f16, or f32 for runtimes slow at f16).
@@ -104,15 +107,12 @@ pub enum KernelInput {
 
 /// The custom-call target of a linear layer through seam's kernels: `(input operands
 /// ([`KernelInput`]), weight operands, [residual f32[T, M]], rows i32[]) -> f32[T, M]`, the
-/// weight operands being `w f16[M, K]` (fp16) or `packed i8[M, K/2], scales f16[M, K/32],
-/// biases f16[M, K/32]` (int4, ADR 0002), the residual, when present, added to the product, and
+/// weight operands being `w f16[M, K]` (fp16), `packed i8[M, K/2], scales f16[M, K/32],
+/// biases f16[M, K/32]` (int4, ADR 0002) or `codes i8[M, K], scales f16[M, K/32]` (int8, ADR
+/// 0013), the residual, when present, added to the product, and
 /// `rows` the real rows of a padded call: only those are computed, the rest of the result is
 /// zero (a 2-token prompt in the 16-row bucket costs 2 rows of work, not 16).
-pub fn linear_target(format: WeightFormat, input: KernelInput, residual: bool) -> String {
-    let format = match format {
-        WeightFormat::F16 => "f16",
-        WeightFormat::Int4 => "int4",
-    };
+pub fn linear_target(format: MatrixFormat, input: KernelInput, residual: bool) -> String {
     let input = match input {
         KernelInput::Rows => "",
         KernelInput::RmsNorm => "_rmsnorm",
@@ -123,9 +123,9 @@ pub fn linear_target(format: WeightFormat, input: KernelInput, residual: bool) -
 }
 
 /// Every linear target a runtime registers, with what it computes.
-pub fn linear_targets() -> Vec<(String, WeightFormat, KernelInput, bool)> {
+pub fn linear_targets() -> Vec<(String, MatrixFormat, KernelInput, bool)> {
     let mut out = Vec::new();
-    for format in [WeightFormat::F16, WeightFormat::Int4] {
+    for format in [MatrixFormat::F16, MatrixFormat::Int4, MatrixFormat::Int8] {
         for input in [KernelInput::Rows, KernelInput::RmsNorm, KernelInput::SwiGlu] {
             for residual in [false, true] {
                 out.push((linear_target(format, input, residual), format, input, residual));
@@ -159,6 +159,7 @@ impl GraphOptions {
         GraphOptions {
             max_context,
             format,
+            int4_layout: Int4Layout::DEFAULT,
             layers: LayerMode::Unrolled,
             dense: StorageDtype::F16,
             cache: StorageDtype::F16,
@@ -343,6 +344,7 @@ struct Weights {
 enum MatrixArg {
     Dense { w: Val, transposed: bool, kernel: bool },
     Int4 { packed: Val, scales: Val, biases: Val, dequantize_from: usize, kernel: bool },
+    Int8 { codes: Val, scales: Val, kernel: bool },
 }
 
 impl Weights {
@@ -375,6 +377,10 @@ impl Weights {
                     kernel: self.kernels,
                 }
             }
+            WeightPart::Int8Codes => {
+                self.next += 2;
+                MatrixArg::Int8 { codes: self.vals[i].clone(), scales: self.vals[i + 1].clone(), kernel: self.kernels }
+            }
             other => unreachable!("argument order of weight_args: {other:?} where a matrix starts"),
         }
     }
@@ -389,8 +395,14 @@ pub const PREFILL_DEQUANTIZE_MIN_TOKENS: usize = 8;
 /// `y = x W^T` for `x` f32 `[T, K]` and a weight of Hugging Face shape `[M, K]`: f32 `[T, M]`.
 fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
     match w {
-        MatrixArg::Dense { kernel: true, .. } | MatrixArg::Int4 { kernel: true, .. } => {
-            kernel_linear(b, None, &[x], KernelInput::Rows, w, None)
+        MatrixArg::Dense { kernel: true, .. }
+        | MatrixArg::Int4 { kernel: true, .. }
+        | MatrixArg::Int8 { kernel: true, .. } => kernel_linear(b, None, &[x], KernelInput::Rows, w, None),
+        MatrixArg::Int8 { codes, scales, .. } => {
+            // The f32 matrix (scale * q, exactly the format's values) and one dot: a compiler
+            // fuses the widening into the product's loads.
+            let w = int8_values(b, codes, scales);
+            b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
         }
         MatrixArg::Dense { w, transposed, .. } => {
             let w = b.convert(w, Elem::F32);
@@ -478,10 +490,11 @@ fn kernel_linear(
 ) -> Val {
     let t = inputs[0].dims()[0];
     let (format, mut operands, m) = match w {
-        MatrixArg::Dense { w, transposed: false, .. } => (WeightFormat::F16, vec![w], w.dims()[0]),
+        MatrixArg::Dense { w, transposed: false, .. } => (MatrixFormat::F16, vec![w], w.dims()[0]),
         MatrixArg::Int4 { packed, scales, biases, .. } => {
-            (WeightFormat::Int4, vec![packed, scales, biases], packed.dims()[0])
+            (MatrixFormat::Int4, vec![packed, scales, biases], packed.dims()[0])
         }
+        MatrixArg::Int8 { codes, scales, .. } => (MatrixFormat::Int8, vec![codes, scales], codes.dims()[0]),
         MatrixArg::Dense { transposed: true, .. } => unreachable!("the kernels read row-major matrices"),
     };
     let all_rows = rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
@@ -496,13 +509,35 @@ fn kernel_linear(
 impl MatrixArg {
     /// Whether products with this matrix go through the runtime's kernel.
     fn is_kernel(&self) -> bool {
-        matches!(self, MatrixArg::Dense { kernel: true, .. } | MatrixArg::Int4 { kernel: true, .. })
+        matches!(
+            self,
+            MatrixArg::Dense { kernel: true, .. }
+                | MatrixArg::Int4 { kernel: true, .. }
+                | MatrixArg::Int8 { kernel: true, .. }
+        )
     }
+}
+
+/// An int8 matrix's values as f32 `[M, K]`: `scale * q` per group, as the format defines them.
+fn int8_values(b: &mut FnBuilder, codes: &Val, scales: &Val) -> Val {
+    let (m, k) = (codes.dims()[0], codes.dims()[1]);
+    let g = k / GROUP_SIZE;
+    let q = b.reshape(codes, &[m, g, GROUP_SIZE]);
+    let q = b.convert(&q, Elem::F32);
+    let s = b.convert(scales, Elem::F32);
+    let s = b.broadcast(&s, &[m, g, GROUP_SIZE], &[0, 1]);
+    let w = b.mul(&s, &q);
+    b.reshape(&w, &[m, k])
 }
 
 /// Rows `ids` of the embedding table as f32 `[T, hidden]`.
 fn embed_rows(b: &mut FnBuilder, table: &MatrixArg, ids: &Val) -> Val {
     match table {
+        MatrixArg::Int8 { codes, scales, .. } => {
+            let rows = b.gather_rows(codes, ids);
+            let row_scales = b.gather_rows(scales, ids);
+            int8_values(b, &rows, &row_scales)
+        }
         MatrixArg::Dense { w, transposed: false, .. } => {
             let rows = b.gather_rows(w, ids);
             b.convert(&rows, Elem::F32)
@@ -1334,14 +1369,27 @@ mod tests {
             let base =
                 GraphOptions { layers: LayerMode::UnrolledCachePerLayer, cache: StorageDtype::F32, ..options(format) };
             let with = GraphOptions { host_kernels: Some(HostKernels { max_tokens: 1 }), ..base.clone() };
-            let target = linear_target(format, KernelInput::Rows, false);
+            let matrices = match format {
+                WeightFormat::F16 => MatrixFormat::F16,
+                WeightFormat::Int4 => MatrixFormat::Int4,
+            };
+            let target = linear_target(matrices, KernelInput::Rows, false);
             let target = target.as_str();
             // Every linear target starts with the plain one's name.
             let calls = |o: &GraphOptions, spec: GraphSpec, target: &str| {
                 emit_module(&c, o, &[spec]).unwrap().matches(&format!("call_target_name = \"{target}")).count()
             };
-            // Seven products per layer plus the LM head, one attention per layer.
-            assert_eq!(calls(&with, DECODE, target), 7 * layers + 1, "{format}");
+            // Seven products per layer plus the LM head (int8 in an int4 model), one attention
+            // per layer.
+            let head = match format {
+                WeightFormat::F16 => 1,
+                WeightFormat::Int4 => {
+                    let int8 = linear_target(MatrixFormat::Int8, KernelInput::Rows, false);
+                    assert_eq!(calls(&with, DECODE, &int8), 1, "the int8 head goes through its kernel");
+                    0
+                }
+            };
+            assert_eq!(calls(&with, DECODE, target), 7 * layers + head, "{format}");
             assert_eq!(calls(&with, DECODE, ATTENTION_DECODE_TARGET), layers, "{format}");
             // Longer calls keep the dots, and without kernels nothing is a custom call.
             assert_eq!(calls(&with, prefill, target), 0, "{format}");

@@ -80,6 +80,10 @@ fn dense(m: &Matrix) -> Vec<f64> {
             }
             out
         }
+        // The format's definition, written out independently of `Int8Matrix::dequantize_row`.
+        Matrix::Int8(m) => {
+            (0..m.rows * m.cols).map(|i| f64::from(f32::from(m.scales[i / GROUP_SIZE]) * m.codes[i] as f32)).collect()
+        }
     }
 }
 
