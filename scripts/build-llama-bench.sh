@@ -3,12 +3,23 @@
 # (pinned; its vendor/llama.cpp is the llama.cpp it ships) into .seam/llama.cpp, for side-by-side
 # speed comparisons with seam (scripts/compare-llama-cpp.sh). Idempotent: prints the binary's
 # path and does nothing else when it is already built. About 5 minutes on 2 cores.
+#
+#   scripts/build-llama-bench.sh [TARGET]
+#
+# TARGET is another llama.cpp tool of the same build, `llama-bench` when absent:
+# scripts/compare-perplexity.sh builds `llama-perplexity` (a small compile once llama-bench is
+# built, the libraries being shared).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+target="${1:-llama-bench}"
+case "$target" in
+  llama-bench|llama-perplexity) ;;
+  *) echo "unknown llama.cpp target $target (llama-bench or llama-perplexity)" >&2; exit 2 ;;
+esac
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 dir="$PWD/.seam/llama.cpp"
-bin="$dir/build/bin/llama-bench"
+bin="$dir/build/bin/$target"
 if [ -x "$bin" ]; then
   echo "$bin"
   exit 0
@@ -29,8 +40,8 @@ fi
 src="$dir/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
 [ -d "$src" ] || tar -xzf "$tarball" -C "$dir/src"
 
-echo "== building llama-bench (Release, native CPU, no curl)" >&2
+echo "== building $target (Release, native CPU, no curl)" >&2
 cmake -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF >&2
-cmake --build "$dir/build" --target llama-bench -j "$(nproc)" >&2
+cmake --build "$dir/build" --target "$target" -j "$(nproc)" >&2
 echo "$bin"

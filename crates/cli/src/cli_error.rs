@@ -14,6 +14,9 @@ pub enum CliError {
     /// The command ran, and what it checks did not hold (a conformance failure).
     #[error("{0}")]
     CheckFailed(String),
+    /// A perplexity evaluation cannot go on (its text, window plan or logits file).
+    #[error("{0}")]
+    Perplexity(#[from] perplexity::PerplexityError),
     /// Writing the output failed (a closed pipe, a full disk).
     #[error("could not write output: {0}")]
     Output(#[from] std::io::Error),

@@ -17,6 +17,7 @@ mod conformance_command;
 mod convert_command;
 mod export_gguf_command;
 mod linked_backends;
+mod perplexity_command;
 mod progress;
 mod run_command;
 mod synth_model_command;
@@ -43,6 +44,8 @@ enum Command {
     Conformance(conformance_command::ConformanceArgs),
     /// Measure load, prefill and decode speed of backends (min / median over repeats).
     Bench(bench_command::BenchArgs),
+    /// Measure a model's perplexity on a text (as llama-perplexity), or its KL divergence from a saved run.
+    Perplexity(perplexity_command::PerplexityArgs),
     /// Compile a model's graphs into the on-disk cache ahead of time (for a machine that cannot compile).
     Compile(compile_command::CompileArgs),
     /// Import a GGUF Llama file into a seam model directory (fp16 and int4 weights, tokenizer).
@@ -63,6 +66,7 @@ fn main() -> ExitCode {
         Command::Compile(args) => compile_command::run(args),
         Command::Conformance(args) => conformance_command::run(args),
         Command::Bench(args) => bench_command::run(args),
+        Command::Perplexity(args) => perplexity_command::run(args),
         Command::SynthModel(args) => synth_model_command::run(args),
         Command::ExportGguf(args) => export_gguf_command::run(args),
     };

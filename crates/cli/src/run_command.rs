@@ -119,7 +119,10 @@ fn read_prompt(args: &RunArgs) -> Result<String, CliError> {
 /// The backend named on the command line, or the default one. A named backend that is
 /// unavailable is an error; an unavailable default falls back to [`FALLBACK_BACKEND`] with a note,
 /// so `seam run` works wherever the reference does.
-fn choose_backend(named: Option<&str>, plugin: Option<&Path>) -> Result<Box<dyn session_api::Backend>, CliError> {
+pub(crate) fn choose_backend(
+    named: Option<&str>,
+    plugin: Option<&Path>,
+) -> Result<Box<dyn session_api::Backend>, CliError> {
     let name = named.unwrap_or(DEFAULT_BACKEND);
     let backend = find_backend_with(name, &backend_settings(plugin))?;
     match backend.availability() {
@@ -131,7 +134,7 @@ fn choose_backend(named: Option<&str>, plugin: Option<&Path>) -> Result<Box<dyn 
     }
 }
 
-fn fall_back(reason: &str) -> Result<Box<dyn session_api::Backend>, CliError> {
+pub(crate) fn fall_back(reason: &str) -> Result<Box<dyn session_api::Backend>, CliError> {
     say!("note: the default backend {DEFAULT_BACKEND} is unavailable ({reason}); running on {FALLBACK_BACKEND}");
     Ok(find_backend(FALLBACK_BACKEND)?)
 }
