@@ -133,7 +133,8 @@ pub fn quantize(values: &[f32], rows: usize, cols: usize) -> Result<Int4Matrix, 
     Ok(Int4Matrix { rows, cols, packed, scales, biases })
 }
 
-fn check_shape(rows: usize, cols: usize) -> Result<(), ModelError> {
+/// Columns a positive multiple of the group size (shared by the int8 format, same groups).
+pub(crate) fn check_shape(rows: usize, cols: usize) -> Result<(), ModelError> {
     if cols == 0 || !cols.is_multiple_of(GROUP_SIZE) {
         return Err(ModelError::Quantization {
             message: format!("a [{rows}, {cols}] matrix: columns must be a positive multiple of {GROUP_SIZE}"),

@@ -11,7 +11,7 @@
 //! `.qweight` tells the two apart.
 
 use crate::error::ModelError;
-use crate::int4::{QWEIGHT_SUFFIX, SCALES_SUFFIX};
+use crate::int4::{check_shape, QWEIGHT_SUFFIX, SCALES_SUFFIX};
 use crate::tensor_store::{Dtype, OwnedTensor, TensorStore};
 use half::f16;
 use rayon::prelude::*;
@@ -28,15 +28,6 @@ pub struct Int8Matrix {
     pub codes: Vec<i8>,
     /// `rows * cols / GROUP_SIZE` scales, row-major (`[rows, cols / 32]`).
     pub scales: Vec<f16>,
-}
-
-fn check_shape(rows: usize, cols: usize) -> Result<(), ModelError> {
-    if cols == 0 || !cols.is_multiple_of(GROUP_SIZE) {
-        return Err(ModelError::Quantization {
-            message: format!("a [{rows}, {cols}] matrix: columns must be a positive multiple of {GROUP_SIZE}"),
-        });
-    }
-    Ok(())
 }
 
 /// Quantizes a row-major `[rows, cols]` f32 matrix to int8 as llama.cpp's Q8_0 does: per group of
