@@ -6,6 +6,7 @@ use crate::json_dumps;
 use minijinja::{Environment, Value};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
+use std::ops::Range;
 use std::path::{Path, PathBuf};
 
 /// One message of a conversation.
@@ -224,6 +225,39 @@ impl ChatTemplate {
         })
     }
 
+    /// Renders `messages` like [`ChatTemplate::apply`], but remembers where message text spells
+    /// one of `special_tokens` (such as `<|im_end|>` typed by a user), so that
+    /// [`crate::Tokenizer::encode_chat`] encodes those spans as plain text: a message cannot
+    /// close its own turn or forge another. Special tokens the template itself writes stay
+    /// special. `special_tokens` is usually [`crate::Tokenizer::special_tokens`].
+    ///
+    /// Message text is passed to the template with each special-token spelling replaced by a
+    /// private-use marker, and the markers are turned back into the spelling after rendering,
+    /// so a template that trims or slices messages still sees the rest of the text as it is.
+    pub fn render(
+        &self,
+        messages: &[ChatMessage],
+        add_generation_prompt: bool,
+        special_tokens: &[String],
+    ) -> Result<RenderedChat> {
+        let specials: Vec<&str> = special_tokens.iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
+        let marker = Marker::unused_in(messages);
+        let mut escaped_any = false;
+        let escaped: Vec<ChatMessage> = messages
+            .iter()
+            .map(|m| {
+                let (content, escaped) = marker.escape(&m.content, &specials);
+                escaped_any |= escaped;
+                ChatMessage { role: m.role.clone(), content }
+            })
+            .collect();
+        if !escaped_any {
+            return Ok(RenderedChat { text: self.apply(messages, add_generation_prompt)?, literal_spans: Vec::new() });
+        }
+        let rendered = self.apply(&escaped, add_generation_prompt)?;
+        marker.unescape(&rendered, &specials)
+    }
+
     /// The path of `tokenizer_config.json` in `dir` (for callers' messages).
     pub fn config_path(dir: impl AsRef<Path>) -> PathBuf {
         dir.as_ref().join(Self::CONFIG_FILE_NAME)
@@ -247,6 +281,84 @@ impl ChatTemplate {
     /// `add_bos_token` of `tokenizer_config.json`, when it says.
     pub fn add_bos_token(&self) -> Option<bool> {
         self.add_bos_token
+    }
+}
+
+/// A conversation rendered into prompt text by [`ChatTemplate::render`].
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct RenderedChat {
+    /// The prompt text, exactly as [`ChatTemplate::apply`] renders it.
+    pub text: String,
+    /// Byte ranges of `text` that came from message text and spell a special token: they are
+    /// to be encoded as text, not as the special token. Sorted, not overlapping.
+    pub literal_spans: Vec<Range<usize>>,
+}
+
+/// The private-use marker that stands for a special-token spelling inside message text while
+/// the template renders: `\u{E000}` + a nonce + `:` + the token's index + `\u{E001}`. The nonce
+/// is chosen so that no message contains the marker's opening, so a user cannot spell a marker.
+struct Marker {
+    open: String,
+}
+
+const MARKER_CLOSE: char = '\u{E001}';
+
+impl Marker {
+    fn unused_in(messages: &[ChatMessage]) -> Marker {
+        (0u64..)
+            .map(|nonce| Marker { open: format!("\u{E000}{nonce}:") })
+            .find(|m| messages.iter().all(|msg| !msg.content.contains(&m.open)))
+            .expect("some nonce is unused: each message rules out finitely many")
+    }
+
+    /// `text` with every special-token spelling replaced by a marker (leftmost, and the longest
+    /// spelling where several start at one place), and whether any was.
+    fn escape(&self, text: &str, specials: &[&str]) -> (String, bool) {
+        let mut out = String::with_capacity(text.len());
+        let mut escaped = false;
+        let mut rest = text;
+        while !rest.is_empty() {
+            let found = specials
+                .iter()
+                .enumerate()
+                .filter_map(|(k, s)| rest.find(s).map(|at| (at, std::cmp::Reverse(s.len()), k)))
+                .min();
+            let Some((at, std::cmp::Reverse(len), k)) = found else {
+                out.push_str(rest);
+                break;
+            };
+            out.push_str(&rest[..at]);
+            out.push_str(&self.open);
+            out.push_str(&k.to_string());
+            out.push(MARKER_CLOSE);
+            escaped = true;
+            rest = &rest[at + len..];
+        }
+        (out, escaped)
+    }
+
+    /// The rendered text with markers turned back into spellings, and where they are.
+    fn unescape(&self, rendered: &str, specials: &[&str]) -> Result<RenderedChat> {
+        let altered = || TokenizerError::TemplateRender {
+            message: "the chat template altered message text that spells a special token; \
+                      parse special tokens in messages instead (seam run --parse-special)"
+                .into(),
+        };
+        let mut text = String::with_capacity(rendered.len());
+        let mut literal_spans = Vec::new();
+        let mut rest = rendered;
+        while let Some(at) = rest.find(&self.open) {
+            text.push_str(&rest[..at]);
+            let after = &rest[at + self.open.len()..];
+            let close = after.find(MARKER_CLOSE).ok_or_else(altered)?;
+            let k: usize = after[..close].parse().map_err(|_| altered())?;
+            let spelling = specials.get(k).ok_or_else(altered)?;
+            literal_spans.push(text.len()..text.len() + spelling.len());
+            text.push_str(spelling);
+            rest = &after[close + MARKER_CLOSE.len_utf8()..];
+        }
+        text.push_str(rest);
+        Ok(RenderedChat { text, literal_spans })
     }
 }
 

@@ -16,6 +16,6 @@ mod error;
 mod json_dumps;
 mod tokenizer;
 
-pub use chat_template::{ChatMessage, ChatTemplate};
+pub use chat_template::{ChatMessage, ChatTemplate, RenderedChat};
 pub use error::{Result, TokenizerError};
 pub use tokenizer::Tokenizer;

@@ -1,7 +1,9 @@
 //! [`Tokenizer`]: text to token ids and back, from a Hugging Face `tokenizer.json`.
 
+use crate::chat_template::RenderedChat;
 use crate::error::{read_model_file, Result, TokenizerError};
 use std::path::{Path, PathBuf};
+use std::sync::OnceLock;
 
 /// A model's tokenizer, loaded from `tokenizer.json`.
 ///
@@ -15,6 +17,9 @@ use std::path::{Path, PathBuf};
 /// next token completes it, so callers that stream should go through it.
 pub struct Tokenizer {
     inner: tokenizers::Tokenizer,
+    /// A copy of `inner` that encodes special-token spellings as text; made on first use, as
+    /// only a message that spells a special token needs it.
+    as_text: OnceLock<tokenizers::Tokenizer>,
     path: PathBuf,
 }
 
@@ -41,7 +46,7 @@ impl Tokenizer {
         // file and a malformed one apart: the crate reports both as one opaque error.
         let inner = tokenizers::Tokenizer::from_bytes(&bytes)
             .map_err(|e| TokenizerError::MalformedTokenizer { path: path.to_path_buf(), message: e.to_string() })?;
-        Ok(Tokenizer { inner, path: path.to_path_buf() })
+        Ok(Tokenizer { inner, as_text: OnceLock::new(), path: path.to_path_buf() })
     }
 
     /// The file this tokenizer was loaded from.
@@ -58,6 +63,56 @@ impl Tokenizer {
             .encode(text, add_special_tokens)
             .map_err(|e| TokenizerError::Encode { message: e.to_string() })?;
         Ok(encoding.get_ids().to_vec())
+    }
+
+    /// The spellings of the special tokens (added tokens marked special: BOS, EOS, chat
+    /// markers), sorted, for [`crate::ChatTemplate::render`].
+    pub fn special_tokens(&self) -> Vec<String> {
+        let mut specials: Vec<String> =
+            self.inner.get_added_tokens_decoder().into_values().filter(|t| t.special).map(|t| t.content).collect();
+        specials.sort();
+        specials
+    }
+
+    /// The token ids of a rendered conversation, without adding special tokens (the template
+    /// writes them). Special tokens the template wrote encode to their ids; the spans that
+    /// [`crate::ChatTemplate::render`] marked as message text encode as text, as any other
+    /// message text does. Without such spans this is `encode(&chat.text, false)`.
+    ///
+    /// The text is cut at the template's special tokens and each piece between them is encoded
+    /// on its own, as the tokenizer itself does when it splits at special tokens, so pieces
+    /// without a marked span encode exactly as in `encode(&chat.text, false)`.
+    pub fn encode_chat(&self, chat: &RenderedChat) -> Result<Vec<u32>> {
+        if chat.literal_spans.is_empty() {
+            return self.encode(&chat.text, false);
+        }
+        let encode_err = |e: tokenizers::Error| TokenizerError::Encode { message: e.to_string() };
+        let full = self.inner.encode(chat.text.as_str(), false).map_err(encode_err)?;
+        let special_ids: std::collections::HashSet<u32> =
+            self.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
+        let in_literal = |start: usize, end: usize| chat.literal_spans.iter().any(|s| start < s.end && s.start < end);
+        let as_text = self.as_text.get_or_init(|| {
+            let mut copy = self.inner.clone();
+            copy.set_encode_special_tokens(true);
+            copy
+        });
+        let mut ids = Vec::with_capacity(full.len());
+        let mut piece_start = 0;
+        let mut encode_piece = |ids: &mut Vec<u32>, piece: &str| -> Result<()> {
+            if !piece.is_empty() {
+                ids.extend_from_slice(as_text.encode(piece, false).map_err(encode_err)?.get_ids());
+            }
+            Ok(())
+        };
+        for (&id, &(start, end)) in full.get_ids().iter().zip(full.get_offsets()) {
+            if special_ids.contains(&id) && !in_literal(start, end) {
+                encode_piece(&mut ids, &chat.text[piece_start..start])?;
+                ids.push(id);
+                piece_start = end;
+            }
+        }
+        encode_piece(&mut ids, &chat.text[piece_start..])?;
+        Ok(ids)
     }
 
     /// The text of `ids`; with `skip_special_tokens`, special tokens (BOS, EOS, chat markers)

@@ -52,6 +52,12 @@ pub struct RunArgs {
     /// A system message for `--chat`.
     #[arg(long, requires = "chat")]
     system: Option<String>,
+    /// With `--chat`, read special-token spellings in the messages (`<|im_end|>`) as those
+    /// tokens, as transformers does. By default they stay text, so a message cannot close its
+    /// own turn. (A prompt without `--chat` is the model's raw input: its spellings are always
+    /// read as tokens.)
+    #[arg(long, requires = "chat")]
+    parse_special: bool,
     /// Most tokens to generate.
     #[arg(long, default_value_t = 256)]
     max_tokens: usize,
@@ -180,10 +186,13 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
                 messages.push(ChatMessage::new("system", system));
             }
             messages.push(ChatMessage::new("user", &prompt_text));
-            let rendered = template.apply(&messages, true)?;
             // The template already spells out BOS and role markers; adding special tokens again
             // would double them (Hugging Face's apply_chat_template encodes the same way).
-            tokenizer.encode(&rendered, false)?
+            if args.parse_special {
+                tokenizer.encode(&template.apply(&messages, true)?, false)?
+            } else {
+                tokenizer.encode_chat(&template.render(&messages, true, &tokenizer.special_tokens())?)?
+            }
         } else {
             tokenizer.encode(&prompt_text, true)?
         };
