@@ -40,7 +40,19 @@ impl ModelDir {
         }
         let config = LlamaConfig::from_file(&path.join(CONFIG_FILE))?;
         let generation_config = GenerationConfig::from_dir_or_default(path)?;
-        Ok(ModelDir { path: path.to_path_buf(), config, generation_config })
+        let dir = ModelDir { path: path.to_path_buf(), config, generation_config };
+        // Generation stops at an EOS token; a model naming none would run to the context's end
+        // on every prompt, which no user wants and none notices until it happens.
+        if dir.eos_token_ids().is_empty() {
+            return Err(ModelError::Config {
+                path: Some(path.join(CONFIG_FILE)),
+                message: format!(
+                    "no eos_token_id in {CONFIG_FILE} or {GENERATION_CONFIG_FILE}: generation would never stop at \
+                     an end of text"
+                ),
+            });
+        }
+        Ok(dir)
     }
 
     /// The directory.
@@ -175,6 +187,15 @@ mod tests {
         let m = ModelDir::open(&model).unwrap();
         assert_eq!(m.generation_config(), &generation);
         assert_eq!(m.eos_token_ids(), vec![2, 7]);
+
+        // No EOS anywhere: refused, naming the key.
+        let mut no_eos = config.clone();
+        no_eos.eos_token_ids.clear();
+        std::fs::write(model.join(CONFIG_FILE), no_eos.to_json()).unwrap();
+        assert_eq!(ModelDir::open(&model).unwrap().eos_token_ids(), vec![2, 7], "the generation config's count");
+        std::fs::remove_file(model.join(GENERATION_CONFIG_FILE)).unwrap();
+        let err = ModelDir::open(&model).unwrap_err().to_string();
+        assert!(err.contains("no eos_token_id"), "{err}");
     }
 
     #[test]

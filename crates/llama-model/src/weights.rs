@@ -155,6 +155,28 @@ pub mod names {
     }
 }
 
+/// Fails when `store` holds layers beyond `config.num_hidden_layers`: a config that says fewer
+/// layers than the weights hold would otherwise load and compute a different model (one that
+/// says more is caught as a missing tensor).
+fn check_layer_count(store: &TensorStore, config: &LlamaConfig, dir: &Path) -> Result<(), ModelError> {
+    let deepest = store
+        .names()
+        .iter()
+        .filter_map(|name| name.strip_prefix("model.layers.")?.split('.').next()?.parse::<usize>().ok())
+        .max();
+    match deepest {
+        Some(last) if last >= config.num_hidden_layers => Err(ModelError::Config {
+            path: Some(dir.join(CONFIG_FILE)),
+            message: format!(
+                "num_hidden_layers is {}, but the weights hold {} layers (model.layers.{last} is present)",
+                config.num_hidden_layers,
+                last + 1
+            ),
+        }),
+        _ => Ok(()),
+    }
+}
+
 /// Whether a tensor is an RMSNorm weight (a vector, kept in f32) or a matrix.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum TensorRole {
@@ -595,6 +617,7 @@ fn load_weights_unchecked(
     match format {
         WeightFormat::F16 => {
             let store = TensorStore::open(dir)?;
+            check_layer_count(&store, &config, dir)?;
             progress.start();
             let loaded = load_float(&store, &specs, &progress, |spec, _| {
                 let data = store.read_f16(&spec.name)?;
@@ -607,6 +630,7 @@ fn load_weights_unchecked(
             if int4_path.is_file() {
                 let store = TensorStore::open_file(&int4_path)?;
                 int4::check_int4_metadata(&store)?;
+                check_layer_count(&store, &config, dir)?;
                 progress.start();
                 let loaded = specs
                     .par_iter()
@@ -635,6 +659,7 @@ fn load_weights_unchecked(
                 Ok(assemble(&config, loaded))
             } else {
                 let store = TensorStore::open(dir)?;
+                check_layer_count(&store, &config, dir)?;
                 progress.start();
                 let layout = Int4Layout::DEFAULT;
                 let loaded = load_float(&store, &specs, &progress, |spec, _| {
@@ -857,5 +882,35 @@ mod tests {
             let err = weights.check_finite().unwrap_err().to_string();
             assert!(err.contains(tensor) && err.contains("not finite"), "{err}");
         }
+    }
+
+    #[test]
+    fn a_config_with_fewer_or_more_layers_than_the_weights_is_an_error() {
+        let config = crate::random::tiny_config();
+        assert!(config.num_hidden_layers >= 2);
+        let dir = tempfile::tempdir().unwrap();
+        crate::random::write_random_checkpoint(dir.path(), &config, 5).unwrap();
+        for format in [WeightFormat::F16, WeightFormat::Int4] {
+            load_weights(dir.path(), format, None).unwrap();
+        }
+        let with_layers = |n: usize| {
+            let mut c = config.clone();
+            c.num_hidden_layers = n;
+            std::fs::write(dir.path().join(CONFIG_FILE), c.to_json()).unwrap();
+        };
+        // Fewer: the f16 file, the int4 file written by the first int4 load, and quantizing at
+        // load (int4 file removed) all refuse.
+        with_layers(config.num_hidden_layers - 1);
+        for format in [WeightFormat::F16, WeightFormat::Int4] {
+            let err = load_weights(dir.path(), format, None).unwrap_err().to_string();
+            assert!(err.contains("num_hidden_layers") && err.contains("weights hold"), "{format:?}: {err}");
+        }
+        std::fs::remove_file(dir.path().join(INT4_WEIGHTS_FILE)).unwrap();
+        let err = load_weights(dir.path(), WeightFormat::Int4, None).unwrap_err().to_string();
+        assert!(err.contains("weights hold"), "{err}");
+        // More: a missing tensor.
+        with_layers(config.num_hidden_layers + 1);
+        let err = load_weights(dir.path(), WeightFormat::F16, None).unwrap_err();
+        assert!(matches!(err, ModelError::MissingTensor { .. }), "{err}");
     }
 }
