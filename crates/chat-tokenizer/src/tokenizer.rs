@@ -98,7 +98,7 @@ impl Tokenizer {
         });
         let mut ids = Vec::with_capacity(full.len());
         let mut piece_start = 0;
-        let mut encode_piece = |ids: &mut Vec<u32>, piece: &str| -> Result<()> {
+        let encode_piece = |ids: &mut Vec<u32>, piece: &str| -> Result<()> {
             if !piece.is_empty() {
                 ids.extend_from_slice(as_text.encode(piece, false).map_err(encode_err)?.get_ids());
             }

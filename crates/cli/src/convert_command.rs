@@ -19,8 +19,11 @@ pub struct ConvertArgs {
     /// it into the default model directory.
     #[arg(long, conflicts_with_all = ["gguf", "out"])]
     default_model: bool,
-    /// With `--default-model`: convert again even when the default model is already installed.
-    #[arg(long, requires = "default_model")]
+    /// Replace an output directory that already holds something (with `--default-model`:
+    /// convert again even when the default model is installed). Without it, such a directory is
+    /// an error, reported before any work. Either way the directory is only replaced once the new
+    /// one is complete.
+    #[arg(long)]
     force: bool,
     /// Bits of the token embedding and the output head in the int4 weights: 8 (the default: a
     /// Q8_0 tensor is carried exactly, others are quantized to seam's int8) or 4 (quantized to
@@ -51,7 +54,10 @@ pub fn run(args: ConvertArgs) -> Result<(), CliError> {
         8 => MatrixFormat::Int8,
         other => return Err(CliError::Usage(format!("--embed-head-bits {other}: expected 4 or 8"))),
     };
-    let options = ImportOptions { progress: Some(&report), embed_head };
+    // The default model's directory is seam's own: an older or incomplete install in it is
+    // replaced (a complete one returned early above unless --force).
+    let replace = args.force || args.default_model;
+    let options = ImportOptions { progress: Some(&report), embed_head, replace };
     let report = import_gguf(&gguf, &out, &options)?;
     bar.finish();
     let types: Vec<String> = report.gguf_types.iter().map(|(t, n)| format!("{n} x {t}")).collect();

@@ -92,3 +92,69 @@ fn mistakes_are_one_line_errors() {
     assert_eq!(bad_type.status.code(), Some(2), "clap rejects an unknown --type");
     assert!(String::from_utf8_lossy(&bad_type.stderr).contains("q4_1"));
 }
+
+/// Outputs that exist: a model directory is replaced only with `--force`, and only once the new
+/// one is complete; an export never writes through a link or onto a device; an interrupted
+/// convert leaves nothing behind.
+#[test]
+fn existing_outputs_links_devices_and_interrupts() {
+    let dir = tempfile::tempdir().unwrap();
+    let path = |name: &str| dir.path().join(name).to_str().unwrap().to_string();
+    let model = path("tiny");
+    ok(&["synth-model", "--shape", "tiny", "--seed", "5", "--out", &model]);
+    write_tokenizer(Path::new(&model), llama_model::random::tiny_config().vocab_size);
+    let gguf = path("t.gguf");
+    ok(&["export-gguf", "--model", &model, "--type", "q4_1", "--out", &gguf]);
+
+    // An occupied output directory: refused without --force, untouched; replaced with it.
+    let out = path("converted");
+    std::fs::create_dir(&out).unwrap();
+    std::fs::write(Path::new(&out).join("notes.txt"), "mine").unwrap();
+    let refused = seam(&["convert", &gguf, "--out", &out]);
+    let stderr = String::from_utf8_lossy(&refused.stderr);
+    assert!(!refused.status.success() && stderr.contains("--force"), "{stderr}");
+    assert_eq!(std::fs::read_dir(&out).unwrap().count(), 1, "untouched");
+    ok(&["convert", &gguf, "--out", &out, "--force"]);
+    assert!(Path::new(&out).join("config.json").is_file() && !Path::new(&out).join("notes.txt").exists());
+    // A file where the directory should go is refused, whatever the flags.
+    let file = path("a-file");
+    std::fs::write(&file, "x").unwrap();
+    assert!(!seam(&["convert", &gguf, "--out", &file, "--force"]).status.success());
+    assert_eq!(std::fs::read(&file).unwrap(), b"x");
+
+    // export-gguf onto a symbolic link or a device: refused, the link's target untouched.
+    let target = path("target.gguf");
+    std::fs::write(&target, "keep").unwrap();
+    let link = path("link.gguf");
+    std::os::unix::fs::symlink(&target, &link).unwrap();
+    for dest in [link.as_str(), "/dev/null"] {
+        let out = seam(&["export-gguf", "--model", &model, "--type", "f16", "--out", dest]);
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && stderr.contains("not a regular file"), "{dest}: {stderr}");
+    }
+    assert_eq!(std::fs::read(&target).unwrap(), b"keep");
+
+    // Interrupted at several moments: the output is either absent or complete, and the next
+    // convert into the same folder leaves no temporary behind.
+    let interrupted = path("interrupted");
+    for delay_ms in [5, 20, 60, 150] {
+        let mut child = Command::new(env!("CARGO_BIN_EXE_seam"))
+            .args(["convert", &gguf, "--out", &interrupted, "--force"])
+            .stderr(std::process::Stdio::null())
+            .stdout(std::process::Stdio::null())
+            .spawn()
+            .unwrap();
+        std::thread::sleep(std::time::Duration::from_millis(delay_ms));
+        Command::new("kill").args(["-INT", &child.id().to_string()]).status().unwrap();
+        child.wait().unwrap();
+        let config = Path::new(&interrupted).join("config.json");
+        assert!(!Path::new(&interrupted).exists() || config.is_file(), "{delay_ms} ms: half a model");
+    }
+    ok(&["convert", &gguf, "--out", &path("after"), "--force"]);
+    let debris: Vec<String> = std::fs::read_dir(dir.path())
+        .unwrap()
+        .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
+        .filter(|n| n.starts_with('.'))
+        .collect();
+    assert!(debris.is_empty(), "{debris:?}");
+}

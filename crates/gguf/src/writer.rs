@@ -164,22 +164,18 @@ impl GgufWriter {
     }
 
     /// Writes the file to `path`, through a temporary file in the same directory renamed into
-    /// place, so that an interrupted write never leaves a partial file under `path`.
+    /// place ([`atomic_write::TempFile`]), so that an interrupted write never leaves a partial
+    /// file under `path`. A `path` that exists and is not a regular file (a link, a device) is
+    /// refused.
     pub fn write_file(&self, path: &Path) -> Result<(), GgufError> {
         let io = |source| GgufError::Io { path: path.to_path_buf(), source };
-        let dir = path.parent().filter(|p| !p.as_os_str().is_empty()).unwrap_or(Path::new("."));
-        let file_name = path.file_name().ok_or_else(|| io(io::Error::other("path has no file name")))?;
-        let tmp = dir.join(format!(".{}.tmp-{}", file_name.to_string_lossy(), std::process::id()));
-        let result = (|| {
-            let mut f = io::BufWriter::new(std::fs::File::create(&tmp)?);
-            self.write_to(&mut f)?;
-            f.into_inner().map_err(|e| e.into_error())?.sync_all()?;
-            std::fs::rename(&tmp, path)
-        })();
-        if result.is_err() {
-            let _ = std::fs::remove_file(&tmp);
+        let mut temp = atomic_write::TempFile::create(path).map_err(io)?;
+        {
+            let mut f = io::BufWriter::with_capacity(1 << 20, temp.file());
+            self.write_to(&mut f).map_err(io)?;
+            f.flush().map_err(io)?;
         }
-        result.map_err(io)
+        temp.commit().map_err(io)
     }
 }
 

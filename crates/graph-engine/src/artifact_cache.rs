@@ -90,9 +90,8 @@ impl ArtifactCache {
     fn store(&self, path: &Path, bytes: &[u8]) -> Result<()> {
         let io = |source| SeamError::Io { path: path.to_path_buf(), source };
         std::fs::create_dir_all(&self.dir).map_err(io)?;
-        remove_dead_temporaries(&self.dir);
-        let name = path.file_name().unwrap_or_default().to_string_lossy();
-        let temp = self.dir.join(format!(".{name}.{}.tmp", std::process::id()));
+        atomic_write::sweep_dead_temporaries(&self.dir);
+        let temp = atomic_write::temporary_path(path);
         let mut contents = Vec::with_capacity(HEADER + bytes.len());
         contents.extend_from_slice(MAGIC);
         contents.extend_from_slice(&Sha256::digest(bytes));
@@ -102,31 +101,6 @@ impl ArtifactCache {
             let _ = std::fs::remove_file(&temp);
         }
         written.map_err(io)
-    }
-}
-
-/// Removes the temporaries (`.<name>.<pid>.tmp`) that processes no longer running left in `dir`:
-/// a write interrupted by a signal or a crash cannot clean up after itself, so the next write in
-/// the same folder does. Where a process's liveness cannot be told (no `/proc`), nothing is
-/// removed.
-pub(crate) fn remove_dead_temporaries(dir: &Path) {
-    let proc = Path::new("/proc");
-    if !proc.join("self").exists() {
-        return;
-    }
-    let Ok(entries) = std::fs::read_dir(dir) else { return };
-    for entry in entries.flatten() {
-        let name = entry.file_name().to_string_lossy().into_owned();
-        let pid = name
-            .strip_prefix('.')
-            .and_then(|n| n.strip_suffix(".tmp"))
-            .and_then(|n| n.rsplit_once('.'))
-            .and_then(|(_, pid)| pid.parse::<u32>().ok());
-        if let Some(pid) = pid {
-            if !proc.join(pid.to_string()).exists() {
-                let _ = std::fs::remove_file(entry.path());
-            }
-        }
     }
 }
 

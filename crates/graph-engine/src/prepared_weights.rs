@@ -22,7 +22,7 @@
 //! to a page boundary where the data starts, then each argument's bytes at an offset from there
 //! aligned to [`ALIGN`] bytes.
 
-use crate::artifact_cache::{cache_key, remove_dead_temporaries};
+use crate::artifact_cache::cache_key;
 use llama_model::model_dir::ModelDir;
 use memmap2::{Mmap, MmapMut, MmapOptions};
 use serde::{Deserialize, Serialize};
@@ -323,7 +323,7 @@ impl WeightsCache {
         header.data_start = start as u64;
 
         let path = self.path(key);
-        let temp = self.dir.join(format!(".{key}.weights.{}.tmp", std::process::id()));
+        let temp = atomic_write::temporary_path(&self.dir.join(format!("{key}.weights")));
         let total = start + layout.data_len;
         let target = match self.create(&temp) {
             Ok(file) => Target::File(file),
@@ -425,7 +425,7 @@ impl WeightsCache {
         if now.saturating_sub(changed) < RACY {
             return;
         }
-        let temp = self.dir.join(format!(".{key}.verified.{}.tmp", std::process::id()));
+        let temp = atomic_write::temporary_path(&self.stamp_path(key));
         let Ok(json) = serde_json::to_vec(stamp) else { return };
         if std::fs::write(&temp, json).and_then(|()| std::fs::rename(&temp, self.stamp_path(key))).is_err() {
             let _ = std::fs::remove_file(&temp);
@@ -435,7 +435,7 @@ impl WeightsCache {
     /// A new temporary file in the cache's folder, after removing those of dead processes.
     fn create(&self, temp: &Path) -> std::io::Result<std::fs::File> {
         std::fs::create_dir_all(&self.dir)?;
-        remove_dead_temporaries(&self.dir);
+        atomic_write::sweep_dead_temporaries(&self.dir);
         self.remove_orphans();
         std::fs::OpenOptions::new().read(true).write(true).create_new(true).open(temp)
     }

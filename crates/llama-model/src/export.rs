@@ -114,6 +114,8 @@ pub fn export_gguf(
 ) -> Result<ExportReport, ExportError> {
     // The tokenizer first: it is cheap and the likelier mistake, so it fails before gigabytes load.
     let config = LlamaConfig::from_file(&model_dir.join(CONFIG_FILE))?;
+    // Refused before the work, not only at the final rename.
+    atomic_write::refuse_non_regular(out).map_err(|e| ModelError::io(out, e))?;
     let mut writer = GgufWriter::new();
     let name = model_dir.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "model".into());
     add_hparams(&mut writer, &config, &name, ty).map_err(|source| gguf_error(out, source))?;

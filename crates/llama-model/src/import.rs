@@ -34,7 +34,6 @@ use crate::weights::{names, MatrixFormat};
 use gguf::{GgufError, GgufFile};
 use rayon::prelude::*;
 use std::collections::{BTreeMap, HashSet};
-use std::io::Write;
 use std::path::{Path, PathBuf};
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::time::{Duration, Instant};
@@ -50,11 +49,15 @@ pub struct ImportOptions<'a> {
     /// default) or int4. A GGUF tensor already in the other format is converted (a Q8_0 embedding
     /// forced to int4 is requantized; a Q4_1 one asked for int8 stays int4, exactly).
     pub embed_head: MatrixFormat,
+    /// Replace an output directory that already holds something (otherwise that is
+    /// [`ModelError::OutputExists`], reported before any work; an empty directory is always
+    /// replaced).
+    pub replace: bool,
 }
 
 impl Default for ImportOptions<'_> {
     fn default() -> Self {
-        ImportOptions { progress: None, embed_head: MatrixFormat::Int8 }
+        ImportOptions { progress: None, embed_head: MatrixFormat::Int8, replace: false }
     }
 }
 
@@ -63,6 +66,7 @@ impl std::fmt::Debug for ImportOptions<'_> {
         f.debug_struct("ImportOptions")
             .field("progress", &self.progress.is_some())
             .field("embed_head", &self.embed_head)
+            .field("replace", &self.replace)
             .finish()
     }
 }
@@ -94,9 +98,19 @@ pub struct ImportReport {
     pub write_time: Duration,
 }
 
-/// Converts the GGUF Llama at `gguf` into a model directory `out_dir` (created if needed; each
-/// file is written to a temporary name and renamed into place).
+/// Converts the GGUF Llama at `gguf` into a model directory `out_dir`. The directory is built
+/// under a temporary name beside `out_dir` and renamed into place when complete, so `out_dir`
+/// never holds half a model: an import that fails or is interrupted leaves it as it was (the
+/// temporary of an interrupted one is removed by the next write into the same folder). An
+/// `out_dir` that holds something is replaced only with [`ImportOptions::replace`].
 pub fn import_gguf(gguf: &Path, out_dir: &Path, options: &ImportOptions<'_>) -> Result<ImportReport, ModelError> {
+    let occupied = || ModelError::OutputExists { path: out_dir.to_path_buf() };
+    if std::fs::symlink_metadata(out_dir).is_ok_and(|m| !m.is_dir()) {
+        return Err(ModelError::NotADirectory { path: out_dir.to_path_buf() });
+    }
+    if !options.replace && atomic_write::TempDir::occupied(out_dir) {
+        return Err(occupied());
+    }
     let file = GgufFile::open(gguf).map_err(|e| gguf_error(gguf, e))?;
     let (config, generation) = hparams::read_config(&file, gguf)?;
     let specs = expected_tensors(&config);
@@ -175,20 +189,24 @@ pub fn import_gguf(gguf: &Path, out_dir: &Path, options: &ImportOptions<'_>) -> 
     }
     let f16_dequantized = float_tensors.len() - norms;
 
-    std::fs::create_dir_all(out_dir).map_err(|e| ModelError::io(out_dir, e))?;
+    let staging = atomic_write::TempDir::create(out_dir).map_err(|e| ModelError::io(out_dir, e))?;
+    let temp = staging.path();
     let source = BTreeMap::from([("source".to_string(), "gguf".to_string())]);
     let mut float_meta = BTreeMap::from([("format".to_string(), "pt".to_string())]);
     float_meta.extend(source.clone());
-    write_safetensors(&out_dir.join(SAFETENSORS_FILE), &float_tensors, &float_meta)?;
+    write_safetensors(&temp.join(SAFETENSORS_FILE), &float_tensors, &float_meta)?;
     drop(float_tensors);
-    write_safetensors(&out_dir.join(INT4_WEIGHTS_FILE), &int4_tensors, &int4_metadata())?;
+    write_safetensors(&temp.join(INT4_WEIGHTS_FILE), &int4_tensors, &int4_metadata())?;
     drop(int4_tensors);
-    write_text(&out_dir.join(TOKENIZER_FILE), &tokenizer.tokenizer_json)?;
-    write_text(&out_dir.join(TOKENIZER_CONFIG_FILE), &tokenizer.tokenizer_config_json)?;
-    write_text(&out_dir.join(GENERATION_CONFIG_FILE), &generation.to_json())?;
-    // config.json last: a directory is recognized as a model by it, so an import that fails
-    // midway does not leave something that looks complete.
-    write_text(&out_dir.join(CONFIG_FILE), &config.to_json())?;
+    write_text(&temp.join(TOKENIZER_FILE), &tokenizer.tokenizer_json)?;
+    write_text(&temp.join(TOKENIZER_CONFIG_FILE), &tokenizer.tokenizer_config_json)?;
+    write_text(&temp.join(GENERATION_CONFIG_FILE), &generation.to_json())?;
+    write_text(&temp.join(CONFIG_FILE), &config.to_json())?;
+    let existing = if options.replace { atomic_write::Existing::Replace } else { atomic_write::Existing::Keep };
+    staging.commit(existing).map_err(|e| match e.kind() {
+        std::io::ErrorKind::AlreadyExists => occupied(),
+        _ => ModelError::io(out_dir, e),
+    })?;
     let write_time = started.elapsed();
 
     Ok(ImportReport {
@@ -262,20 +280,5 @@ pub(crate) fn gguf_error(path: &Path, e: GgufError) -> ModelError {
 
 /// Writes `text` to `path` through a temporary file in the same directory renamed into place.
 fn write_text(path: &Path, text: &str) -> Result<(), ModelError> {
-    let dir = path.parent().unwrap_or(Path::new("."));
-    let io = |e| ModelError::io(path, e);
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(".import-").suffix(".partial");
-    // tempfile creates files readable by their owner only; a model directory is shared like any
-    // other checkpoint.
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o644));
-    }
-    let mut temp = builder.tempfile_in(dir).map_err(io)?;
-    temp.write_all(text.as_bytes()).map_err(io)?;
-    temp.as_file().sync_all().map_err(io)?;
-    temp.persist(path).map_err(|e| io(e.error))?;
-    Ok(())
+    atomic_write::write(path, text.as_bytes()).map_err(|e| ModelError::io(path, e))
 }

@@ -314,25 +314,6 @@ fn safetensors_error(path: &Path, error: SafeTensorError) -> ModelError {
     }
 }
 
-/// A temporary file in `dest`'s directory, to be renamed onto `dest` once complete (so `dest` is
-/// never seen half-written). Created readable by everyone the umask allows, like a plain file,
-/// rather than the owner-only mode temporary files get by default.
-pub(crate) fn sibling_temp_file(dest: &Path) -> Result<tempfile::NamedTempFile, ModelError> {
-    let dir = match dest.parent() {
-        Some(p) if !p.as_os_str().is_empty() => p,
-        _ => Path::new("."),
-    };
-    let prefix = format!(".{}.", dest.file_name().and_then(|n| n.to_str()).unwrap_or("file"));
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(&prefix).suffix(".partial");
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o644));
-    }
-    builder.tempfile_in(dir).map_err(|e| ModelError::from_io(dir, e))
-}
-
 /// A tensor held in memory, to be written with [`write_safetensors`].
 #[derive(Debug, Clone, PartialEq)]
 pub enum OwnedTensor {
@@ -448,10 +429,10 @@ pub fn write_safetensors_raw(
     // The data section starts 8-byte aligned (the safetensors convention; readers may rely on it).
     header_bytes.resize(header_bytes.len().next_multiple_of(8), b' ');
 
-    let mut temp = sibling_temp_file(path)?;
     let io = |e| ModelError::io(path, e);
+    let mut temp = atomic_write::TempFile::create(path).map_err(io)?;
     {
-        let mut out = std::io::BufWriter::with_capacity(1 << 20, temp.as_file_mut());
+        let mut out = std::io::BufWriter::with_capacity(1 << 20, temp.file());
         out.write_all(&(header_bytes.len() as u64).to_le_bytes()).map_err(io)?;
         out.write_all(&header_bytes).map_err(io)?;
         for t in tensors {
@@ -459,9 +440,7 @@ pub fn write_safetensors_raw(
         }
         out.flush().map_err(io)?;
     }
-    temp.as_file().sync_all().map_err(io)?;
-    temp.persist(path).map_err(|e| ModelError::io(path, e.error))?;
-    Ok(())
+    temp.commit().map_err(io)
 }
 
 #[cfg(test)]

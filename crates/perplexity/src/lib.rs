@@ -33,21 +33,3 @@ pub use logits_file::{BaseLogits, LogitsHeader, LogitsWriter, TopKDistribution, 
 pub use score::{Perplexity, PerplexityAccumulator, PositionScore};
 pub use window::{WindowPlan, MIN_CTX};
 
-/// A temporary file beside `dest` (same folder, so renaming it onto `dest` is atomic), named
-/// `.NAME.XXXX.partial`, readable by all like a file written directly.
-pub(crate) fn sibling_temp_file(dest: &std::path::Path) -> Result<tempfile::NamedTempFile> {
-    let dir = match dest.parent() {
-        Some(dir) if !dir.as_os_str().is_empty() => dir,
-        _ => std::path::Path::new("."),
-    };
-    let name = dest.file_name().map(|n| n.to_string_lossy().into_owned()).unwrap_or_else(|| "file".into());
-    let prefix = format!(".{name}.");
-    let mut builder = tempfile::Builder::new();
-    builder.prefix(&prefix).suffix(".partial");
-    #[cfg(unix)]
-    {
-        use std::os::unix::fs::PermissionsExt;
-        builder.permissions(std::fs::Permissions::from_mode(0o644));
-    }
-    builder.tempfile_in(dir).map_err(|e| PerplexityError::io(dir, e))
-}

@@ -41,7 +41,6 @@ use crate::score::PositionScore;
 use std::fs::File;
 use std::io::{BufWriter, Write};
 use std::path::{Path, PathBuf};
-use tempfile::NamedTempFile;
 use xxhash_rust::xxh3::{xxh3_64, Xxh3};
 
 /// Distinct tokens kept per position when `--logits-top-k` is not given.
@@ -224,7 +223,7 @@ pub fn log_rest_mass(log_probs: &[f64], ids: &[u32]) -> f64 {
 pub struct LogitsWriter {
     path: PathBuf,
     header: LogitsHeader,
-    out: BufWriter<NamedTempFile>,
+    out: BufWriter<atomic_write::TempFile>,
     hasher: Xxh3,
     written: usize,
 }
@@ -238,7 +237,7 @@ impl LogitsWriter {
         if path.is_dir() {
             return Err(PerplexityError::io(path, std::io::Error::other("is a directory, not a file path")));
         }
-        let temp = crate::sibling_temp_file(path)?;
+        let temp = atomic_write::TempFile::create(path).map_err(|e| PerplexityError::io(path, e))?;
         let mut writer = LogitsWriter {
             path: path.to_path_buf(),
             header,
@@ -293,8 +292,7 @@ impl LogitsWriter {
         let checksum = self.hasher.digest().to_le_bytes();
         self.out.write_all(&checksum).map_err(|e| PerplexityError::io(&self.path, e))?;
         let temp = self.out.into_inner().map_err(|e| PerplexityError::io(&self.path, e.into_error()))?;
-        temp.as_file().sync_all().map_err(|e| PerplexityError::io(&self.path, e))?;
-        temp.persist(&self.path).map_err(|e| PerplexityError::io(&self.path, e.error))?;
+        temp.commit().map_err(|e| PerplexityError::io(&self.path, e))?;
         Ok(self.path)
     }
 }
