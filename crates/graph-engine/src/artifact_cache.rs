@@ -70,6 +70,8 @@ impl ArtifactCache {
         build: impl FnOnce() -> Result<(T, Vec<u8>)>,
     ) -> Result<(T, CacheOutcome)> {
         let path = self.path(key);
+        // Debris of interrupted writers goes even when this load writes nothing.
+        atomic_write::sweep_dead_temporaries(&self.dir);
         match read_verified(&path) {
             Some(bytes) => match load(bytes) {
                 Ok(value) => return Ok((value, CacheOutcome::Hit)),

@@ -233,6 +233,8 @@ impl WeightsCache {
         expected: &[WeightArg],
     ) -> std::result::Result<PreparedWeights, Unusable> {
         let path = self.path(key);
+        // Debris of interrupted writers goes even when this load writes nothing.
+        atomic_write::sweep_dead_temporaries(&self.dir);
         let mut file = match std::fs::File::open(&path) {
             Ok(file) => file,
             Err(e) if e.kind() == std::io::ErrorKind::NotFound => return Err(Unusable::Missing),

@@ -600,6 +600,8 @@ pub fn load_weights(
     format: WeightFormat,
     progress: Option<&(dyn Fn(u64, u64) + Sync)>,
 ) -> Result<LlamaWeights, ModelError> {
+    // An interrupted int4 cache write left its temporary here; the load may write nothing.
+    atomic_write::sweep_dead_temporaries(dir);
     let weights = load_weights_unchecked(dir, format, progress)?;
     weights.check_finite()?;
     Ok(weights)

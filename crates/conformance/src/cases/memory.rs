@@ -24,6 +24,14 @@ pub const CASE: Case = Case {
 
 /// Sessions measured.
 pub const SESSIONS: usize = 200;
+/// Environment variable that sets another number of sessions for a longer soak
+/// (`scripts/soak.sh` uses 1,000); the tolerance scales with it.
+pub const SESSIONS_ENV: &str = "SEAM_MEMORY_CASE_SESSIONS";
+
+/// [`SESSIONS`], or the number [`SESSIONS_ENV`] sets.
+fn sessions() -> usize {
+    std::env::var(SESSIONS_ENV).ok().and_then(|v| v.parse().ok()).filter(|&n| n > 0).unwrap_or(SESSIONS)
+}
 /// Tokens each prefills.
 pub const PREFILL: usize = 384;
 /// Sessions alive at once (so that a backend pooling a few caches is not penalized).
@@ -54,16 +62,17 @@ fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     };
     cycle(4 * ALIVE)?;
     let before = resident_bytes().unwrap_or(0);
-    cycle(SESSIONS)?;
+    let sessions = sessions();
+    cycle(sessions)?;
     let after = resident_bytes().unwrap_or(0);
 
     let per_session = 2 * config.num_hidden_layers * config.num_key_value_heads * config.head_dim * (PREFILL + 1) * 2;
-    let tolerance = MIN_TOLERANCE.max((SESSIONS * per_session / 10) as i64);
+    let tolerance = MIN_TOLERANCE.max((sessions * per_session / 10) as i64);
     let growth = after - before;
     let figures =
         Figures { rss_growth_bytes: Some(growth), rss_tolerance_bytes: Some(tolerance), ..Figures::default() };
     let detail = format!(
-        "{SESSIONS} sessions of {} positions (≥ {} KiB of KV cache each at f16)",
+        "{sessions} sessions of {} positions (≥ {} KiB of KV cache each at f16)",
         PREFILL + 1,
         per_session / 1024
     );
