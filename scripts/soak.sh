@@ -76,8 +76,9 @@ case "$mode" in
       delay=$(python3 -c "import random; print(round(random.uniform(0, $max_delay), 3))")
       signal=INT
       [ $((i % 10)) -eq 0 ] && signal=KILL
-      "$seam" run --backend "${c%%:*}" --weights "${c##*:}" --model "$work/model" --prompt "$prompt" \
-        --max-tokens 8 --ignore-eos >/dev/null 2>"$work/last.err" &
+      # SIGINT back to its default: a shell started in the background passes it on ignored.
+      env --default-signal=INT "$seam" run --backend "${c%%:*}" --weights "${c##*:}" --model "$work/model" \
+        --prompt "$prompt" --max-tokens 8 --ignore-eos >/dev/null 2>"$work/last.err" &
       pid=$!
       sleep "$delay"
       # To the process group, as a terminal's Ctrl-C does: a compiler child goes too.

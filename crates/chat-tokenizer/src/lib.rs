@@ -14,6 +14,7 @@
 mod chat_template;
 mod error;
 mod json_dumps;
+mod panic_guard;
 mod tokenizer;
 
 pub use chat_template::{ChatMessage, ChatTemplate, RenderedChat};

@@ -2,6 +2,7 @@
 
 use crate::chat_template::RenderedChat;
 use crate::error::{read_model_file, Result, TokenizerError};
+use crate::panic_guard::guarded;
 use std::path::{Path, PathBuf};
 use std::sync::OnceLock;
 
@@ -44,8 +45,10 @@ impl Tokenizer {
         let bytes = read_model_file(path)?;
         // Parsing from bytes (rather than `tokenizers::Tokenizer::from_file`) keeps a missing
         // file and a malformed one apart: the crate reports both as one opaque error.
-        let inner = tokenizers::Tokenizer::from_bytes(&bytes)
-            .map_err(|e| TokenizerError::MalformedTokenizer { path: path.to_path_buf(), message: e.to_string() })?;
+        let malformed = |message: String| TokenizerError::MalformedTokenizer { path: path.to_path_buf(), message };
+        let inner = guarded(|| tokenizers::Tokenizer::from_bytes(&bytes))
+            .map_err(malformed)?
+            .map_err(|e| malformed(e.to_string()))?;
         Ok(Tokenizer { inner, as_text: OnceLock::new(), path: path.to_path_buf() })
     }
 
@@ -58,9 +61,8 @@ impl Tokenizer {
     /// what the model expects around a sequence (Llama 3: `<|begin_of_text|>` in front).
     /// Special tokens written in `text` (such as `<|eot_id|>`) encode to their single id.
     pub fn encode(&self, text: &str, add_special_tokens: bool) -> Result<Vec<u32>> {
-        let encoding = self
-            .inner
-            .encode(text, add_special_tokens)
+        let encoding = guarded(|| self.inner.encode(text, add_special_tokens))
+            .map_err(|message| TokenizerError::Encode { message })?
             .map_err(|e| TokenizerError::Encode { message: e.to_string() })?;
         Ok(encoding.get_ids().to_vec())
     }
@@ -87,7 +89,8 @@ impl Tokenizer {
             return self.encode(&chat.text, false);
         }
         let encode_err = |e: tokenizers::Error| TokenizerError::Encode { message: e.to_string() };
-        let full = self.inner.encode(chat.text.as_str(), false).map_err(encode_err)?;
+        let guard_err = |message: String| TokenizerError::Encode { message };
+        let full = guarded(|| self.inner.encode(chat.text.as_str(), false)).map_err(guard_err)?.map_err(encode_err)?;
         let special_ids: std::collections::HashSet<u32> =
             self.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
         let in_literal = |start: usize, end: usize| chat.literal_spans.iter().any(|s| start < s.end && s.start < end);
@@ -100,7 +103,8 @@ impl Tokenizer {
         let mut piece_start = 0;
         let encode_piece = |ids: &mut Vec<u32>, piece: &str| -> Result<()> {
             if !piece.is_empty() {
-                ids.extend_from_slice(as_text.encode(piece, false).map_err(encode_err)?.get_ids());
+                let encoding = guarded(|| as_text.encode(piece, false)).map_err(guard_err)?.map_err(encode_err)?;
+                ids.extend_from_slice(encoding.get_ids());
             }
             Ok(())
         };
@@ -122,7 +126,9 @@ impl Tokenizer {
         if let Some(&id) = ids.iter().find(|&&id| self.inner.id_to_token(id).is_none()) {
             return Err(TokenizerError::UnknownTokenId { id, vocab_size: self.vocab_size() });
         }
-        self.inner.decode(ids, skip_special_tokens).map_err(|e| TokenizerError::Decode { message: e.to_string() })
+        guarded(|| self.inner.decode(ids, skip_special_tokens))
+            .map_err(|message| TokenizerError::Decode { message })?
+            .map_err(|e| TokenizerError::Decode { message: e.to_string() })
     }
 
     /// The number of tokens, added (special) tokens included: Llama 3.2 has 128256.

@@ -421,7 +421,7 @@ impl<'a> Cursor<'a> {
         let ggml_type =
             GgmlType::from_id(type_id).ok_or_else(|| GgufError::UnknownTensorType { name: name.clone(), type_id })?;
         let overflow = || GgufError::corrupt(format!("tensor '{name}': dimensions {dims:?} overflow"));
-        let n_elements = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d)).ok_or_else(overflow)?;
+        let n_elements = element_count(&dims).ok_or_else(overflow)?;
         let inner = dims.first().copied().unwrap_or(1);
         let row_bytes = ggml_type.row_bytes(inner).ok_or_else(|| {
             GgufError::corrupt(format!(
@@ -436,6 +436,16 @@ impl<'a> Cursor<'a> {
         }
         Ok(TensorInfo { name, dims, ggml_type, offset, n_elements, n_bytes })
     }
+}
+
+/// The number of elements of a tensor with dimensions `dims`; `None` when the product of its
+/// non-zero dimensions overflows. A zero dimension makes the tensor empty, but does not excuse the
+/// others: otherwise whether a shape is accepted would depend on the order of its dimensions
+/// (`[0, 2^40, 2^40]` accepted, `[2^40, 2^40, 0]` rejected), and the writer, which multiplies the
+/// outer dimensions on their own, could not write back a file the reader accepted.
+pub(crate) fn element_count(dims: &[u64]) -> Option<u64> {
+    let product = dims.iter().try_fold(1u64, |acc, &d| acc.checked_mul(d.max(1)))?;
+    Some(if dims.contains(&0) { 0 } else { product })
 }
 
 fn fixed_array(ty: ValueType, bytes: &[u8]) -> Array {

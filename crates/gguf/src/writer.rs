@@ -75,6 +75,10 @@ impl GgufWriter {
         if dims.len() > MAX_DIMS as usize {
             return Err(invalid(format!("{} dimensions (at most {MAX_DIMS})", dims.len())));
         }
+        // The reader refuses dimensions whose non-zero product overflows; never write one.
+        if crate::reader::element_count(dims).is_none() {
+            return Err(invalid(format!("dimensions {dims:?} overflow")));
+        }
         let inner = dims.first().copied().unwrap_or(1);
         let rows = dims.iter().skip(1).try_fold(1u64, |a, &d| a.checked_mul(d));
         let expected = ty.row_bytes(inner).zip(rows).and_then(|(r, n)| r.checked_mul(n));

@@ -373,6 +373,11 @@ impl LlamaConfig {
         if let Some(scaling) = &self.rope_scaling {
             scaling.validate()?;
         }
+        // Each parameter can be finite and in range while their combination is not (a scaling
+        // factor of 1e-45 divides a frequency into infinity): the frequencies themselves decide.
+        if let Some(bad) = self.rope_inv_freq().into_iter().find(|f| !(f.is_finite() && *f > 0.0)) {
+            return Err(format!("the rope settings give a frequency of {bad}; check rope_theta and rope_scaling"));
+        }
         // A special token outside the vocabulary can never be produced (an EOS that never stops)
         // or fed (a BOS that fails every prompt): the file is wrong, say so at load.
         let ids = self.bos_token_ids.iter().map(|id| ("bos_token_id", id));

