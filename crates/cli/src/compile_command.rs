@@ -6,9 +6,12 @@
 //! plugin compiles on its own device.
 
 use crate::cli_error::CliError;
+#[cfg(feature = "iree")]
 use crate::run_command::resolve_model_dir;
 use clap::Args;
-use session_api::{registered_backends, LoadRequest, SeamError, WeightFormat};
+#[cfg(feature = "iree")]
+use session_api::LoadRequest;
+use session_api::{registered_backends, SeamError, WeightFormat};
 use std::path::PathBuf;
 
 #[derive(Args)]
@@ -50,6 +53,21 @@ pub fn run(args: CompileArgs) -> Result<(), CliError> {
         },
         None => (args.backend.clone(), None),
     };
+    #[cfg(not(feature = "iree"))]
+    {
+        let _ = (backend, alias_device);
+        Err(SeamError::Unsupported {
+            backend: args.backend.clone(),
+            feature: "compiling ahead of time (this binary was built without the iree backend, feature `iree`)".into(),
+        }
+        .into())
+    }
+    #[cfg(feature = "iree")]
+    compile_with_iree(args, backend, alias_device)
+}
+
+#[cfg(feature = "iree")]
+fn compile_with_iree(args: CompileArgs, backend: String, alias_device: Option<String>) -> Result<(), CliError> {
     if backend != backend_iree::BACKEND_NAME {
         return Err(SeamError::Unsupported {
             backend: args.backend.clone(),

@@ -1,4 +1,22 @@
-//! `seam`: run a model on a backend, list backends, convert GGUF files.
+//! The `seam` command line as a library, so that a binary with more backends linked in is a few
+//! lines: link the backends, then call [`main`]. seam's own `seam` binary is exactly that
+//! (`src/bin/seam.rs`); a vendor's looks the same with its backend crate's `link()` added:
+//!
+//! ```no_run
+//! fn main() -> std::process::ExitCode {
+//!     // my_backend::link();             // the vendor's backend crate, registered through inventory
+//!     seam_cli::link_builtin_backends(); // reference, plus iree and pjrt with their features
+//!     seam_cli::main()
+//! }
+//! ```
+//!
+//! Every subcommand (run, backends, conformance, bench, perplexity, ...) then sees every linked
+//! backend: backends are found through `session_api`'s registry, never named here, except that
+//! `seam compile` needs the iree backend (feature `iree`) and `seam bench` uses the reference
+//! backend's CPU device for its bandwidth probe.
+//!
+//! Features `iree` and `pjrt` (both default) link those backends; a vendor binary that needs
+//! neither turns default features off and builds without IREE's runtime or the PJRT binding.
 
 /// `eprintln!` that cannot panic: with a closed or full stderr the message is lost and the exit
 /// status still tells (`eprintln!` panics there, after the work is done).
@@ -17,6 +35,7 @@ mod conformance_command;
 mod convert_command;
 mod export_gguf_command;
 mod linked_backends;
+pub use linked_backends::link_builtin_backends;
 mod perplexity_command;
 mod progress;
 mod run_command;
@@ -56,8 +75,10 @@ enum Command {
     ExportGguf(export_gguf_command::ExportGgufArgs),
 }
 
-fn main() -> ExitCode {
-    linked_backends::link_all();
+/// Parses the process's arguments and runs the subcommand on the backends linked into the binary
+/// (call [`link_builtin_backends`] and each other backend crate's `link()` first). Errors are
+/// printed as one `error: ...` line on stderr and give [`ExitCode::FAILURE`].
+pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), CliError> = match cli.command {
         Command::Run(args) => run_command::run(args),

@@ -1,13 +1,14 @@
 //! seam's home: every path seam reads or writes outside a model directory, in one place.
 //!
 //! Everything lives in one folder, [`root`], which is the project-local, git-ignored `.seam/` of
-//! the checkout unless `SEAM_HOME` says otherwise; compiled-graph caches can be moved on their own
+//! the checkout for seam's own commands and tests, the user's cache folder for a program that
+//! depends on seam from outside, unless `SEAM_HOME` says otherwise; compiled-graph caches can be moved on their own
 //! with `SEAM_CACHE_DIR`. Nothing else decides where seam's files go: backends, tests and the CLI
 //! call the functions below.
 //!
 //! | function                   | default                              | environment override       |
 //! |----------------------------|--------------------------------------|----------------------------|
-//! | [`root`]                   | `<workspace>/.seam`                  | `SEAM_HOME`                |
+//! | [`root`]                   | `<workspace>/.seam` or `~/.cache/seam` | `SEAM_HOME`              |
 //! | [`models_dir`]             | `root/models`                        |                            |
 //! | [`downloads_dir`]          | `root/downloads`                     |                            |
 //! | [`cache_dir`]              | `root/cache`                         | `SEAM_CACHE_DIR`           |
@@ -50,16 +51,47 @@ fn workspace_root() -> Option<PathBuf> {
     workspace.join("crates/llama-model/Cargo.toml").is_file().then(|| workspace.to_path_buf())
 }
 
-/// seam's data folder: `$SEAM_HOME` if set, else `<workspace root>/.seam` (project-local, so tests
-/// and the CLI in a checkout never write outside it), else (a build outside a seam checkout)
-/// `<temp>/seam`.
+/// seam's data folder: `$SEAM_HOME` if set; else, for a process run from a seam checkout (its
+/// executable under the checkout, as `cargo run`, `cargo test` and `target/debug/seam` are, or its
+/// working directory inside it), the checkout's git-ignored `.seam`; else the user's cache folder,
+/// `$XDG_CACHE_HOME/seam` or `~/.cache/seam` (a vendor's binary or tests that depend on seam by
+/// path or git never write into seam's source); else `<temp>/seam`.
 pub fn root() -> PathBuf {
-    if let Some(home) = env_dir(HOME_ENV) {
-        return home;
+    choose_root(&Places {
+        seam_home: env_dir(HOME_ENV),
+        checkout: workspace_root(),
+        exe: std::env::current_exe().ok(),
+        cwd: std::env::current_dir().ok(),
+        xdg_cache: env_dir("XDG_CACHE_HOME"),
+        home: env_dir("HOME"),
+    })
+}
+
+/// What [`root`] decides from.
+#[derive(Debug, Default)]
+struct Places {
+    seam_home: Option<PathBuf>,
+    checkout: Option<PathBuf>,
+    exe: Option<PathBuf>,
+    cwd: Option<PathBuf>,
+    xdg_cache: Option<PathBuf>,
+    home: Option<PathBuf>,
+}
+
+fn choose_root(p: &Places) -> PathBuf {
+    if let Some(home) = &p.seam_home {
+        return home.clone();
     }
-    match workspace_root() {
-        Some(workspace) => workspace.join(".seam"),
-        None => std::env::temp_dir().join("seam"),
+    if let Some(checkout) = &p.checkout {
+        let inside = |path: &Option<PathBuf>| path.as_ref().is_some_and(|path| path.starts_with(checkout));
+        if inside(&p.exe) || inside(&p.cwd) {
+            return checkout.join(".seam");
+        }
+    }
+    match (&p.xdg_cache, &p.home) {
+        (Some(cache), _) => cache.join("seam"),
+        (None, Some(home)) => home.join(".cache").join("seam"),
+        (None, None) => std::env::temp_dir().join("seam"),
     }
 }
 
@@ -152,5 +184,32 @@ mod tests {
         if std::env::var_os(CONFORMANCE_MODELS_ENV).is_none() {
             assert_eq!(conformance_models_dir(), home.join("conformance-models"));
         }
+    }
+
+    #[test]
+    fn a_program_outside_the_checkout_writes_to_the_users_cache() {
+        let checkout = Some(PathBuf::from("/src/seam"));
+        let at = |exe: &str, cwd: &str| Places {
+            checkout: checkout.clone(),
+            exe: Some(PathBuf::from(exe)),
+            cwd: Some(PathBuf::from(cwd)),
+            home: Some(PathBuf::from("/home/u")),
+            ..Places::default()
+        };
+        // seam's own binaries and tests, or any command run inside the checkout.
+        assert_eq!(choose_root(&at("/src/seam/target/debug/seam", "/tmp")), PathBuf::from("/src/seam/.seam"));
+        assert_eq!(choose_root(&at("/usr/bin/x", "/src/seam/crates/cli")), PathBuf::from("/src/seam/.seam"));
+        // A vendor's binary or tests depending on seam by path or git.
+        let vendor = at("/work/vendor/target/debug/deps/conformance-1a2b", "/work/vendor");
+        assert_eq!(choose_root(&vendor), PathBuf::from("/home/u/.cache/seam"));
+        assert_eq!(
+            choose_root(&Places { xdg_cache: Some(PathBuf::from("/c")), ..vendor }),
+            PathBuf::from("/c/seam")
+        );
+        // A prefix of the name is not inside: /src/seam-fork is another folder.
+        assert_eq!(choose_root(&at("/src/seam-fork/target/x", "/")), PathBuf::from("/home/u/.cache/seam"));
+        // SEAM_HOME wins everywhere.
+        let moved = Places { seam_home: Some(PathBuf::from("/data/seam")), ..at("/src/seam/target/x", "/") };
+        assert_eq!(choose_root(&moved), PathBuf::from("/data/seam"));
     }
 }

@@ -152,9 +152,7 @@ impl From<pinned_download::FetchError> for PerplexityError {
     fn from(e: pinned_download::FetchError) -> Self {
         use pinned_download::FetchError;
         match e {
-            FetchError::Pip { spec, message } => {
-                PerplexityError::Fetch { path: PathBuf::from(spec), message }
-            }
+            FetchError::Pip { spec, message } => PerplexityError::Fetch { path: PathBuf::from(spec), message },
             FetchError::Mismatch { path, what, expected, actual } => {
                 PerplexityError::ChecksumMismatch { path, what, expected, actual }
             }

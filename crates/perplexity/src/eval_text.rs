@@ -207,8 +207,10 @@ mod tests {
     fn a_download_with_another_digest_is_refused_and_deleted() {
         let dir = tempfile::tempdir().unwrap();
         let downloads = dir.path().join("downloads");
-        let wrong =
-            |to: &Path| std::fs::write(to.join(SDIST_FILE), b"not the sdist").map_err(|source| FetchError::Io { path: to.to_path_buf(), source });
+        let wrong = |to: &Path| {
+            std::fs::write(to.join(SDIST_FILE), b"not the sdist")
+                .map_err(|source| FetchError::Io { path: to.to_path_buf(), source })
+        };
         let error = ensure_text_with(&downloads, &SDIST, &wrong).unwrap_err();
         assert!(matches!(error, PerplexityError::ChecksumMismatch { .. }), "{error:?}");
         assert!(error.to_string().contains("5416192"), "{error}");

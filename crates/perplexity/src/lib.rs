@@ -32,4 +32,3 @@ pub use kl::{KlAccumulator, KlSummary};
 pub use logits_file::{BaseLogits, LogitsHeader, LogitsWriter, TopKDistribution, DEFAULT_TOP_K};
 pub use score::{Perplexity, PerplexityAccumulator, PositionScore};
 pub use window::{WindowPlan, MIN_CTX};
-
