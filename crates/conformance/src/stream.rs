@@ -147,6 +147,39 @@ pub struct Comparison {
     pub logit_error: Option<LogitError>,
     /// The first step whose logits were out of tolerance.
     pub first_logit_excess: Option<usize>,
+    /// The step with the largest logit nmse (where the worst error is).
+    pub worst_logit_step: Option<usize>,
+    /// The first step whose returned token is not the argmax of the backend's own logits, by
+    /// more than the margin epsilon: a sampler or selection bug rather than an arithmetic one.
+    pub first_not_argmax: Option<NotArgmax>,
+}
+
+/// A step whose returned token is not the top of the logits the same step returned.
+#[derive(Debug, Clone, Copy, PartialEq)]
+pub struct NotArgmax {
+    /// The step.
+    pub step: usize,
+    /// The token the step returned.
+    pub returned: u32,
+    /// The token its own logits rank highest.
+    pub argmax: u32,
+}
+
+/// The highest-ranked token of `logits` and its lead over the runner-up (0 for a tie).
+fn top_with_margin(logits: &[f32]) -> Option<(u32, f32)> {
+    let mut best: Option<(usize, f32)> = None;
+    let mut second = f32::NEG_INFINITY;
+    for (i, &v) in logits.iter().enumerate() {
+        match best {
+            Some((_, b)) if v <= b => second = second.max(v),
+            Some((_, b)) => {
+                second = b;
+                best = Some((i, v));
+            }
+            None => best = Some((i, v)),
+        }
+    }
+    best.map(|(i, b)| (i as u32, b - second))
 }
 
 /// Compares `actual` with `expected`, step by step.
@@ -173,7 +206,23 @@ pub fn compare(actual: &Trace, expected: Expected<'_>, tolerances: &Tolerances) 
             if !error.within(tolerances) && comparison.first_logit_excess.is_none() {
                 comparison.first_logit_excess = Some(step);
             }
+            if comparison.logit_error.is_none_or(|worst| error.nmse > worst.nmse) {
+                comparison.worst_logit_step = Some(step);
+            }
             comparison.logit_error = Some(comparison.logit_error.map_or(error, |worst| worst.worst(error)));
+        }
+    }
+    if let Some(actual_logits) = actual.logits() {
+        for (step, logits) in actual_logits.iter().enumerate().take(steps) {
+            let returned = actual.tokens[step];
+            if let Some((argmax, margin)) = top_with_margin(logits) {
+                // A near-tie may go either way in the backend's own arithmetic.
+                let own = logits.get(returned as usize).copied().unwrap_or(f32::NEG_INFINITY);
+                if argmax != returned && logits[argmax as usize] - own >= tolerances.margin_epsilon && margin > 0.0 {
+                    comparison.first_not_argmax = Some(NotArgmax { step, returned, argmax });
+                    break;
+                }
+            }
         }
     }
     if actual.tokens.len() != expected.tokens.len() && comparison.first_intolerable.is_none() {
@@ -202,13 +251,29 @@ impl Comparison {
     /// `Err(failing verdict)` when a token differed beyond tolerance or the logits are out of
     /// tolerance; `what` says what was compared ("prompt of 17 tokens").
     pub fn check(&self, what: &str, tolerances: &Tolerances) -> Checked<()> {
+        if let Some(n) = self.first_not_argmax {
+            return Err(Verdict::fail(format!(
+                "{what}: step {} returned token {} but its own logits rank {} highest (a token-selection bug, not \
+                 arithmetic){}",
+                n.step,
+                n.returned,
+                n.argmax,
+                self.logit_summary(tolerances)
+            ))
+            .with_figures(self.figures()));
+        }
         if let Some(d) = self.first_intolerable {
             let detail = if d.actual == u32::MAX {
                 format!("{what}: the stream ended after {} of the expected steps", d.step)
             } else {
                 format!(
-                    "{what}: step {} gave token {} where {} was expected (reference margin {:.3e} ≥ epsilon {:.1e})",
-                    d.step, d.actual, d.expected, d.margin, tolerances.margin_epsilon
+                    "{what}: step {} gave token {} where {} was expected (reference margin {:.3e} ≥ epsilon {:.1e}){}",
+                    d.step,
+                    d.actual,
+                    d.expected,
+                    d.margin,
+                    tolerances.margin_epsilon,
+                    self.logit_summary(tolerances)
                 )
             };
             return Err(Verdict::fail(detail).with_figures(self.figures()));
@@ -216,9 +281,10 @@ impl Comparison {
         if let Some(e) = self.logit_error {
             if !e.within(tolerances) {
                 return Err(Verdict::fail(format!(
-                    "{what}: logits out of tolerance from step {}: worst nmse {:.2e} (max {:.0e}), max|Δ| {:.2e} (max {:.0e})",
+                    "{what}: logits out of tolerance from step {}: worst nmse {:.2e} at step {} (max {:.0e}), max|Δ| {:.2e} (max {:.0e})",
                     self.first_logit_excess.unwrap_or(0),
                     e.nmse,
+                    self.worst_logit_step.unwrap_or(0),
                     tolerances.max_nmse,
                     e.max_abs,
                     tolerances.max_abs
@@ -227,6 +293,23 @@ impl Comparison {
             }
         }
         Ok(())
+    }
+
+    /// `; logits out of tolerance from step N (worst nmse X at step M)`, or `; logits within
+    /// tolerance`, or nothing without logits: where the arithmetic left the reference, which is
+    /// usually well before the first token that differs.
+    fn logit_summary(&self, tolerances: &Tolerances) -> String {
+        match (self.logit_error, self.first_logit_excess) {
+            (Some(e), Some(first)) => format!(
+                "; logits out of tolerance from step {first} (worst nmse {:.2e} at step {}, max|Δ| {:.2e}; max nmse {:.0e})",
+                e.nmse,
+                self.worst_logit_step.unwrap_or(first),
+                e.max_abs,
+                tolerances.max_nmse
+            ),
+            (Some(e), None) => format!("; logits within tolerance (worst nmse {:.2e})", e.nmse),
+            _ => String::new(),
+        }
     }
 
     /// Folds another comparison into a running total (worst figures, earliest divergence kept).
@@ -241,6 +324,12 @@ impl Comparison {
         }
         if self.first_logit_excess.is_none() {
             self.first_logit_excess = other.first_logit_excess;
+        }
+        if self.first_not_argmax.is_none() {
+            self.first_not_argmax = other.first_not_argmax;
+        }
+        if other.logit_error.is_some_and(|o| self.logit_error.is_none_or(|s| o.nmse > s.nmse)) {
+            self.worst_logit_step = other.worst_logit_step;
         }
         self.logit_error = match (self.logit_error, other.logit_error) {
             (Some(a), Some(b)) => Some(a.worst(b)),

@@ -30,6 +30,7 @@ fn main() {
         Target::new(Box::new(BrokenBackend::new(Breakage::CorruptKv, GOOD_DECODES))),
         Target::new(Box::new(BrokenBackend::new(Breakage::PanicInDecode, GOOD_DECODES))),
         Target::new(Box::new(BrokenBackend::new(Breakage::LeakSessions, GOOD_DECODES))),
+        Target::new(Box::new(BrokenBackend::new(Breakage::WrongGreedyToken, GOOD_DECODES))),
     ];
     let report = conformance::run_targets(&targets, &options).expect("the suite runs");
     report.print_matrix();
@@ -50,7 +51,21 @@ fn main() {
     );
     assert!(parity.figures.divergent_prompt_len.is_some(), "{parity:?}");
     assert!(parity.detail.contains(&format!("step {step}")), "{}", parity.detail);
+    // Every prompt is reported, and so is where the logits left tolerance, which is no later
+    // than the first wrong token.
+    assert!(parity.detail.contains("prompts failed"), "{}", parity.detail);
+    let logits_left = parity.detail.split("logits out of tolerance from step ").nth(1).expect("named");
+    let logits_step: usize = logits_left.split(' ').next().unwrap().parse().unwrap();
+    assert!(logits_step <= step && logits_step >= GOOD_DECODES, "{}", parity.detail);
     println!("broken-kv caught: parity.greedy fails at step {step}: {}", parity.detail);
+
+    // A backend whose arithmetic is right but whose greedy token is not its own logits' argmax
+    // is told apart from an arithmetic bug.
+    let greedy = Report { backends: vec![report.backends[3].clone()] };
+    let parity = result(&greedy, "parity.greedy", conformance::LIFECYCLE_MODEL);
+    assert_eq!(parity.outcome, Outcome::Fail, "{parity:?}");
+    assert!(parity.detail.contains("token-selection bug"), "{}", parity.detail);
+    println!("broken-greedy caught: {}", parity.detail);
 
     // Lifecycle cases that decode past the corruption fail too; those that decode less do not.
     for case in ["kv.chunked_prefill", "kv.interleaved_sessions", "kv.decode_equals_prefill"] {

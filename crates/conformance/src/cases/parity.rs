@@ -32,6 +32,9 @@ fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     }
     let mut total = Comparison::default();
     let mut first_divergence_len = None;
+    // Every prompt runs, failing or not: which prompts fail ("only the long ones") is itself the
+    // diagnosis an accelerator team needs.
+    let mut failures: Vec<(usize, Verdict)> = Vec::new();
     for &len in &lengths {
         let prompt = ctx.prompt(len, len as u64);
         let reference = ctx
@@ -41,19 +44,43 @@ fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
         let mut driver = ctx.forced_driver(&reference.trace.tokens, &format!("prompt of {len} tokens"))?;
         if let Err(mut verdict) = driver.run(&prompt, PARITY_STEPS) {
             verdict.figures.divergent_prompt_len = Some(len);
-            return Err(verdict);
+            failures.push((len, verdict));
+            continue;
         }
         let expected =
             Expected { tokens: &reference.trace.tokens, margins: &reference.margins, logits: reference.trace.logits() };
         let comparison = compare(&driver.trace, expected, &ctx.tolerances);
         if let Err(verdict) = comparison.check(&format!("prompt of {len} tokens"), &ctx.tolerances) {
             let figures = Figures { divergent_prompt_len: Some(len), ..comparison.figures() };
-            return Err(verdict.with_figures(figures));
+            failures.push((len, verdict.with_figures(figures)));
+            continue;
         }
         if first_divergence_len.is_none() && comparison.first_divergence.is_some() {
             first_divergence_len = Some(len);
         }
         total.merge(&comparison);
+    }
+    if let Some((_, first)) = failures.first() {
+        let passed: Vec<usize> = lengths.iter().copied().filter(|l| failures.iter().all(|(f, _)| f != l)).collect();
+        // The first failure in full, the others by the step where they first went wrong.
+        let mut detail = first.detail.clone();
+        let others: Vec<String> = failures[1..]
+            .iter()
+            .map(|(len, v)| match v.figures.first_divergent_step {
+                Some(step) => format!("{len} (step {step})"),
+                None => len.to_string(),
+            })
+            .collect();
+        if !others.is_empty() {
+            detail.push_str(&format!(" | also failing: prompts of {}", others.join(", ")));
+        }
+        detail.push_str(&format!(
+            " | {} of {} prompts failed{}",
+            failures.len(),
+            lengths.len(),
+            if passed.is_empty() { String::new() } else { format!(" (lengths {} passed)", join(&passed)) }
+        ));
+        return Err(Verdict::fail(detail).with_figures(first.figures.clone()));
     }
     let figures = Figures { divergent_prompt_len: first_divergence_len, ..total.figures() };
     let mut detail = format!(

@@ -5,7 +5,9 @@
 //! - [`Breakage::CorruptKv`]: rewrites the last few cache positions with the keys and values of
 //!   other tokens (by truncating and re-prefilling wrong tokens), while `position()` stays right;
 //! - [`Breakage::PanicInDecode`]: panics inside `decode`;
-//! - [`Breakage::LeakSessions`]: never frees a dropped session's state.
+//! - [`Breakage::LeakSessions`]: never frees a dropped session's state;
+//! - [`Breakage::WrongGreedyToken`]: returns correct logits but, as its device-side greedy token,
+//!   the runner-up (a selection bug with perfect arithmetic).
 
 use session_api::{
     Availability, Backend, Capabilities, Engine, EngineInfo, LoadRequest, RawStep, Result, SessionOptions,
@@ -19,6 +21,7 @@ pub enum Breakage {
     CorruptKv,
     PanicInDecode,
     LeakSessions,
+    WrongGreedyToken,
 }
 
 impl Breakage {
@@ -27,6 +30,7 @@ impl Breakage {
             Breakage::CorruptKv => "broken-kv",
             Breakage::PanicInDecode => "broken-panic",
             Breakage::LeakSessions => "broken-leak",
+            Breakage::WrongGreedyToken => "broken-greedy",
         }
     }
 }
@@ -137,10 +141,17 @@ impl SessionSteps for BrokenSteps {
             match self.breakage {
                 Breakage::CorruptKv => self.corrupt_cache(position)?,
                 Breakage::PanicInDecode => panic!("broken-panic: decode step {} blew up", self.decodes + 1),
-                Breakage::LeakSessions => {}
+                Breakage::LeakSessions | Breakage::WrongGreedyToken => {}
             }
         }
-        let out = self.inner().append(position, input, want_logits)?;
+        let mut out = self.inner().append(position, input, want_logits)?;
+        if self.breakage == Breakage::WrongGreedyToken && is_decode && self.decodes >= self.after_decodes {
+            if let Some(logits) = &out.logits {
+                let mut order: Vec<usize> = (0..logits.len()).collect();
+                order.sort_by(|&a, &b| logits[b].total_cmp(&logits[a]));
+                out.greedy_token = order.get(1).map(|&i| i as u32);
+            }
+        }
         self.history.truncate(position);
         match input {
             StepInput::Tokens(tokens) => self.history.extend_from_slice(tokens),
