@@ -202,10 +202,7 @@ mod tests {
         // A vendor's binary or tests depending on seam by path or git.
         let vendor = at("/work/vendor/target/debug/deps/conformance-1a2b", "/work/vendor");
         assert_eq!(choose_root(&vendor), PathBuf::from("/home/u/.cache/seam"));
-        assert_eq!(
-            choose_root(&Places { xdg_cache: Some(PathBuf::from("/c")), ..vendor }),
-            PathBuf::from("/c/seam")
-        );
+        assert_eq!(choose_root(&Places { xdg_cache: Some(PathBuf::from("/c")), ..vendor }), PathBuf::from("/c/seam"));
         // A prefix of the name is not inside: /src/seam-fork is another folder.
         assert_eq!(choose_root(&at("/src/seam-fork/target/x", "/")), PathBuf::from("/home/u/.cache/seam"));
         // SEAM_HOME wins everywhere.
