@@ -127,9 +127,10 @@ impl ReferenceEngine {
     }
 }
 
-/// What the reference backend offers, with `max_context` as given: everything the contract names.
+/// What the reference backend offers, with `max_context` as given: everything the contract names,
+/// and per-layer hidden states (the oracle of the suite's layer-by-layer comparison).
 pub(crate) fn capabilities_with(max_context: usize) -> Capabilities {
-    Capabilities::all(max_context)
+    Capabilities { hidden_states: true, ..Capabilities::all(max_context) }
 }
 
 impl Engine for ReferenceEngine {
@@ -154,7 +155,7 @@ impl Engine for ReferenceEngine {
         capabilities_with(self.max_context)
     }
 
-    fn open_steps(&self, _options: &SessionOptions) -> Result<Box<dyn SessionSteps>> {
-        Ok(Box::new(ReferenceSteps::new(Arc::clone(&self.shared))))
+    fn open_steps(&self, options: &SessionOptions) -> Result<Box<dyn SessionSteps>> {
+        Ok(Box::new(ReferenceSteps::new(Arc::clone(&self.shared), options.return_hidden_states)))
     }
 }

@@ -11,12 +11,14 @@ use std::sync::Arc;
 pub struct ReferenceSteps {
     shared: Arc<EngineShared>,
     cache: KvCache,
+    /// Whether each step also returns the hidden state after every layer.
+    hidden_states: bool,
 }
 
 impl ReferenceSteps {
-    pub(crate) fn new(shared: Arc<EngineShared>) -> Self {
+    pub(crate) fn new(shared: Arc<EngineShared>, hidden_states: bool) -> Self {
         let cache = shared.model.new_cache();
-        ReferenceSteps { shared, cache }
+        ReferenceSteps { shared, cache, hidden_states }
     }
 }
 
@@ -28,9 +30,10 @@ impl SessionSteps for ReferenceSteps {
             StepInput::Embeddings { values, .. } => values.to_vec(),
         };
         let (shared, cache) = (&self.shared, &mut self.cache);
-        let logits = shared.run(|| shared.model.forward(hidden, cache))?;
+        let mut layers = self.hidden_states.then(Vec::new);
+        let logits = shared.run(|| shared.model.forward_observed(hidden, cache, layers.as_mut()))?;
         // The logits are on the host already: the checked session picks the token from them.
-        Ok(RawStep { greedy_token: None, logits: Some(logits) })
+        Ok(RawStep { greedy_token: None, logits: Some(logits), hidden_states: layers })
     }
 
     fn truncate(&mut self, position: usize) -> Result<()> {
@@ -42,7 +45,7 @@ impl SessionSteps for ReferenceSteps {
         // A deep copy: the cache's vectors are cloned, only the weights stay shared.
         let mut cache = self.cache.clone();
         cache.truncate(position);
-        Ok(Box::new(ReferenceSteps { shared: Arc::clone(&self.shared), cache }))
+        Ok(Box::new(ReferenceSteps { shared: Arc::clone(&self.shared), cache, hidden_states: self.hidden_states }))
     }
 
     fn reset(&mut self, _after_failure: bool) -> Result<()> {

@@ -160,7 +160,18 @@ impl Transformer {
     ///
     /// The caller ensures `n ≥ 1` and that `hidden` has `n * hidden_size` values; room in the cache
     /// is reserved up front, so a failure to allocate leaves the cache untouched.
-    pub fn forward(&self, mut hidden: Vec<f32>, cache: &mut KvCache) -> Result<Vec<f32>, SeamError> {
+    pub fn forward(&self, hidden: Vec<f32>, cache: &mut KvCache) -> Result<Vec<f32>, SeamError> {
+        self.forward_observed(hidden, cache, None)
+    }
+
+    /// [`Transformer::forward`], also pushing onto `layers` (when given) the last position's
+    /// hidden state after each decoder layer.
+    pub fn forward_observed(
+        &self,
+        mut hidden: Vec<f32>,
+        cache: &mut KvCache,
+        mut layers: Option<&mut Vec<Vec<f32>>>,
+    ) -> Result<Vec<f32>, SeamError> {
         let width = self.config.hidden_size;
         let n = hidden.len() / width;
         assert!(n >= 1 && hidden.len() == n * width, "forward needs whole hidden-size rows");
@@ -212,6 +223,9 @@ impl Transformer {
             let up = layer.w_up.matmul(&normed, n);
             let down = layer.w_down.matmul(&kernels::swiglu(&gate, &up), n);
             hidden.iter_mut().zip(&down).for_each(|(h, x)| *h += x);
+            if let Some(layers) = layers.as_deref_mut() {
+                layers.push(hidden[(n - 1) * width..].to_vec());
+            }
         }
         cache.len += n;
 

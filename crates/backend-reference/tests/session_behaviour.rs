@@ -80,6 +80,7 @@ fn reset_reproduces_the_output_greedy_and_seeded() {
     let sampled = SessionOptions {
         sampling: SamplingConfig::Sample { temperature: 1.5, top_k: 20, top_p: 0.95, seed: 9 },
         return_logits: false,
+        ..SessionOptions::default()
     };
     for options in [SessionOptions::default(), sampled] {
         let mut s = engine.session(options).unwrap();
@@ -218,11 +219,13 @@ fn capabilities_and_info_describe_the_engine() {
     let top = SessionOptions {
         sampling: SamplingConfig::Sample { temperature: 0.7, top_k: 5, top_p: 0.9, seed: 1 },
         return_logits: true,
+        ..SessionOptions::default()
     };
     assert!(capped.session(top).is_ok());
     let bad = SessionOptions {
         sampling: SamplingConfig::Sample { temperature: -1.0, top_k: 0, top_p: 1.0, seed: 1 },
         return_logits: false,
+        ..SessionOptions::default()
     };
     assert_eq!(capped.session(bad).err().unwrap().kind(), ErrorKind::InvalidInput);
 }

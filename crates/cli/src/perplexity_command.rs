@@ -215,7 +215,11 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
             args.ctx, info.backend
         )));
     }
-    let mut session = engine.new_session(SessionOptions { sampling: SamplingConfig::Greedy, return_logits: true })?;
+    let mut session = engine.new_session(SessionOptions {
+        sampling: SamplingConfig::Greedy,
+        return_logits: true,
+        return_hidden_states: false,
+    })?;
 
     say!(
         "perplexity of {} on {} ({}), {} weights: {} tokens, {} of {} windows of {}, {} tokens scored",

@@ -226,7 +226,8 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let info = engine.info();
     let after_load = session_api::stats::ProcessMemory::now();
 
-    let mut session = engine.new_session(SessionOptions { sampling, return_logits: false })?;
+    let mut session =
+        engine.new_session(SessionOptions { sampling, return_logits: false, return_hidden_states: false })?;
     let generation_config = model.generation_config();
     let mut eos_ids = model.config().eos_token_ids.clone();
     for id in &generation_config.eos_token_ids {

@@ -59,6 +59,14 @@ fn main() {
     assert!(logits_step <= step && logits_step >= GOOD_DECODES, "{}", parity.detail);
     println!("broken-kv caught: parity.greedy fails at step {step}: {}", parity.detail);
 
+    // Layer by layer: the first bad step is the corruption's, and the first bad layer is named.
+    let layers = result(&corrupt, "parity.layers", conformance::LIFECYCLE_MODEL);
+    assert_eq!(layers.outcome, Outcome::Fail, "{layers:?}");
+    let at = layers.detail.split("first left tolerance at step ").nth(1).expect("a step is named");
+    let layer_step: usize = at.split(',').next().unwrap().parse().unwrap();
+    assert!(layer_step > GOOD_DECODES && at.contains(", layer "), "{}", layers.detail);
+    println!("broken-kv caught layer by layer: {}", layers.detail);
+
     // A backend whose arithmetic is right but whose greedy token is not its own logits' argmax
     // is told apart from an arithmetic bug.
     let greedy = Report { backends: vec![report.backends[3].clone()] };

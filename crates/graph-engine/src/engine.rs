@@ -197,7 +197,7 @@ impl<R: GraphRuntime> SessionSteps for GraphSteps<R> {
             output = Some(self.shared.runtime.execute(&mut self.cache, call)?);
         }
         let output = output.ok_or(SeamError::EmptyInput)?;
-        Ok(RawStep { greedy_token: Some(output.token), logits: output.logits })
+        Ok(RawStep { greedy_token: Some(output.token), logits: output.logits, hidden_states: None })
     }
 
     fn truncate(&mut self, _position: usize) -> Result<()> {

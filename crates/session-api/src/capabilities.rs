@@ -123,6 +123,10 @@ pub struct Capabilities {
     pub parallel_sessions: bool,
     /// The kind of sequence state.
     pub state: StateKind,
+    /// Whether a session can return the hidden state after each decoder layer
+    /// ([`crate::SessionOptions::return_hidden_states`]): a diagnostic for comparing a backend
+    /// with the reference layer by layer, not needed to run models.
+    pub hidden_states: bool,
     /// Reserved for engines that decode many sessions in one batched step (continuous batching).
     /// No backend sets it yet; the batched entry point will be an additional trait on `Engine`.
     pub batched_decode: bool,
@@ -131,7 +135,8 @@ pub struct Capabilities {
 impl Capabilities {
     /// Everything the contract names today for a sequence of at most `max_context` positions:
     /// both weight formats, every sampling mode, logits, truncate and fork, tokens and embeddings,
-    /// parallel sessions; no batched decode (not specified yet).
+    /// parallel sessions; no batched decode (not specified yet) and no hidden states (a diagnostic
+    /// a backend claims on its own).
     pub fn all(max_context: usize) -> Capabilities {
         Capabilities {
             max_context,
@@ -143,6 +148,7 @@ impl Capabilities {
             max_concurrent_sessions: None,
             parallel_sessions: true,
             state: StateKind::KvCache,
+            hidden_states: false,
             batched_decode: false,
         }
     }
@@ -169,6 +175,7 @@ impl Capabilities {
             (n.inputs.tokens && !o.inputs.tokens, "token input"),
             (n.inputs.embeddings && !o.inputs.embeddings, "prefill from embeddings"),
             (n.parallel_sessions && !o.parallel_sessions, "parallel sessions"),
+            (n.hidden_states && !o.hidden_states, "returning hidden states"),
             (n.batched_decode && !o.batched_decode, "batched decode"),
         ];
         let formats = WeightFormat::ALL.into_iter().filter(|f| n.supports_format(*f) && !o.supports_format(*f)).map(

@@ -239,7 +239,7 @@ pub(crate) mod tests {
             }
             let token = self.script[self.produced % self.script.len()];
             self.produced += 1;
-            Ok(RawStep { greedy_token: Some(token), logits: None })
+            Ok(RawStep { greedy_token: Some(token), logits: None, hidden_states: None })
         }
         fn reset(&mut self, _: bool) -> Result<()> {
             Ok(())

@@ -20,12 +20,20 @@ pub struct SessionOptions {
     /// Return the logits of the last position of each step in [`StepOutput::logits`].
     /// Needs [`Capabilities::logits`].
     pub return_logits: bool,
+    /// Return the last position's hidden state after each decoder layer in
+    /// [`StepOutput::hidden_states`]. Needs [`Capabilities::hidden_states`].
+    pub return_hidden_states: bool,
 }
 
 impl SessionOptions {
     /// What these options need of a backend, as capabilities (everything else off).
     pub fn required_capabilities(&self) -> Capabilities {
-        Capabilities { sampling: self.sampling.required_modes(), logits: self.return_logits, ..Capabilities::default() }
+        Capabilities {
+            sampling: self.sampling.required_modes(),
+            logits: self.return_logits,
+            hidden_states: self.return_hidden_states,
+            ..Capabilities::default()
+        }
     }
 
     /// Refuses options that `capabilities` cannot honour, with a typed [`SeamError::Unsupported`]
@@ -48,6 +56,10 @@ pub struct StepOutput {
     /// The last position's logits (`vocab_size` values), when the session was created with
     /// [`SessionOptions::return_logits`].
     pub logits: Option<Vec<f32>>,
+    /// The last position's hidden state after each decoder layer (`num_hidden_layers` vectors of
+    /// `hidden_size`, before the final norm), when the session was created with
+    /// [`SessionOptions::return_hidden_states`].
+    pub hidden_states: Option<Vec<Vec<f32>>>,
 }
 
 /// One sequence's state on a backend, as callers see it.
@@ -125,6 +137,10 @@ pub struct RawStep {
     pub greedy_token: Option<u32>,
     /// The last position's logits; present whenever the step was asked for them.
     pub logits: Option<Vec<f32>>,
+    /// The last position's hidden state after each decoder layer; present whenever the session
+    /// was opened with [`SessionOptions::return_hidden_states`] (backends read that option in
+    /// `open_steps`).
+    pub hidden_states: Option<Vec<Vec<f32>>>,
 }
 
 /// The raw steps of one sequence: what a backend implements. [`CheckedSession`] calls them only
@@ -177,6 +193,7 @@ pub struct CheckedSession {
     position: usize,
     sampler: Sampler,
     return_logits: bool,
+    return_hidden_states: bool,
     poisoned: Option<String>,
 }
 
@@ -190,6 +207,7 @@ impl CheckedSession {
             position: 0,
             sampler: Sampler::new(options.sampling),
             return_logits: options.return_logits,
+            return_hidden_states: options.return_hidden_states,
             poisoned: None,
         }
     }
@@ -268,7 +286,19 @@ impl CheckedSession {
         if token as usize >= self.limits.vocab_size {
             return Err(SeamError::Backend(format!("{backend} returned token id {token}, outside the vocabulary")));
         }
-        Ok(StepOutput { token, logits: if self.return_logits { raw.logits } else { None } })
+        let hidden_states = if self.return_hidden_states {
+            match raw.hidden_states {
+                Some(states) => Some(states),
+                None => {
+                    return Err(SeamError::Backend(format!(
+                        "{backend} returned no hidden states for a session that asked for them"
+                    )))
+                }
+            }
+        } else {
+            None
+        };
+        Ok(StepOutput { token, logits: if self.return_logits { raw.logits } else { None }, hidden_states })
     }
 }
 
@@ -339,6 +369,7 @@ impl Session for CheckedSession {
             position: self.position,
             sampler: self.sampler.clone(),
             return_logits: self.return_logits,
+            return_hidden_states: self.return_hidden_states,
             poisoned: None,
         }))
     }
@@ -442,7 +473,7 @@ mod tests {
                 return Err(SeamError::InvalidInput("a backend's own complaint".into()));
             }
             r.appended.push((position, input.len()));
-            Ok(RawStep { greedy_token: Some(3), logits: Some(vec![0.0; 10]) })
+            Ok(RawStep { greedy_token: Some(3), logits: Some(vec![0.0; 10]), hidden_states: None })
         }
         fn truncate(&mut self, _: usize) -> Result<()> {
             Ok(())
@@ -513,7 +544,7 @@ mod tests {
         struct Nan;
         impl SessionSteps for Nan {
             fn append(&mut self, _: usize, _: StepInput<'_>, _: bool) -> Result<RawStep> {
-                Ok(RawStep { greedy_token: Some(0), logits: Some(vec![0.0, f32::NAN]) })
+                Ok(RawStep { greedy_token: Some(0), logits: Some(vec![0.0, f32::NAN]), hidden_states: None })
             }
             fn reset(&mut self, _: bool) -> Result<()> {
                 Ok(())

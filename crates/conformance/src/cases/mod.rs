@@ -8,6 +8,7 @@ pub mod bad_input;
 pub mod capability_claims;
 pub mod embeddings;
 pub mod kv_lifecycle;
+pub mod layers;
 pub mod memory;
 pub mod parity;
 pub mod sampling;
@@ -67,6 +68,7 @@ pub fn lifecycle_cases() -> Vec<Case> {
     cases.extend(bad_input::CASES);
     cases.extend(embeddings::CASES);
     cases.extend(sampling::CASES);
+    cases.push(layers::CASE);
     cases
 }
 
@@ -84,7 +86,11 @@ impl CaseContext<'_> {
     /// Session options for greedy decoding, asking for logits when the backend returns them (so
     /// that comparisons also check logits).
     pub fn greedy_options(&self) -> SessionOptions {
-        SessionOptions { sampling: SamplingConfig::Greedy, return_logits: self.capabilities.logits }
+        SessionOptions {
+            sampling: SamplingConfig::Greedy,
+            return_logits: self.capabilities.logits,
+            return_hidden_states: false,
+        }
     }
 
     /// A new session, or a failing verdict.

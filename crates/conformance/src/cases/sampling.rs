@@ -45,7 +45,10 @@ fn needs_top_k(c: &Capabilities) -> Option<&'static str> {
 const STEPS: usize = 32;
 
 fn sampled_run(ctx: &CaseContext<'_>, sampling: SamplingConfig, prompt: &[u32], label: &str) -> Checked<Driver> {
-    let mut driver = Driver::free(ctx.session(SessionOptions { sampling, return_logits: false })?, label);
+    let mut driver = Driver::free(
+        ctx.session(SessionOptions { sampling, return_logits: false, return_hidden_states: false })?,
+        label,
+    );
     driver.run(prompt, STEPS)?;
     Ok(driver)
 }
@@ -101,7 +104,7 @@ fn equals_greedy(ctx: &CaseContext<'_>, sampling: SamplingConfig, what: &str) ->
     let prompt = ctx.prompt(16, 161);
     let greedy = ctx.baseline(&prompt, STEPS)?;
     let mut driver = Driver::forced(
-        ctx.session(SessionOptions { sampling, return_logits: false })?,
+        ctx.session(SessionOptions { sampling, return_logits: false, return_hidden_states: false })?,
         &greedy.trace.tokens,
         format!("{what} session"),
     );
