@@ -4,9 +4,9 @@
 use chat_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 use session_api::{ErrorKind, SeamError};
 use std::path::Path;
+mod support;
 
-/// SmolLM2-Instruct's ChatML template.
-const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
+use support::CHATML;
 
 fn write_config(dir: &Path, config: serde_json::Value) {
     std::fs::write(dir.join("tokenizer_config.json"), serde_json::to_vec_pretty(&config).unwrap()).unwrap();

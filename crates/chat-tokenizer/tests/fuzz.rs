@@ -12,6 +12,9 @@ use chat_tokenizer::{ChatMessage, ChatTemplate, Tokenizer, TokenizerError};
 use fuzz_support::{Fuzz, InputKind};
 use serde_json::{json, Value};
 use std::path::Path;
+mod support;
+
+use support::CHATML;
 
 #[global_allocator]
 static ALLOC: fuzz_support::CountingAllocator = fuzz_support::CountingAllocator;
@@ -205,9 +208,6 @@ fn tokenizer_seeds() -> Vec<Vec<u8>> {
 // Seed templates
 // ---------------------------------------------------------------------------------------------
 
-/// SmolLM2-Instruct's ChatML template.
-const CHATML: &str = "{% for message in messages %}{% if loop.first and messages[0]['role'] != 'system' %}{{ '<|im_start|>system\\nYou are a helpful AI assistant named SmolLM, trained by Hugging Face<|im_end|>\\n' }}{% endif %}{{'<|im_start|>' + message['role'] + '\\n' + message['content'] + '<|im_end|>' + '\\n'}}{% endfor %}{% if add_generation_prompt %}{{ '<|im_start|>assistant\\n' }}{% endif %}";
-
 /// The Llama 3 prompt format, with the functions and filters templates use: `strftime_now`,
 /// `raise_exception`, slicing, string methods, `tojson`, loop controls, a macro, a namespace.
 const LLAMA3_LIKE: &str = r#"{{- bos_token -}}
@@ -359,40 +359,34 @@ fn exercise_template(chat: &ChatTemplate) {
 
 /// Loads a model directory whose `tokenizer_config.json` is `input`.
 fn check_tokenizer_config(dir: &Path, input: &[u8]) -> bool {
-    std::fs::write(dir.join(ChatTemplate::CONFIG_FILE_NAME), input).unwrap();
-    match ChatTemplate::from_model_dir(dir) {
-        Ok(chat) => {
-            exercise_template(&chat);
-            true
-        }
-        Err(e) => {
-            assert!(
-                matches!(
-                    e,
-                    TokenizerError::MalformedConfig { .. }
-                        | TokenizerError::TemplateSyntax { .. }
-                        | TokenizerError::NoChatTemplate { .. }
-                ),
-                "{e:?}"
-            );
-            false
-        }
-    }
+    check_chat_file(dir, ChatTemplate::CONFIG_FILE_NAME, input, |e| {
+        matches!(
+            e,
+            TokenizerError::MalformedConfig { .. }
+                | TokenizerError::TemplateSyntax { .. }
+                | TokenizerError::NoChatTemplate { .. }
+        )
+    })
 }
 
 /// Loads a model directory whose only template is `chat_template.jinja` = `input`.
 fn check_template_file(dir: &Path, input: &[u8]) -> bool {
-    std::fs::write(dir.join("chat_template.jinja"), input).unwrap();
+    check_chat_file(dir, "chat_template.jinja", input, |e| {
+        matches!(e, TokenizerError::MalformedConfig { .. } | TokenizerError::TemplateSyntax { .. })
+    })
+}
+
+/// Writes `input` as `dir/name` and loads the directory's chat template: a template that loads
+/// is exercised (true), a failure must be one of the errors `expected` accepts (false).
+fn check_chat_file(dir: &Path, name: &str, input: &[u8], expected: fn(&TokenizerError) -> bool) -> bool {
+    std::fs::write(dir.join(name), input).unwrap();
     match ChatTemplate::from_model_dir(dir) {
         Ok(chat) => {
             exercise_template(&chat);
             true
         }
         Err(e) => {
-            assert!(
-                matches!(e, TokenizerError::MalformedConfig { .. } | TokenizerError::TemplateSyntax { .. }),
-                "{e:?}"
-            );
+            assert!(expected(&e), "{e:?}");
             false
         }
     }

