@@ -38,10 +38,8 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-step() { echo "== $*" >&2; }
-work=".seam/llama.cpp"
-mkdir -p "$work/models" "$work/results"
-stamp="$(date -u +%Y%m%dT%H%M%SZ)"
+# shellcheck source=scripts/llama-cpp-common.sh
+source scripts/llama-cpp-common.sh
 out="${out:-$work/results/compare-$model-$stamp.json}"
 
 if [ "$quick" = 1 ]; then
@@ -53,21 +51,13 @@ fi
 step "llama-bench (scripts/build-llama-bench.sh)"
 llama_bench="$(scripts/build-llama-bench.sh)"
 
-# shellcheck source=scripts/build-prereqs.sh
-source scripts/build-prereqs.sh
-step "building seam"
-cargo build -q -p cli
-seam="target/debug/seam"
+build_seam
 
 export_gguf() { "$seam" export-gguf "$@" >/dev/null; }
 
 case "$model" in
   smollm2)
-    "$seam" convert --default-model >/dev/null
-    model_dir=".seam/models/SmolLM2-135M-Instruct"
-    q4_1=".seam/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
-    f16="$work/models/SmolLM2-135M-Instruct.F16.gguf"
-    [ -f "$f16" ] || { step "F16 GGUF of the default model"; export_gguf --model "$model_dir" --type f16 --tokenizer-from "$q4_1" --out "$f16"; }
+    default_model_ggufs
     ;;
   llama-3.2-1b)
     model_dir=".seam/models/llama-3.2-1b-random"

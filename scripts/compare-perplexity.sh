@@ -43,26 +43,15 @@ while [ $# -gt 0 ]; do
   esac
 done
 
-step() { echo "== $*" >&2; }
-work=".seam/llama.cpp"
-mkdir -p "$work/models" "$work/results"
-stamp="$(date -u +%Y%m%dT%H%M%SZ)"
+# shellcheck source=scripts/llama-cpp-common.sh
+source scripts/llama-cpp-common.sh
 out="${out:-$work/results/perplexity-$stamp.json}"
 
 step "llama-perplexity (scripts/build-llama-bench.sh llama-perplexity)"
 llama_perplexity="$(scripts/build-llama-bench.sh llama-perplexity)"
 
-# shellcheck source=scripts/build-prereqs.sh
-source scripts/build-prereqs.sh
-step "building seam"
-cargo build -q -p cli
-seam="target/debug/seam"
-
-"$seam" convert --default-model >/dev/null
-model_dir=".seam/models/SmolLM2-135M-Instruct"
-q4_1=".seam/downloads/SmolLM2-135M-Instruct.Q4_1.gguf"
-f16="$work/models/SmolLM2-135M-Instruct.F16.gguf"
-[ -f "$f16" ] || { step "F16 GGUF of the default model"; "$seam" export-gguf --model "$model_dir" --type f16 --tokenizer-from "$q4_1" --out "$f16" >/dev/null; }
+build_seam
+default_model_ggufs
 
 tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
