@@ -3,6 +3,7 @@
 
 use crate::error::{read_model_file, Result, TokenizerError};
 use crate::json_dumps;
+use aho_corasick::{AhoCorasick, MatchKind};
 use minijinja::{Environment, Value};
 use serde::{Deserialize, Serialize};
 use std::collections::BTreeMap;
@@ -241,12 +242,16 @@ impl ChatTemplate {
         special_tokens: &[String],
     ) -> Result<RenderedChat> {
         let specials: Vec<&str> = special_tokens.iter().map(String::as_str).filter(|s| !s.is_empty()).collect();
+        let matcher = AhoCorasick::builder()
+            .match_kind(MatchKind::LeftmostLongest)
+            .build(&specials)
+            .map_err(|e| TokenizerError::TemplateRender { message: format!("special tokens: {e}") })?;
         let marker = Marker::unused_in(messages);
         let mut escaped_any = false;
         let escaped: Vec<ChatMessage> = messages
             .iter()
             .map(|m| {
-                let (content, escaped) = marker.escape(&m.content, &specials);
+                let (content, escaped) = marker.escape(&m.content, &matcher);
                 escaped_any |= escaped;
                 ChatMessage { role: m.role.clone(), content }
             })
@@ -313,27 +318,20 @@ impl Marker {
 
     /// `text` with every special-token spelling replaced by a marker (leftmost, and the longest
     /// spelling where several start at one place), and whether any was.
-    fn escape(&self, text: &str, specials: &[&str]) -> (String, bool) {
+    /// One pass over `text` whatever the number of spellings (a message is untrusted input: a
+    /// search per spelling per occurrence would be quadratic in it).
+    fn escape(&self, text: &str, specials: &AhoCorasick) -> (String, bool) {
         let mut out = String::with_capacity(text.len());
-        let mut escaped = false;
-        let mut rest = text;
-        while !rest.is_empty() {
-            let found = specials
-                .iter()
-                .enumerate()
-                .filter_map(|(k, s)| rest.find(s).map(|at| (at, std::cmp::Reverse(s.len()), k)))
-                .min();
-            let Some((at, std::cmp::Reverse(len), k)) = found else {
-                out.push_str(rest);
-                break;
-            };
-            out.push_str(&rest[..at]);
-            out.push_str(&self.open);
-            out.push_str(&k.to_string());
-            out.push(MARKER_CLOSE);
+        let (mut copied, mut escaped) = (0, false);
+        for found in specials.find_iter(text) {
             escaped = true;
-            rest = &rest[at + len..];
+            out.push_str(&text[copied..found.start()]);
+            out.push_str(&self.open);
+            out.push_str(&found.pattern().as_usize().to_string());
+            out.push(MARKER_CLOSE);
+            copied = found.end();
         }
+        out.push_str(&text[copied..]);
         (out, escaped)
     }
 

@@ -93,7 +93,9 @@ impl Tokenizer {
         let full = guarded(|| self.inner.encode(chat.text.as_str(), false)).map_err(guard_err)?.map_err(encode_err)?;
         let special_ids: std::collections::HashSet<u32> =
             self.inner.get_added_tokens_decoder().into_iter().filter(|(_, t)| t.special).map(|(id, _)| id).collect();
-        let in_literal = |start: usize, end: usize| chat.literal_spans.iter().any(|s| start < s.end && s.start < end);
+        // Token offsets and spans both ascend: one cursor walks the spans (a message may hold
+        // many, and it is untrusted input).
+        let mut spans = chat.literal_spans.iter().peekable();
         let as_text = self.as_text.get_or_init(|| {
             let mut copy = self.inner.clone();
             copy.set_encode_special_tokens(true);
@@ -109,7 +111,11 @@ impl Tokenizer {
             Ok(())
         };
         for (&id, &(start, end)) in full.get_ids().iter().zip(full.get_offsets()) {
-            if special_ids.contains(&id) && !in_literal(start, end) {
+            if !special_ids.contains(&id) {
+                continue;
+            }
+            while spans.next_if(|s| s.end <= start).is_some() {}
+            if spans.peek().is_none_or(|s| s.start >= end) {
                 encode_piece(&mut ids, &chat.text[piece_start..start])?;
                 ids.push(id);
                 piece_start = end;
