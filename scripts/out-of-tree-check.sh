@@ -53,9 +53,11 @@ source scripts/build-prereqs.sh >/dev/null
 )
 echo "seam's home for the vendor: $home/seam ($(du -sh "$home/seam" 2>/dev/null | cut -f1))"
 
-# Nothing new in the checkout (build outputs of the checkout's own target folder aside).
-written=$(find "$seam_root" -newer "$marker" -not -path "$seam_root/target/*" -not -path "$seam_root/.git/*" \
-  -not -path "$seam_root/target" -type f 2>/dev/null | head -20)
+# Nothing new in the checkout: no file outside git's index (a model, a cache, a download; the
+# checkout's own target folder aside) appeared or changed during the run. Tracked files are left
+# out so that editing the checkout meanwhile is not reported.
+written=$(cd "$seam_root" && git ls-files --others -z | grep -zv '^target/' \
+  | xargs -0 -r find 2>/dev/null -newer "$marker" -type f | head -20)
 if [ -n "$written" ]; then
   echo "written into the seam checkout:"; echo "$written"; exit 1
 fi
