@@ -39,6 +39,7 @@ pub use linked_backends::link_builtin_backends;
 mod perplexity_command;
 mod progress;
 mod run_command;
+mod serve_command;
 mod synth_model_command;
 
 use clap::{Parser, Subcommand};
@@ -57,6 +58,8 @@ struct Cli {
 enum Command {
     /// Generate text from a prompt on a backend.
     Run(run_command::RunArgs),
+    /// Serve the model over an OpenAI-compatible HTTP API, batching concurrent requests.
+    Serve(serve_command::ServeArgs),
     /// List the registered backends: available or why not, devices, capabilities.
     Backends(backends_command::BackendsArgs),
     /// Run the conformance suite against registered backends and print the matrix.
@@ -82,6 +85,7 @@ pub fn main() -> ExitCode {
     let cli = Cli::parse();
     let result: Result<(), CliError> = match cli.command {
         Command::Run(args) => run_command::run(args),
+        Command::Serve(args) => serve_command::run(args),
         Command::Backends(args) => backends_command::run(args),
         Command::Convert(args) => convert_command::run(args),
         Command::Compile(args) => compile_command::run(args),

@@ -1,8 +1,9 @@
 //! The backend (a registered factory) and the engine (a loaded model).
 
+use crate::batch::BatchedStep;
 use crate::capabilities::{Capabilities, WeightFormat};
 use crate::error::Result;
-use crate::session::{CheckedSession, Session, SessionLimits, SessionOptions, SessionSteps};
+use crate::session::{CheckedSession, RawStep, Session, SessionLimits, SessionOptions, SessionSteps, StepInput};
 use serde::Serialize;
 use std::collections::BTreeMap;
 use std::fmt;
@@ -254,14 +255,41 @@ pub trait Engine: Send + Sync {
     /// The raw steps of a new, empty sequence. `options` have already been checked against
     /// [`Engine::capabilities`]; sampling happens above the backend, so most backends ignore them.
     fn open_steps(&self, options: &SessionOptions) -> Result<Box<dyn SessionSteps>>;
+
+    /// Appends one token to each of several sequences of this engine (continuous batching), and
+    /// returns each one's step, in order. Called by `decode_batch` on `dyn Engine` (see
+    /// [`crate::batch`]) only with steps this engine opened, each already checked as a decode
+    /// would be; `want_logits` is set when any entry needs logits.
+    ///
+    /// The default appends to each in turn, so every engine can serve a batch; an engine that
+    /// claims [`Capabilities::batched_decode`] overrides it to run the whole batch as one call
+    /// (weights read once for every sequence). Each entry's result stands alone: a failed entry
+    /// poisons only its own session.
+    fn decode_batch_steps(&self, batch: &mut [BatchedStep<'_>], want_logits: bool) -> Vec<Result<RawStep>> {
+        batch
+            .iter_mut()
+            .map(|entry| entry.steps.append(entry.position, StepInput::Tokens(&[entry.token]), want_logits))
+            .collect()
+    }
 }
 
 impl<'a> dyn Engine + 'a {
     /// A new, empty session. Refuses options the engine cannot honour with `Unsupported`
     /// (see [`SessionOptions::check_against`]).
     pub fn new_session(&self, options: SessionOptions) -> Result<Box<dyn Session>> {
+        Ok(Box::new(self.new_checked_session(options)?))
+    }
+
+    /// [`new_session`](Self::new_session) as the concrete [`CheckedSession`], which batched
+    /// decodes ([`crate::batch`]) and [`CheckedSession::restart`] work on.
+    pub fn new_checked_session(&self, options: SessionOptions) -> Result<CheckedSession> {
         let (limits, steps) = self.checked_parts(&options)?;
-        Ok(Box::new(CheckedSession::new(steps, limits, options)))
+        Ok(CheckedSession::new(steps, limits, options).opened_by(self.address()))
+    }
+
+    /// This engine's address, which identifies it to the sessions it opened.
+    pub(crate) fn address(&self) -> usize {
+        self as *const Self as *const () as usize
     }
 
     /// A session whose next step fails once after running (feature `fault-injection`, for test

@@ -79,26 +79,29 @@ pub struct GenerationOutput {
 }
 
 /// Tracks the text generated so far and decides what may be streamed.
-struct TextStream<'a> {
-    detokenizer: Option<&'a dyn Detokenizer>,
-    stop_strings: &'a [String],
+#[derive(Debug, Clone, Default)]
+struct TextStream {
     text_tokens: Vec<u32>,
     /// Bytes of the current text already handed out.
     emitted: usize,
     final_text: Option<String>,
 }
 
-impl<'a> TextStream<'a> {
+impl TextStream {
     /// Adds a token; returns the newly final text, and whether a stop string was hit.
-    fn push(&mut self, token: u32) -> Result<(String, bool)> {
-        let Some(detokenizer) = self.detokenizer else { return Ok((String::new(), false)) };
+    fn push(
+        &mut self,
+        token: u32,
+        detokenizer: Option<&dyn Detokenizer>,
+        stop_strings: &[String],
+    ) -> Result<(String, bool)> {
+        let Some(detokenizer) = detokenizer else { return Ok((String::new(), false)) };
         self.text_tokens.push(token);
         let text = detokenizer.detokenize(&self.text_tokens)?;
         // Search from a little before what was emitted: a stop string may straddle the boundary.
-        let longest_stop = self.stop_strings.iter().map(String::len).max().unwrap_or(0);
+        let longest_stop = stop_strings.iter().map(String::len).max().unwrap_or(0);
         let search_from = floor_char_boundary(&text, self.emitted.saturating_sub(longest_stop));
-        let hit = self
-            .stop_strings
+        let hit = stop_strings
             .iter()
             .filter(|s| !s.is_empty())
             .filter_map(|s| text[search_from..].find(s.as_str()).map(|i| search_from + i))
@@ -112,8 +115,7 @@ impl<'a> TextStream<'a> {
         }
         let complete = text.strip_suffix('\u{FFFD}').unwrap_or(&text);
         // Hold back the longest suffix that could still grow into a stop string.
-        let held = self
-            .stop_strings
+        let held = stop_strings
             .iter()
             .filter_map(|stop| {
                 (1..stop.len()).rev().find(|&n| stop.is_char_boundary(n) && complete.ends_with(&stop[..n]))
@@ -127,14 +129,91 @@ impl<'a> TextStream<'a> {
     }
 
     /// The final text, and whatever was held back that is now final.
-    fn finish(&mut self) -> Result<(String, String)> {
+    fn finish(&mut self, detokenizer: Option<&dyn Detokenizer>) -> Result<(String, String)> {
         if let Some(text) = self.final_text.take() {
             return Ok((text, String::new()));
         }
-        let Some(detokenizer) = self.detokenizer else { return Ok((String::new(), String::new())) };
+        let Some(detokenizer) = detokenizer else { return Ok((String::new(), String::new())) };
         let text = detokenizer.detokenize(&self.text_tokens)?;
         let rest = text.get(self.emitted..).unwrap_or("").to_string();
         Ok((text, rest))
+    }
+}
+
+/// The stop rules of one generation, applied to each token a step returns: the part of
+/// [`generate`] that does not call the session, for drivers that step sessions themselves (a
+/// server decoding many sequences in one batched call). Feeding it the same tokens gives the
+/// same events, text and finish reason as [`generate`].
+#[derive(Debug, Clone)]
+pub struct Generation {
+    request: GenerationRequest,
+    tokens: Vec<u32>,
+    stream: TextStream,
+}
+
+/// What [`Generation::accept`] made of a token.
+#[derive(Debug, Clone, PartialEq)]
+pub struct Accepted {
+    /// The token's event, with the text that is now final (none for an EOS id, whose text is
+    /// not part of the output).
+    pub event: Option<TokenEvent>,
+    /// Why generation ends with this token, if it does.
+    pub finished: Option<FinishReason>,
+}
+
+impl Generation {
+    /// A generation that has produced nothing yet.
+    pub fn new(request: GenerationRequest) -> Generation {
+        Generation { request, tokens: Vec::new(), stream: TextStream::default() }
+    }
+
+    /// The tokens accepted so far.
+    pub fn tokens(&self) -> &[u32] {
+        &self.tokens
+    }
+
+    /// Takes the token a step returned: an EOS id, a stop string or the token limit end the
+    /// generation here. If it goes on, the caller checks cancellation and room in the context
+    /// (see [`Generation::next_step_blocked`]) and feeds the token back.
+    pub fn accept(&mut self, token: u32, detokenizer: Option<&dyn Detokenizer>) -> Result<Accepted> {
+        self.tokens.push(token);
+        if !self.request.ignore_eos && self.request.eos_ids.contains(&token) {
+            return Ok(Accepted { event: None, finished: Some(FinishReason::Eos) });
+        }
+        let (text, hit_stop) = self.stream.push(token, detokenizer, &self.request.stop_strings)?;
+        let event = Some(TokenEvent { index: self.tokens.len() - 1, token, text });
+        let finished = if hit_stop {
+            Some(FinishReason::StopString)
+        } else if self.tokens.len() >= self.request.max_tokens {
+            Some(FinishReason::MaxTokens)
+        } else {
+            None
+        };
+        Ok(Accepted { event, finished })
+    }
+
+    /// Why the last accepted token cannot be fed back, when it cannot: the caller cancelled, or
+    /// the session has no room for it.
+    pub fn next_step_blocked(&self, cancelled: bool, position: usize, capacity: usize) -> Option<FinishReason> {
+        if cancelled {
+            Some(FinishReason::Cancelled)
+        } else if position >= capacity {
+            Some(FinishReason::ContextFull)
+        } else {
+            None
+        }
+    }
+
+    /// Ends the generation: the generated tokens, the final text, and an event with text that was
+    /// held back (a possible stop string that did not complete), if any.
+    pub fn finish(mut self, detokenizer: Option<&dyn Detokenizer>) -> Result<(Vec<u32>, String, Option<TokenEvent>)> {
+        let (text, held_back) = self.stream.finish(detokenizer)?;
+        let event = (!held_back.is_empty()).then(|| TokenEvent {
+            index: self.tokens.len().saturating_sub(1),
+            token: *self.tokens.last().unwrap_or(&0),
+            text: held_back,
+        });
+        Ok((self.tokens, text, event))
     }
 }
 
@@ -162,20 +241,13 @@ pub fn generate(
     }
     let started = Instant::now();
     let mut stats = GenerationStats { prompt_tokens: prompt.len(), ..GenerationStats::default() };
-    let mut stream = TextStream {
-        detokenizer,
-        stop_strings: &request.stop_strings,
-        text_tokens: Vec::new(),
-        emitted: 0,
-        final_text: None,
-    };
-    let mut tokens = Vec::new();
+    let mut generation = Generation::new(request.clone());
     let mut step_times = Vec::new();
 
     if request.max_tokens == 0 || cancel.is_cancelled() {
         let reason = if cancel.is_cancelled() { FinishReason::Cancelled } else { FinishReason::MaxTokens };
         stats.finish(Default::default(), step_times, started.elapsed(), reason);
-        return Ok(GenerationOutput { tokens, text: String::new(), finish_reason: reason, stats });
+        return Ok(GenerationOutput { tokens: Vec::new(), text: String::new(), finish_reason: reason, stats });
     }
 
     let prefill_started = Instant::now();
@@ -183,37 +255,26 @@ pub fn generate(
     let prefill_time = prefill_started.elapsed();
 
     let reason = loop {
-        tokens.push(next);
-        let is_eos = !request.ignore_eos && request.eos_ids.contains(&next);
-        if is_eos {
-            break FinishReason::Eos;
+        let accepted = generation.accept(next, detokenizer)?;
+        if let Some(event) = accepted.event {
+            on_token(event);
         }
-        let (text, hit_stop) = stream.push(next)?;
-        on_token(TokenEvent { index: tokens.len() - 1, token: next, text });
-        if hit_stop {
-            break FinishReason::StopString;
+        if let Some(reason) = accepted.finished {
+            break reason;
         }
-        if tokens.len() >= request.max_tokens {
-            break FinishReason::MaxTokens;
-        }
-        if cancel.is_cancelled() {
-            break FinishReason::Cancelled;
-        }
-        if session.position() >= session.capacity() {
-            break FinishReason::ContextFull;
+        if let Some(reason) =
+            generation.next_step_blocked(cancel.is_cancelled(), session.position(), session.capacity())
+        {
+            break reason;
         }
         let step_started = Instant::now();
         next = session.decode(next)?.token;
         step_times.push(step_started.elapsed().as_secs_f64() * 1000.0);
     };
 
-    let (text, held_back) = stream.finish()?;
-    if !held_back.is_empty() {
-        on_token(TokenEvent {
-            index: tokens.len().saturating_sub(1),
-            token: *tokens.last().unwrap_or(&0),
-            text: held_back,
-        });
+    let (tokens, text, held_back) = generation.finish(detokenizer)?;
+    if let Some(event) = held_back {
+        on_token(event);
     }
     stats.generated_tokens = tokens.len();
     stats.finish(prefill_time, step_times, started.elapsed(), reason);

@@ -27,6 +27,7 @@
 
 pub mod async_session;
 pub mod backend;
+pub mod batch;
 pub mod capabilities;
 pub mod error;
 pub mod generate;
@@ -36,6 +37,7 @@ pub mod session;
 pub mod stats;
 
 pub use backend::{Availability, Backend, DeviceInfo, DeviceKind, Engine, EngineInfo, LoadProgress, LoadRequest};
+pub use batch::{BatchEntry, BatchedStep};
 pub use capabilities::{Capabilities, InputKinds, KvOps, SamplingModes, StateKind, WeightFormat};
 pub use error::{ErrorKind, Result, SeamError};
 pub use registry::{find_backend, find_backend_with, registered_backends, BackendRegistration, RegisteredBackend};

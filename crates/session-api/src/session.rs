@@ -195,6 +195,9 @@ pub struct CheckedSession {
     return_logits: bool,
     return_hidden_states: bool,
     poisoned: Option<String>,
+    /// The address of the engine that opened the steps, when one did: a batched decode hands
+    /// the steps back to that engine only.
+    engine: Option<usize>,
 }
 
 impl CheckedSession {
@@ -209,7 +212,54 @@ impl CheckedSession {
             return_logits: options.return_logits,
             return_hidden_states: options.return_hidden_states,
             poisoned: None,
+            engine: None,
         }
+    }
+
+    /// Marks the steps as opened by the engine at address `engine` (see [`crate::batch`]).
+    pub(crate) fn opened_by(mut self, engine: usize) -> CheckedSession {
+        self.engine = Some(engine);
+        self
+    }
+
+    /// The address of the engine that opened this session's steps.
+    pub(crate) fn engine(&self) -> Option<usize> {
+        self.engine
+    }
+
+    /// Empties the sequence (as [`Session::reset`]) and samples from now on by `sampling`, so a
+    /// server can reuse one session, and its device cache, for requests that sample differently.
+    /// Refuses sampling the backend cannot run with the same errors as `new_session`, leaving the
+    /// session as it was.
+    pub fn restart(&mut self, sampling: SamplingConfig) -> Result<()> {
+        let options = SessionOptions {
+            sampling,
+            return_logits: self.return_logits,
+            return_hidden_states: self.return_hidden_states,
+        };
+        options.check_against(&self.limits.backend, &self.limits.capabilities)?;
+        self.sampler = Sampler::new(sampling);
+        self.reset();
+        Ok(())
+    }
+
+    /// Checks a decode of `token` as [`Session::decode`] does, changing nothing.
+    pub(crate) fn check_decode(&self, token: u32) -> Result<()> {
+        self.refuse_if_poisoned()?;
+        if self.position == 0 {
+            return Err(SeamError::NotPrefilled);
+        }
+        self.check_tokens(&[token])
+    }
+
+    /// Whether the next step must return logits (asked for, or needed to sample).
+    pub(crate) fn wants_logits(&self) -> bool {
+        self.return_logits || !matches!(self.sampler.config(), SamplingConfig::Greedy)
+    }
+
+    /// The raw steps and the position they append at, for a batched decode.
+    pub(crate) fn steps_at(&mut self) -> (&mut dyn SessionSteps, usize) {
+        (self.steps.as_mut(), self.position)
     }
 
     fn refuse_if_poisoned(&self) -> Result<()> {
@@ -240,11 +290,17 @@ impl CheckedSession {
 
     /// Runs a checked step: poisons on a failure, advances the position and samples on success.
     fn run(&mut self, input: StepInput<'_>) -> Result<StepOutput> {
-        let want_logits = self.return_logits || !matches!(self.sampler.config(), SamplingConfig::Greedy);
-        let result = self.steps.append(self.position, input, want_logits).and_then(|raw| self.finish(raw, want_logits));
-        match result {
+        let want_logits = self.wants_logits();
+        let raw = self.steps.append(self.position, input, want_logits);
+        self.complete(raw, input.len(), want_logits)
+    }
+
+    /// Takes what a checked step of `len` positions returned: poisons on a failure, advances the
+    /// position and samples on success.
+    pub(crate) fn complete(&mut self, raw: Result<RawStep>, len: usize, want_logits: bool) -> Result<StepOutput> {
+        match raw.and_then(|raw| self.finish(raw, want_logits)) {
             Ok(output) => {
-                self.position += input.len();
+                self.position += len;
                 Ok(output)
             }
             Err(error) => {
@@ -310,11 +366,7 @@ impl Session for CheckedSession {
     }
 
     fn decode(&mut self, token: u32) -> Result<StepOutput> {
-        self.refuse_if_poisoned()?;
-        if self.position == 0 {
-            return Err(SeamError::NotPrefilled);
-        }
-        self.check_tokens(&[token])?;
+        self.check_decode(token)?;
         self.run(StepInput::Tokens(&[token]))
     }
 
@@ -371,6 +423,7 @@ impl Session for CheckedSession {
             return_logits: self.return_logits,
             return_hidden_states: self.return_hidden_states,
             poisoned: None,
+            engine: self.engine,
         }))
     }
 

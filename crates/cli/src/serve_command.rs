@@ -1,0 +1,109 @@
+//! `seam serve`: the OpenAI-compatible server (crate `openai-server`) on a loaded model.
+
+use crate::cli_error::CliError;
+use crate::progress::StageBar;
+use crate::run_command::{parse_settings, TargetArgs};
+use chat_tokenizer::{ChatTemplate, Tokenizer};
+use clap::Args;
+use llama_model::model_dir::ModelDir;
+use openai_server::scheduler::SchedulerConfig;
+use openai_server::{ServedModel, Server, ServerOptions};
+use std::net::{IpAddr, SocketAddr};
+use std::sync::Arc;
+use std::time::Duration;
+
+/// Arguments of `seam serve`.
+#[derive(Args)]
+pub struct ServeArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    /// A load setting of the backend, KEY=VALUE (repeatable; see `seam backends`).
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    settings: Vec<String>,
+    /// Address to listen on.
+    #[arg(long, default_value = "127.0.0.1")]
+    host: IpAddr,
+    /// Port to listen on (0 picks a free one; the address is printed).
+    #[arg(long, default_value_t = 8080)]
+    port: u16,
+    /// Requests decoded together at most (each holds a session and its cache).
+    #[arg(long, default_value_t = 8, value_parser = clap::value_parser!(u16).range(1..=256))]
+    parallel: u16,
+    /// Requests waiting for a slot at most; beyond it requests get 429 with Retry-After.
+    #[arg(long, default_value_t = 64)]
+    max_queue: usize,
+    /// Prompt tokens prefilled per step for one request, between decode steps of the others.
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    prefill_chunk: u32,
+    /// Longest a request may run in seconds, queueing included (it then ends with "length").
+    #[arg(long, default_value_t = 600, value_parser = clap::value_parser!(u64).range(1..))]
+    request_timeout: u64,
+    /// `max_tokens` for requests that give none (default: what the context leaves).
+    #[arg(long)]
+    default_max_tokens: Option<usize>,
+    /// The model id clients name (default: the model directory's name).
+    #[arg(long)]
+    model_name: Option<String>,
+    /// Cap on the context length of each request.
+    #[arg(long)]
+    max_context: Option<usize>,
+    /// Host threads the backend may use.
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+/// Loads the model and serves until SIGTERM or Ctrl-C, then lets running requests finish.
+pub fn run(args: ServeArgs) -> Result<(), CliError> {
+    let backend = args.target.backend()?;
+    let model_dir = args.target.model_dir()?;
+    let model = ModelDir::open(&model_dir)?;
+    let tokenizer = Tokenizer::from_model_dir(&model_dir)?;
+    let chat_template = match ChatTemplate::from_model_dir(&model_dir) {
+        Ok(template) => Some(template),
+        Err(e) => {
+            say!("note: no chat template ({e}); /v1/chat/completions will refuse requests");
+            None
+        }
+    };
+    let bar = Arc::new(StageBar::new());
+    let mut request = args.target.request(&model_dir);
+    request.max_context = args.max_context;
+    request.threads = args.threads;
+    request.settings = parse_settings(&args.settings)?;
+    request.progress = Some(bar.callback());
+    let engine = args.target.load(backend.as_ref(), &request)?;
+    bar.finish();
+    let info = engine.info();
+    let served = ServedModel {
+        engine,
+        tokenizer: Arc::new(tokenizer),
+        chat_template,
+        eos_ids: model.eos_token_ids(),
+        id: args.model_name.clone().unwrap_or_else(|| model.name()),
+    };
+    let options = ServerOptions {
+        scheduler: SchedulerConfig {
+            slots: args.parallel as usize,
+            max_queue: args.max_queue,
+            prefill_chunk: args.prefill_chunk as usize,
+            request_time_limit: Duration::from_secs(args.request_timeout),
+        },
+        default_max_tokens: args.default_max_tokens,
+    };
+    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    runtime.block_on(async move {
+        let id = served.id.clone();
+        let server = Server::bind(served, options, SocketAddr::new(args.host, args.port)).await?;
+        let address = server.local_addr()?;
+        say!(
+            "serving {id} on {} ({}, {}) at http://{address}/v1 ({} parallel); SIGTERM or Ctrl-C stops it",
+            info.backend,
+            info.device,
+            info.weights,
+            args.parallel
+        );
+        server.run(openai_server::shutdown_signal()).await?;
+        say!("stopped: every running request finished");
+        Ok(())
+    })
+}

@@ -1,0 +1,670 @@
+//! # openai-server: `seam serve`, an OpenAI-compatible HTTP server with continuous batching
+//!
+//! One loaded engine serves `POST /v1/chat/completions` and `POST /v1/completions` (streamed as
+//! server-sent events or not), `GET /v1/models`, `GET /health` and `GET /metrics`, on axum.
+//! Requests go to one engine thread ([`scheduler`]) that decodes every running request in one
+//! batched call per step, on any backend: an engine that claims batched decode runs the batch as
+//! one device call, any other steps its sessions in turn behind the same interface.
+//!
+//! What a request asks is checked before it is queued (malformed JSON or parameters, an unknown
+//! model, a prompt that does not fit the context) and refused with OpenAI's error body and the
+//! matching status; a full queue is refused at once with 429 and `Retry-After`. A client that goes
+//! away cancels its request before the next step. [`Server::run`] stops on the given signal
+//! after the running requests finish.
+
+pub mod metrics;
+pub mod openai;
+pub mod scheduler;
+
+use axum::body::Bytes;
+use axum::extract::State;
+use axum::http::{header, HeaderValue, StatusCode};
+use axum::response::sse::{Event, Sse};
+use axum::response::{IntoResponse, Response};
+use axum::routing::{get, post};
+use axum::{Json, Router};
+use chat_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
+use futures::stream::{self, Stream, StreamExt};
+use metrics::Metrics;
+use openai::*;
+use scheduler::{End, Job, JobEvent, Scheduler, SchedulerConfig, SubmitError};
+use session_api::generate::GenerationRequest;
+use session_api::stats::FinishReason;
+use session_api::{Engine, ErrorKind, SamplingConfig, SeamError};
+use std::convert::Infallible;
+use std::future::Future;
+use std::net::SocketAddr;
+use std::sync::atomic::{AtomicU64, Ordering};
+use std::sync::Arc;
+use std::time::{SystemTime, UNIX_EPOCH};
+use tokio::net::TcpListener;
+use tokio::sync::mpsc;
+
+/// A model ready to serve: the engine and what turns text into its tokens and back.
+pub struct ServedModel {
+    /// The loaded engine.
+    pub engine: Arc<dyn Engine>,
+    /// The model's tokenizer.
+    pub tokenizer: Arc<Tokenizer>,
+    /// The model's chat template; chat requests are refused without one.
+    pub chat_template: Option<ChatTemplate>,
+    /// Ids that end a generation.
+    pub eos_ids: Vec<u32>,
+    /// The id clients name in `model`.
+    pub id: String,
+}
+
+/// How the server runs.
+#[derive(Debug, Clone)]
+pub struct ServerOptions {
+    /// The engine thread's scheduling.
+    pub scheduler: SchedulerConfig,
+    /// `max_tokens` when a request gives none; `None` lets a generation fill the context.
+    pub default_max_tokens: Option<usize>,
+}
+
+/// What every handler shares.
+struct AppState {
+    model: ServedModel,
+    special_tokens: Vec<String>,
+    scheduler: Scheduler,
+    metrics: Arc<Metrics>,
+    options: ServerOptions,
+    started: u64,
+    next_id: AtomicU64,
+}
+
+/// A bound server, not yet answering.
+pub struct Server {
+    listener: TcpListener,
+    state: Arc<AppState>,
+    engine_thread: std::thread::JoinHandle<()>,
+}
+
+impl Server {
+    /// Binds `address` and starts the engine thread.
+    pub async fn bind(model: ServedModel, options: ServerOptions, address: SocketAddr) -> std::io::Result<Server> {
+        let listener = TcpListener::bind(address).await?;
+        let metrics = Arc::new(Metrics::new());
+        let detokenizer: Arc<dyn session_api::generate::Detokenizer> = model.tokenizer.clone();
+        let (scheduler, engine_thread) =
+            Scheduler::start(Arc::clone(&model.engine), detokenizer, options.scheduler.clone(), Arc::clone(&metrics))?;
+        let special_tokens = model.tokenizer.special_tokens();
+        let state = Arc::new(AppState {
+            model,
+            special_tokens,
+            scheduler,
+            metrics,
+            options,
+            started: unix_now(),
+            next_id: AtomicU64::new(1),
+        });
+        Ok(Server { listener, state, engine_thread })
+    }
+
+    /// The address it listens on (the port chosen when 0 was asked).
+    pub fn local_addr(&self) -> std::io::Result<SocketAddr> {
+        self.listener.local_addr()
+    }
+
+    /// Answers requests until `shutdown` completes; then refuses new requests (503), lets the
+    /// running ones finish, and stops the engine thread.
+    pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
+        let Server { listener, state, engine_thread } = self;
+        let closing = state.scheduler.clone();
+        let router = router(Arc::clone(&state));
+        axum::serve(listener, router)
+            .with_graceful_shutdown(async move {
+                shutdown.await;
+                closing.close();
+            })
+            .await?;
+        drop(state);
+        // The engine thread ends once the last scheduler handle is gone and its work is done.
+        tokio::task::spawn_blocking(move || engine_thread.join())
+            .await
+            .map_err(std::io::Error::other)?
+            .map_err(|_| std::io::Error::other("the engine thread panicked"))
+    }
+}
+
+/// Completes on SIGTERM or Ctrl-C.
+pub async fn shutdown_signal() {
+    let interrupt = async {
+        let _ = tokio::signal::ctrl_c().await;
+    };
+    #[cfg(unix)]
+    let terminate = async {
+        match tokio::signal::unix::signal(tokio::signal::unix::SignalKind::terminate()) {
+            Ok(mut signal) => {
+                signal.recv().await;
+            }
+            Err(_) => std::future::pending::<()>().await,
+        }
+    };
+    #[cfg(not(unix))]
+    let terminate = std::future::pending::<()>();
+    tokio::select! {
+        _ = interrupt => {},
+        _ = terminate => {},
+    }
+}
+
+fn router(state: Arc<AppState>) -> Router {
+    Router::new()
+        .route("/v1/chat/completions", post(chat_completions))
+        .route("/v1/completions", post(completions))
+        .route("/v1/models", get(models))
+        .route("/health", get(health))
+        .route("/metrics", get(metrics_text))
+        .fallback(not_found)
+        .with_state(state)
+}
+
+/// An error answered with OpenAI's body.
+#[derive(Debug)]
+struct ApiError {
+    status: StatusCode,
+    detail: ErrorDetail,
+    retry_after: Option<u32>,
+}
+
+impl ApiError {
+    fn invalid(message: impl Into<String>, param: Option<&'static str>) -> ApiError {
+        ApiError {
+            status: StatusCode::BAD_REQUEST,
+            detail: ErrorDetail { message: message.into(), kind: "invalid_request_error", param, code: None },
+            retry_after: None,
+        }
+    }
+
+    fn with_code(mut self, code: &'static str) -> ApiError {
+        self.detail.code = Some(code);
+        self
+    }
+
+    fn from_seam(error: SeamError) -> ApiError {
+        let status = match error.kind() {
+            ErrorKind::InvalidInput | ErrorKind::ContextOverflow | ErrorKind::Unsupported => StatusCode::BAD_REQUEST,
+            ErrorKind::ResourceExhausted => StatusCode::SERVICE_UNAVAILABLE,
+            _ => StatusCode::INTERNAL_SERVER_ERROR,
+        };
+        let kind = if status == StatusCode::BAD_REQUEST { "invalid_request_error" } else { "server_error" };
+        ApiError {
+            status,
+            detail: ErrorDetail { message: error.to_string(), kind, param: None, code: None },
+            retry_after: None,
+        }
+    }
+}
+
+impl IntoResponse for ApiError {
+    fn into_response(self) -> Response {
+        let mut response = (self.status, Json(ErrorBody { error: self.detail })).into_response();
+        if let Some(seconds) = self.retry_after {
+            response.headers_mut().insert(header::RETRY_AFTER, HeaderValue::from(seconds));
+        }
+        response
+    }
+}
+
+/// What a request asks the engine thread, checked.
+struct Prepared {
+    prompt: Vec<u32>,
+    sampling: SamplingConfig,
+    generation: GenerationRequest,
+    stream: bool,
+    include_usage: bool,
+}
+
+fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
+    serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the request body is not valid: {e}"), None))
+}
+
+impl AppState {
+    fn check_model(&self, model: Option<&str>) -> Result<(), ApiError> {
+        match model {
+            Some(name) if name != self.model.id => Err(ApiError {
+                status: StatusCode::NOT_FOUND,
+                detail: ErrorDetail {
+                    message: format!("the model '{name}' does not exist; this server serves '{}'", self.model.id),
+                    kind: "invalid_request_error",
+                    param: Some("model"),
+                    code: Some("model_not_found"),
+                },
+                retry_after: None,
+            }),
+            _ => Ok(()),
+        }
+    }
+
+    /// Checks the parameters and the prompt's length against the context.
+    fn prepare(&self, prompt: Vec<u32>, params: &Params, max_tokens: Option<u64>) -> Result<Prepared, ApiError> {
+        if params.n.is_some_and(|n| n != 1) {
+            return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
+        }
+        for (value, name) in
+            [(params.presence_penalty, "presence_penalty"), (params.frequency_penalty, "frequency_penalty")]
+        {
+            if value.is_some_and(|v| v != 0.0) {
+                return Err(ApiError::invalid(format!("{name} is not supported (only 0)"), Some(name)));
+            }
+        }
+        if params.logprobs.as_ref().is_some_and(|v| !(v.is_null() || *v == serde_json::Value::Bool(false))) {
+            return Err(ApiError::invalid("logprobs are not supported", Some("logprobs")));
+        }
+        if let Some(t) = params.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
+            return Err(ApiError::invalid(
+                format!("temperature must be between 0 and 2, got {t}"),
+                Some("temperature"),
+            ));
+        }
+        let seed = params.seed.map(|s| s as u64).unwrap_or_else(random_seed);
+        let top_k = params.top_k.map(|k| k as usize).filter(|&k| k > 0);
+        let sampling =
+            SamplingConfig::from_settings(Some(params.temperature.unwrap_or(1.0)), top_k, params.top_p, Some(seed))
+                .map_err(|e| ApiError::invalid(e, None))?;
+        let stop_strings = match &params.stop {
+            None => Vec::new(),
+            Some(Stop::One(s)) => vec![s.clone()],
+            Some(Stop::Many(v)) => v.clone(),
+        };
+        if stop_strings.len() > 4 {
+            return Err(ApiError::invalid("at most 4 stop strings are allowed", Some("stop")));
+        }
+        if stop_strings.iter().any(String::is_empty) {
+            return Err(ApiError::invalid("a stop string needs text", Some("stop")));
+        }
+        if prompt.is_empty() {
+            return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+        }
+        let vocab_size = self.model.engine.info().vocab_size;
+        if let Some(&token) = prompt.iter().find(|&&t| t as usize >= vocab_size) {
+            return Err(ApiError::invalid(
+                format!("token id {token} is outside the vocabulary (size {vocab_size})"),
+                Some("prompt"),
+            ));
+        }
+        let capacity = self.model.engine.capabilities().max_context;
+        if prompt.len() >= capacity {
+            return Err(ApiError::invalid(
+                format!(
+                    "this model's maximum context length is {capacity} tokens; the prompt has {} tokens, \
+                     leaving no room for a completion",
+                    prompt.len()
+                ),
+                Some("messages"),
+            )
+            .with_code("context_length_exceeded"));
+        }
+        let room = capacity - prompt.len();
+        let max_tokens = match max_tokens {
+            Some(0) => return Err(ApiError::invalid("max_tokens must be at least 1", Some("max_tokens"))),
+            Some(n) if n as usize > room => {
+                return Err(ApiError::invalid(
+                    format!(
+                        "this model's maximum context length is {capacity} tokens; you requested {} tokens \
+                         ({} in the prompt, {n} for the completion)",
+                        prompt.len() as u64 + n,
+                        prompt.len()
+                    ),
+                    Some("max_tokens"),
+                )
+                .with_code("context_length_exceeded"))
+            }
+            Some(n) => n as usize,
+            None => self.options.default_max_tokens.map_or(room, |d| d.min(room)),
+        };
+        Ok(Prepared {
+            prompt,
+            sampling,
+            generation: GenerationRequest {
+                max_tokens,
+                eos_ids: self.model.eos_ids.clone(),
+                ignore_eos: false,
+                stop_strings,
+            },
+            stream: params.stream,
+            include_usage: params.stream_options.as_ref().is_some_and(|o| o.include_usage),
+        })
+    }
+
+    fn new_id(&self, prefix: &str) -> String {
+        format!("{prefix}-{:x}{:06x}", self.started, self.next_id.fetch_add(1, Ordering::Relaxed))
+    }
+
+    /// Queues a prepared request; a full queue is answered at once.
+    fn submit(&self, prepared: &Prepared) -> Result<mpsc::UnboundedReceiver<JobEvent>, ApiError> {
+        let (events, receiver) = mpsc::unbounded_channel();
+        let job = Job {
+            prompt: prepared.prompt.clone(),
+            sampling: prepared.sampling,
+            generation: prepared.generation.clone(),
+            events,
+        };
+        match self.scheduler.submit(job) {
+            Ok(()) => Ok(receiver),
+            Err(SubmitError::QueueFull) => Err(ApiError {
+                status: StatusCode::TOO_MANY_REQUESTS,
+                detail: ErrorDetail {
+                    message: format!(
+                        "the server is busy: {} requests are already waiting; retry shortly",
+                        self.scheduler.queued()
+                    ),
+                    kind: "rate_limit_error",
+                    param: None,
+                    code: Some("queue_full"),
+                },
+                retry_after: Some(1),
+            }),
+            Err(SubmitError::ShuttingDown) => Err(shutting_down()),
+        }
+    }
+}
+
+fn shutting_down() -> ApiError {
+    ApiError {
+        status: StatusCode::SERVICE_UNAVAILABLE,
+        detail: ErrorDetail {
+            message: "the server is shutting down".into(),
+            kind: "server_error",
+            param: None,
+            code: Some("shutting_down"),
+        },
+        retry_after: Some(1),
+    }
+}
+
+/// A seed for a request that names none, so unseeded requests differ.
+fn random_seed() -> u64 {
+    use std::hash::{BuildHasher, Hasher};
+    let mut hasher = std::collections::hash_map::RandomState::new().build_hasher();
+    hasher.write_u128(SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_nanos()).unwrap_or(0));
+    hasher.finish()
+}
+
+fn unix_now() -> u64 {
+    SystemTime::now().duration_since(UNIX_EPOCH).map(|d| d.as_secs()).unwrap_or(0)
+}
+
+fn finish_reason(end: End) -> &'static str {
+    match end {
+        End::Finished(FinishReason::Eos | FinishReason::StopString) => "stop",
+        End::Finished(FinishReason::MaxTokens | FinishReason::ContextFull | FinishReason::Cancelled) => "length",
+        End::TimeLimit => "length",
+    }
+}
+
+/// Runs tokenization off the reactor (a long prompt takes a while to encode).
+async fn tokenize(work: impl FnOnce() -> Result<Vec<u32>, ApiError> + Send + 'static) -> Result<Vec<u32>, ApiError> {
+    tokio::task::spawn_blocking(work)
+        .await
+        .map_err(|e| ApiError::from_seam(SeamError::Backend(format!("tokenizing failed: {e}"))))?
+}
+
+/// The outcome of a request read to its end.
+struct Collected {
+    text: String,
+    end: End,
+    usage: Usage,
+}
+
+async fn collect(mut events: mpsc::UnboundedReceiver<JobEvent>) -> Result<Collected, ApiError> {
+    let mut text = String::new();
+    while let Some(event) = events.recv().await {
+        match event {
+            JobEvent::Token(token) => text.push_str(&token.text),
+            JobEvent::Done { end, prompt_tokens, completion_tokens } => {
+                let usage = Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens };
+                return Ok(Collected { text, end, usage });
+            }
+            JobEvent::Failed(error) => return Err(ApiError::from_seam(error)),
+        }
+    }
+    Err(ApiError::from_seam(SeamError::Backend("the engine thread ended the request without an answer".into())))
+}
+
+/// Turns a request's events into server-sent events: `chunk(text, finish)` makes a chunk,
+/// `usage_chunk` the optional last one; `[DONE]` ends every stream.
+fn event_stream(
+    events: mpsc::UnboundedReceiver<JobEvent>,
+    first: Option<Event>,
+    chunk: impl Fn(Option<String>, Option<&'static str>) -> Event + Send + Sync + 'static,
+    usage_chunk: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>>,
+) -> impl Stream<Item = Result<Event, Infallible>> {
+    let head = stream::iter(first.map(Ok));
+    let makers = Arc::new((chunk, usage_chunk));
+    let body = stream::unfold(Some(events), move |mut receiver| {
+        let makers = Arc::clone(&makers);
+        async move {
+            let (chunk, usage_chunk) = &*makers;
+            let out: Vec<Event> = match receiver.as_mut()?.recv().await {
+                Some(JobEvent::Token(token)) if token.text.is_empty() => Vec::new(),
+                Some(JobEvent::Token(token)) => vec![chunk(Some(token.text), None)],
+                Some(JobEvent::Done { end, prompt_tokens, completion_tokens }) => {
+                    let mut out = vec![chunk(None, Some(finish_reason(end)))];
+                    if let Some(usage_chunk) = usage_chunk {
+                        out.push(usage_chunk(Usage {
+                            prompt_tokens,
+                            completion_tokens,
+                            total_tokens: prompt_tokens + completion_tokens,
+                        }));
+                    }
+                    out.push(Event::default().data("[DONE]"));
+                    receiver = None;
+                    out
+                }
+                Some(JobEvent::Failed(error)) => {
+                    receiver = None;
+                    vec![
+                        json_event(&ErrorBody { error: ApiError::from_seam(error).detail }),
+                        Event::default().data("[DONE]"),
+                    ]
+                }
+                None => {
+                    receiver = None;
+                    Vec::new()
+                }
+            };
+            Some((out, receiver))
+        }
+    });
+    head.chain(body.flat_map(|events| stream::iter(events.into_iter().map(Ok))))
+}
+
+fn json_event<T: serde::Serialize>(value: &T) -> Event {
+    Event::default().data(serde_json::to_string(value).unwrap_or_default())
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let response = chat_response(&state, body).await.unwrap_or_else(IntoResponse::into_response);
+    state.metrics.answered("chat_completions", response.status().as_u16());
+    response
+}
+
+async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let request: ChatRequest = parse(&body)?;
+    state.check_model(request.model.as_deref())?;
+    if request.messages.is_empty() {
+        return Err(ApiError::invalid("messages must not be empty", Some("messages")));
+    }
+    let mut messages = Vec::with_capacity(request.messages.len());
+    for message in &request.messages {
+        let content = match &message.content {
+            None => String::new(),
+            Some(Content::Text(text)) => text.clone(),
+            Some(Content::Parts(parts)) => {
+                if let Some(part) = parts.iter().find(|p| p.kind != "text") {
+                    return Err(ApiError::invalid(
+                        format!("content parts of type '{}' are not supported (only text)", part.kind),
+                        Some("messages"),
+                    ));
+                }
+                parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("")
+            }
+        };
+        messages.push(ChatMessage::new(&message.role, content));
+    }
+    if state.model.chat_template.is_none() {
+        return Err(ApiError::invalid("this model has no chat template; use /v1/completions", None));
+    }
+    let shared = Arc::clone(state);
+    let prompt = tokenize(move || {
+        let template = shared.model.chat_template.as_ref().expect("checked above");
+        let rendered = template.render(&messages, true, &shared.special_tokens).map_err(|e| {
+            ApiError::invalid(format!("the chat template failed on these messages: {e}"), Some("messages"))
+        })?;
+        shared.model.tokenizer.encode_chat(&rendered).map_err(|e| ApiError::from_seam(e.into()))
+    })
+    .await?;
+    let prepared =
+        state.prepare(prompt, &request.params, request.max_completion_tokens.or(request.params.max_tokens))?;
+    let events = state.submit(&prepared)?;
+    let id = state.new_id("chatcmpl");
+    let created = unix_now();
+    let model = state.model.id.clone();
+    if !prepared.stream {
+        let collected = collect(events).await?;
+        return Ok(Json(ChatResponse {
+            id,
+            object: "chat.completion",
+            created,
+            model,
+            choices: vec![ChatChoice {
+                index: 0,
+                message: ChatMessageOut { role: "assistant", content: collected.text },
+                finish_reason: finish_reason(collected.end),
+                logprobs: None,
+            }],
+            usage: collected.usage,
+        })
+        .into_response());
+    }
+    let chunk_for = {
+        let (id, model) = (id.clone(), model.clone());
+        move |delta: Delta, finish: Option<&'static str>, usage: Option<Usage>| {
+            let choices = if usage.is_some() {
+                Vec::new()
+            } else {
+                vec![ChatChunkChoice { index: 0, delta, finish_reason: finish, logprobs: None }]
+            };
+            json_event(&ChatChunk {
+                id: id.clone(),
+                object: "chat.completion.chunk",
+                created,
+                model: model.clone(),
+                choices,
+                usage,
+            })
+        }
+    };
+    let first = chunk_for(Delta { role: Some("assistant"), content: Some(String::new()) }, None, None);
+    let chunk = {
+        let chunk_for = chunk_for.clone();
+        move |text: Option<String>, finish| chunk_for(Delta { role: None, content: text }, finish, None)
+    };
+    let usage_chunk: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = prepared.include_usage.then(|| {
+        Box::new(move |usage| chunk_for(Delta::default(), None, Some(usage)))
+            as Box<dyn Fn(Usage) -> Event + Send + Sync>
+    });
+    Ok(Sse::new(event_stream(events, Some(first), chunk, usage_chunk)).into_response())
+}
+
+async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
+    let response = completion_response(&state, body).await.unwrap_or_else(IntoResponse::into_response);
+    state.metrics.answered("completions", response.status().as_u16());
+    response
+}
+
+async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let request: CompletionRequest = parse(&body)?;
+    state.check_model(request.model.as_deref())?;
+    let prompt = match request.prompt {
+        Prompt::Tokens(tokens) => tokens,
+        Prompt::Texts(texts) if texts.len() != 1 => {
+            return Err(ApiError::invalid("only one prompt per request is supported", Some("prompt")))
+        }
+        Prompt::Texts(mut texts) => {
+            let text = texts.remove(0);
+            let shared = Arc::clone(state);
+            tokenize(move || shared.model.tokenizer.encode(&text, true).map_err(|e| ApiError::from_seam(e.into())))
+                .await?
+        }
+        Prompt::Text(text) => {
+            let shared = Arc::clone(state);
+            tokenize(move || shared.model.tokenizer.encode(&text, true).map_err(|e| ApiError::from_seam(e.into())))
+                .await?
+        }
+    };
+    let prepared = state.prepare(prompt, &request.params, request.params.max_tokens)?;
+    let events = state.submit(&prepared)?;
+    let id = state.new_id("cmpl");
+    let created = unix_now();
+    let model = state.model.id.clone();
+    let response =
+        move |text: String, finish: Option<&'static str>, usage: Option<Usage>, with_choice: bool| CompletionResponse {
+            id: id.clone(),
+            object: "text_completion",
+            created,
+            model: model.clone(),
+            choices: if with_choice {
+                vec![CompletionChoice { index: 0, text, finish_reason: finish, logprobs: None }]
+            } else {
+                Vec::new()
+            },
+            usage,
+        };
+    if !prepared.stream {
+        let collected = collect(events).await?;
+        let body = response(collected.text, Some(finish_reason(collected.end)), Some(collected.usage), true);
+        return Ok(Json(body).into_response());
+    }
+    let chunk = {
+        let response = response.clone();
+        move |text: Option<String>, finish| json_event(&response(text.unwrap_or_default(), finish, None, true))
+    };
+    let usage_chunk: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = prepared.include_usage.then(|| {
+        Box::new(move |usage| json_event(&response(String::new(), None, Some(usage), false)))
+            as Box<dyn Fn(Usage) -> Event + Send + Sync>
+    });
+    Ok(Sse::new(event_stream(events, None, chunk, usage_chunk)).into_response())
+}
+
+async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
+    Json(ModelList {
+        object: "list",
+        data: vec![ModelCard {
+            id: state.model.id.clone(),
+            object: "model",
+            created: state.started,
+            owned_by: "seam",
+            max_model_len: state.model.engine.capabilities().max_context,
+        }],
+    })
+}
+
+async fn health(State(state): State<Arc<AppState>>) -> Response {
+    match state.scheduler.is_open() {
+        true => (StatusCode::OK, Json(serde_json::json!({"status": "ok"}))).into_response(),
+        false => shutting_down().into_response(),
+    }
+}
+
+async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
+    ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.render())
+        .into_response()
+}
+
+async fn not_found() -> ApiError {
+    ApiError {
+        status: StatusCode::NOT_FOUND,
+        detail: ErrorDetail {
+            message: "no such endpoint (see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)"
+                .into(),
+            kind: "not_found_error",
+            param: None,
+            code: None,
+        },
+        retry_after: None,
+    }
+}

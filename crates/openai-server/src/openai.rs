@@ -1,0 +1,287 @@
+//! The OpenAI wire format: request bodies as they arrive, responses and stream chunks as clients
+//! expect them, and errors in OpenAI's `{"error": {...}}` shape.
+
+use serde::{Deserialize, Serialize};
+
+/// `POST /v1/chat/completions`.
+#[derive(Debug, Deserialize)]
+pub struct ChatRequest {
+    /// The model to run; absent means the one served.
+    pub model: Option<String>,
+    /// The conversation.
+    pub messages: Vec<ChatMessageIn>,
+    /// Shared sampling and stopping parameters.
+    #[serde(flatten)]
+    pub params: Params,
+    /// The newer name of `max_tokens` for chat.
+    pub max_completion_tokens: Option<u64>,
+}
+
+/// A message of a chat request.
+#[derive(Debug, Deserialize)]
+pub struct ChatMessageIn {
+    /// `system`, `user`, `assistant` (or what the model's template knows).
+    pub role: String,
+    /// Text, or a list of parts of which text parts are read.
+    pub content: Option<Content>,
+}
+
+/// A message's content.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Content {
+    /// Plain text.
+    Text(String),
+    /// Typed parts (`{"type": "text", "text": ...}`).
+    Parts(Vec<ContentPart>),
+}
+
+/// One part of a message's content.
+#[derive(Debug, Deserialize)]
+pub struct ContentPart {
+    /// The part's type; only `text` is read.
+    #[serde(rename = "type")]
+    pub kind: String,
+    /// The text of a `text` part.
+    pub text: Option<String>,
+}
+
+/// `POST /v1/completions`.
+#[derive(Debug, Deserialize)]
+pub struct CompletionRequest {
+    /// The model to run; absent means the one served.
+    pub model: Option<String>,
+    /// The prompt: a string, or a list holding one string.
+    pub prompt: Prompt,
+    /// Shared sampling and stopping parameters.
+    #[serde(flatten)]
+    pub params: Params,
+}
+
+/// A completion prompt.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Prompt {
+    /// One prompt.
+    Text(String),
+    /// Several prompts (one is supported).
+    Texts(Vec<String>),
+    /// Token ids.
+    Tokens(Vec<u32>),
+}
+
+/// Parameters both endpoints take.
+#[derive(Debug, Deserialize, Default)]
+pub struct Params {
+    /// Most tokens to generate.
+    pub max_tokens: Option<u64>,
+    /// Sampling temperature; 0 is greedy. OpenAI's default is 1.
+    pub temperature: Option<f32>,
+    /// Nucleus sampling mass.
+    pub top_p: Option<f32>,
+    /// Sampling from the k most likely tokens (an extension llama.cpp and vLLM accept too).
+    pub top_k: Option<u64>,
+    /// Makes sampling repeatable.
+    pub seed: Option<i64>,
+    /// Stop strings.
+    pub stop: Option<Stop>,
+    /// Stream server-sent events.
+    #[serde(default)]
+    pub stream: bool,
+    /// Stream options.
+    pub stream_options: Option<StreamOptions>,
+    /// Choices to generate; only 1 is supported.
+    pub n: Option<u64>,
+    /// Penalties; only 0 is supported.
+    pub presence_penalty: Option<f32>,
+    /// Penalties; only 0 is supported.
+    pub frequency_penalty: Option<f32>,
+    /// Log probabilities are not supported.
+    pub logprobs: Option<serde_json::Value>,
+}
+
+/// `stop`: one string or several.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum Stop {
+    /// One stop string.
+    One(String),
+    /// Several.
+    Many(Vec<String>),
+}
+
+/// `stream_options`.
+#[derive(Debug, Deserialize, Default)]
+pub struct StreamOptions {
+    /// Send a last chunk with the usage counts.
+    #[serde(default)]
+    pub include_usage: bool,
+}
+
+/// Token counts of a request.
+#[derive(Debug, Clone, Copy, Serialize)]
+pub struct Usage {
+    /// Prompt tokens.
+    pub prompt_tokens: usize,
+    /// Generated tokens.
+    pub completion_tokens: usize,
+    /// Both.
+    pub total_tokens: usize,
+}
+
+/// A chat answer's message.
+#[derive(Debug, Serialize)]
+pub struct ChatMessageOut {
+    /// Always `assistant`.
+    pub role: &'static str,
+    /// The generated text.
+    pub content: String,
+}
+
+/// A choice of a non-streamed chat answer.
+#[derive(Debug, Serialize)]
+pub struct ChatChoice {
+    /// Always 0.
+    pub index: u32,
+    /// The answer.
+    pub message: ChatMessageOut,
+    /// `stop` or `length`.
+    pub finish_reason: &'static str,
+    /// Not computed.
+    pub logprobs: Option<()>,
+}
+
+/// A non-streamed chat answer.
+#[derive(Debug, Serialize)]
+pub struct ChatResponse {
+    /// `chatcmpl-...`.
+    pub id: String,
+    /// `chat.completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model's id.
+    pub model: String,
+    /// One choice.
+    pub choices: Vec<ChatChoice>,
+    /// Token counts.
+    pub usage: Usage,
+}
+
+/// The delta of a streamed chat chunk.
+#[derive(Debug, Serialize, Default)]
+pub struct Delta {
+    /// `assistant` in the first chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub role: Option<&'static str>,
+    /// New text.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub content: Option<String>,
+}
+
+/// A choice of a streamed chat chunk.
+#[derive(Debug, Serialize)]
+pub struct ChatChunkChoice {
+    /// Always 0.
+    pub index: u32,
+    /// What is new.
+    pub delta: Delta,
+    /// Set in the last chunk.
+    pub finish_reason: Option<&'static str>,
+    /// Not computed.
+    pub logprobs: Option<()>,
+}
+
+/// A streamed chat chunk.
+#[derive(Debug, Serialize)]
+pub struct ChatChunk {
+    /// The same in every chunk of a request.
+    pub id: String,
+    /// `chat.completion.chunk`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model's id.
+    pub model: String,
+    /// One choice, or none in the usage chunk.
+    pub choices: Vec<ChatChunkChoice>,
+    /// Only in the usage chunk.
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// A choice of a completion answer or chunk.
+#[derive(Debug, Serialize)]
+pub struct CompletionChoice {
+    /// Always 0.
+    pub index: u32,
+    /// The generated text (new text, in a chunk).
+    pub text: String,
+    /// Set at the end.
+    pub finish_reason: Option<&'static str>,
+    /// Not computed.
+    pub logprobs: Option<()>,
+}
+
+/// A completion answer, or one chunk of a streamed one.
+#[derive(Debug, Serialize)]
+pub struct CompletionResponse {
+    /// `cmpl-...`.
+    pub id: String,
+    /// `text_completion`.
+    pub object: &'static str,
+    /// Unix seconds.
+    pub created: u64,
+    /// The model's id.
+    pub model: String,
+    /// One choice, or none in the usage chunk.
+    pub choices: Vec<CompletionChoice>,
+    /// Token counts (in a stream, only in the usage chunk).
+    #[serde(skip_serializing_if = "Option::is_none")]
+    pub usage: Option<Usage>,
+}
+
+/// `GET /v1/models`.
+#[derive(Debug, Serialize)]
+pub struct ModelList {
+    /// `list`.
+    pub object: &'static str,
+    /// The one model served.
+    pub data: Vec<ModelCard>,
+}
+
+/// One model of `GET /v1/models`.
+#[derive(Debug, Serialize)]
+pub struct ModelCard {
+    /// The id requests name.
+    pub id: String,
+    /// `model`.
+    pub object: &'static str,
+    /// Unix seconds the server started.
+    pub created: u64,
+    /// `seam`.
+    pub owned_by: &'static str,
+    /// The context length.
+    pub max_model_len: usize,
+}
+
+/// OpenAI's error body.
+#[derive(Debug, Serialize)]
+pub struct ErrorBody {
+    /// The error.
+    pub error: ErrorDetail,
+}
+
+/// What went wrong.
+#[derive(Debug, Serialize)]
+pub struct ErrorDetail {
+    /// A sentence for the user.
+    pub message: String,
+    /// `invalid_request_error`, `not_found_error`, `server_error`, ...
+    #[serde(rename = "type")]
+    pub kind: &'static str,
+    /// The request field at fault, when one is.
+    pub param: Option<&'static str>,
+    /// A stable code (`context_length_exceeded`, `model_not_found`, ...).
+    pub code: Option<&'static str>,
+}

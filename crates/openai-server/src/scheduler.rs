@@ -1,0 +1,375 @@
+//! Continuous batching: one engine thread that admits requests between steps, interleaves their
+//! prompts in chunks with the running decodes, and decodes every running sequence in one batched
+//! call per step.
+//!
+//! The thread owns a pool of sessions (one per slot, reused across requests so a device cache is
+//! allocated once) and everything about the running requests. The HTTP side talks to it through
+//! [`Scheduler::submit`], which refuses work beyond the bounded queue at once, and through each
+//! request's event channel: a dropped receiver (a client that went away) cancels the request
+//! before the next step and frees its slot.
+
+use crate::metrics::Metrics;
+use session_api::batch::BatchEntry;
+use session_api::generate::{Detokenizer, Generation, GenerationRequest, TokenEvent};
+use session_api::stats::FinishReason;
+use session_api::{CheckedSession, Engine, SamplingConfig, SeamError, Session, SessionOptions};
+use std::collections::VecDeque;
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
+use std::sync::{mpsc, Arc};
+use std::time::{Duration, Instant};
+use tokio::sync::mpsc as tokio_mpsc;
+
+/// How the engine thread schedules.
+#[derive(Debug, Clone)]
+pub struct SchedulerConfig {
+    /// Sequences decoded together at most (the batch size, and the sessions kept).
+    pub slots: usize,
+    /// Requests waiting for a slot at most; more are refused with [`SubmitError::QueueFull`].
+    pub max_queue: usize,
+    /// Prompt tokens prefilled per step for one request, so a long prompt does not stall the
+    /// running decodes for the whole of its prefill.
+    pub prefill_chunk: usize,
+    /// Longest a request may run, queued time included; it then ends with [`End::TimeLimit`].
+    pub request_time_limit: Duration,
+}
+
+/// One request for the engine thread.
+pub struct Job {
+    /// The prompt's token ids (not empty, shorter than the context).
+    pub prompt: Vec<u32>,
+    /// How to pick tokens.
+    pub sampling: SamplingConfig,
+    /// When to stop.
+    pub generation: GenerationRequest,
+    /// Where the request's events go.
+    pub events: tokio_mpsc::UnboundedSender<JobEvent>,
+}
+
+/// Why a request ended.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum End {
+    /// The generation's own reason (EOS, stop string, token limit, full context).
+    Finished(FinishReason),
+    /// The request ran past [`SchedulerConfig::request_time_limit`].
+    TimeLimit,
+}
+
+/// What the engine thread tells a request.
+#[derive(Debug)]
+pub enum JobEvent {
+    /// A token and the text that became final with it.
+    Token(TokenEvent),
+    /// The request ended; nothing follows.
+    Done {
+        /// Why.
+        end: End,
+        /// Prompt tokens.
+        prompt_tokens: usize,
+        /// Generated tokens (an ending EOS id included).
+        completion_tokens: usize,
+    },
+    /// The backend failed; nothing follows.
+    Failed(SeamError),
+}
+
+/// Why [`Scheduler::submit`] refused a job.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum SubmitError {
+    /// The queue holds [`SchedulerConfig::max_queue`] requests already.
+    QueueFull,
+    /// The server is shutting down.
+    ShuttingDown,
+}
+
+/// The handle the HTTP side holds.
+#[derive(Clone)]
+pub struct Scheduler {
+    sender: mpsc::Sender<Job>,
+    queued: Arc<AtomicUsize>,
+    max_queue: usize,
+    closing: Arc<AtomicBool>,
+}
+
+impl Scheduler {
+    /// Starts the engine thread on `engine`. The thread ends when every handle is dropped and the
+    /// running requests are done.
+    pub fn start(
+        engine: Arc<dyn Engine>,
+        detokenizer: Arc<dyn Detokenizer>,
+        config: SchedulerConfig,
+        metrics: Arc<Metrics>,
+    ) -> std::io::Result<(Scheduler, std::thread::JoinHandle<()>)> {
+        let (sender, receiver) = mpsc::channel();
+        let queued = Arc::new(AtomicUsize::new(0));
+        let max_queue = config.max_queue;
+        let thread = EngineThread {
+            engine,
+            detokenizer,
+            config,
+            metrics,
+            receiver,
+            queued: Arc::clone(&queued),
+            waiting: VecDeque::new(),
+            running: Vec::new(),
+            free: Vec::new(),
+        };
+        let handle = std::thread::Builder::new().name("seam-engine".into()).spawn(move || thread.run())?;
+        Ok((Scheduler { sender, queued, max_queue, closing: Arc::new(AtomicBool::new(false)) }, handle))
+    }
+
+    /// Queues a job, or refuses it at once when the queue is full or the server is closing.
+    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+        if self.closing.load(Ordering::SeqCst) {
+            return Err(SubmitError::ShuttingDown);
+        }
+        let admitted = self
+            .queued
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max_queue).then_some(n + 1))
+            .is_ok();
+        if !admitted {
+            return Err(SubmitError::QueueFull);
+        }
+        self.sender.send(job).map_err(|_| {
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            SubmitError::ShuttingDown
+        })
+    }
+
+    /// Refuses new jobs from now on; running and queued ones go on to their end.
+    pub fn close(&self) {
+        self.closing.store(true, Ordering::SeqCst);
+    }
+
+    /// Whether new jobs are taken (false once [`Scheduler::close`] was called).
+    pub fn is_open(&self) -> bool {
+        !self.closing.load(Ordering::SeqCst)
+    }
+
+    /// Requests waiting for a slot.
+    pub fn queued(&self) -> usize {
+        self.queued.load(Ordering::SeqCst)
+    }
+}
+
+/// A queued job and when it arrived.
+struct Waiting {
+    job: Job,
+    arrived: Instant,
+}
+
+/// A request holding a slot.
+struct Running {
+    job: Job,
+    session: CheckedSession,
+    generation: Generation,
+    arrived: Instant,
+    /// Prompt tokens prefilled so far.
+    prefilled: usize,
+    /// The token to feed back next (set once the prompt is in).
+    next: Option<u32>,
+    /// When the last token was produced, for per-token latency.
+    last_token_at: Option<Instant>,
+}
+
+struct EngineThread {
+    engine: Arc<dyn Engine>,
+    detokenizer: Arc<dyn Detokenizer>,
+    config: SchedulerConfig,
+    metrics: Arc<Metrics>,
+    receiver: mpsc::Receiver<Job>,
+    queued: Arc<AtomicUsize>,
+    waiting: VecDeque<Waiting>,
+    running: Vec<Running>,
+    /// Sessions of finished requests, kept for the next ones.
+    free: Vec<CheckedSession>,
+}
+
+impl EngineThread {
+    fn run(mut self) {
+        loop {
+            if !self.take_jobs() {
+                return;
+            }
+            self.drop_abandoned();
+            self.admit();
+            self.prefill_one_chunk();
+            self.decode_step();
+            self.metrics.running.set(self.running.len() as i64);
+            self.metrics.queue_depth.set(self.waiting.len() as i64);
+        }
+    }
+
+    /// Moves arrived jobs into the waiting queue, blocking while there is nothing to do. Returns
+    /// false when every handle is gone and no work is left.
+    fn take_jobs(&mut self) -> bool {
+        if self.running.is_empty() && self.waiting.is_empty() {
+            match self.receiver.recv() {
+                Ok(job) => self.waiting.push_back(Waiting { job, arrived: Instant::now() }),
+                Err(_) => return false,
+            }
+        }
+        while let Ok(job) = self.receiver.try_recv() {
+            self.waiting.push_back(Waiting { job, arrived: Instant::now() });
+        }
+        true
+    }
+
+    /// Forgets queued requests whose client went away and ends running ones that did or that ran
+    /// out of time, freeing their slots before the next step.
+    fn drop_abandoned(&mut self) {
+        let before = self.waiting.len();
+        let limit = self.config.request_time_limit;
+        self.waiting.retain(|w| !w.job.events.is_closed() && w.arrived.elapsed() < limit);
+        let dropped = before - self.waiting.len();
+        if dropped > 0 {
+            self.queued.fetch_sub(dropped, Ordering::SeqCst);
+            self.metrics.cancelled.inc_by(dropped as u64);
+        }
+        let mut i = 0;
+        while i < self.running.len() {
+            let running = &self.running[i];
+            if running.job.events.is_closed() {
+                self.metrics.cancelled.inc();
+                let running = self.running.swap_remove(i);
+                self.release(running.session);
+            } else if running.arrived.elapsed() >= limit {
+                self.end(i, End::TimeLimit);
+            } else {
+                i += 1;
+            }
+        }
+    }
+
+    /// Gives free slots to waiting requests, in arrival order.
+    fn admit(&mut self) {
+        while self.running.len() < self.config.slots {
+            let Some(waiting) = self.waiting.pop_front() else { return };
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            let session = match self.free.pop() {
+                Some(session) => Ok(session),
+                None => self.engine.new_checked_session(SessionOptions::default()),
+            };
+            let started = session.and_then(|mut session| session.restart(waiting.job.sampling).map(|_| session));
+            match started {
+                Ok(session) => self.running.push(Running {
+                    generation: Generation::new(waiting.job.generation.clone()),
+                    job: waiting.job,
+                    session,
+                    arrived: waiting.arrived,
+                    prefilled: 0,
+                    next: None,
+                    last_token_at: None,
+                }),
+                Err(error) => {
+                    self.metrics.failed.inc();
+                    let _ = waiting.job.events.send(JobEvent::Failed(error));
+                }
+            }
+        }
+    }
+
+    /// Prefills the next chunk of the earliest request still reading its prompt.
+    fn prefill_one_chunk(&mut self) {
+        let Some(i) = self.running.iter().position(|r| r.next.is_none()) else { return };
+        let running = &mut self.running[i];
+        let end = (running.prefilled + self.config.prefill_chunk.max(1)).min(running.job.prompt.len());
+        let step = running.session.prefill(&running.job.prompt[running.prefilled..end]);
+        match step {
+            Ok(output) => {
+                running.prefilled = end;
+                if end == running.job.prompt.len() {
+                    self.metrics.prompt_tokens.inc_by(end as u64);
+                    self.metrics.time_to_first_token.observe(running.arrived.elapsed().as_secs_f64());
+                    self.take_token(i, output.token);
+                }
+            }
+            Err(error) => self.fail(i, error),
+        }
+    }
+
+    /// Decodes one token for every request past its prompt, in one batched call.
+    fn decode_step(&mut self) {
+        let decoding: Vec<usize> = (0..self.running.len()).filter(|&i| self.running[i].next.is_some()).collect();
+        if decoding.is_empty() {
+            return;
+        }
+        self.metrics.batch_size.observe(decoding.len() as f64);
+        let results = {
+            let mut entries: Vec<BatchEntry<'_>> = self
+                .running
+                .iter_mut()
+                .filter_map(|r| r.next.map(|token| BatchEntry { token, session: &mut r.session }))
+                .collect();
+            self.engine.decode_batch(&mut entries)
+        };
+        // Handled from the last so that removing a finished request keeps earlier indices valid.
+        for (&i, result) in decoding.iter().zip(results).rev() {
+            match result {
+                Ok(output) => self.take_token(i, output.token),
+                Err(error) => self.fail(i, error),
+            }
+        }
+    }
+
+    /// Applies the stop rules to the token request `i`'s step returned, streams it, and either
+    /// ends the request or arms it for the next decode.
+    fn take_token(&mut self, i: usize, token: u32) {
+        let running = &mut self.running[i];
+        let now = Instant::now();
+        if let Some(last) = running.last_token_at.replace(now) {
+            self.metrics.inter_token_latency.observe(now.duration_since(last).as_secs_f64());
+        }
+        self.metrics.generation_tokens.inc();
+        let accepted = match running.generation.accept(token, Some(self.detokenizer.as_ref())) {
+            Ok(accepted) => accepted,
+            Err(error) => return self.fail(i, error),
+        };
+        if let Some(event) = accepted.event {
+            // A closed channel is noticed before the next step (`drop_abandoned`).
+            let _ = running.job.events.send(JobEvent::Token(event));
+        }
+        let blocked =
+            || running.generation.next_step_blocked(false, running.session.position(), running.session.capacity());
+        match accepted.finished.or_else(blocked) {
+            Some(reason) => self.end(i, End::Finished(reason)),
+            None => running.next = Some(token),
+        }
+    }
+
+    /// Ends request `i`: the held-back text, then `Done`; its session goes back to the pool.
+    fn end(&mut self, i: usize, end: End) {
+        let running = self.running.swap_remove(i);
+        let prompt_tokens = running.job.prompt.len();
+        match running.generation.finish(Some(self.detokenizer.as_ref())) {
+            Ok((tokens, _text, held_back)) => {
+                if let Some(event) = held_back {
+                    let _ = running.job.events.send(JobEvent::Token(event));
+                }
+                self.metrics.completed.inc();
+                self.metrics.request_duration.observe(running.arrived.elapsed().as_secs_f64());
+                let _ = running.job.events.send(JobEvent::Done { end, prompt_tokens, completion_tokens: tokens.len() });
+            }
+            Err(error) => {
+                self.metrics.failed.inc();
+                let _ = running.job.events.send(JobEvent::Failed(error));
+            }
+        }
+        self.release(running.session);
+    }
+
+    /// Ends request `i` with a backend failure.
+    fn fail(&mut self, i: usize, error: SeamError) {
+        let running = self.running.swap_remove(i);
+        self.metrics.failed.inc();
+        let _ = running.job.events.send(JobEvent::Failed(error));
+        self.release(running.session);
+    }
+
+    /// Keeps a finished request's session for the next one (restarted when it is taken, which
+    /// also rebuilds a poisoned one's state).
+    fn release(&mut self, session: CheckedSession) {
+        if self.free.len() < self.config.slots {
+            self.free.push(session);
+        }
+    }
+}
