@@ -321,7 +321,7 @@ impl AppState {
             generation: GenerationRequest {
                 max_tokens,
                 eos_ids: self.model.eos_ids.clone(),
-                ignore_eos: false,
+                ignore_eos: params.ignore_eos,
                 stop_strings,
             },
             stream: params.stream,

@@ -96,6 +96,10 @@ pub struct Params {
     pub presence_penalty: Option<f32>,
     /// Penalties; only 0 is supported.
     pub frequency_penalty: Option<f32>,
+    /// Keep generating through EOS ids, to `max_tokens` (an extension vLLM and llama.cpp's server
+    /// accept too; benchmarks use it).
+    #[serde(default)]
+    pub ignore_eos: bool,
     /// Log probabilities are not supported.
     pub logprobs: Option<serde_json::Value>,
 }

@@ -1,0 +1,404 @@
+//! `seam serve` from the outside: the real binary on the default model (reference backend),
+//! called with curl, with the official `openai` Python client (pinned, installed into the
+//! project-local `.seam/py-openai` on first use) and with plain HTTP from threads.
+//!
+//! Checked: greedy output through the server equals `seam run`'s, streamed and not; concurrent
+//! requests (more than the slots, so some queue) each equal their output alone; a client that
+//! hangs up frees its slot; errors carry OpenAI's body and status (400, 404, 429 with
+//! Retry-After); SIGTERM lets a running request finish, then the process exits 0; resident
+//! memory stays flat over 1,000 requests.
+
+use serde_json::Value;
+use std::io::{BufRead, BufReader, Read, Write};
+use std::net::TcpStream;
+use std::path::PathBuf;
+use std::process::{Child, Command, Stdio};
+use std::sync::mpsc;
+use std::time::{Duration, Instant};
+
+const OPENAI_CLIENT: &str = "openai==3.57.0";
+
+fn default_model() -> PathBuf {
+    llama_model::default_model::ensure_default_model(None).unwrap()
+}
+
+/// A `seam serve` process, killed when dropped.
+struct Served {
+    child: Child,
+    address: String,
+}
+
+impl Served {
+    fn start(extra: &[&str]) -> Served {
+        let model = default_model();
+        let mut child = Command::new(env!("CARGO_BIN_EXE_seam"))
+            .args(["serve", "--backend", "reference", "--port", "0", "--model"])
+            .arg(&model)
+            .args(extra)
+            .stdout(Stdio::null())
+            .stderr(Stdio::piped())
+            .spawn()
+            .unwrap();
+        let stderr = BufReader::new(child.stderr.take().unwrap());
+        let (found, address) = mpsc::channel();
+        std::thread::spawn(move || {
+            let mut found = Some(found);
+            for line in stderr.lines().map_while(Result::ok) {
+                if let Some(rest) = line.split("at http://").nth(1) {
+                    if let Some(found) = found.take() {
+                        let _ = found.send(rest.split('/').next().unwrap_or_default().to_string());
+                    }
+                }
+                eprintln!("[seam serve] {line}");
+            }
+        });
+        let address = address.recv_timeout(Duration::from_secs(120)).expect("seam serve printed its address");
+        Served { child, address }
+    }
+
+    fn base_url(&self) -> String {
+        format!("http://{}/v1", self.address)
+    }
+
+    fn post(&self, path: &str, body: &str) -> Response {
+        request(&self.address, "POST", path, Some(body))
+    }
+
+    fn get(&self, path: &str) -> Response {
+        request(&self.address, "GET", path, None)
+    }
+
+    /// A metric's value from `/metrics` (the first sample whose line starts with `name`).
+    fn metric(&self, name: &str) -> f64 {
+        let text = self.get("/metrics").body;
+        text.lines()
+            .find(|l| l.starts_with(name) && l[name.len()..].starts_with([' ', '{']))
+            .and_then(|l| l.rsplit(' ').next())
+            .and_then(|v| v.parse().ok())
+            .unwrap_or_else(|| panic!("no metric {name} in:\n{text}"))
+    }
+
+    /// Waits until `metric` reads `value`.
+    fn wait_for(&self, metric: &str, value: f64) {
+        let deadline = Instant::now() + Duration::from_secs(60);
+        while self.metric(metric) != value {
+            assert!(Instant::now() < deadline, "{metric} did not reach {value} (now {})", self.metric(metric));
+            std::thread::sleep(Duration::from_millis(20));
+        }
+    }
+
+    fn resident_bytes(&self) -> u64 {
+        let status = std::fs::read_to_string(format!("/proc/{}/status", self.child.id())).unwrap();
+        let line = status.lines().find(|l| l.starts_with("VmRSS:")).unwrap();
+        line.split_whitespace().nth(1).unwrap().parse::<u64>().unwrap() * 1024
+    }
+}
+
+impl Drop for Served {
+    fn drop(&mut self) {
+        let _ = self.child.kill();
+        let _ = self.child.wait();
+    }
+}
+
+/// An HTTP answer.
+struct Response {
+    status: u16,
+    head: String,
+    body: String,
+}
+
+impl Response {
+    fn json(&self) -> Value {
+        serde_json::from_str(&self.body).unwrap_or_else(|e| panic!("not JSON ({e}): {}", self.body))
+    }
+
+    /// The concatenated text of a stream's chunks, its finish reason, and whether it ended with `[DONE]`.
+    fn stream_text(&self) -> (String, Option<String>, bool) {
+        let (mut text, mut finish, mut done) = (String::new(), None, false);
+        for data in self.body.lines().filter_map(|l| l.strip_prefix("data: ")) {
+            if data == "[DONE]" {
+                done = true;
+                continue;
+            }
+            let chunk: Value = serde_json::from_str(data).unwrap();
+            for choice in chunk["choices"].as_array().unwrap() {
+                text.push_str(choice["text"].as_str().or(choice["delta"]["content"].as_str()).unwrap_or(""));
+                if let Some(reason) = choice["finish_reason"].as_str() {
+                    finish = Some(reason.to_string());
+                }
+            }
+        }
+        (text, finish, done)
+    }
+}
+
+/// One HTTP/1.0 request (the answer's end is the connection's end, so no chunked decoding).
+fn request(address: &str, method: &str, path: &str, body: Option<&str>) -> Response {
+    let mut stream = TcpStream::connect(address).unwrap();
+    let body = body.unwrap_or("");
+    write!(
+        stream,
+        "{method} {path} HTTP/1.0\r\nHost: {address}\r\nContent-Type: application/json\r\nContent-Length: {}\r\n\r\n{body}",
+        body.len()
+    )
+    .unwrap();
+    let mut answer = String::new();
+    stream.read_to_string(&mut answer).unwrap();
+    let (head, body) = answer.split_once("\r\n\r\n").unwrap_or((&answer, ""));
+    let status = head.split_whitespace().nth(1).and_then(|s| s.parse().ok()).unwrap_or(0);
+    Response { status, head: head.to_string(), body: body.to_string() }
+}
+
+/// `seam run --json` on the reference backend: the generated text.
+fn seam_run(prompt: &str, chat: bool, max_tokens: usize) -> String {
+    let mut command = Command::new(env!("CARGO_BIN_EXE_seam"));
+    command.args(["run", "--backend", "reference", "--json", "--model"]).arg(default_model());
+    command.args(["--prompt", prompt, "--max-tokens", &max_tokens.to_string()]);
+    if chat {
+        command.arg("--chat");
+    }
+    let output = command.output().unwrap();
+    assert!(output.status.success(), "seam run failed: {}", String::from_utf8_lossy(&output.stderr));
+    let json: Value = serde_json::from_slice(&output.stdout).unwrap();
+    json["text"].as_str().unwrap().to_string()
+}
+
+fn completion_body(prompt: &str, max_tokens: usize, stream: bool) -> String {
+    serde_json::json!({"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": stream}).to_string()
+}
+
+/// A request that runs until its client goes away (or for minutes).
+fn endless_body(prompt: &str) -> String {
+    serde_json::json!({"prompt": prompt, "max_tokens": 4000, "temperature": 0, "stream": true, "ignore_eos": true})
+        .to_string()
+}
+
+/// `.seam/py-openai` with the pinned openai client, installed whole or not at all.
+fn openai_client_dir() -> PathBuf {
+    let dir = llama_model::home::root().join("py-openai");
+    if !dir.join("openai").is_dir() {
+        let staging = atomic_write::TempDir::create(&dir).unwrap();
+        let status = Command::new("python3")
+            .args(["-m", "pip", "install", "--quiet", "--disable-pip-version-check", "--target"])
+            .arg(staging.path())
+            .arg(OPENAI_CLIENT)
+            .status()
+            .expect("python3 must be installed to test with the openai client");
+        assert!(status.success(), "pip install {OPENAI_CLIENT} failed");
+        staging.commit(atomic_write::Existing::Replace).unwrap();
+    }
+    dir
+}
+
+#[test]
+fn curl_and_the_openai_client_get_what_seam_run_prints() {
+    let (chat_prompt, completion_prompt, max_tokens) = ("Name three rivers in Europe.", "The capital of France is", 24);
+    let expected_chat = seam_run(chat_prompt, true, max_tokens);
+    let expected_completion = seam_run(completion_prompt, false, max_tokens);
+    let served = Served::start(&["--parallel", "4"]);
+
+    let chat_body = serde_json::json!({
+        "messages": [{"role": "user", "content": chat_prompt}], "temperature": 0, "max_tokens": max_tokens
+    })
+    .to_string();
+    let curl = Command::new("curl")
+        .args(["-sS", "--fail-with-body", "-H", "Content-Type: application/json", "-d", &chat_body])
+        .arg(format!("{}/chat/completions", served.base_url()))
+        .output()
+        .expect("curl must be installed");
+    assert!(curl.status.success(), "curl: {}", String::from_utf8_lossy(&curl.stderr));
+    let answer: Value = serde_json::from_slice(&curl.stdout).unwrap();
+    assert_eq!(answer["choices"][0]["message"]["content"], expected_chat);
+    assert_eq!(answer["object"], "chat.completion");
+    assert_eq!(answer["usage"]["completion_tokens"], max_tokens);
+
+    let curl_stream = Command::new("curl")
+        .args(["-sSN", "--fail-with-body", "-d", &completion_body(completion_prompt, max_tokens, true)])
+        .arg(format!("{}/completions", served.base_url()))
+        .output()
+        .unwrap();
+    let streamed = Response { status: 200, head: String::new(), body: String::from_utf8(curl_stream.stdout).unwrap() };
+    assert_eq!(streamed.stream_text(), (expected_completion.clone(), Some("length".into()), true));
+
+    let script = PathBuf::from(env!("CARGO_MANIFEST_DIR")).join("tests/py/openai_client.py");
+    let output = Command::new("python3")
+        .arg(&script)
+        .args([served.base_url().as_str(), chat_prompt, completion_prompt, &max_tokens.to_string()])
+        .env("PYTHONPATH", openai_client_dir())
+        .output()
+        .unwrap();
+    assert!(output.status.success(), "the openai client failed:\n{}", String::from_utf8_lossy(&output.stderr));
+    let got: Value = serde_json::from_slice(&output.stdout).unwrap();
+    assert_eq!(got["model"], "SmolLM2-135M-Instruct");
+    for key in ["chat", "chat_stream"] {
+        assert_eq!(got[key], expected_chat, "{key}");
+    }
+    for key in ["completion", "completion_stream"] {
+        assert_eq!(got[key], expected_completion, "{key}");
+    }
+    for key in ["chat_finish", "chat_stream_finish", "completion_finish", "completion_stream_finish"] {
+        assert_eq!(got[key], "length", "{key}");
+    }
+    assert_eq!(got["chat_completion_tokens"], max_tokens);
+    assert_eq!(got["chat_stream_completion_tokens"], max_tokens);
+    assert_eq!(got["missing_model_status"], 404);
+}
+
+#[test]
+fn concurrent_requests_equal_their_solo_output_and_a_hang_up_frees_its_slot() {
+    let served = Served::start(&["--parallel", "4"]);
+    // More requests than slots, of different lengths, so requests queue, join and leave.
+    let requests: Vec<(String, usize)> =
+        (0..10).map(|i| (format!("Fact number {i} about the ocean:"), 3 + (i * 5) % 17)).collect();
+    let solo: Vec<String> = requests
+        .iter()
+        .map(|(prompt, n)| {
+            let answer = served.post("/v1/completions", &completion_body(prompt, *n, false));
+            assert_eq!(answer.status, 200, "{}", answer.body);
+            answer.json()["choices"][0]["text"].as_str().unwrap().to_string()
+        })
+        .collect();
+    let together: Vec<(u16, Value)> = std::thread::scope(|scope| {
+        let handles: Vec<_> = requests
+            .iter()
+            .map(|(prompt, n)| {
+                let served = &served;
+                scope.spawn(move || {
+                    let answer = served.post("/v1/completions", &completion_body(prompt, *n, false));
+                    (answer.status, answer.json())
+                })
+            })
+            .collect();
+        handles.into_iter().map(|h| h.join().unwrap()).collect()
+    });
+    for (i, ((status, answer), solo)) in together.iter().zip(&solo).enumerate() {
+        assert_eq!(*status, 200, "request {i}: {answer}");
+        assert_eq!(answer["choices"][0]["text"], *solo, "request {i} together differs from alone");
+        assert_eq!(answer["usage"]["completion_tokens"], requests[i].1, "request {i}");
+    }
+    assert!(served.metric("seam_batch_size_sum") > served.metric("seam_batch_size_count"), "no step batched two");
+
+    // A streaming client that reads its first chunk and hangs up.
+    let mut stream = TcpStream::connect(&served.address).unwrap();
+    let body = endless_body("Write a long story about a lighthouse.");
+    write!(stream, "POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{body}", body.len()).unwrap();
+    let mut first = [0u8; 256];
+    let _ = stream.read(&mut first).unwrap();
+    served.wait_for("seam_running_requests", 1.0);
+    drop(stream);
+    served.wait_for("seam_running_requests", 0.0);
+    assert_eq!(served.metric("seam_requests_cancelled_total"), 1.0);
+    let after = served.post("/v1/completions", &completion_body(&requests[0].0, requests[0].1, false));
+    assert_eq!(after.json()["choices"][0]["text"], solo[0], "a slot freed by a hang-up serves the next request");
+}
+
+#[test]
+fn mistakes_get_openai_errors_and_a_full_queue_gets_429() {
+    let served = Served::start(&["--parallel", "1", "--max-queue", "1"]);
+    let error = |answer: &Response| answer.json()["error"].clone();
+
+    let malformed = served.post("/v1/chat/completions", "{\"messages\": [");
+    assert_eq!(malformed.status, 400);
+    assert_eq!(error(&malformed)["type"], "invalid_request_error");
+    let missing =
+        served.post("/v1/chat/completions", r#"{"model": "gpt-4", "messages": [{"role": "user", "content": "hi"}]}"#);
+    assert_eq!(missing.status, 404);
+    assert_eq!(error(&missing)["code"], "model_not_found");
+    let too_long = served.post("/v1/completions", &completion_body("Hello", 1_000_000, false));
+    assert_eq!(too_long.status, 400);
+    assert_eq!(error(&too_long)["code"], "context_length_exceeded");
+    let message = error(&too_long)["message"].as_str().unwrap().to_string();
+    assert!(message.contains("8192") && message.contains("1000000"), "{message}");
+    for (body, param) in [
+        (r#"{"prompt": "x", "n": 2}"#, "n"),
+        (r#"{"prompt": "x", "max_tokens": 0}"#, "max_tokens"),
+        (r#"{"prompt": [99999999]}"#, "prompt"),
+        (r#"{"prompt": "x", "stop": ["a", "b", "c", "d", "e"]}"#, "stop"),
+    ] {
+        let answer = served.post("/v1/completions", body);
+        assert_eq!(answer.status, 400, "{body}: {}", answer.body);
+        assert_eq!(error(&answer)["param"], param, "{body}");
+    }
+    let bad_temperature = served.post("/v1/completions", r#"{"prompt": "x", "temperature": -1}"#);
+    assert_eq!(bad_temperature.status, 400);
+    assert_eq!(served.get("/v1/nothing").status, 404);
+
+    // One running, one queued: the third is refused at once.
+    let long = endless_body("Tell me about the sea.");
+    let mut running = TcpStream::connect(&served.address).unwrap();
+    write!(running, "POST /v1/completions HTTP/1.0\r\nContent-Length: {}\r\n\r\n{long}", long.len()).unwrap();
+    served.wait_for("seam_running_requests", 1.0);
+    let queued_address = served.address.clone();
+    let queued = std::thread::spawn(move || {
+        request(&queued_address, "POST", "/v1/completions", Some(&completion_body("Hi", 2, false)))
+    });
+    served.wait_for("seam_queue_depth", 1.0);
+    let refused = served.post("/v1/completions", &completion_body("Hi", 2, false));
+    assert_eq!(refused.status, 429, "{}", refused.body);
+    assert!(refused.head.to_ascii_lowercase().contains("retry-after: 1"), "{}", refused.head);
+    assert_eq!(error(&refused)["code"], "queue_full");
+    drop(running);
+    let queued = queued.join().unwrap();
+    assert_eq!(queued.status, 200, "the queued request runs once the slot is free: {}", queued.body);
+}
+
+#[test]
+fn sigterm_lets_the_running_request_finish_then_exits() {
+    let mut served = Served::start(&["--parallel", "2"]);
+    let address = served.address.clone();
+    let running = std::thread::spawn(move || {
+        request(&address, "POST", "/v1/completions", Some(&completion_body("The history of bridges", 40, false)))
+    });
+    served.wait_for("seam_running_requests", 1.0);
+    let status = Command::new("kill").args(["-TERM", &served.child.id().to_string()]).status().unwrap();
+    assert!(status.success());
+    let answer = running.join().unwrap();
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    assert_eq!(answer.json()["usage"]["completion_tokens"], 40);
+    let deadline = Instant::now() + Duration::from_secs(30);
+    let exit = loop {
+        if let Some(exit) = served.child.try_wait().unwrap() {
+            break exit;
+        }
+        assert!(Instant::now() < deadline, "seam serve did not exit after SIGTERM");
+        std::thread::sleep(Duration::from_millis(50));
+    };
+    assert!(exit.success(), "seam serve exited with {exit}");
+}
+
+#[test]
+fn resident_memory_stays_flat_over_a_thousand_requests() {
+    const REQUESTS: usize = 1000;
+    const CLIENTS: usize = 8;
+    let served = Served::start(&["--parallel", "8"]);
+    let run = |count: usize| {
+        std::thread::scope(|scope| {
+            for client in 0..CLIENTS {
+                let served = &served;
+                scope.spawn(move || {
+                    for i in (client..count).step_by(CLIENTS) {
+                        let stream = i % 2 == 0;
+                        let body = completion_body(&format!("Request {i} says"), 2, stream);
+                        let answer = served.post("/v1/completions", &body);
+                        assert_eq!(answer.status, 200, "request {i}: {}", answer.body);
+                        if stream {
+                            let (_, finish, done) = answer.stream_text();
+                            assert!(done && finish.is_some(), "request {i}: truncated stream {}", answer.body);
+                        } else {
+                            assert_eq!(answer.json()["usage"]["completion_tokens"], 2, "request {i}");
+                        }
+                    }
+                });
+            }
+        })
+    };
+    run(100);
+    let warm = served.resident_bytes();
+    run(REQUESTS);
+    let after = served.resident_bytes();
+    let growth = after as f64 / warm as f64 - 1.0;
+    eprintln!("resident: {warm} bytes after 100 requests, {after} after {REQUESTS} more ({:+.2}%)", growth * 100.0);
+    assert!(growth < 0.05, "resident memory grew {:.1}% over {REQUESTS} requests", growth * 100.0);
+    assert_eq!(served.metric("seam_requests_completed_total"), (100 + REQUESTS) as f64);
+}
