@@ -14,8 +14,8 @@ cd "$(dirname "$0")/.."
 
 target="${1:-llama-bench}"
 case "$target" in
-  llama-bench|llama-perplexity) ;;
-  *) echo "unknown llama.cpp target $target (llama-bench or llama-perplexity)" >&2; exit 2 ;;
+  llama-bench|llama-perplexity|llama-server) ;;
+  *) echo "unknown llama.cpp target $target (llama-bench, llama-perplexity or llama-server)" >&2; exit 2 ;;
 esac
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 dir="$PWD/.seam/llama.cpp"
@@ -42,6 +42,6 @@ src="$dir/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
 
 echo "== building $target (Release, native CPU, no curl)" >&2
 cmake -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
-  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=OFF -DLLAMA_BUILD_EXAMPLES=OFF >&2
+  -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=OFF >&2
 cmake --build "$dir/build" --target "$target" -j "$(nproc)" >&2
 echo "$bin"
