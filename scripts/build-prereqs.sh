@@ -9,10 +9,25 @@
 #   The PyPI wheel `libclang` carries libclang.so but not clang's builtin headers (stddef.h, ...),
 #   so gcc's are passed to it instead.
 #
-# Installs go into seam's home folder, `$SEAM_HOME` or else the checkout's .seam (the rule of
-# crates/llama-model/src/home.rs, which the Rust code follows): py-build/ is
-# `home::py_build_dir()`, pjrt/ is `home::pjrt_plugin_dir()`.
-seam_home_dir="${SEAM_HOME:-$PWD/.seam}"
+# Installs go into seam's home folder (the rule of crates/llama-model/src/home.rs, which the Rust
+# code follows): py-build/ is `home::py_build_dir()`, pjrt/ is `home::pjrt_plugin_dir()`. That is
+# `$SEAM_HOME` if set; else, sourced from inside this checkout, the checkout's .seam; else (sourced
+# from a crate of one's own that depends on seam) the user's cache folder, `$XDG_CACHE_HOME/seam` or
+# `~/.cache/seam`, and SEAM_HOME is then exported to it: crates/pjrt-runtime/build.rs reads the PJRT
+# header from `$SEAM_HOME/pjrt`, and without it would look inside seam's source (a path
+# dependency's checkout, or cargo's git cache), where nothing may be written.
+seam_checkout_dir="$(cd "$(dirname "${BASH_SOURCE[0]}")/.." && pwd)"
+if [ -n "${SEAM_HOME:-}" ]; then
+  seam_home_dir="$SEAM_HOME"
+else
+  case "$PWD/" in
+    "$seam_checkout_dir"/*) seam_home_dir="$seam_checkout_dir/.seam" ;;
+    *)
+      seam_home_dir="${XDG_CACHE_HOME:-$HOME/.cache}/seam"
+      export SEAM_HOME="$seam_home_dir"
+      ;;
+  esac
+fi
 seam_prereq_dir="$seam_home_dir/py-build"
 
 seam_cmake_ok() {

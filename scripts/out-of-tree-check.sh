@@ -37,7 +37,9 @@ EOF
 marker="$work/marker"
 touch "$marker"
 sleep 1
-source scripts/build-prereqs.sh >/dev/null
+# No `source scripts/build-prereqs.sh`: the vendor's seam has no IREE and no PJRT, so its build
+# needs none of the tools and headers that script installs. (A vendor who adds them sources it from
+# their own crate; it then installs into the user's cache folder, not here: see the doc's section 8.)
 (
   cd "$vendor"
   export CARGO_TARGET_DIR="$vendor/target"
@@ -56,8 +58,12 @@ echo "seam's home for the vendor: $home/seam ($(du -sh "$home/seam" 2>/dev/null 
 # Nothing new in the checkout: no file outside git's index (a model, a cache, a download; the
 # checkout's own target folder aside) appeared or changed during the run. Tracked files are left
 # out so that editing the checkout meanwhile is not reported.
-written=$(cd "$seam_root" && git ls-files --others -z | grep -zv '^target/' \
-  | xargs -0 -r find 2>/dev/null -newer "$marker" -type f | head -20)
+# (find's status is ignored: a file listed and then removed before find looks, by whatever else runs
+# in the checkout, is no write of the vendor's. Left to `set -e`, it ended the script silently.)
+untracked="$work/untracked"
+(cd "$seam_root" && git ls-files --others -z) > "$untracked"
+written=$(cd "$seam_root" && { grep -zv '^target/' "$untracked" || true; } \
+  | { xargs -0 -r find -newer "$marker" -type f 2>/dev/null || true; } | head -20)
 if [ -n "$written" ]; then
   echo "written into the seam checkout:"; echo "$written"; exit 1
 fi

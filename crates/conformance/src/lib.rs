@@ -5,7 +5,8 @@
 //! random-weight checkpoints and on the real default model, in every weight format the backend
 //! claims; the KV cache's lifecycle (decode vs whole prefill, chunked prefill, reset, interleaved
 //! and concurrent sessions, truncate, fork, filling the context, memory after many sessions); bad
-//! input and poisoning; sampling.
+//! input and poisoning; sampling. The `self.*` cases hold the backend against its own results
+//! along other paths, at tolerances far tighter than the reference's (see [`tolerance`]).
 //!
 //! Each case declares the capabilities it needs: a backend without them gets `unsupported`, not a
 //! pass. Each case runs inside `catch_unwind`: a panic fails that case, not the suite. The result is
@@ -48,7 +49,7 @@ pub mod verdict;
 
 pub use report::{BackendReport, CaseResult, Figures, Outcome, Report};
 pub use runner::LIFECYCLE_MODEL;
-pub use tolerance::{ComputePrecision, Tolerances};
+pub use tolerance::{ComputePrecision, ToleranceKind, ToleranceProfile, Tolerances};
 
 /// Every `max_context` the suite loads a model with (`None`: the backend's default), so that a
 /// backend's graphs can be compiled ahead for a machine that cannot compile (`seam compile
@@ -85,8 +86,11 @@ pub struct SuiteOptions {
     pub backend_settings: BTreeMap<String, String>,
     /// Weight formats to test (each only where the backend claims it).
     pub formats: Vec<WeightFormat>,
-    /// Compute precision of the backends selected by name, which picks the tolerances.
+    /// Compute precision of the backends selected by name, which picks the tolerance presets.
     pub precision: ComputePrecision,
+    /// Thresholds of the backends selected by name that replace the presets of `precision` (see
+    /// [`Target::with_tolerances`]); `None` keeps the presets.
+    pub tolerances: Option<ToleranceProfile>,
     /// Greedy parity on the real default model (installed on first use): skipped, quick, or full.
     pub real_model: RealModelParity,
     /// Where generated checkpoints are cached.
@@ -104,6 +108,7 @@ impl Default for SuiteOptions {
             backend_settings: BTreeMap::new(),
             formats: WeightFormat::ALL.to_vec(),
             precision: ComputePrecision::F32,
+            tolerances: None,
             real_model: RealModelParity::Full,
             cache_dir: models::default_cache_dir(),
             case_filter: None,
@@ -154,16 +159,17 @@ pub enum RealModelParity {
 pub struct Target {
     backend: Box<dyn Backend>,
     precision: ComputePrecision,
+    tolerances: ToleranceProfile,
 }
 
 impl Target {
     /// A backend, held to f32 tolerances.
     pub fn new(backend: Box<dyn Backend>) -> Target {
-        Target { backend, precision: ComputePrecision::F32 }
+        Target { backend, precision: ComputePrecision::F32, tolerances: ComputePrecision::F32.profile() }
     }
 
-    /// The backend registered under `name`. A backend built against another contract version is
-    /// still returned (wrapped so that it reports itself unavailable with the reason).
+    /// The backend registered under `name`. One that cannot be instantiated or configured is still
+    /// returned, wrapped so that it reports itself unavailable with the reason.
     pub fn registered(name: &str) -> Result<Target, SuiteError> {
         Target::registered_with(name, &BTreeMap::new())
     }
@@ -177,9 +183,7 @@ impl Target {
                 match entry.instantiate().and_then(|b| if settings.is_empty() { Ok(b) } else { b.configure(settings) })
                 {
                     Ok(backend) => Ok(Target::new(backend)),
-                    Err(e) => {
-                        Ok(Target::new(Box::new(IncompatibleBackend { name: entry.name, reason: e.to_string() })))
-                    }
+                    Err(e) => Ok(Target::new(Box::new(UnusableBackend { name: entry.name, reason: e.to_string() }))),
                 }
             }
             None => Err(SuiteError::UnknownBackend(
@@ -190,10 +194,25 @@ impl Target {
         }
     }
 
-    /// Applies the tolerances of `precision` (see [`tolerance`]).
+    /// Applies the tolerance presets of `precision` (see [`tolerance`]), replacing any custom
+    /// profile given before.
     pub fn with_precision(mut self, precision: ComputePrecision) -> Target {
         self.precision = precision;
+        self.tolerances = precision.profile();
         self
+    }
+
+    /// Holds the backend to its own thresholds instead of a preset (for arithmetic no preset fits,
+    /// such as fp8 or int8 activations): see [`ToleranceProfile::custom`]. The report names the
+    /// profile and shows which of its two sets each row used.
+    pub fn with_tolerances(mut self, profile: ToleranceProfile) -> Target {
+        self.tolerances = profile;
+        self
+    }
+
+    /// The tolerances the suite will apply.
+    pub fn tolerances(&self) -> &ToleranceProfile {
+        &self.tolerances
     }
 
     /// The backend's registry name.
@@ -202,18 +221,19 @@ impl Target {
     }
 }
 
-/// Stands in for a registered backend built against another session-api version.
-struct IncompatibleBackend {
+/// Stands in for a registered backend that could not be instantiated or configured (a setting it
+/// refused, such as a PJRT plugin that is not there).
+struct UnusableBackend {
     name: &'static str,
     reason: String,
 }
 
-impl Backend for IncompatibleBackend {
+impl Backend for UnusableBackend {
     fn name(&self) -> &str {
         self.name
     }
     fn description(&self) -> &str {
-        "built against another session-api version"
+        "could not be instantiated or configured"
     }
     fn availability(&self) -> session_api::Availability {
         session_api::Availability::Unavailable { reason: self.reason.clone() }
@@ -243,7 +263,13 @@ pub fn run_suite(options: &SuiteOptions) -> Result<Report, SuiteError> {
     let targets = names
         .iter()
         .map(|name| {
-            Target::registered_with(name, &options.backend_settings).map(|t| t.with_precision(options.precision))
+            Target::registered_with(name, &options.backend_settings).map(|t| {
+                let target = t.with_precision(options.precision);
+                match &options.tolerances {
+                    Some(profile) => target.with_tolerances(profile.clone()),
+                    None => target,
+                }
+            })
         })
         .collect::<Result<Vec<_>, _>>()?;
     run_targets(&targets, options)

@@ -1,7 +1,7 @@
 //! What a suite run found: one [`CaseResult`] per backend × weight format × case (× model), the
 //! matrix printed from them, and the same data as JSON.
 
-use crate::tolerance::{ComputePrecision, Tolerances};
+use crate::tolerance::{ComputePrecision, ToleranceKind, ToleranceProfile};
 use serde::Serialize;
 use session_api::{Availability, Capabilities, WeightFormat};
 use std::collections::BTreeMap;
@@ -79,7 +79,7 @@ impl Figures {
             _ => {}
         }
         if let Some(m) = self.margin_at_divergence {
-            parts.push(format!("reference margin there {m:.2e}"));
+            parts.push(format!("expected stream's margin there {m:.2e}"));
         }
         if let Some(n) = self.tolerated_divergences {
             parts.push(format!("{n} tolerated near-tie divergences"));
@@ -120,6 +120,9 @@ pub struct CaseResult {
     /// True when the backend was compared with itself (the reference backend's parity cases): such a
     /// pass proves the harness and determinism across loads, not correctness.
     pub self_comparison: bool,
+    /// Which set of the backend's [`BackendReport::tolerances`] the case held it to; `None` for a
+    /// case that compares no numbers, or that did not run.
+    pub tolerance: Option<ToleranceKind>,
     /// Wall time of the case.
     pub duration_ms: f64,
 }
@@ -131,10 +134,10 @@ pub struct BackendReport {
     pub backend: String,
     /// Whether it could run here (and why not).
     pub availability: Availability,
-    /// The compute precision whose tolerances were applied.
+    /// The compute precision declared for the backend (which picks the presets).
     pub precision: ComputePrecision,
-    /// The tolerances applied.
-    pub tolerances: Tolerances,
+    /// The thresholds applied: the presets of `precision`, or the backend's custom profile.
+    pub tolerances: ToleranceProfile,
     /// The capabilities it claimed, when available.
     pub capabilities: Option<Capabilities>,
     /// One result per case run.
@@ -189,6 +192,7 @@ impl Report {
             None => case.clone(),
         };
         let label_width = rows.iter().map(|r| row_label(r).len()).max().unwrap_or(4).max(4);
+        let kinds = self.row_tolerance_kinds(&rows);
         let cells: BTreeMap<(usize, usize), String> = self.cells(&columns, &rows);
         let column_width: Vec<usize> = columns
             .iter()
@@ -200,14 +204,14 @@ impl Report {
             })
             .collect();
 
-        let _ = write!(out, "{:label_width$}", "case [model]");
+        let _ = write!(out, "{:label_width$}  tol ", "case [model]");
         for (c, name) in columns.iter().enumerate() {
             let _ = write!(out, "  {:w$}", name, w = column_width[c]);
         }
         out.push('\n');
-        let _ = writeln!(out, "{}", "-".repeat(label_width + column_width.iter().map(|w| w + 2).sum::<usize>()));
+        let _ = writeln!(out, "{}", "-".repeat(label_width + 6 + column_width.iter().map(|w| w + 2).sum::<usize>()));
         for (r, row) in rows.iter().enumerate() {
-            let _ = write!(out, "{:label_width$}", row_label(row));
+            let _ = write!(out, "{:label_width$}  {:4}", row_label(row), kinds[r]);
             for (c, width) in column_width.iter().enumerate() {
                 let cell = cells.get(&(r, c)).map(String::as_str).unwrap_or("-");
                 let _ = write!(out, "  {cell:width$}");
@@ -226,20 +230,45 @@ impl Report {
             }
         }
 
-        out.push_str("\ndetails (parity and memory figures; why each result that is not a pass):\n");
+        // What `ref` and `self` in the tol column mean for each backend that ran.
+        out.push_str(
+            "\ntolerances (tol column: ref = against the reference, self = against the backend's own results):\n",
+        );
+        for b in self.backends.iter().filter(|b| b.availability.is_available()) {
+            let t = &b.tolerances;
+            let _ = writeln!(out, "  {}: {}", b.backend, t.label());
+            let _ = writeln!(out, "    ref:  {}", t.reference);
+            let _ = writeln!(out, "    self: {}", t.self_consistency);
+        }
+
+        out.push_str("\ndetails (parity, self-consistency and memory figures; why each result that is not a pass):\n");
         for b in &self.backends {
             for r in &b.results {
                 let figures = r.figures.describe();
                 // Passes of the other cases carry figures too (in the JSON), but they are all zero
                 // for a correct backend and would bury the lines that matter.
-                let headline = r.case == "parity.greedy" || r.figures.rss_growth_bytes.is_some();
+                // Self-consistency passes are headlines too: how close a backend's own paths came
+                // to its tolerance is what tells how much headroom a tight set leaves.
+                let headline = r.case == "parity.greedy"
+                    || r.tolerance == Some(ToleranceKind::SelfConsistency)
+                    || r.figures.rss_growth_bytes.is_some();
                 if r.outcome == Outcome::Pass && !(headline || r.figures.tolerated_divergences.unwrap_or(0) > 0) {
                     continue;
                 }
                 let format = r.weights.map(|w| format!("/{w}")).unwrap_or_default();
                 let model = r.model.as_ref().map(|m| format!(" [{m}]")).unwrap_or_default();
                 let self_note = if r.self_comparison { " (self-comparison)" } else { "" };
-                let _ = write!(out, "  {:11} {}{format} {}{model}{self_note}", r.outcome.as_str(), b.backend, r.case);
+                let tolerance = match r.tolerance {
+                    Some(kind) => format!(" ({} tolerance, {})", kind.as_str(), b.tolerances.label()),
+                    None => String::new(),
+                };
+                let _ = write!(
+                    out,
+                    "  {:11} {}{format} {}{model}{self_note}{tolerance}",
+                    r.outcome.as_str(),
+                    b.backend,
+                    r.case
+                );
                 if !r.detail.is_empty() {
                     let _ = write!(out, ": {}", r.detail);
                 }
@@ -254,13 +283,13 @@ impl Report {
         for b in &self.backends {
             let _ = writeln!(
                 out,
-                "  {:12} {:4} pass, {:3} fail, {:3} unsupported, {:3} unavailable  ({} compute tolerances; {:.1} s)",
+                "  {:12} {:4} pass, {:3} fail, {:3} unsupported, {:3} unavailable  ({} tolerances; {:.1} s)",
                 b.backend,
                 b.count(Outcome::Pass),
                 b.count(Outcome::Fail),
                 b.count(Outcome::Unsupported),
                 b.count(Outcome::Unavailable),
-                b.precision,
+                b.tolerances.label(),
                 b.duration_ms / 1000.0
             );
         }
@@ -305,6 +334,21 @@ impl Report {
             }
         }
         rows
+    }
+
+    /// The `tol` column: the tolerance kind each row's results used (`ref`, `self`, `-` for none;
+    /// the same for every backend, as it depends on the case only).
+    fn row_tolerance_kinds(&self, rows: &[(String, Option<String>)]) -> Vec<&'static str> {
+        rows.iter()
+            .map(|(case, model)| {
+                self.backends
+                    .iter()
+                    .flat_map(|b| &b.results)
+                    .filter(|r| r.case == *case && r.model == *model)
+                    .find_map(|r| r.tolerance)
+                    .map_or("-", ToleranceKind::as_str)
+            })
+            .collect()
     }
 
     fn cells(&self, columns: &[String], rows: &[(String, Option<String>)]) -> BTreeMap<(usize, usize), String> {
@@ -353,6 +397,7 @@ mod tests {
             detail: String::new(),
             figures: Figures::default(),
             self_comparison: false,
+            tolerance: Some(ToleranceKind::Reference),
             duration_ms: 1.0,
         }
     }
@@ -362,7 +407,7 @@ mod tests {
             backend: name.into(),
             availability: Availability::Available { devices: vec![] },
             precision: ComputePrecision::F32,
-            tolerances: ComputePrecision::F32.tolerances(),
+            tolerances: ComputePrecision::F32.profile(),
             capabilities: None,
             results,
             duration_ms: 10.0,
@@ -392,5 +437,42 @@ mod tests {
         let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
         assert_eq!(json["backends"][0]["results"][1]["outcome"], "fail");
         assert_eq!(json["backends"][0]["results"][1]["figures"]["first_divergent_step"], 7);
+        assert_eq!(json["backends"][0]["results"][1]["tolerance"], "reference");
+        assert_eq!(json["backends"][0]["tolerances"]["name"], "f32");
+    }
+
+    #[test]
+    fn each_row_names_its_tolerance_and_custom_profiles_are_shown() {
+        use crate::tolerance::Tolerances;
+        let mut own = result("self.decode_equals_prefill", Some(WeightFormat::F16), Outcome::Fail);
+        own.tolerance = Some(ToleranceKind::SelfConsistency);
+        own.detail = "logits out of tolerance".into();
+        let mut claims = result("contract.capabilities", Some(WeightFormat::F16), Outcome::Pass);
+        claims.tolerance = None;
+        let profile = crate::tolerance::ToleranceProfile::custom(
+            "fp8 activations",
+            Tolerances { margin_epsilon: 2.0, max_nmse: 5e-2, max_abs: 6.0 },
+            Tolerances { margin_epsilon: 0.5, max_nmse: 2e-3, max_abs: 1.0 },
+        );
+        let report = Report {
+            backends: vec![BackendReport {
+                tolerances: profile,
+                ..backend("npu", vec![result("parity.greedy", Some(WeightFormat::F16), Outcome::Pass), own, claims])
+            }],
+        };
+        let text = report.render();
+        let row =
+            |case: &str| text.lines().find(|l| l.starts_with(case)).unwrap_or_else(|| panic!("{text}")).to_string();
+        assert!(row("self.decode_equals_prefill").contains(" self "), "{text}");
+        assert!(row("parity.greedy").contains(" ref "), "{text}");
+        assert!(row("contract.capabilities").contains(" - "), "{text}");
+        assert!(text.contains("npu: custom \"fp8 activations\""), "{text}");
+        assert!(text.contains("self: margin ε 0.5, nmse ≤ 2e-3, max|Δ| ≤ 1"), "{text}");
+        assert!(text.contains("(self tolerance, custom \"fp8 activations\")"), "{text}");
+        let json: serde_json::Value = serde_json::from_str(&report.to_json()).unwrap();
+        assert_eq!(json["backends"][0]["tolerances"]["custom"], true);
+        assert_eq!(json["backends"][0]["tolerances"]["self_consistency"]["max_nmse"], 2e-3);
+        assert_eq!(json["backends"][0]["results"][1]["tolerance"], "self_consistency");
+        assert!(json["backends"][0]["results"][2]["tolerance"].is_null());
     }
 }

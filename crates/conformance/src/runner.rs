@@ -56,7 +56,7 @@ impl<'a> Suite<'a> {
         let started = Instant::now();
         let backend = &*target.backend;
         let name = backend.name().to_string();
-        let tolerances = target.precision.tolerances();
+        let tolerances = target.tolerances.clone();
         let mut report = BackendReport {
             backend: name.clone(),
             availability: Availability::Unavailable { reason: "not checked".into() },
@@ -209,7 +209,8 @@ impl<'a> Suite<'a> {
             model,
             format,
             oracle: &self.oracle,
-            tolerances: target.precision.tolerances(),
+            tolerances: target.tolerances.reference,
+            self_tolerances: target.tolerances.self_consistency,
             parity_lengths,
         };
         for case in &cases {
@@ -222,6 +223,10 @@ impl<'a> Suite<'a> {
                 },
             };
             let mut result = CaseResult::new(case.name, Some(&model.name), Some(format), verdict);
+            // Which set applied is worth showing only where the case ran.
+            if matches!(result.outcome, Outcome::Pass | Outcome::Fail) {
+                result.tolerance = cases::tolerance_kind(case.name);
+            }
             result.self_comparison =
                 self_comparison && case.name == cases::parity::CASE.name && result.outcome == Outcome::Pass;
             result.duration_ms = ms_since(started);
@@ -264,6 +269,7 @@ impl CaseResult {
             detail: verdict.detail,
             figures: verdict.figures,
             self_comparison: false,
+            tolerance: None,
             duration_ms: 0.0,
         }
     }

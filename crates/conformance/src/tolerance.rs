@@ -9,6 +9,21 @@
 //! - **Logits** (when the backend returns them): the normalized squared error
 //!   `nmse = Σ(a-b)² / Σb²` (as llama.cpp's test-backend-ops reports it, `b` the reference) and the
 //!   largest absolute difference `max|a-b|`, of the last position's logits, worst over all steps.
+//!
+//! A backend is held to two sets of thresholds, a [`ToleranceProfile`]:
+//! - **reference** ([`ComputePrecision::tolerances`]): its numbers against the reference's, loose
+//!   enough for a backend that computes in a lower precision than the reference's f32;
+//! - **self-consistency** ([`ComputePrecision::self_consistency_tolerances`]): its numbers along one
+//!   path (prefill then decode) against its own along another (one token at a time, a whole-sequence
+//!   prefill, a truncated and replayed cache, a fork). Both sides round the same way, so what may
+//!   legitimately differ is summation order and where an activation is rounded to the storage
+//!   precision (a prefill may attend to keys it has not yet rounded into the cache; a decode reads
+//!   them rounded). That is far less than a lower precision's distance from f32, so these
+//!   thresholds are orders of magnitude tighter, and a corrupted cache row that the bf16 reference
+//!   preset lets through fails here.
+//!
+//! A backend whose arithmetic fits no preset (fp8 or int8 activations) states its own profile with
+//! [`ToleranceProfile::custom`]; the report names the profile and which set each row used.
 
 use serde::{Deserialize, Serialize};
 use std::fmt;
@@ -50,6 +65,102 @@ impl ComputePrecision {
             // bf16 keeps 8 bits: an order of magnitude looser than f16.
             ComputePrecision::Bf16 => Tolerances { margin_epsilon: 1.0, max_nmse: 1e-2, max_abs: 3.0 },
         }
+    }
+}
+
+impl ComputePrecision {
+    /// The self-consistency preset for this precision: the backend's own paths against each other.
+    pub fn self_consistency_tolerances(self) -> Tolerances {
+        match self {
+            // f32 on both sides: summation order only (a prefill graph tiles its reductions
+            // differently from a decode graph), about 1e-6 relative on a logit.
+            ComputePrecision::F32 => Tolerances { margin_epsilon: 1e-3, max_nmse: 1e-9, max_abs: 5e-3 },
+            // An f16 cache rounds each key and value to 11 bits where a prefill may attend to the
+            // unrounded ones: a relative 5e-4 on some attention inputs, not on every activation as
+            // against the reference.
+            ComputePrecision::F16 => Tolerances { margin_epsilon: 0.05, max_nmse: 1e-6, max_abs: 0.1 },
+            // The same with 8 bits: eight times the rounding, about sixty-four times the nmse.
+            ComputePrecision::Bf16 => Tolerances { margin_epsilon: 0.2, max_nmse: 1e-4, max_abs: 0.5 },
+        }
+    }
+
+    /// Both presets of this precision, as a profile named after it.
+    pub fn profile(self) -> ToleranceProfile {
+        ToleranceProfile {
+            name: self.as_str().to_string(),
+            custom: false,
+            reference: self.tolerances(),
+            self_consistency: self.self_consistency_tolerances(),
+        }
+    }
+}
+
+/// Which of a profile's two sets a comparison uses.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, Serialize, Deserialize)]
+#[serde(rename_all = "snake_case")]
+pub enum ToleranceKind {
+    /// The backend against the reference backend.
+    Reference,
+    /// The backend against its own results along another path.
+    SelfConsistency,
+}
+
+impl ToleranceKind {
+    /// Short name for the matrix: `ref` or `self`.
+    pub fn as_str(self) -> &'static str {
+        match self {
+            ToleranceKind::Reference => "ref",
+            ToleranceKind::SelfConsistency => "self",
+        }
+    }
+}
+
+/// The thresholds a backend is held to: a preset of its compute precision
+/// ([`ComputePrecision::profile`]) or the backend's own ([`ToleranceProfile::custom`]).
+#[derive(Debug, Clone, PartialEq, Serialize, Deserialize)]
+pub struct ToleranceProfile {
+    /// The precision's name for a preset (`f32`, `f16`, `bf16`); the backend's own label for a
+    /// custom profile (`fp8 activations`).
+    pub name: String,
+    /// Whether the backend declared these itself instead of taking its precision's preset.
+    pub custom: bool,
+    /// Against the reference: parity, the lifecycle cases, bad input, embeddings, sampling, layers.
+    pub reference: Tolerances,
+    /// Against the backend's own results: the `self.*` cases.
+    pub self_consistency: Tolerances,
+}
+
+impl ToleranceProfile {
+    /// A backend's own thresholds, for arithmetic no preset fits (fp8 or int8 activations). Choose
+    /// `self_consistency` from what the backend's prefill and decode paths may legitimately differ
+    /// by, not from its distance to the reference: that is the check a loose `reference` set
+    /// cannot make.
+    pub fn custom(name: impl Into<String>, reference: Tolerances, self_consistency: Tolerances) -> ToleranceProfile {
+        ToleranceProfile { name: name.into(), custom: true, reference, self_consistency }
+    }
+
+    /// The set of `kind`.
+    pub fn get(&self, kind: ToleranceKind) -> Tolerances {
+        match kind {
+            ToleranceKind::Reference => self.reference,
+            ToleranceKind::SelfConsistency => self.self_consistency,
+        }
+    }
+
+    /// `f32 preset` or `custom "fp8 activations"`.
+    pub fn label(&self) -> String {
+        if self.custom {
+            format!("custom \"{}\"", self.name)
+        } else {
+            format!("{} preset", self.name)
+        }
+    }
+}
+
+impl fmt::Display for Tolerances {
+    fn fmt(&self, f: &mut fmt::Formatter<'_>) -> fmt::Result {
+        // Shortest exact forms: a rounded exponent would print the f16 preset's 0.25 as 2e-1.
+        write!(f, "margin ε {}, nmse ≤ {:e}, max|Δ| ≤ {}", self.margin_epsilon, self.max_nmse, self.max_abs)
     }
 }
 
@@ -180,5 +291,24 @@ mod tests {
         assert!(a.max_nmse < b.max_nmse && b.max_nmse < c.max_nmse);
         assert!(a.margin_epsilon < b.margin_epsilon && b.margin_epsilon < c.margin_epsilon);
         assert_eq!("fp16".parse::<ComputePrecision>(), Ok(ComputePrecision::F16));
+    }
+
+    #[test]
+    fn self_consistency_is_much_tighter_than_reference_parity() {
+        for precision in [ComputePrecision::F32, ComputePrecision::F16, ComputePrecision::Bf16] {
+            let profile = precision.profile();
+            let (reference, own) = (profile.reference, profile.self_consistency);
+            assert!(own.max_nmse * 100.0 <= reference.max_nmse, "{precision}");
+            assert!(own.max_abs < reference.max_abs && own.margin_epsilon < reference.margin_epsilon, "{precision}");
+            assert_eq!(profile.get(ToleranceKind::SelfConsistency), own);
+            assert!(!profile.custom && profile.label() == format!("{precision} preset"));
+        }
+        let custom = ToleranceProfile::custom(
+            "fp8",
+            Tolerances { margin_epsilon: 2.0, max_nmse: 5e-2, max_abs: 6.0 },
+            Tolerances { margin_epsilon: 0.5, max_nmse: 1e-3, max_abs: 1.0 },
+        );
+        assert_eq!(custom.label(), "custom \"fp8\"");
+        assert_eq!(custom.get(ToleranceKind::Reference).max_nmse, 5e-2);
     }
 }

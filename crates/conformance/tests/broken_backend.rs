@@ -1,11 +1,13 @@
 //! The suite must catch a broken backend: one that corrupts its KV cache after a few decode steps
 //! fails with the case and the step named; one that panics inside decode fails those cases
 //! (caught), and the suite goes on to the others; one that leaks every dropped session fails the
-//! memory case.
+//! memory case; one whose greedy token is not its logits' argmax is told apart from an arithmetic
+//! bug; one that rewrites a single cache row slightly wrong, declared bf16, passes greedy parity
+//! at the bf16 preset and fails the self-consistency case.
 
 mod support;
 
-use conformance::{Outcome, RealModelParity, Report, SuiteOptions, Target};
+use conformance::{ComputePrecision, Outcome, RealModelParity, Report, SuiteOptions, Target, ToleranceKind};
 use support::broken_backends::{Breakage, BrokenBackend};
 
 /// Decode steps a broken session gets right before it breaks.
@@ -31,6 +33,10 @@ fn main() {
         Target::new(Box::new(BrokenBackend::new(Breakage::PanicInDecode, GOOD_DECODES))),
         Target::new(Box::new(BrokenBackend::new(Breakage::LeakSessions, GOOD_DECODES))),
         Target::new(Box::new(BrokenBackend::new(Breakage::WrongGreedyToken, GOOD_DECODES))),
+        // The same cache corruption, declared a bf16 backend: the reference preset is then loose
+        // enough to let it through, and only the self-consistency cases can catch it.
+        Target::new(Box::new(BrokenBackend::new(Breakage::NudgeKvRow, GOOD_DECODES)))
+            .with_precision(ComputePrecision::Bf16),
     ];
     let report = conformance::run_targets(&targets, &options).expect("the suite runs");
     report.print_matrix();
@@ -107,5 +113,24 @@ fn main() {
         expected_failures,
         "only the memory case may fail on broken-leak"
     );
+    // One cache row rewritten from a slightly wrong input, on a backend declared bf16: the
+    // reference preset lets it through (the premise: if the parity row below fails, the bf16
+    // preset was tightened or the nudge grown, and this demonstration needs recalibrating), and
+    // the self-consistency case, at the bf16 self tolerance, catches it at the step it happened.
+    let bf16 = Report { backends: vec![report.backends[4].clone()] };
+    let rows = |kind: ToleranceKind| bf16.backends[0].results.iter().filter(move |r| r.tolerance == Some(kind));
+    let reference_rows = rows(ToleranceKind::Reference).count();
+    let reference_passes = rows(ToleranceKind::Reference).filter(|r| r.outcome == Outcome::Pass).count();
+    println!("broken-kv-row under bf16: {reference_passes} of {reference_rows} rows held against the reference pass");
+    let parity = result(&bf16, "parity.greedy", conformance::LIFECYCLE_MODEL);
+    assert_eq!(parity.outcome, Outcome::Pass, "{parity:?}");
+    let own = result(&bf16, "self.decode_equals_prefill", conformance::LIFECYCLE_MODEL);
+    assert_eq!(own.outcome, Outcome::Fail, "{own:?}");
+    assert_eq!(own.tolerance, Some(ToleranceKind::SelfConsistency));
+    let step = own.figures.first_divergent_step.expect("the failing step is reported");
+    assert_eq!(step, GOOD_DECODES + 1, "the row is rewritten by decode {}: {}", GOOD_DECODES + 1, own.detail);
+    assert!(own.detail.contains(&format!("first {step} generated tokens at once")), "{}", own.detail);
+    println!("broken-kv-row caught under bf16 by self-consistency: {}", own.detail);
+
     println!("the suite reported every broken backend as failing, with case and step");
 }

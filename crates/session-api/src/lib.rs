@@ -46,9 +46,29 @@ pub use session::{
     CheckedSession, RawStep, Session, SessionLimits, SessionOptions, SessionSteps, StepInput, StepOutput,
 };
 
-/// Version of this contract. A backend compiled against another version is listed by the
-/// registry as incompatible instead of being called through a mismatched vtable.
+/// Version of this contract, stamped on every registry entry ([`BackendRegistration::api_version`]).
+///
+/// It cannot tell a binary that two contracts are linked into it: each copy of session-api has
+/// its own registry, and a backend registered through one copy is stamped with that copy's
+/// version and is invisible to the other copy's [`registered_backends`]. What catches two copies
+/// (two sources of seam's crates, such as a git dependency beside a path one, or two versions) is
+/// the link: see [`ONE_SESSION_API_PER_BINARY`]. Within one binary every entry made by
+/// [`register_backend!`] therefore carries this same version; the registry still refuses an entry
+/// built by hand with another one.
 pub const API_VERSION: u32 = 1;
+
+/// A symbol every copy of session-api defines under the same unmangled name, and every registry
+/// entry and [`registered_backends`] refer to. A binary that links two copies of this crate would
+/// have two registries, and the backends registered through the copy its caller does not use
+/// would silently be missing; instead it fails to link, with a duplicate-symbol error whose name
+/// says what happened (`duplicate symbol:
+/// seam_session_api_linked_twice__take_every_seam_crate_from_one_source_with_cargo_patch` from
+/// lld, `multiple definition of …` from GNU ld; `scripts/two-sources-check.sh` shows it). The fix
+/// is one source for every seam crate (`[patch]`, see docs/adding-a-backend.md, section 3);
+/// `cargo tree -d` lists a crate built twice.
+#[export_name = "seam_session_api_linked_twice__take_every_seam_crate_from_one_source_with_cargo_patch"]
+#[used]
+pub static ONE_SESSION_API_PER_BINARY: u8 = 1;
 
 #[doc(hidden)]
 pub use inventory;

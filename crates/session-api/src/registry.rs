@@ -4,6 +4,10 @@
 //! the final binary references that crate, the linker may drop it together with its registration.
 //! A binary that links backends must therefore reference each one (every backend crate exports a
 //! `link()` function for exactly this; the `seam` cli calls them at start-up).
+//!
+//! One registry per binary: a second copy of this crate would be a second registry, so every
+//! entry refers to [`crate::ONE_SESSION_API_PER_BINARY`], whose fixed symbol name makes such a
+//! binary fail to link instead of losing backends silently.
 
 use crate::backend::{Availability, Backend, Engine, LoadRequest};
 use crate::capabilities::Capabilities;
@@ -24,8 +28,11 @@ pub enum Factory {
 /// One backend's entry in the registry. Create it with [`crate::register_backend!`] or
 /// [`crate::register_backend_alias!`].
 pub struct BackendRegistration {
-    /// The contract version the backend was compiled against.
+    /// The contract version the backend was compiled against (see [`crate::API_VERSION`]).
     pub api_version: u32,
+    /// [`crate::ONE_SESSION_API_PER_BINARY`] of the copy of session-api the entry was made with:
+    /// referring to it pulls that copy's symbol into the link, so that two copies collide there.
+    pub one_copy: &'static u8,
     /// The registry name.
     pub name: &'static str,
     /// How the backend is made.
@@ -41,6 +48,7 @@ macro_rules! register_backend {
         $crate::inventory::submit! {
             $crate::registry::BackendRegistration {
                 api_version: $crate::API_VERSION,
+                one_copy: &$crate::ONE_SESSION_API_PER_BINARY,
                 name: $name,
                 factory: $crate::registry::Factory::Backend($constructor),
             }
@@ -55,6 +63,7 @@ macro_rules! register_backend_alias {
         $crate::inventory::submit! {
             $crate::registry::BackendRegistration {
                 api_version: $crate::API_VERSION,
+                one_copy: &$crate::ONE_SESSION_API_PER_BINARY,
                 name: $name,
                 factory: $crate::registry::Factory::Alias { backend: $backend, device: $device },
             }
@@ -72,7 +81,9 @@ pub struct RegisteredBackend {
 }
 
 impl RegisteredBackend {
-    /// Whether it was built against this contract version.
+    /// Whether it was built against this contract version: true for every entry made with
+    /// [`crate::register_backend!`] (a binary has one copy of the contract, see
+    /// [`crate::API_VERSION`]); false only for an entry built by hand with another version.
     pub fn is_compatible(&self) -> bool {
         self.api_version == API_VERSION
     }
@@ -85,7 +96,7 @@ impl RegisteredBackend {
         }
     }
 
-    /// Instantiates the backend, refusing one built against another contract version.
+    /// Instantiates the backend, refusing an entry stamped with another contract version.
     pub fn instantiate(&self) -> Result<Box<dyn Backend>> {
         if !self.is_compatible() {
             return Err(SeamError::Unavailable {
@@ -112,6 +123,10 @@ impl RegisteredBackend {
 
 /// Every registered backend, sorted by name. Duplicate names keep the first registration.
 pub fn registered_backends() -> Vec<RegisteredBackend> {
+    // The reader's copy takes part in the link too, even in a binary that registers nothing
+    // through it (so a backend registered through another copy cannot be missed quietly).
+    // SAFETY: a plain read of an initialized, immutable static.
+    let _ = unsafe { std::ptr::read_volatile(&crate::ONE_SESSION_API_PER_BINARY) };
     let mut all: Vec<RegisteredBackend> = inventory::iter::<BackendRegistration>
         .into_iter()
         .map(|r| RegisteredBackend { name: r.name, api_version: r.api_version, factory: r.factory })
@@ -228,7 +243,12 @@ mod tests {
     crate::register_backend!("test-dummy", || Box::new(Dummy));
 
     inventory::submit! {
-        BackendRegistration { api_version: API_VERSION + 1, name: "test-future", factory: Factory::Backend(|| Box::new(Dummy)) }
+        BackendRegistration {
+            api_version: API_VERSION + 1,
+            one_copy: &crate::ONE_SESSION_API_PER_BINARY,
+            name: "test-future",
+            factory: Factory::Backend(|| Box::new(Dummy)),
+        }
     }
 
     #[test]

@@ -5,6 +5,7 @@
 //! failure (see [`crate::verdict::call_failed`]).
 
 pub mod bad_input;
+pub mod batched;
 pub mod capability_claims;
 pub mod embeddings;
 pub mod kv_lifecycle;
@@ -12,11 +13,12 @@ pub mod layers;
 pub mod memory;
 pub mod parity;
 pub mod sampling;
+pub mod self_consistency;
 
 use crate::models::TestModel;
 use crate::oracle::{Continuation, Oracle, OracleRun};
 use crate::stream::{compare, Comparison, Driver, Expected, Trace};
-use crate::tolerance::Tolerances;
+use crate::tolerance::{ToleranceKind, Tolerances};
 use crate::verdict::{Checked, OrFail, Verdict};
 use session_api::{Backend, Capabilities, Engine, LoadRequest, SamplingConfig, Session, SessionOptions, WeightFormat};
 use std::sync::Arc;
@@ -37,8 +39,11 @@ pub struct CaseContext<'a> {
     pub format: WeightFormat,
     /// The reference.
     pub oracle: &'a Oracle,
-    /// The tolerances of the backend's compute precision.
+    /// The thresholds against the reference (the target's profile's `reference` set).
     pub tolerances: Tolerances,
+    /// The thresholds against the backend's own results (its profile's `self_consistency` set),
+    /// for the `self.*` cases.
+    pub self_tolerances: Tolerances,
     /// Prompt lengths for the parity case.
     pub parity_lengths: &'a [usize],
 }
@@ -69,7 +74,27 @@ pub fn lifecycle_cases() -> Vec<Case> {
     cases.extend(embeddings::CASES);
     cases.extend(sampling::CASES);
     cases.push(layers::CASE);
+    cases.extend(batched::CASES);
+    cases.extend(self_consistency::CASES);
     cases
+}
+
+/// The cases that compare no numbers: claims, resident memory, a seeded sampler with itself, and
+/// batched decoding, whose tokens must equal the same backend's alone exactly.
+const UNTOLERANCED: [&str; 4] =
+    ["contract.capabilities", "kv.many_sessions_memory", "sampling.seeded_reproducible", "batch.joins_and_leaves"];
+
+/// Which of the target's tolerance sets the case `name` holds the backend to, for the report:
+/// the `self.*` cases their own set; the cases that compare nothing numeric none; every other
+/// case compares tokens or values with the reference's.
+pub fn tolerance_kind(name: &str) -> Option<ToleranceKind> {
+    if name.starts_with(self_consistency::GROUP) {
+        Some(ToleranceKind::SelfConsistency)
+    } else if UNTOLERANCED.contains(&name) {
+        None
+    } else {
+        Some(ToleranceKind::Reference)
+    }
 }
 
 impl CaseContext<'_> {
@@ -130,4 +155,22 @@ impl CaseContext<'_> {
 /// A pass carrying a comparison's figures.
 pub fn pass_with(detail: impl Into<String>, comparison: &Comparison) -> Checked<Verdict> {
     Ok(Verdict::pass(detail).with_figures(comparison.figures()))
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_case_has_the_tolerance_kind_it_uses() {
+        let names: Vec<&str> = crate::list_cases().into_iter().map(|(name, _)| name).collect();
+        for name in UNTOLERANCED {
+            assert!(names.contains(&name), "{name} is no longer a case");
+            assert_eq!(tolerance_kind(name), None);
+        }
+        assert_eq!(tolerance_kind("parity.greedy"), Some(ToleranceKind::Reference));
+        for case in self_consistency::CASES {
+            assert_eq!(tolerance_kind(case.name), Some(ToleranceKind::SelfConsistency), "{}", case.name);
+        }
+    }
 }

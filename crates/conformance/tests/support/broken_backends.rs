@@ -7,7 +7,10 @@
 //! - [`Breakage::PanicInDecode`]: panics inside `decode`;
 //! - [`Breakage::LeakSessions`]: never frees a dropped session's state;
 //! - [`Breakage::WrongGreedyToken`]: returns correct logits but, as its device-side greedy token,
-//!   the runner-up (a selection bug with perfect arithmetic).
+//!   the runner-up (a selection bug with perfect arithmetic);
+//! - [`Breakage::NudgeKvRow`]: rewrites one cache row from a slightly wrong input (its token's
+//!   embedding mixed with another token's by [`NUDGE`]), the kind of small cache error a lower
+//!   precision's reference tolerance hides.
 
 use session_api::{
     Availability, Backend, Capabilities, Engine, EngineInfo, LoadRequest, RawStep, Result, SessionOptions,
@@ -22,6 +25,7 @@ pub enum Breakage {
     PanicInDecode,
     LeakSessions,
     WrongGreedyToken,
+    NudgeKvRow,
 }
 
 impl Breakage {
@@ -31,12 +35,39 @@ impl Breakage {
             Breakage::PanicInDecode => "broken-panic",
             Breakage::LeakSessions => "broken-leak",
             Breakage::WrongGreedyToken => "broken-greedy",
+            Breakage::NudgeKvRow => "broken-kv-row",
         }
     }
 }
 
 /// Positions of the cache rewritten by [`Breakage::CorruptKv`].
 pub const CORRUPTED_POSITIONS: usize = 4;
+
+/// The weight of another token's embedding in the row [`Breakage::NudgeKvRow`] rewrites.
+pub const NUDGE: f32 = 0.1;
+
+/// A model's embedding table, row after row (for [`Breakage::NudgeKvRow`]).
+struct EmbeddingTable {
+    hidden: usize,
+    rows: Vec<f32>,
+}
+
+impl EmbeddingTable {
+    fn load(request: &LoadRequest) -> Result<EmbeddingTable> {
+        let weights = llama_model::weights::load_weights(&request.model_dir, request.weights, None)
+            .map_err(|e| session_api::SeamError::InvalidInput(format!("broken-kv-row: {e}")))?;
+        let (vocab, hidden) = (weights.embed.rows(), weights.embed.cols());
+        let mut rows = vec![0.0f32; vocab * hidden];
+        for (token, row) in rows.chunks_exact_mut(hidden).enumerate() {
+            weights.embed.row_f32(token, row);
+        }
+        Ok(EmbeddingTable { hidden, rows })
+    }
+
+    fn row(&self, token: u32) -> &[f32] {
+        &self.rows[token as usize * self.hidden..][..self.hidden]
+    }
+}
 
 pub struct BrokenBackend {
     inner: Box<dyn Backend>,
@@ -68,7 +99,11 @@ impl Backend for BrokenBackend {
     }
     fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {
         let inner = self.inner.load(request)?;
-        Ok(Arc::new(BrokenEngine { inner, breakage: self.breakage, after_decodes: self.after_decodes }))
+        let embeddings = match self.breakage {
+            Breakage::NudgeKvRow => Some(Arc::new(EmbeddingTable::load(request)?)),
+            _ => None,
+        };
+        Ok(Arc::new(BrokenEngine { inner, breakage: self.breakage, after_decodes: self.after_decodes, embeddings }))
     }
 }
 
@@ -76,6 +111,7 @@ struct BrokenEngine {
     inner: Arc<dyn Engine>,
     breakage: Breakage,
     after_decodes: usize,
+    embeddings: Option<Arc<EmbeddingTable>>,
 }
 
 impl Engine for BrokenEngine {
@@ -93,6 +129,7 @@ impl Engine for BrokenEngine {
             decodes: 0,
             breakage: self.breakage,
             after_decodes: self.after_decodes,
+            embeddings: self.embeddings.clone(),
         }))
     }
 }
@@ -106,6 +143,7 @@ struct BrokenSteps {
     decodes: usize,
     breakage: Breakage,
     after_decodes: usize,
+    embeddings: Option<Arc<EmbeddingTable>>,
 }
 
 impl Drop for BrokenSteps {
@@ -132,6 +170,19 @@ impl BrokenSteps {
         }
         Ok(())
     }
+
+    /// Rewrites the last cache row before `position` from its token's embedding nudged toward the
+    /// next token's.
+    fn nudge_row(&mut self, position: usize) -> Result<()> {
+        let (Some(table), Some(row)) = (self.embeddings.clone(), position.checked_sub(1)) else { return Ok(()) };
+        let token = self.history[row];
+        let other = (token + 1) % self.vocab_size as u32;
+        let values: Vec<f32> =
+            table.row(token).iter().zip(table.row(other)).map(|(&a, &b)| (1.0 - NUDGE) * a + NUDGE * b).collect();
+        self.inner().truncate(row)?;
+        self.inner().append(row, StepInput::Embeddings { values: &values, count: 1 }, false)?;
+        Ok(())
+    }
 }
 
 impl SessionSteps for BrokenSteps {
@@ -140,6 +191,7 @@ impl SessionSteps for BrokenSteps {
         if is_decode && self.decodes == self.after_decodes {
             match self.breakage {
                 Breakage::CorruptKv => self.corrupt_cache(position)?,
+                Breakage::NudgeKvRow => self.nudge_row(position)?,
                 Breakage::PanicInDecode => panic!("broken-panic: decode step {} blew up", self.decodes + 1),
                 Breakage::LeakSessions | Breakage::WrongGreedyToken => {}
             }
@@ -177,6 +229,7 @@ impl SessionSteps for BrokenSteps {
             decodes: self.decodes,
             breakage: self.breakage,
             after_decodes: self.after_decodes,
+            embeddings: self.embeddings.clone(),
         }))
     }
     fn reset(&mut self, after_failure: bool) -> Result<()> {
