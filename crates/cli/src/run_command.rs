@@ -78,14 +78,39 @@ impl TargetArgs {
     }
 }
 
+/// How to load the engine: the flags `seam run` and `seam serve` share beside [`TargetArgs`].
 #[derive(Args)]
-pub struct RunArgs {
-    #[command(flatten)]
-    target: TargetArgs,
+pub struct LoadArgs {
     /// A backend setting of this load, KEY=VALUE (repeatable; e.g. `layers=unrolled`; see the
     /// backend's documentation).
     #[arg(long = "set", value_name = "KEY=VALUE")]
     settings: Vec<String>,
+    /// Cap on the context length.
+    #[arg(long)]
+    max_context: Option<usize>,
+    /// Host threads for the backend (default: all cores).
+    #[arg(long)]
+    threads: Option<usize>,
+}
+
+impl LoadArgs {
+    /// The load request of `target` for `model_dir` with these flags, reporting progress to `bar`.
+    pub fn request(&self, target: &TargetArgs, model_dir: &Path, bar: &Arc<StageBar>) -> Result<LoadRequest, CliError> {
+        let mut request = target.request(model_dir);
+        request.max_context = self.max_context;
+        request.threads = self.threads;
+        request.settings = parse_settings(&self.settings)?;
+        request.progress = Some(bar.callback());
+        Ok(request)
+    }
+}
+
+#[derive(Args)]
+pub struct RunArgs {
+    #[command(flatten)]
+    target: TargetArgs,
+    #[command(flatten)]
+    load: LoadArgs,
     /// The prompt; read from standard input when absent and input is piped.
     #[arg(long)]
     prompt: Option<String>,
@@ -122,12 +147,6 @@ pub struct RunArgs {
     /// Seed for sampling.
     #[arg(long)]
     seed: Option<u64>,
-    /// Cap on the context length.
-    #[arg(long)]
-    max_context: Option<usize>,
-    /// Host threads for the backend (default: all cores).
-    #[arg(long)]
-    threads: Option<usize>,
     /// Print one JSON object (text, token ids, stats) instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -243,11 +262,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     };
 
     let bar = Arc::new(StageBar::new());
-    let mut request = args.target.request(&model_dir);
-    request.max_context = args.max_context;
-    request.threads = args.threads;
-    request.settings = parse_settings(&args.settings)?;
-    request.progress = Some(bar.callback());
+    let request = args.load.request(&args.target, &model_dir, &bar)?;
     let (encoded, loaded) = std::thread::scope(|scope| {
         let encoding = scope.spawn(encode);
         let loaded = args.target.load(backend.as_ref(), &request);

@@ -2,7 +2,7 @@
 
 use crate::cli_error::CliError;
 use crate::progress::StageBar;
-use crate::run_command::{parse_settings, TargetArgs};
+use crate::run_command::{LoadArgs, TargetArgs};
 use chat_tokenizer::{ChatTemplate, Tokenizer};
 use clap::Args;
 use llama_model::model_dir::ModelDir;
@@ -17,9 +17,8 @@ use std::time::Duration;
 pub struct ServeArgs {
     #[command(flatten)]
     target: TargetArgs,
-    /// A load setting of the backend, KEY=VALUE (repeatable; see `seam backends`).
-    #[arg(long = "set", value_name = "KEY=VALUE")]
-    settings: Vec<String>,
+    #[command(flatten)]
+    load: LoadArgs,
     /// Address to listen on.
     #[arg(long, default_value = "127.0.0.1")]
     host: IpAddr,
@@ -44,12 +43,6 @@ pub struct ServeArgs {
     /// The model id clients name (default: the model directory's name).
     #[arg(long)]
     model_name: Option<String>,
-    /// Cap on the context length of each request.
-    #[arg(long)]
-    max_context: Option<usize>,
-    /// Host threads the backend may use.
-    #[arg(long)]
-    threads: Option<usize>,
 }
 
 /// Loads the model and serves until SIGTERM or Ctrl-C, then lets running requests finish.
@@ -66,11 +59,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
         }
     };
     let bar = Arc::new(StageBar::new());
-    let mut request = args.target.request(&model_dir);
-    request.max_context = args.max_context;
-    request.threads = args.threads;
-    request.settings = parse_settings(&args.settings)?;
-    request.progress = Some(bar.callback());
+    let request = args.load.request(&args.target, &model_dir, &bar)?;
     let engine = args.target.load(backend.as_ref(), &request)?;
     bar.finish();
     let info = engine.info();
