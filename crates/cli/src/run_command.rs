@@ -278,16 +278,9 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
 
     let mut session =
         engine.new_session(SessionOptions { sampling, return_logits: false, return_hidden_states: false })?;
-    let generation_config = model.generation_config();
-    let mut eos_ids = model.config().eos_token_ids.clone();
-    for id in &generation_config.eos_token_ids {
-        if !eos_ids.contains(id) {
-            eos_ids.push(*id);
-        }
-    }
     let generation = GenerationRequest {
         max_tokens: args.max_tokens,
-        eos_ids,
+        eos_ids: model.eos_token_ids(),
         ignore_eos: args.ignore_eos,
         stop_strings: args.stop_strings.clone(),
     };

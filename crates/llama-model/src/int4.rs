@@ -240,11 +240,7 @@ impl Int4Matrix {
 
     /// The whole matrix as row-major f32.
     pub fn dequantize(&self) -> Vec<f32> {
-        let mut out = vec![0.0f32; self.rows * self.cols];
-        if self.rows > 0 {
-            out.par_chunks_mut(self.cols).enumerate().for_each(|(r, row)| self.dequantize_row(r, row));
-        }
-        out
+        dequantize_rows(self.rows, self.cols, |r, row| self.dequantize_row(r, row))
     }
 
     /// Bytes held: packed codes plus scales and biases.
@@ -310,6 +306,16 @@ impl Int4Matrix {
         let biases = store.read_f16(&bname)?;
         Int4Matrix::from_parts(rows, cols, packed, scales, biases)
     }
+}
+
+/// A `rows x cols` row-major f32 matrix whose rows `dequantize_row` fills, rows in parallel: the
+/// whole-matrix dequantization of every quantized format here.
+pub(crate) fn dequantize_rows(rows: usize, cols: usize, dequantize_row: impl Fn(usize, &mut [f32]) + Sync) -> Vec<f32> {
+    let mut out = vec![0.0f32; rows * cols];
+    if rows > 0 {
+        out.par_chunks_mut(cols).enumerate().for_each(|(r, row)| dequantize_row(r, row));
+    }
+    out
 }
 
 #[cfg(test)]

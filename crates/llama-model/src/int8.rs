@@ -11,7 +11,7 @@
 //! `.qweight` tells the two apart.
 
 use crate::error::ModelError;
-use crate::int4::{check_shape, QWEIGHT_SUFFIX, SCALES_SUFFIX};
+use crate::int4::{check_shape, dequantize_rows, QWEIGHT_SUFFIX, SCALES_SUFFIX};
 use crate::tensor_store::{Dtype, OwnedTensor, TensorStore};
 use half::f16;
 use rayon::prelude::*;
@@ -118,11 +118,7 @@ impl Int8Matrix {
 
     /// The whole matrix as row-major f32.
     pub fn dequantize(&self) -> Vec<f32> {
-        let mut out = vec![0.0f32; self.rows * self.cols];
-        if self.rows > 0 {
-            out.par_chunks_mut(self.cols).enumerate().for_each(|(r, row)| self.dequantize_row(r, row));
-        }
-        out
+        dequantize_rows(self.rows, self.cols, |r, row| self.dequantize_row(r, row))
     }
 
     /// Bytes held: codes plus scales.

@@ -70,6 +70,9 @@ struct AppState {
     scheduler: Scheduler,
     metrics: Arc<Metrics>,
     options: ServerOptions,
+    /// The engine's vocabulary size and context length, read once at start.
+    vocab_size: usize,
+    max_context: usize,
     started: u64,
     next_id: AtomicU64,
 }
@@ -90,12 +93,16 @@ impl Server {
         let (scheduler, engine_thread) =
             Scheduler::start(Arc::clone(&model.engine), detokenizer, options.scheduler.clone(), Arc::clone(&metrics))?;
         let special_tokens = model.tokenizer.special_tokens();
+        let vocab_size = model.engine.info().vocab_size;
+        let max_context = model.engine.capabilities().max_context;
         let state = Arc::new(AppState {
             model,
             special_tokens,
             scheduler,
             metrics,
             options,
+            vocab_size,
+            max_context,
             started: unix_now(),
             next_id: AtomicU64::new(1),
         });
@@ -208,6 +215,13 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A queued request: its events, and how to answer them.
+struct Submitted {
+    events: mpsc::UnboundedReceiver<JobEvent>,
+    stream: bool,
+    include_usage: bool,
+}
+
 /// What a request asks the engine thread, checked.
 struct Prepared {
     prompt: Vec<u32>,
@@ -278,14 +292,14 @@ impl AppState {
         if prompt.is_empty() {
             return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
         }
-        let vocab_size = self.model.engine.info().vocab_size;
+        let vocab_size = self.vocab_size;
         if let Some(&token) = prompt.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(ApiError::invalid(
                 format!("token id {token} is outside the vocabulary (size {vocab_size})"),
                 Some("prompt"),
             ));
         }
-        let capacity = self.model.engine.capabilities().max_context;
+        let capacity = self.max_context;
         if prompt.len() >= capacity {
             return Err(ApiError::invalid(
                 format!(
@@ -334,16 +348,12 @@ impl AppState {
     }
 
     /// Queues a prepared request; a full queue is answered at once.
-    fn submit(&self, prepared: &Prepared) -> Result<mpsc::UnboundedReceiver<JobEvent>, ApiError> {
+    fn submit(&self, prepared: Prepared) -> Result<Submitted, ApiError> {
         let (events, receiver) = mpsc::unbounded_channel();
-        let job = Job {
-            prompt: prepared.prompt.clone(),
-            sampling: prepared.sampling,
-            generation: prepared.generation.clone(),
-            events,
-        };
+        let Prepared { prompt, sampling, generation, stream, include_usage } = prepared;
+        let job = Job { prompt, sampling, generation, events };
         match self.scheduler.submit(job) {
-            Ok(()) => Ok(receiver),
+            Ok(()) => Ok(Submitted { events: receiver, stream, include_usage }),
             Err(SubmitError::QueueFull) => Err(ApiError {
                 status: StatusCode::TOO_MANY_REQUESTS,
                 detail: ErrorDetail {
@@ -519,11 +529,11 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
     .await?;
     let prepared =
         state.prepare(prompt, &request.params, request.max_completion_tokens.or(request.params.max_tokens))?;
-    let events = state.submit(&prepared)?;
+    let Submitted { events, stream, include_usage } = state.submit(prepared)?;
     let id = state.new_id("chatcmpl");
     let created = unix_now();
     let model = state.model.id.clone();
-    if !prepared.stream {
+    if !stream {
         let collected = collect(events).await?;
         return Ok(Json(ChatResponse {
             id,
@@ -563,7 +573,7 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
         let chunk_for = chunk_for.clone();
         move |text: Option<String>, finish| chunk_for(Delta { role: None, content: text }, finish, None)
     };
-    let usage_chunk: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = prepared.include_usage.then(|| {
+    let usage_chunk: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = include_usage.then(|| {
         Box::new(move |usage| chunk_for(Delta::default(), None, Some(usage)))
             as Box<dyn Fn(Usage) -> Event + Send + Sync>
     });
@@ -597,7 +607,7 @@ async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Respo
         }
     };
     let prepared = state.prepare(prompt, &request.params, request.params.max_tokens)?;
-    let events = state.submit(&prepared)?;
+    let Submitted { events, stream, include_usage } = state.submit(prepared)?;
     let id = state.new_id("cmpl");
     let created = unix_now();
     let model = state.model.id.clone();
@@ -614,7 +624,7 @@ async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Respo
             },
             usage,
         };
-    if !prepared.stream {
+    if !stream {
         let collected = collect(events).await?;
         let body = response(collected.text, Some(finish_reason(collected.end)), Some(collected.usage), true);
         return Ok(Json(body).into_response());
@@ -623,7 +633,7 @@ async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Respo
         let response = response.clone();
         move |text: Option<String>, finish| json_event(&response(text.unwrap_or_default(), finish, None, true))
     };
-    let usage_chunk: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = prepared.include_usage.then(|| {
+    let usage_chunk: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = include_usage.then(|| {
         Box::new(move |usage| json_event(&response(String::new(), None, Some(usage), false)))
             as Box<dyn Fn(Usage) -> Event + Send + Sync>
     });
@@ -638,7 +648,7 @@ async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
             object: "model",
             created: state.started,
             owned_by: "seam",
-            max_model_len: state.model.engine.capabilities().max_context,
+            max_model_len: state.max_context,
         }],
     })
 }

@@ -39,7 +39,7 @@ pub struct Job {
     pub prompt: Vec<u32>,
     /// How to pick tokens.
     pub sampling: SamplingConfig,
-    /// When to stop.
+    /// When to stop (the engine thread takes it when the request gets a slot).
     pub generation: GenerationRequest,
     /// Where the request's events go.
     pub events: tokio_mpsc::UnboundedSender<JobEvent>,
@@ -243,26 +243,26 @@ impl EngineThread {
     /// Gives free slots to waiting requests, in arrival order.
     fn admit(&mut self) {
         while self.running.len() < self.config.slots {
-            let Some(waiting) = self.waiting.pop_front() else { return };
+            let Some(Waiting { mut job, arrived }) = self.waiting.pop_front() else { return };
             self.queued.fetch_sub(1, Ordering::SeqCst);
             let session = match self.free.pop() {
                 Some(session) => Ok(session),
                 None => self.engine.new_checked_session(SessionOptions::default()),
             };
-            let started = session.and_then(|mut session| session.restart(waiting.job.sampling).map(|_| session));
+            let started = session.and_then(|mut session| session.restart(job.sampling).map(|_| session));
             match started {
                 Ok(session) => self.running.push(Running {
-                    generation: Generation::new(waiting.job.generation.clone()),
-                    job: waiting.job,
+                    generation: Generation::new(std::mem::take(&mut job.generation)),
+                    job,
                     session,
-                    arrived: waiting.arrived,
+                    arrived,
                     prefilled: 0,
                     next: None,
                     last_token_at: None,
                 }),
                 Err(error) => {
                     self.metrics.failed.inc();
-                    let _ = waiting.job.events.send(JobEvent::Failed(error));
+                    let _ = job.events.send(JobEvent::Failed(error));
                 }
             }
         }
