@@ -56,6 +56,13 @@ wait_healthy() {
 
 results="$(mktemp)"
 measure() {  # name port pid
+  # A discarded pass at every concurrency first: graphs a server compiles or loads on first use
+  # (seam's batched decode graphs) are then not timed.
+  step "$1: warm-up"
+  for level in $levels; do
+    python3 scripts/serve_load.py --url "http://127.0.0.1:$2/v1" --concurrency "$level" --requests 1 \
+      --max-tokens 8 >/dev/null
+  done
   for level in $levels; do
     step "$1 at concurrency $level"
     line="$(python3 scripts/serve_load.py --url "http://127.0.0.1:$2/v1" --concurrency "$level" \

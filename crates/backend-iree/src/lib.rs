@@ -122,7 +122,7 @@ impl Backend for IreeBackend {
     /// What any engine offers; `max_context` is the default cap (a load request may ask for
     /// more, up to the model's `max_position_embeddings`).
     fn capabilities(&self) -> Capabilities {
-        capabilities_with(DEFAULT_MAX_CONTEXT)
+        capabilities_with(DEFAULT_MAX_CONTEXT, true)
     }
 
     fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {

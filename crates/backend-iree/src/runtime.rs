@@ -9,7 +9,9 @@
 use crate::compiler::{compile_cached, CompilerChoice};
 use crate::device::IreeDevice;
 use crate::worker::{CacheId, CacheShape, WorkerHandle};
-use graph_engine::{CacheOutcome, CompileReport, GraphCall, GraphOutput, GraphRuntime, LoadedModel, PreparedWeights};
+use graph_engine::{
+    BatchCall, CacheOutcome, CompileReport, GraphCall, GraphOutput, GraphRuntime, LoadedModel, PreparedWeights,
+};
 use llama_model::LlamaConfig;
 use session_api::Result;
 use stablehlo_llama::{emit_module, GraphOptions, GraphSpec};
@@ -118,10 +120,24 @@ impl GraphRuntime for IreeRuntime {
     }
 
     fn execute(&self, cache: &mut IreeCache, call: &GraphCall) -> Result<GraphOutput> {
-        let function = call.graph.name();
+        Ok(self.worker.step(cache.id, self.module_of(call.graph)?, call.clone())?)
+    }
+
+    fn decodes_batches(&self) -> bool {
+        true
+    }
+
+    fn execute_batch(&self, caches: &mut [&mut IreeCache], call: &BatchCall) -> Result<Vec<GraphOutput>> {
+        let ids = caches.iter().map(|cache| cache.id).collect();
+        Ok(self.worker.step_batch(ids, self.module_of(call.graph)?, call.clone())?)
+    }
+}
+
+impl IreeRuntime {
+    /// The loaded module that holds `graph`.
+    fn module_of(&self, graph: GraphSpec) -> Result<String> {
+        let function = graph.name();
         let module = self.modules.lock().unwrap_or_else(|p| p.into_inner()).get(&function).cloned();
-        let module =
-            module.ok_or_else(|| crate::error::IreeError::Runtime(format!("no loaded module holds {function}")))?;
-        Ok(self.worker.step(cache.id, module, call.clone())?)
+        Ok(module.ok_or_else(|| crate::error::IreeError::Runtime(format!("no loaded module holds {function}")))?)
     }
 }

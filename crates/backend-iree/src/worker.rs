@@ -17,9 +17,10 @@ use crate::device::IreeDevice;
 use crate::error::IreeError;
 use eerie::runtime::{BufferElement, BufferView, Value};
 use eerie::runtime::{Program, Runtime};
-use graph_engine::{GraphCall, GraphInput, GraphOutput, PreparedArg, PreparedWeights};
+use graph_engine::{BatchCall, GraphCall, GraphInput, GraphOutput, PreparedArg, PreparedWeights};
 use half::f16;
 use stablehlo_llama::ArgDtype;
+use stablehlo_llama::GraphSpec;
 use std::collections::HashMap;
 use std::sync::mpsc::{channel, Sender};
 
@@ -137,6 +138,16 @@ impl WorkerHandle {
     pub fn step(&self, cache: CacheId, module: String, call: GraphCall) -> Result<GraphOutput, IreeError> {
         self.run(move |state| state.step(cache, &module, call))
     }
+
+    /// One batched decode call over the caches of its sequences, in order.
+    pub fn step_batch(
+        &self,
+        caches: Vec<CacheId>,
+        module: String,
+        call: BatchCall,
+    ) -> Result<Vec<GraphOutput>, IreeError> {
+        self.run(move |state| state.step_batch(&caches, &module, call))
+    }
 }
 
 /// A cache's two buffers; `None` after a failed step consumed them (the session is then poisoned
@@ -197,51 +208,99 @@ impl WorkerState {
     }
 
     fn step(&mut self, cache_id: CacheId, module: &str, call: GraphCall) -> Result<GraphOutput, IreeError> {
-        let program =
-            self.modules.get(module).ok_or_else(|| IreeError::Runtime(format!("module {module} is not loaded")))?;
-        let name = format!("{VM_MODULE}.{}", call.graph.name());
-        let function = program.function(&name)?;
-        let cache =
-            self.caches.get_mut(&cache_id).ok_or_else(|| IreeError::Runtime(format!("no KV cache {cache_id}")))?;
-        // Taken out: the function consumes these buffers and returns the updated ones.
-        let (k, v) = cache
-            .buffers
-            .take()
-            .ok_or_else(|| IreeError::Runtime("the KV cache was lost by an earlier failure".into()))?;
-        let mut inputs: Vec<Value> = Vec::with_capacity(5 + self.weights.len());
-        inputs.push(match &call.input {
+        let mut leading: Vec<Value> = Vec::with_capacity(3);
+        leading.push(match &call.input {
             GraphInput::Tokens(ids) => self.runtime.buffer_view(&[ids.len()], ids)?.into(),
             GraphInput::Embeddings(values) => {
                 let rows = call.graph.kind.input_rows();
                 self.runtime.buffer_view(&[rows, values.len() / rows], values)?.into()
             }
         });
-        inputs.push(self.runtime.buffer_view::<i32>(&[], &[call.position as i32])?.into());
+        leading.push(self.runtime.buffer_view::<i32>(&[], &[call.position as i32])?.into());
         if call.graph.kind.takes_count() {
-            inputs.push(self.runtime.buffer_view::<i32>(&[], &[call.count as i32])?.into());
+            leading.push(self.runtime.buffer_view::<i32>(&[], &[call.count as i32])?.into());
         }
-        inputs.push(k.into());
-        inputs.push(v.into());
+        let mut outputs = self.invoke(&[cache_id], module, call.graph, leading, call.read_logits)?;
+        Ok(outputs.remove(0))
+    }
+
+    fn step_batch(&mut self, caches: &[CacheId], module: &str, call: BatchCall) -> Result<Vec<GraphOutput>, IreeError> {
+        let tokens = self.runtime.buffer_view(&[call.tokens.len()], &call.tokens)?.into();
+        let positions = self.runtime.buffer_view(&[call.positions.len()], &call.positions)?.into();
+        self.invoke(caches, module, call.graph, vec![tokens, positions], call.read_logits)
+    }
+
+    /// Calls `graph` with its `leading` arguments (input, position(s), count) and the caches of
+    /// its sequences, which it consumes and replaces with the updated ones; returns each
+    /// sequence's greedy token and, when `read_logits`, its row of the logits.
+    fn invoke(
+        &mut self,
+        cache_ids: &[CacheId],
+        module: &str,
+        graph: GraphSpec,
+        leading: Vec<Value>,
+        read_logits: bool,
+    ) -> Result<Vec<GraphOutput>, IreeError> {
+        let program =
+            self.modules.get(module).ok_or_else(|| IreeError::Runtime(format!("module {module} is not loaded")))?;
+        let name = format!("{VM_MODULE}.{}", graph.name());
+        let function = program.function(&name)?;
+        // Every cache is checked before any is taken: a lost one fails the call with the others intact.
+        for id in cache_ids {
+            match self.caches.get(id) {
+                None => return Err(IreeError::Runtime(format!("no KV cache {id}"))),
+                Some(cache) if cache.buffers.is_none() => {
+                    return Err(IreeError::Runtime("the KV cache was lost by an earlier failure".into()))
+                }
+                Some(_) => {}
+            }
+        }
+        let mut inputs: Vec<Value> = leading;
+        for id in cache_ids {
+            // Taken out: the function consumes these buffers and returns the updated ones.
+            let cache = self.caches.get_mut(id).unwrap_or_else(|| unreachable!("checked above"));
+            let (k, v) = cache.buffers.take().unwrap_or_else(|| unreachable!("checked above"));
+            inputs.push(k.into());
+            inputs.push(v.into());
+        }
         inputs.extend(self.weights.iter().cloned());
         let mut outputs = function.invoke(inputs)?.into_iter();
-        // (token, k cache, v cache, logits): every function of the module returns the logits; they
-        // stay in device memory unless the call asks for them.
-        let expected = 4;
+        // (tokens, k and v cache of each sequence, logits): every function of the module returns
+        // the logits; they stay in device memory unless the call asks for them.
+        let expected = 2 + 2 * cache_ids.len();
         if outputs.len() != expected {
             return Err(IreeError::Runtime(format!("{name} returned {} results, expected {expected}", outputs.len())));
         }
-        let token: BufferView<i32> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
-        let k: BufferView<f16> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
-        let v: BufferView<f16> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
-        cache.buffers = Some((k, v));
-        let token = token.read()?;
-        let token = *token.first().ok_or_else(|| IreeError::Runtime("empty token result".into()))?;
+        let tokens: BufferView<i32> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
+        for id in cache_ids {
+            let k: BufferView<f16> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
+            let v: BufferView<f16> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
+            if let Some(cache) = self.caches.get_mut(id) {
+                cache.buffers = Some((k, v));
+            }
+        }
+        let tokens = tokens.read()?;
         let logits = match outputs.next() {
-            Some(value) if call.read_logits => Some(BufferView::<f32>::try_from(value)?.read()?),
+            Some(value) if read_logits => Some(BufferView::<f32>::try_from(value)?.read()?),
             _ => None,
         };
-        let token =
-            u32::try_from(token).map_err(|_| IreeError::Runtime(format!("the graph returned token id {token}")))?;
-        Ok(GraphOutput { token, logits })
+        let sequences = cache_ids.len();
+        if tokens.len() != sequences || logits.as_ref().is_some_and(|l| l.len() % sequences != 0) {
+            return Err(IreeError::Runtime(format!(
+                "{name} returned {} tokens for {sequences} sequences",
+                tokens.len()
+            )));
+        }
+        let vocab = logits.as_ref().map_or(0, |l| l.len() / sequences);
+        tokens
+            .iter()
+            .enumerate()
+            .map(|(i, &token)| {
+                let token = u32::try_from(token)
+                    .map_err(|_| IreeError::Runtime(format!("the graph returned token id {token}")))?;
+                let logits = logits.as_ref().map(|all| all[i * vocab..(i + 1) * vocab].to_vec());
+                Ok(GraphOutput { token, logits })
+            })
+            .collect()
     }
 }

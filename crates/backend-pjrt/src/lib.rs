@@ -216,7 +216,7 @@ impl Backend for PjrtBackend {
     }
 
     fn capabilities(&self) -> Capabilities {
-        capabilities_with(DEFAULT_MAX_CONTEXT)
+        capabilities_with(DEFAULT_MAX_CONTEXT, true)
     }
 
     fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {

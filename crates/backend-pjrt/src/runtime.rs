@@ -10,8 +10,8 @@
 //! empty until the engine replaces it.
 
 use graph_engine::{
-    ArtifactCache, CacheOutcome, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime, LoadedModel,
-    PreparedWeights,
+    ArtifactCache, BatchCall, CacheOutcome, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime,
+    LoadedModel, PreparedWeights,
 };
 use llama_model::LlamaConfig;
 use pjrt_runtime::{Buffer, Client, CompileOptions, ElementType, ExecuteArg, LoadedExecutable, PjrtError, Plugin};
@@ -256,10 +256,6 @@ impl GraphRuntime for PjrtRuntime {
     }
 
     fn execute(&self, cache: &mut PjrtCache, call: &GraphCall) -> Result<GraphOutput> {
-        let name = call.graph.name();
-        let executable = self.executables.read().unwrap_or_else(|p| p.into_inner()).get(&name).cloned();
-        let executable = executable.ok_or_else(|| SeamError::Backend(format!("no executable for {name}")))?;
-        let weights = self.weights.get().ok_or_else(|| SeamError::Backend("the weights are not uploaded".into()))?;
         let input = match &call.input {
             GraphInput::Tokens(ids) => self.i32_buffer(ids, &[ids.len()])?,
             GraphInput::Embeddings(rows) => {
@@ -275,12 +271,48 @@ impl GraphRuntime for PjrtRuntime {
             GraphKind::Decode => None,
             _ => Some(self.i32_buffer(&[call.count as i32], &[])?),
         };
-        let buffers =
-            cache.buffers.take().ok_or_else(|| SeamError::Backend("the KV cache was lost by a failed call".into()))?;
-        let n_caches = buffers.len();
-        let mut args = vec![ExecuteArg::Keep(&input), ExecuteArg::Keep(&position)];
-        args.extend(count.as_ref().map(ExecuteArg::Keep));
-        args.extend(buffers.into_iter().map(ExecuteArg::Donate));
+        let mut leading = vec![&input, &position];
+        leading.extend(count.as_ref());
+        let mut outputs = self.run(call.graph, &leading, &mut [cache], call.read_logits)?;
+        Ok(outputs.remove(0))
+    }
+
+    fn decodes_batches(&self) -> bool {
+        true
+    }
+
+    fn execute_batch(&self, caches: &mut [&mut PjrtCache], call: &BatchCall) -> Result<Vec<GraphOutput>> {
+        let tokens = self.i32_buffer(&call.tokens, &[call.tokens.len()])?;
+        let positions = self.i32_buffer(&call.positions, &[call.positions.len()])?;
+        self.run(call.graph, &[&tokens, &positions], caches, call.read_logits)
+    }
+}
+
+impl PjrtRuntime {
+    /// Runs `graph` with its `leading` arguments (input, position(s), count) and the caches of its
+    /// sequences, which it consumes and replaces with the updated ones; returns each sequence's
+    /// greedy token and, when `read_logits`, its row of the logits.
+    fn run(
+        &self,
+        graph: GraphSpec,
+        leading: &[&Buffer],
+        caches: &mut [&mut PjrtCache],
+        read_logits: bool,
+    ) -> Result<Vec<GraphOutput>> {
+        let name = graph.name();
+        let executable = self.executables.read().unwrap_or_else(|p| p.into_inner()).get(&name).cloned();
+        let executable = executable.ok_or_else(|| SeamError::Backend(format!("no executable for {name}")))?;
+        let weights = self.weights.get().ok_or_else(|| SeamError::Backend("the weights are not uploaded".into()))?;
+        let lost = || SeamError::Backend("the KV cache was lost by a failed call".into());
+        // Every cache is checked before any is taken: a lost one fails the call with the others intact.
+        if caches.iter().any(|cache| cache.buffers.is_none()) {
+            return Err(lost());
+        }
+        let taken: Vec<Vec<Buffer>> = caches.iter_mut().map(|cache| cache.buffers.take().unwrap_or_default()).collect();
+        let per_cache = taken.first().map_or(0, Vec::len);
+        let n_caches = per_cache * taken.len();
+        let mut args: Vec<ExecuteArg<'_>> = leading.iter().map(|&buffer| ExecuteArg::Keep(buffer)).collect();
+        args.extend(taken.into_iter().flatten().map(ExecuteArg::Donate));
         args.extend(weights.iter().map(ExecuteArg::Keep));
         let mut outputs = executable.execute(args).map_err(pjrt_error)?;
         if outputs.len() != n_caches + 2 {
@@ -292,18 +324,35 @@ impl GraphRuntime for PjrtRuntime {
         }
         let logits = outputs.pop().unwrap_or_else(|| unreachable!("length checked"));
         let token = outputs.remove(0);
-        cache.buffers = Some(outputs);
-        let mut token_bytes = [0u8; 4];
+        let mut updated = outputs.into_iter();
+        for cache in caches.iter_mut() {
+            cache.buffers = Some(updated.by_ref().take(per_cache).collect());
+        }
+        let sequences = caches.len();
+        let mut token_bytes = vec![0u8; 4 * sequences];
         token.copy_to_host(&mut token_bytes).map_err(pjrt_error)?;
-        let token = i32::from_le_bytes(token_bytes);
-        let token =
-            u32::try_from(token).map_err(|_| SeamError::Backend(format!("{name} returned token id {token}")))?;
-        let logits = if call.read_logits {
+        let logits: Option<Vec<f32>> = if read_logits {
             let bytes = logits.to_host().map_err(pjrt_error)?;
             Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
         } else {
             None
         };
-        Ok(GraphOutput { token, logits })
+        let vocab = self.config.vocab_size;
+        if let Some(all) = &logits {
+            if all.len() != sequences * vocab {
+                return Err(SeamError::Backend(format!("{name} returned {} logits for {sequences} rows", all.len())));
+            }
+        }
+        token_bytes
+            .chunks_exact(4)
+            .enumerate()
+            .map(|(i, bytes)| {
+                let token = i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
+                let token = u32::try_from(token)
+                    .map_err(|_| SeamError::Backend(format!("{name} returned token id {token}")))?;
+                let logits = logits.as_ref().map(|all| all[i * vocab..(i + 1) * vocab].to_vec());
+                Ok(GraphOutput { token, logits })
+            })
+            .collect()
     }
 }

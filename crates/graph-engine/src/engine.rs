@@ -13,9 +13,9 @@
 //! stale entries after it are masked and overwritten by the next call. A fork copies the cache;
 //! a reset after a failure replaces it (the failed call may have consumed it).
 
-use crate::runtime::{GraphCall, GraphInput, GraphRuntime};
+use crate::runtime::{BatchCall, GraphCall, GraphInput, GraphRuntime};
 use session_api::{
-    Capabilities, Engine, EngineInfo, RawStep, Result, SeamError, SessionOptions, SessionSteps, StepInput,
+    BatchedStep, Capabilities, Engine, EngineInfo, RawStep, Result, SeamError, SessionOptions, SessionSteps, StepInput,
 };
 use stablehlo_llama::{plan_prefill, plan_prefill_embeddings, GraphKind, GraphSpec};
 use std::sync::{Arc, Mutex};
@@ -26,12 +26,39 @@ use std::time::Duration;
 /// cache with a mask, so it is kept moderate.
 pub const DEFAULT_MAX_CONTEXT: usize = 2048;
 
-/// The capabilities of a graph engine with a context of `max_context`: everything the contract
-/// names. Greedy runs on the device (4 bytes back per step); the other modes read the step's logits
-/// back and session-api's sampler picks the token on the host. Sessions may be driven from many
-/// threads at once; every call already uses all the runtime's threads, so they take turns in effect.
-pub fn capabilities_with(max_context: usize) -> Capabilities {
-    Capabilities::all(max_context)
+/// The capabilities of a graph engine with a context of `max_context` on a runtime that does (or
+/// does not) run batched decode graphs ([`GraphRuntime::decodes_batches`]): everything the
+/// contract names. Greedy runs on the device (4 bytes back per step); the other modes read the
+/// step's logits back and session-api's sampler picks the token on the host. Sessions may be
+/// driven from many threads at once; every call already uses all the runtime's threads, so they
+/// take turns in effect.
+pub fn capabilities_with(max_context: usize, batched_decode: bool) -> Capabilities {
+    Capabilities { batched_decode, ..Capabilities::all(max_context) }
+}
+
+/// The batch sizes of the batched decode graphs, largest first. A batch of another size runs as
+/// a few of these ([`split_batch`]): a handful of graphs to compile and cache instead of one per
+/// size, with no padding sequences (a padding sequence would need a whole cache of its own).
+pub const DECODE_BATCHES: [usize; 4] = [16, 8, 4, 2];
+
+/// How a batch of `n` sequences is cut into calls: the largest [`DECODE_BATCHES`] size that fits
+/// first, then the next, a lone sequence last (the one-token decode graph). 7 is `[4, 2, 1]`, 40
+/// is `[16, 16, 8]`.
+pub fn split_batch(n: usize) -> Vec<usize> {
+    let mut calls = Vec::new();
+    let mut left = n;
+    while left > 0 {
+        let size = DECODE_BATCHES.iter().copied().find(|&size| size <= left).unwrap_or(1);
+        calls.push(size);
+        left -= size;
+    }
+    calls
+}
+
+/// The batched decode graph of `batch` sequences, which an engine loads (as a group of its own)
+/// the first time it decodes a batch that size.
+pub fn batch_graph(batch: usize) -> GraphSpec {
+    graph_of(GraphKind::DecodeBatch { batch })
 }
 
 /// What an engine and its sessions share.
@@ -69,6 +96,32 @@ impl<R: GraphRuntime> Shared<R> {
         }
         Ok(())
     }
+
+    /// One batched decode call over `steps` (two or more, a [`DECODE_BATCHES`] size).
+    fn decode_batch(&self, steps: &mut [(&mut GraphSteps<R>, usize, u32)], want_logits: bool) -> Result<Vec<RawStep>> {
+        let graph = batch_graph(steps.len());
+        self.ensure_token_graph(graph)?;
+        let call = BatchCall {
+            graph,
+            tokens: steps.iter().map(|(_, _, token)| *token as i32).collect(),
+            positions: steps.iter().map(|(_, position, _)| *position as i32).collect(),
+            read_logits: want_logits,
+        };
+        let mut caches: Vec<&mut R::Cache> = steps.iter_mut().map(|(steps, _, _)| &mut steps.cache).collect();
+        let outputs = self.runtime.execute_batch(&mut caches, &call)?;
+        if outputs.len() != steps.len() {
+            return Err(SeamError::Backend(format!(
+                "{} returned {} outputs for {} sequences",
+                graph.name(),
+                outputs.len(),
+                steps.len()
+            )));
+        }
+        Ok(outputs
+            .into_iter()
+            .map(|output| RawStep { greedy_token: Some(output.token), logits: output.logits, hidden_states: None })
+            .collect())
+    }
 }
 
 /// The graph of a planned call: every graph also returns the logits (read back only when asked).
@@ -91,12 +144,16 @@ pub fn embedding_graph(bucket: usize) -> GraphSpec {
 }
 
 /// Every group of graphs an engine with prefill `buckets` may hand its runtime's
-/// [`GraphRuntime::load_graphs`]: the token graphs at load, then each embedding graph alone. A
-/// runtime that compiles ahead of time (for a device it cannot reach now) compiles these groups,
-/// so that the engine later finds each one in its cache.
-pub fn graph_groups(buckets: &[usize]) -> Vec<Vec<GraphSpec>> {
+/// [`GraphRuntime::load_graphs`]: the token graphs at load, then each embedding graph alone, and
+/// each batched decode graph alone (`batched`: where the runtime runs them). A runtime that
+/// compiles ahead of time (for a device it cannot reach now) compiles these groups, so that the
+/// engine later finds each one in its cache.
+pub fn graph_groups(buckets: &[usize], batched: bool) -> Vec<Vec<GraphSpec>> {
     let mut groups = vec![token_graphs(buckets)];
     groups.extend(buckets.iter().map(|&bucket| vec![embedding_graph(bucket)]));
+    if batched {
+        groups.extend(DECODE_BATCHES.iter().rev().map(|&batch| vec![batch_graph(batch)]));
+    }
     groups
 }
 
@@ -129,7 +186,7 @@ impl<R: GraphRuntime> Engine for GraphEngine<R> {
     }
 
     fn capabilities(&self) -> Capabilities {
-        capabilities_with(self.shared.max_context)
+        capabilities_with(self.shared.max_context, self.shared.runtime.decodes_batches())
     }
 
     fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
@@ -139,6 +196,52 @@ impl<R: GraphRuntime> Engine for GraphEngine<R> {
     fn open_steps(&self, _options: &SessionOptions) -> Result<Box<dyn SessionSteps>> {
         let cache = self.shared.runtime.new_cache()?;
         Ok(Box::new(GraphSteps { shared: Arc::clone(&self.shared), cache }))
+    }
+
+    /// The batch in calls of [`split_batch`]'s sizes, each reading the weights once for all its
+    /// sequences; steps that are not this engine's own (a test's fault-injecting wrapper) and a
+    /// runtime without batched graphs step one by one. A failed call fails each of its sequences.
+    fn decode_batch_steps(&self, batch: &mut [BatchedStep<'_>], want_logits: bool) -> Vec<Result<RawStep>> {
+        let shared = &self.shared;
+        let mut results: Vec<Option<Result<RawStep>>> = (0..batch.len()).map(|_| None).collect();
+        let mut ours: Vec<(usize, (&mut GraphSteps<R>, usize, u32))> = Vec::with_capacity(batch.len());
+        for (i, entry) in batch.iter_mut().enumerate() {
+            let (position, token) = (entry.position, entry.token);
+            let own = shared.runtime.decodes_batches()
+                && entry.steps.as_any_mut().is_some_and(|steps| steps.is::<GraphSteps<R>>());
+            if !own {
+                results[i] = Some(entry.steps.append(position, StepInput::Tokens(&[token]), want_logits));
+                continue;
+            }
+            let steps = entry.steps.as_any_mut().and_then(|steps| steps.downcast_mut::<GraphSteps<R>>());
+            ours.push((i, (steps.unwrap_or_else(|| unreachable!("checked above")), position, token)));
+        }
+        let mut rest = ours.as_mut_slice();
+        for size in split_batch(rest.len()) {
+            let (call, after) = std::mem::take(&mut rest).split_at_mut(size);
+            rest = after;
+            if size == 1 {
+                let (i, (steps, position, token)) = &mut call[0];
+                results[*i] = Some(steps.append(*position, StepInput::Tokens(&[*token]), want_logits));
+                continue;
+            }
+            let mut sequences: Vec<(&mut GraphSteps<R>, usize, u32)> =
+                call.iter_mut().map(|(_, (steps, position, token))| (&mut **steps, *position, *token)).collect();
+            match shared.decode_batch(&mut sequences, want_logits) {
+                Ok(steps) => {
+                    for ((i, _), step) in call.iter().zip(steps) {
+                        results[*i] = Some(Ok(step));
+                    }
+                }
+                Err(error) => {
+                    let message = error.to_string();
+                    for (i, _) in call.iter() {
+                        results[*i] = Some(Err(SeamError::Backend(format!("batched decode: {message}"))));
+                    }
+                }
+            }
+        }
+        results.into_iter().map(|r| r.unwrap_or_else(|| unreachable!("every entry is stepped"))).collect()
     }
 }
 
@@ -218,5 +321,29 @@ impl<R: GraphRuntime> SessionSteps for GraphSteps<R> {
             self.cache = self.shared.runtime.new_cache()?;
         }
         Ok(())
+    }
+
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        Some(self)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn batches_split_into_graph_sizes_largest_first() {
+        assert_eq!(split_batch(0), Vec::<usize>::new());
+        assert_eq!(split_batch(1), vec![1]);
+        assert_eq!(split_batch(2), vec![2]);
+        assert_eq!(split_batch(7), vec![4, 2, 1]);
+        assert_eq!(split_batch(16), vec![16]);
+        assert_eq!(split_batch(40), vec![16, 16, 8]);
+        for n in 0..100 {
+            let calls = split_batch(n);
+            assert_eq!(calls.iter().sum::<usize>(), n);
+            assert!(calls.iter().all(|&size| size == 1 || DECODE_BATCHES.contains(&size)));
+        }
     }
 }

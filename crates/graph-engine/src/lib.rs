@@ -25,7 +25,10 @@ pub mod prepared_weights;
 pub mod runtime;
 
 pub use artifact_cache::{ArtifactCache, CacheOutcome};
-pub use engine::{capabilities_with, embedding_graph, graph_groups, token_graphs, GraphEngine, DEFAULT_MAX_CONTEXT};
+pub use engine::{
+    batch_graph, capabilities_with, embedding_graph, graph_groups, split_batch, token_graphs, GraphEngine,
+    DECODE_BATCHES, DEFAULT_MAX_CONTEXT,
+};
 pub use load::{load_engine, plan_graphs, refuse_thread_count, GraphPlan, GraphSettings, LoadedModel};
 pub use prepared_weights::{PreparedArg, PreparedWeights, WeightsCache, WeightsOrigin};
-pub use runtime::{CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime};
+pub use runtime::{BatchCall, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime};

@@ -182,9 +182,10 @@ impl GraphPlan {
         Ok(GraphPlan { config, options, buckets })
     }
 
-    /// [`graph_groups`] of the plan's buckets: the token graphs first, then each embedding graph.
+    /// [`graph_groups`] of the plan's buckets: the token graphs first, then each embedding graph,
+    /// then each batched decode graph (loaded by runtimes that decode batches).
     pub fn groups(&self) -> Vec<Vec<GraphSpec>> {
-        graph_groups(&self.buckets)
+        graph_groups(&self.buckets, true)
     }
 }
 

@@ -44,6 +44,20 @@ pub struct GraphCall {
     pub read_logits: bool,
 }
 
+/// One execution of a [`stablehlo_llama::GraphKind::DecodeBatch`] graph: a token for each of its
+/// sequences, each at its own position in its own cache.
+#[derive(Debug, Clone, PartialEq)]
+pub struct BatchCall {
+    /// Which graph (loaded earlier by [`GraphRuntime::load_graphs`]).
+    pub graph: GraphSpec,
+    /// One token per sequence, in the order of the caches.
+    pub tokens: Vec<i32>,
+    /// Each sequence's position: where its token goes.
+    pub positions: Vec<i32>,
+    /// Whether to copy the logits (every sequence's row) back to the host.
+    pub read_logits: bool,
+}
+
 /// What one execution returns to the host.
 #[derive(Debug, Clone, PartialEq)]
 pub struct GraphOutput {
@@ -90,6 +104,25 @@ pub trait GraphRuntime: Send + Sync + 'static {
 
     /// Runs `call` on `cache`, updating it.
     fn execute(&self, cache: &mut Self::Cache, call: &GraphCall) -> Result<GraphOutput>;
+
+    /// Whether the runtime runs [`BatchCall`]s ([`GraphRuntime::execute_batch`]): the engine then
+    /// claims batched decode and advances many sessions in one call. The default, `false`, has
+    /// the engine step a batch's sessions one by one.
+    fn decodes_batches(&self) -> bool {
+        false
+    }
+
+    /// Runs `call` on the caches of its sequences (`caches[i]` is sequence `i`'s), updating
+    /// each, and returns each sequence's output in order. Called only where
+    /// [`GraphRuntime::decodes_batches`]. A call that fails may have consumed every one of the
+    /// caches, as [`GraphRuntime::execute`] may its one.
+    fn execute_batch(&self, caches: &mut [&mut Self::Cache], call: &BatchCall) -> Result<Vec<GraphOutput>> {
+        let _ = (caches, call);
+        Err(session_api::SeamError::Unsupported {
+            backend: "this graph runtime".into(),
+            feature: format!("batched decode graphs ({})", call.graph.name()),
+        })
+    }
 
     /// The device's memory bandwidth from a probe on it ([`session_api::Engine::measure_memory_bandwidth`]);
     /// `None` where the runtime has no probe.

@@ -14,15 +14,16 @@
 use backend_reference::{EngineOptions, ReferenceEngine};
 use conformance::{Outcome, RealModelParity, SuiteOptions, Target};
 use graph_engine::{
-    capabilities_with, graph_groups, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime, GraphSettings,
-    LoadedModel, PreparedWeights, DEFAULT_MAX_CONTEXT,
+    capabilities_with, graph_groups, BatchCall, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime,
+    GraphSettings, LoadedModel, PreparedWeights, DEFAULT_MAX_CONTEXT,
 };
 use session_api::{
     Availability, Backend, Capabilities, Engine, LoadRequest, Result, SeamError, SessionOptions, SessionSteps,
     StepInput,
 };
 use stablehlo_llama::{
-    buckets_for_context, emit_entry_module, graph_weight_args, GraphOptions, GraphSpec, LayerMode, StorageDtype,
+    buckets_for_context, emit_entry_module, graph_weight_args, GraphKind, GraphOptions, GraphSpec, LayerMode,
+    StorageDtype,
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -64,7 +65,7 @@ impl GraphRuntime for FakeRuntime {
 
     fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport> {
         // A group the plan does not list is one that compiling ahead (`seam compile`) would miss.
-        let planned = graph_groups(&buckets_for_context(self.options.max_context));
+        let planned = graph_groups(&buckets_for_context(self.options.max_context), true);
         if !planned.iter().any(|group| group == graphs) {
             return Err(SeamError::Backend(format!("{graphs:?} is not a group of graph_groups: {planned:?}")));
         }
@@ -131,6 +132,39 @@ impl GraphRuntime for FakeRuntime {
         let token = session_api::sampling::argmax(&logits);
         Ok(GraphOutput { token, logits: call.read_logits.then_some(logits) })
     }
+
+    fn decodes_batches(&self) -> bool {
+        true
+    }
+
+    fn execute_batch(&self, caches: &mut [&mut FakeCache], call: &BatchCall) -> Result<Vec<GraphOutput>> {
+        let GraphKind::DecodeBatch { batch } = call.graph.kind else {
+            return Err(SeamError::Backend(format!("{} is not a batched decode graph", call.graph.name())));
+        };
+        if caches.len() != batch || call.tokens.len() != batch || call.positions.len() != batch {
+            return Err(SeamError::Backend(format!("{} given {} caches", call.graph.name(), caches.len())));
+        }
+        // Each sequence is the one-row call it stands for, at its own position.
+        let name = call.graph.name();
+        if !self.loaded.lock().unwrap().contains(&name) {
+            return Err(SeamError::Backend(format!("{name} was never loaded")));
+        }
+        let decode = GraphSpec { kind: GraphKind::Decode, logits: true };
+        caches
+            .iter_mut()
+            .zip(call.tokens.iter().zip(&call.positions))
+            .map(|(cache, (&token, &position))| {
+                let one = GraphCall {
+                    graph: decode,
+                    input: GraphInput::Tokens(vec![token]),
+                    position: position as usize,
+                    count: 1,
+                    read_logits: call.read_logits,
+                };
+                self.execute(cache, &one)
+            })
+            .collect()
+    }
 }
 
 /// The backend, from [`FakeRuntime`] and `graph_engine` alone.
@@ -147,7 +181,7 @@ impl Backend for FakeBackend {
         Availability::Available { devices: vec![backend_reference::cpu_device()] }
     }
     fn capabilities(&self) -> Capabilities {
-        capabilities_with(DEFAULT_MAX_CONTEXT)
+        capabilities_with(DEFAULT_MAX_CONTEXT, true)
     }
     fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {
         let settings = GraphSettings {

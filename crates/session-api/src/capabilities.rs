@@ -127,16 +127,18 @@ pub struct Capabilities {
     /// ([`crate::SessionOptions::return_hidden_states`]): a diagnostic for comparing a backend
     /// with the reference layer by layer, not needed to run models.
     pub hidden_states: bool,
-    /// Reserved for engines that decode many sessions in one batched step (continuous batching).
-    /// No backend sets it yet; the batched entry point will be an additional trait on `Engine`.
+    /// Whether the engine decodes many sessions in one device call
+    /// ([`crate::Engine::decode_batch_steps`] overridden: weights read once per step for the whole
+    /// batch). Every engine accepts batches (`decode_batch`); without this they are stepped one
+    /// by one.
     pub batched_decode: bool,
 }
 
 impl Capabilities {
     /// Everything the contract names today for a sequence of at most `max_context` positions:
     /// both weight formats, every sampling mode, logits, truncate and fork, tokens and embeddings,
-    /// parallel sessions; no batched decode (not specified yet) and no hidden states (a diagnostic
-    /// a backend claims on its own).
+    /// parallel sessions; no batched decode and no hidden states (each claimed by a backend on
+    /// its own).
     pub fn all(max_context: usize) -> Capabilities {
         Capabilities {
             max_context,

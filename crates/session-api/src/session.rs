@@ -169,6 +169,13 @@ pub trait SessionSteps: Send {
     /// Empties the sequence. `after_failure` says an earlier step failed, so the state may be
     /// lost or half-written and must be rebuilt rather than reused.
     fn reset(&mut self, after_failure: bool) -> Result<()>;
+
+    /// These steps as `Any`, so that an engine's batched decode
+    /// ([`crate::Engine::decode_batch_steps`]) can find its own concrete steps among a batch's.
+    /// The default, `None`, has such an engine step this sequence alone.
+    fn as_any_mut(&mut self) -> Option<&mut dyn std::any::Any> {
+        None
+    }
 }
 
 /// The fixed facts a [`CheckedSession`] checks against, taken from its engine.

@@ -203,6 +203,12 @@ pub enum GraphKind {
     /// caller near the end of the context, where no larger bucket fits, feeds single rows
     /// through bucket 1.
     PrefillEmbeddings { bucket: usize },
+    /// One token for each of `batch` sequences, each with its own position and its own caches
+    /// (continuous batching): `@decode_batch_{batch}` (or `_logits`). Takes `positions i32[batch]`
+    /// in place of `position`, no `count`, and `batch` sets of cache arguments in turn; returns
+    /// `next_tokens i32[batch]`, the caches in the same order, and `logits f32[batch, vocab]`.
+    /// The products read each weight once for the whole batch; attention is each sequence's own.
+    DecodeBatch { batch: usize },
 }
 
 impl GraphKind {
@@ -211,6 +217,16 @@ impl GraphKind {
         match self {
             GraphKind::Decode => 1,
             GraphKind::Prefill { bucket } | GraphKind::PrefillEmbeddings { bucket } => bucket,
+            GraphKind::DecodeBatch { batch } => batch,
+        }
+    }
+
+    /// Sequences one call advances, each with its own caches: the batch of a
+    /// [`GraphKind::DecodeBatch`], else one.
+    pub fn sequences(self) -> usize {
+        match self {
+            GraphKind::DecodeBatch { batch } => batch,
+            _ => 1,
         }
     }
 
@@ -221,9 +237,9 @@ impl GraphKind {
     }
 
     /// Whether the third argument is `count i32[]` (the real rows of a padded call): every kind
-    /// but [`GraphKind::Decode`].
+    /// but the decodes ([`GraphKind::Decode`], [`GraphKind::DecodeBatch`]).
     pub fn takes_count(self) -> bool {
-        !matches!(self, GraphKind::Decode)
+        !matches!(self, GraphKind::Decode | GraphKind::DecodeBatch { .. })
     }
 }
 
@@ -241,6 +257,7 @@ impl GraphSpec {
             GraphKind::Decode => "decode".to_string(),
             GraphKind::Prefill { bucket } => format!("prefill_{bucket}"),
             GraphKind::PrefillEmbeddings { bucket } => format!("prefill_embeddings_{bucket}"),
+            GraphKind::DecodeBatch { batch } => format!("decode_batch_{batch}"),
         };
         if self.logits {
             format!("{base}_logits")
@@ -254,6 +271,10 @@ impl GraphSpec {
         self.kind.input_rows()
     }
 }
+
+/// The most sequences one [`GraphKind::DecodeBatch`] graph advances: beyond it the products are
+/// matrix-matrix work, which a batch this size already amortizes the weight reads of.
+pub const MAX_DECODE_BATCH: usize = 64;
 
 /// Checks that `options` and `specs` fit `config`.
 fn check(config: &LlamaConfig, options: &GraphOptions, specs: &[GraphSpec]) -> Result<(), GraphError> {
@@ -289,6 +310,11 @@ fn check(config: &LlamaConfig, options: &GraphOptions, specs: &[GraphSpec]) -> R
                     "prefill bucket {bucket} must be in 1..={}",
                     options.max_context
                 )));
+            }
+        }
+        if let GraphKind::DecodeBatch { batch } = spec.kind {
+            if !(2..=MAX_DECODE_BATCH).contains(&batch) {
+                return Err(GraphError::Options(format!("decode batch {batch} must be in 2..={MAX_DECODE_BATCH}")));
             }
         }
     }
@@ -619,23 +645,31 @@ fn softmax_last(b: &mut FnBuilder, x: &Val) -> Val {
     b.div(&e, &sum)
 }
 
-/// What every layer reads besides its weights and its cache: rope tables, attention masks and
-/// constants.
+/// What every layer reads besides its weights and its caches: rope tables, each sequence's
+/// position and attention masks, and constants.
 struct LayerInputs {
     cos: Val,
     sin: Val,
-    masks: Masks,
-    position: Val,
+    /// The call's sequences: one, or a batch's, whose rows follow each other in `x`.
+    sequences: Vec<SequenceInputs>,
     zero: Val,
     cache_elem: Elem,
+    /// Rows of the call, all sequences together.
     t: usize,
     eps: f32,
-    /// One position per call, per-layer f32 caches and host kernels: attention is
+    /// One position per sequence, per-layer f32 caches and host kernels: attention is
     /// [`ATTENTION_DECODE_TARGET`] over the filled positions instead of masked dots over all.
     attention_kernel: bool,
     /// The real rows of a padded call (`count`), which the kernels compute alone; `None` when
-    /// every row is real (decode).
+    /// every row is real (the decodes).
     rows: Option<Val>,
+}
+
+/// What one sequence of a call attends with.
+struct SequenceInputs {
+    /// Position of the sequence's first row in this call (an i32 scalar).
+    position: Val,
+    masks: Masks,
 }
 
 /// The attention masks of one layout of the caches.
@@ -664,7 +698,7 @@ struct NewKv {
     v: Val,
 }
 
-/// Where a layer's keys and values go.
+/// Where a layer's keys and values go, for one sequence.
 enum LayerKv {
     /// Stacked caches: this call's entries are recorded for the write after the last layer.
     Stacked(NewKv),
@@ -673,8 +707,9 @@ enum LayerKv {
 }
 
 /// One decoder layer at index `layer` (an i32 scalar): attention over the cached positions plus
-/// this call's own tokens, then the MLP. Returns the new hidden state and the layer's keys and
-/// values added to `kv`.
+/// this call's own tokens, then the MLP. `kv` holds each sequence's caches (one entry per
+/// [`LayerInputs::sequences`]). Returns the new hidden state and the layer's keys and values
+/// added to `kv`.
 ///
 /// Why stacked caches are not written here: inside a `stablehlo.while` a cache updated per layer
 /// is a loop-carried value, and IREE 3.13 then copies the whole cache (measured on its stream IR).
@@ -688,14 +723,13 @@ fn decoder_layer(
     inputs: &LayerInputs,
     layer: &Val,
     x: Val,
-    kv: LayerKv,
-) -> (Val, LayerKv) {
-    let LayerInputs { cos, sin, masks, position, zero, cache_elem, t, eps, attention_kernel, rows } = inputs;
+    kv: Vec<LayerKv>,
+) -> (Val, Vec<LayerKv>) {
+    let LayerInputs { cos, sin, sequences, t, eps, rows, .. } = inputs;
     let rows = rows.as_ref();
-    let (t, eps, cache_elem) = (*t, *eps, *cache_elem);
+    let (t, eps) = (*t, *eps);
     let d = config.head_dim;
     let (n_heads, n_kv) = (config.num_attention_heads, config.num_key_value_heads);
-    let group = n_heads / n_kv;
     let mut x = x;
     let attn_norm = w.norm();
     let (wq, wk, wv, wo) = (w.matrix(), w.matrix(), w.matrix(), w.matrix());
@@ -724,19 +758,87 @@ fn decoder_layer(
     let q = rope(b, &q, cos, sin);
     let k = rope(b, &k, cos, sin);
 
+    // Each sequence attends over its own caches with its own rows; a lone sequence's rows are
+    // the whole call.
+    let r = t / sequences.len();
+    let mut outputs = Vec::with_capacity(sequences.len());
+    let mut updated = Vec::with_capacity(sequences.len());
+    for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
+        let own_rows = |b: &mut FnBuilder, x: &Val| {
+            if sequences.len() == 1 {
+                return x.clone();
+            }
+            let mut start = vec![0; x.rank()];
+            let mut limit = x.dims().to_vec();
+            (start[0], limit[0]) = (s * r, (s + 1) * r);
+            b.slice(x, &start, &limit)
+        };
+        let (q, k, v) = (own_rows(b, &q), own_rows(b, &k), own_rows(b, &v));
+        let (attn, kv) = attend(b, config, inputs, sequence, layer, [&q, &k, &v], kv);
+        outputs.push(attn);
+        updated.push(kv);
+    }
+    let attn = match outputs.as_slice() {
+        [one] => one.clone(),
+        many => b.concatenate(&many.iter().collect::<Vec<_>>(), 0),
+    };
+    if let Some(e) = &eps_val {
+        // The residual adds, the MLP's norm and its SwiGLU all inside the kernels' calls.
+        x = kernel_linear(b, rows, &[&attn], KernelInput::Rows, &wo, Some(&x));
+        let gate = kernel_linear(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_gate, None);
+        let up = kernel_linear(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_up, None);
+        x = kernel_linear(b, rows, &[&gate, &up], KernelInput::SwiGlu, &w_down, Some(&x));
+        return (x, updated);
+    }
+    let projected = linear(b, &attn, &wo);
+    x = b.add(&x, &projected);
+
+    let normed = rms_norm(b, &x, &mlp_norm, eps);
+    let gate = linear(b, &normed, &w_gate);
+    let up = linear(b, &normed, &w_up);
+    // silu(g) = g / (1 + exp(-g)), as the reference writes it.
+    let ng = b.neg(&gate);
+    let e = b.exp(&ng);
+    let one = b.const_f32(1.0, gate.dims());
+    let denom = b.add(&one, &e);
+    let silu = b.div(&gate, &denom);
+    let act = b.mul(&silu, &up);
+    let down = linear(b, &act, &w_down);
+    x = b.add(&x, &down);
+    (x, updated)
+}
+
+/// One sequence's attention in a layer: its rows' queries `q f32[R, H, D]` over its cached
+/// positions and its own new keys and values (`k`, `v` `f32[R, KVH, D]`, rope applied), which go
+/// into its caches. Returns the attention output `f32[R, H * D]` and the updated caches.
+fn attend(
+    b: &mut FnBuilder,
+    config: &LlamaConfig,
+    inputs: &LayerInputs,
+    sequence: &SequenceInputs,
+    layer: &Val,
+    [q, k, v]: [&Val; 3],
+    kv: LayerKv,
+) -> (Val, LayerKv) {
+    let (zero, cache_elem, attention_kernel) = (&inputs.zero, inputs.cache_elem, inputs.attention_kernel);
+    let SequenceInputs { position, masks } = sequence;
+    let t = q.dims()[0];
+    let d = config.head_dim;
+    let (n_heads, n_kv) = (config.num_attention_heads, config.num_key_value_heads);
+    let group = n_heads / n_kv;
     // This call's keys and values go into the cache in its element type, and attention reads
     // them rounded exactly as if they had been stored and read back.
     let new_k_of = |b: &mut FnBuilder| {
-        let new_k = b.transpose(&k, &[1, 2, 0]); // [KVH, D, T]
+        let new_k = b.transpose(k, &[1, 2, 0]); // [KVH, D, T]
         b.convert(&new_k, cache_elem)
     };
     let new_v_of = |b: &mut FnBuilder| {
-        let new_v = b.transpose(&v, &[1, 0, 2]); // [KVH, T, D]
+        let new_v = b.transpose(v, &[1, 0, 2]); // [KVH, T, D]
         b.convert(&new_v, cache_elem)
     };
     // GQA without repeating KV heads: queries grouped as [kv_heads, group * T, D].
     let grouped_queries = |b: &mut FnBuilder| {
-        let q = b.reshape(&q, &[t, n_kv, group, d]);
+        let q = b.reshape(q, &[t, n_kv, group, d]);
         let q = b.transpose(&q, &[1, 2, 0, 3]);
         b.reshape(&q, &[n_kv, group * t, d])
     };
@@ -788,9 +890,9 @@ fn decoder_layer(
             let k_cache = b.dynamic_update_slice(&k_cache, &new_k, &[zero, zero, position]);
             let new_v = new_v_of(b);
             let v_cache = b.dynamic_update_slice(&v_cache, &new_v, &[zero, position, zero]);
-            let attn = if *attention_kernel {
+            let attn = if attention_kernel {
                 // One query row per head; the kernel reads cache positions 0..=position only.
-                let q = b.reshape(&q, &[n_heads, d]);
+                let q = b.reshape(q, &[n_heads, d]);
                 let ty = Ty::new(&[n_heads, d], Elem::F32);
                 let attn = b.custom_call(ATTENTION_DECODE_TARGET, &[&q, &k_cache, &v_cache, position], ty);
                 b.reshape(&attn, &[n_kv, group * t, d])
@@ -809,36 +911,15 @@ fn decoder_layer(
     };
     let attn = b.reshape(&attn, &[n_kv, group, t, d]);
     let attn = b.transpose(&attn, &[2, 0, 1, 3]);
-    let attn = b.reshape(&attn, &[t, n_heads * d]);
-    if let Some(e) = &eps_val {
-        // The residual adds, the MLP's norm and its SwiGLU all inside the kernels' calls.
-        x = kernel_linear(b, rows, &[&attn], KernelInput::Rows, &wo, Some(&x));
-        let gate = kernel_linear(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_gate, None);
-        let up = kernel_linear(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_up, None);
-        x = kernel_linear(b, rows, &[&gate, &up], KernelInput::SwiGlu, &w_down, Some(&x));
-        return (x, kv);
-    }
-    let projected = linear(b, &attn, &wo);
-    x = b.add(&x, &projected);
-
-    let normed = rms_norm(b, &x, &mlp_norm, eps);
-    let gate = linear(b, &normed, &w_gate);
-    let up = linear(b, &normed, &w_up);
-    // silu(g) = g / (1 + exp(-g)), as the reference writes it.
-    let ng = b.neg(&gate);
-    let e = b.exp(&ng);
-    let one = b.const_f32(1.0, gate.dims());
-    let denom = b.add(&one, &e);
-    let silu = b.div(&gate, &denom);
-    let act = b.mul(&silu, &up);
-    let down = linear(b, &act, &w_down);
-    x = b.add(&x, &down);
-    (x, kv)
+    (b.reshape(&attn, &[t, n_heads * d]), kv)
 }
 
 /// One function of the module (see the module docs for its signature).
 fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: &str) -> String {
     let t = spec.tokens();
+    let sequences = spec.kind.sequences();
+    let batched = matches!(spec.kind, GraphKind::DecodeBatch { .. });
+    let r = t / sequences;
     let c = options.max_context;
     let (h, d) = (config.hidden_size, config.head_dim);
     let (n_heads, n_kv) = (config.num_attention_heads, config.num_key_value_heads);
@@ -863,6 +944,8 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
             "position of the first row (positions already in the cache)",
             "rows",
         )
+    } else if batched {
+        (push_with(Ty::new(&[t], Elem::I32), "", "one token id per sequence".into()), "", "tokens")
     } else {
         let doc = format!("token ids, padded to {t}");
         (
@@ -871,7 +954,12 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
             "tokens",
         )
     };
-    let position = push_with(Ty::new(&[], Elem::I32), "", first_doc.into());
+    // A batch's sequences each have their own position (tokens already in that sequence's cache).
+    let position = if batched {
+        push_with(Ty::new(&[t], Elem::I32), "", "each sequence's position (tokens already in its cache)".into())
+    } else {
+        push_with(Ty::new(&[], Elem::I32), "", first_doc.into())
+    };
     let count =
         spec.kind.takes_count().then(|| push_with(Ty::new(&[], Elem::I32), "", format!("real {real}, 1..={t}")));
     // Keys are stored transposed, [D, C] per head, so that the score product reads them in the
@@ -883,20 +971,27 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     // buffers instead of copying the whole cache into fresh ones. The input buffers are consumed.
     let cache_elem = options.cache.arg_dtype().elem();
     let per_layer = options.layers == LayerMode::UnrolledCachePerLayer;
-    let caches: Vec<Val> = cache_arg_shapes(config, options)
-        .iter()
-        .enumerate()
-        .map(|(i, shape)| {
-            let (which, layout) =
-                if i % 2 == 0 { ("k", "head_dim, max_context") } else { ("v", "max_context, head_dim") };
-            let doc = if per_layer {
-                format!("{which} cache of layer {} [kv_heads, {layout}], updated in place", i / 2)
-            } else {
-                format!("{which} cache [layers, kv_heads, {layout}], updated in place")
-            };
-            push_with(Ty::new(shape, cache_elem), &format!("tf.aliasing_output = {} : i32", i + 1), doc)
-        })
-        .collect();
+    let shapes = cache_arg_shapes(config, options);
+    let mut caches: Vec<Vec<Val>> = Vec::with_capacity(sequences);
+    for sequence in 0..sequences {
+        let whose = if batched { format!(" of sequence {sequence}") } else { String::new() };
+        let own = shapes
+            .iter()
+            .enumerate()
+            .map(|(i, shape)| {
+                let (which, layout) =
+                    if i % 2 == 0 { ("k", "head_dim, max_context") } else { ("v", "max_context, head_dim") };
+                let doc = if per_layer {
+                    format!("{which} cache of layer {} [kv_heads, {layout}]{whose}, updated in place", i / 2)
+                } else {
+                    format!("{which} cache [layers, kv_heads, {layout}]{whose}, updated in place")
+                };
+                let result = 1 + sequence * shapes.len() + i;
+                push_with(Ty::new(shape, cache_elem), &format!("tf.aliasing_output = {result} : i32"), doc)
+            })
+            .collect();
+        caches.push(own);
+    }
     let specs = graph_weight_args(config, options);
     let vals: Vec<Val> =
         specs.iter().map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone())).collect();
@@ -918,9 +1013,13 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     };
 
     b.comment("rope tables and the attention mask, shared by all layers");
-    let offsets = b.iota(&[t], 0);
-    let start = b.broadcast(&position, &[t], &[]);
-    let positions = b.add(&start, &offsets); // i32 [T]
+    let positions = if batched {
+        position.clone()
+    } else {
+        let offsets = b.iota(&[t], 0);
+        let start = b.broadcast(&position, &[t], &[]);
+        b.add(&start, &offsets) // i32 [T]
+    };
     let pos_f = b.convert(&positions, Elem::F32);
     let inv_freq = b.const_f32_vec(&config.rope_inv_freq());
     let pos_f = b.broadcast(&pos_f, &[t, d / 2], &[0]);
@@ -933,38 +1032,54 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     // Attention sees the positions before this call and this call's tokens causally. Padding
     // queries (t >= count) compute rows nobody reads; their keys and values land in the cache
     // after the real tokens, where no later query looks before a later call overwrites them.
-    let cached_dims = [n_kv, group, t, c];
+    let cached_dims = [n_kv, group, r, c];
     let key_pos = b.iota(&cached_dims, 3);
-    let masks = if per_layer {
-        // Cache position j is visible to query t iff j <= position + t.
-        let query_pos = b.broadcast(&positions, &cached_dims, &[2]);
-        Masks::PerLayer { visible: b.compare(&key_pos, &query_pos, Cmp::Le) }
-    } else {
-        // Cache position j visible iff j < position; new token u visible to query t iff u <= t.
-        let first = b.broadcast(&position, &cached_dims, &[]);
-        let visible_cached = b.compare(&key_pos, &first, Cmp::Lt);
-        let new_dims = [n_kv, group, t, t];
-        let key_index = b.iota(&new_dims, 3);
-        let query_index = b.iota(&new_dims, 2);
-        let visible_new = b.compare(&key_index, &query_index, Cmp::Le);
-        Masks::Stacked { k_cache: caches[0].clone(), v_cache: caches[1].clone(), visible_cached, visible_new }
-    };
+    let mut sequence_inputs = Vec::with_capacity(sequences);
+    for (sequence, own_caches) in caches.iter().enumerate() {
+        // A batch's sequence `s` is row `s`, at its own position; a lone sequence is all rows.
+        let (first, own_positions) = if batched {
+            let p = b.slice(&position, &[sequence], &[sequence + 1]);
+            (b.reshape(&p, &[]), p)
+        } else {
+            (position.clone(), positions.clone())
+        };
+        let masks = if per_layer {
+            // Cache position j is visible to query t iff j <= position + t.
+            let query_pos = b.broadcast(&own_positions, &cached_dims, &[2]);
+            Masks::PerLayer { visible: b.compare(&key_pos, &query_pos, Cmp::Le) }
+        } else {
+            // Cache position j visible iff j < position; new token u visible to query t iff u <= t.
+            let start = b.broadcast(&first, &cached_dims, &[]);
+            let visible_cached = b.compare(&key_pos, &start, Cmp::Lt);
+            let new_dims = [n_kv, group, r, r];
+            let key_index = b.iota(&new_dims, 3);
+            let query_index = b.iota(&new_dims, 2);
+            let visible_new = b.compare(&key_index, &query_index, Cmp::Le);
+            Masks::Stacked {
+                k_cache: own_caches[0].clone(),
+                v_cache: own_caches[1].clone(),
+                visible_cached,
+                visible_new,
+            }
+        };
+        sequence_inputs.push(SequenceInputs { position: first, masks });
+    }
     let zero = b.const_int(0, Elem::I32, &[]);
     // Stacked caches: this call's keys and values of every layer, collected for one write.
-    let new_kv = (!per_layer).then(|| {
+    let new_kv = |b: &mut FnBuilder| {
         let mut zeros = |dims: &[usize]| {
             let z = b.const_f32(0.0, dims);
             b.convert(&z, cache_elem)
         };
-        NewKv { k: zeros(&[layers, n_kv, d, t]), v: zeros(&[layers, n_kv, t, d]) }
-    });
+        NewKv { k: zeros(&[layers, n_kv, d, r]), v: zeros(&[layers, n_kv, r, d]) }
+    };
+    let new_kvs: Vec<NewKv> = if per_layer { Vec::new() } else { (0..sequences).map(|_| new_kv(&mut b)).collect() };
 
-    let attention_kernel = t == 1 && options.decode_attention_kernel();
+    let attention_kernel = r == 1 && options.decode_attention_kernel();
     let shared = LayerInputs {
         cos,
         sin,
-        masks,
-        position: position.clone(),
+        sequences: sequence_inputs,
         zero: zero.clone(),
         cache_elem,
         t,
@@ -972,31 +1087,47 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
         attention_kernel,
         rows: count.clone(),
     };
+    let write_all = |b: &mut FnBuilder, new_kvs: Vec<NewKv>| -> Vec<Val> {
+        new_kvs
+            .into_iter()
+            .zip(&caches)
+            .zip(&shared.sequences)
+            .flat_map(|((new_kv, own), sequence)| write_stacked(b, own, new_kv, &zero, &sequence.position))
+            .collect()
+    };
     let (x, updated_caches) = match options.layers {
         LayerMode::Unrolled => {
             let mut x = x;
-            let mut kv = LayerKv::Stacked(new_kv.unwrap_or_else(|| unreachable!("stacked caches")));
+            let mut kv: Vec<LayerKv> = new_kvs.into_iter().map(LayerKv::Stacked).collect();
             for layer in 0..layers {
                 b.comment(&format!("layer {layer}"));
                 let index = b.const_int(layer as i64, Elem::I32, &[]);
                 (x, kv) = decoder_layer(&mut b, config, &mut w, &shared, &index, x, kv);
             }
-            let LayerKv::Stacked(new_kv) = kv else { unreachable!("stacked in, stacked out") };
-            (x, write_stacked(&mut b, &caches, new_kv, &zero, &position))
+            let new_kvs = kv.into_iter().map(|kv| match kv {
+                LayerKv::Stacked(new_kv) => new_kv,
+                LayerKv::Own { .. } => unreachable!("stacked in, stacked out"),
+            });
+            (x, write_all(&mut b, new_kvs.collect()))
         }
         LayerMode::UnrolledCachePerLayer => {
             let mut x = x;
-            let mut updated = Vec::with_capacity(caches.len());
+            let mut updated: Vec<Vec<Val>> = vec![Vec::with_capacity(2 * layers); sequences];
             for layer in 0..layers {
                 b.comment(&format!("layer {layer}"));
                 let index = b.const_int(layer as i64, Elem::I32, &[]);
-                let own = LayerKv::Own { k: caches[2 * layer].clone(), v: caches[2 * layer + 1].clone() };
+                let own = caches
+                    .iter()
+                    .map(|own| LayerKv::Own { k: own[2 * layer].clone(), v: own[2 * layer + 1].clone() })
+                    .collect();
                 let kv;
                 (x, kv) = decoder_layer(&mut b, config, &mut w, &shared, &index, x, own);
-                let LayerKv::Own { k, v } = kv else { unreachable!("own caches in, own caches out") };
-                updated.extend([k, v]);
+                for (sequence, kv) in kv.into_iter().enumerate() {
+                    let LayerKv::Own { k, v } = kv else { unreachable!("own caches in, own caches out") };
+                    updated[sequence].extend([k, v]);
+                }
             }
-            (x, updated)
+            (x, updated.into_iter().flatten().collect())
         }
         LayerMode::Loop => {
             // The stacked per-layer weights are the arguments up to the final norm; the loop body
@@ -1007,10 +1138,12 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
             let stacked: Vec<(Val, WeightArg)> =
                 (first..first + per_layer).map(|i| (w.vals[i].clone(), w.specs[i].clone())).collect();
             let start = b.const_int(0, Elem::I32, &[]);
-            let NewKv { k: k0, v: v0 } = new_kv.unwrap_or_else(|| unreachable!("stacked caches"));
+            // Carried: the layer index, the hidden state, then each sequence's new keys and values.
+            let mut init = vec![&start, &x];
+            init.extend(new_kvs.iter().flat_map(|kv| [&kv.k, &kv.v]));
             b.comment("the decoder layers: one loop body");
             let out = b.while_loop(
-                &[&start, &x, &k0, &v0],
+                &init,
                 |b, carried| {
                     let count = b.const_int(layers as i64, Elem::I32, &[]);
                     b.compare(&carried[0], &count, Cmp::Lt)
@@ -1031,17 +1164,23 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
                     }
                     let mut layer_weights =
                         Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels };
-                    let kv = LayerKv::Stacked(NewKv { k: carried[2].clone(), v: carried[3].clone() });
+                    let kv = carried[2..]
+                        .chunks(2)
+                        .map(|kv| LayerKv::Stacked(NewKv { k: kv[0].clone(), v: kv[1].clone() }))
+                        .collect();
                     let (x, kv) = decoder_layer(b, config, &mut layer_weights, &shared, index, carried[1].clone(), kv);
-                    let LayerKv::Stacked(new_kv) = kv else { unreachable!("stacked in, stacked out") };
                     let one = b.const_int(1, Elem::I32, &[]);
-                    let next = b.add(index, &one);
-                    vec![next, x, new_kv.k, new_kv.v]
+                    let mut next = vec![b.add(index, &one), x];
+                    for kv in kv {
+                        let LayerKv::Stacked(new_kv) = kv else { unreachable!("stacked in, stacked out") };
+                        next.extend([new_kv.k, new_kv.v]);
+                    }
+                    next
                 },
             );
-            let [_, x, k, v]: [Val; 4] =
-                out.try_into().unwrap_or_else(|_| unreachable!("the loop carries four values"));
-            (x, write_stacked(&mut b, &caches, NewKv { k, v }, &zero, &position))
+            let x = out[1].clone();
+            let new_kvs = out[2..].chunks(2).map(|kv| NewKv { k: kv[0].clone(), v: kv[1].clone() }).collect();
+            (x, write_all(&mut b, new_kvs))
         }
     };
 
@@ -1053,6 +1192,7 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
             let row = b.sub(count, &one);
             b.dynamic_slice(&x, &[&row, &zero], &[1, h])
         }
+        // A decode's rows are all last positions: one, or one per sequence of a batch.
         None => x.clone(),
     };
     let head = if config.tie_word_embeddings { embed } else { w.matrix() };
@@ -1063,8 +1203,8 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
         let last = rms_norm(&mut b, &last, &final_norm, eps);
         linear(&mut b, &last, &head)
     };
-    let logits = b.reshape(&logits, &[vocab]);
-    // First index of the maximum, like session_api's argmax.
+    let logits = if batched { logits } else { b.reshape(&logits, &[vocab]) };
+    // First index of the maximum, like session_api's argmax (per row for a batch).
     let token = b.argmax(&logits);
     debug_assert_eq!(w.next, w.vals.len(), "every weight argument is used");
 
@@ -1138,6 +1278,8 @@ mod tests {
             (options(WeightFormat::F16), vec![embeddings(17)]),
             (options(WeightFormat::F16), vec![DECODE, DECODE]),
             (options(WeightFormat::F16), vec![embeddings(4), prefill(4), embeddings(4)]),
+            (options(WeightFormat::F16), vec![GraphSpec { kind: GraphKind::DecodeBatch { batch: 1 }, logits: true }]),
+            (options(WeightFormat::F16), vec![GraphSpec { kind: GraphKind::DecodeBatch { batch: 65 }, logits: true }]),
         ];
         for (o, specs) in cases {
             assert!(matches!(emit_module(&c, &o, &specs), Err(GraphError::Options(_))), "{o:?} {specs:?}");
@@ -1357,6 +1499,38 @@ mod tests {
         // The weights are the unrolled ones.
         let n_args = 2 + shapes.len() + crate::weight_args(&c, WeightFormat::Int4).len();
         assert!(text.contains(&format!("%arg{}: ", n_args - 1)) && !text.contains(&format!("%arg{n_args}: ")));
+    }
+
+    /// A batched decode: positions per sequence, each sequence's caches in turn (aliased to the
+    /// results after the tokens), one write per cache, tokens and logits per sequence.
+    #[test]
+    fn batched_decode_signature() {
+        let c = tiny_llama32_config();
+        let batch = 3;
+        let spec = GraphSpec { kind: GraphKind::DecodeBatch { batch }, logits: true };
+        assert_eq!(spec.name(), "decode_batch_3_logits");
+        for layers in [LayerMode::Unrolled, LayerMode::UnrolledCachePerLayer, LayerMode::Loop] {
+            let o = GraphOptions { layers, ..options(WeightFormat::F16) };
+            let shapes = cache_arg_shapes(&c, &o);
+            let text = emit_module(&c, &o, &[spec]).unwrap();
+            assert!(text.contains(&format!("%arg0: tensor<{batch}xi32>")), "{layers:?}: tokens");
+            assert!(text.contains(&format!("%arg1: tensor<{batch}xi32>")), "{layers:?}: positions");
+            let caches = batch * shapes.len();
+            for i in 0..caches {
+                let shape = &shapes[i % shapes.len()];
+                let ty = format!("tensor<{}xf16>", shape.iter().map(usize::to_string).collect::<Vec<_>>().join("x"));
+                let declared = format!("%arg{}: {ty} {{tf.aliasing_output = {} : i32}}", i + 2, i + 1);
+                assert!(text.contains(&declared), "{layers:?}: cache argument {i}");
+            }
+            assert!(!text.contains(&format!("tf.aliasing_output = {} : i32", caches + 1)), "{layers:?}");
+            if layers == LayerMode::UnrolledCachePerLayer {
+                assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), caches, "one write per cache");
+            }
+            let results = text.lines().find(|l| l.contains(&format!(") -> (tensor<{batch}xi32>"))).unwrap();
+            let results = results.split(") -> (").nth(1).unwrap();
+            assert_eq!(results.matches("tensor<").count(), 2 + caches, "{layers:?}");
+            assert!(results.contains(&format!("tensor<{batch}x{}xf32>)", c.vocab_size)), "{layers:?}: logits");
+        }
     }
 
     /// int4 matrices in the per-group form below the threshold, dequantized from it on.

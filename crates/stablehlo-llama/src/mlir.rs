@@ -425,7 +425,8 @@ impl FnBuilder {
         Val { name: result, ty }
     }
 
-    /// Index of the first maximum of a 1-D f32 tensor, as an i32 scalar.
+    /// Index of the first maximum of a 1-D f32 tensor as an i32 scalar, or of each row of a 2-D
+    /// one as `i32[rows]`.
     ///
     /// One variadic reduction over (value, index) pairs whose combiner keeps the larger value, and
     /// the smaller index on a tie: associative and commutative, so any reduction order gives the
@@ -434,14 +435,16 @@ impl FnBuilder {
     /// buffer at vocab 49152, over its 32 KiB limit). An all `-inf` input gives 0, like
     /// `session_api::sampling::argmax`.
     pub fn argmax(&mut self, v: &Val) -> Val {
-        assert!(v.rank() == 1 && v.elem() == Elem::F32);
-        let n = v.dims()[0];
-        let ids = self.iota(&[n], 0);
+        assert!((1..=2).contains(&v.rank()) && v.elem() == Elem::F32);
+        let last = v.rank() - 1;
+        let ids = self.iota(v.dims(), last);
         let init_v = self.const_f32(f32::NEG_INFINITY, &[]);
         let init_i = self.const_int(0, Elem::I32, &[]);
         let result = format!("%{}", self.next);
         self.next += 1;
         let (f, i, b) = ("tensor<f32>", "tensor<i32>", "tensor<i1>");
+        let out_dims = &v.dims()[..last];
+        let (out_f, out_i) = (Ty::new(out_dims, Elem::F32).mlir(), Ty::new(out_dims, Elem::I32).mlir());
         let cmp = |dir: &str| format!("{{comparison_direction = #stablehlo<comparison_direction {dir}>}}");
         let lines = [
             format!(
@@ -458,7 +461,7 @@ impl FnBuilder {
             format!("      %i = \"stablehlo.select\"(%a, %ai, %bi) : ({b}, {i}, {i}) -> {i}"),
             format!("      \"stablehlo.return\"(%v, %i) : ({f}, {i}) -> ()"),
             format!(
-                "    }}) {{dimensions = array<i64: 0>}} : ({}, {}, {f}, {i}) -> ({f}, {i})",
+                "    }}) {{dimensions = array<i64: {last}>}} : ({}, {}, {f}, {i}) -> ({out_f}, {out_i})",
                 v.ty.mlir(),
                 ids.ty.mlir()
             ),
@@ -466,7 +469,7 @@ impl FnBuilder {
         for line in lines {
             writeln!(self.body, "{line}").unwrap();
         }
-        Val { name: format!("{result}#1"), ty: Ty::new(&[], Elem::I32) }
+        Val { name: format!("{result}#1"), ty: Ty::new(out_dims, Elem::I32) }
     }
 
     /// A `stablehlo.while` loop carrying `init`. `cond` gets the carried values and returns the
