@@ -122,24 +122,32 @@ fn main() {
         vec![0xb000; head.0 * 18],
     ));
     f16_layers.push((head.0, head.1, vec![0x3c00u16; head.0 * head.1]));
-    let x = vec![0.1f32; 1536];
-    let mut out = vec![0.0f32; 49152];
     let int4_bytes: usize = int4_layers.iter().map(|(n, k, ..)| n * k / 2 + 4 * n * k / GROUP_SIZE).sum();
     let f16_bytes: usize = f16_layers.iter().map(|(n, k, _)| n * k * 2).sum();
-    let secs = time(1, |_| {
-        for (n, k, p, s, b) in &int4_layers {
-            let w = Int4Matrix { rows: *n, cols: *k, packed: p, scales: s, biases: b };
-            matmul_int4(Isa::best(), pool, &x[..*k], 1, w, &mut out[..*n]).unwrap();
-        }
-    });
-    report("smollm2 step", int4_layers.len(), 0, "int4 avx2", secs, int4_bytes, bandwidth);
-    let secs = time(1, |_| {
-        for (n, k, d) in &f16_layers {
-            matmul_f16(Isa::best(), pool, &x[..*k], 1, F16Matrix { rows: *n, cols: *k, data: d }, &mut out[..*n])
-                .unwrap();
-        }
-    });
-    report("smollm2 step", f16_layers.len(), 0, "f16 avx2", secs, f16_bytes, bandwidth);
+    // One token (decode), then a batch of decodes (continuous batching): the per-call time, and
+    // per token in the last column.
+    let batches: &[usize] = if quick { &[1, 4] } else { &[1, 2, 4, 8, 16] };
+    for &tokens in batches {
+        let x = vec![0.1f32; 1536 * tokens];
+        let mut out = vec![0.0f32; 49152 * tokens];
+        let secs = time(1, |_| {
+            for (n, k, p, s, b) in &int4_layers {
+                let w = Int4Matrix { rows: *n, cols: *k, packed: p, scales: s, biases: b };
+                matmul_int4(Isa::best(), pool, &x[..*k * tokens], tokens, w, &mut out[..*n * tokens]).unwrap();
+            }
+        });
+        let name = format!("smollm2 step x{tokens}");
+        report(&name, int4_layers.len(), 0, "int4 avx2", secs, int4_bytes, bandwidth);
+        println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
+        let secs = time(1, |_| {
+            for (n, k, d) in &f16_layers {
+                let w = F16Matrix { rows: *n, cols: *k, data: d };
+                matmul_f16(Isa::best(), pool, &x[..*k * tokens], tokens, w, &mut out[..*n * tokens]).unwrap();
+            }
+        });
+        report(&name, f16_layers.len(), 0, "f16 avx2", secs, f16_bytes, bandwidth);
+        println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
+    }
 
     // Attention of one step at a few fill levels of a 2048-position f32 cache (SmolLM2's heads).
     let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, capacity: 2048 };

@@ -88,11 +88,10 @@ pub fn matmul_f16(
     check_len("f16 weights", w.data.len(), n * k)?;
     check_len("output", out.len(), tokens * n)?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
-    if isa == Isa::Avx2 && tokens >= WIDEN_FROM_TOKENS {
-        widened_rows(pool, x, tokens, k, n, out, &|row, wide| {
-            use half::slice::{HalfBitsSliceExt, HalfFloatSliceExt};
-            let bits: &[half::f16] = w.data[row * k..(row + 1) * k].reinterpret_cast();
-            bits.convert_to_f32_slice(wide);
+    if isa == Isa::Avx2 && tokens >= BLOCK_FROM_TOKENS {
+        token_blocks(pool, x, tokens, k, n, out, &|row, xs, count| {
+            // SAFETY: the AVX2 path, which the CPU supports (checked above).
+            unsafe { avx2::dot_f16_block(&w.data[row * k..(row + 1) * k], xs, count) }
         });
         return Ok(());
     }
@@ -166,20 +165,13 @@ pub fn matmul_int4(
         });
         return Ok(());
     }
-    if tokens >= WIDEN_FROM_TOKENS {
-        // Each row dequantized once, exactly as the format defines it (scale * q + bias in f32).
-        widened_rows(pool, x, tokens, k, n, out, &|row, wide| {
+    if tokens >= BLOCK_FROM_TOKENS {
+        // Each group dequantized in registers exactly as the format defines it (scale * q + bias
+        // in f32), once for a block of tokens.
+        token_blocks(pool, x, tokens, k, n, out, &|row, xs, count| {
             let (p, s, b) = row_of(&w, row, groups);
-            for g in 0..groups {
-                let scale = half::f16::from_bits(s[g]).to_f32();
-                let bias = half::f16::from_bits(b[g]).to_f32();
-                let bytes = &p[g * GROUP_SIZE / 2..(g + 1) * GROUP_SIZE / 2];
-                let dst = &mut wide[g * GROUP_SIZE..(g + 1) * GROUP_SIZE];
-                for (pair, &byte) in dst.chunks_exact_mut(2).zip(bytes) {
-                    pair[0] = scale * (byte & 15) as f32 + bias;
-                    pair[1] = scale * (byte >> 4) as f32 + bias;
-                }
-            }
+            // SAFETY: the AVX2 path, which the CPU supports (checked above).
+            unsafe { avx2::dot_int4_block(p, s, b, xs, count) }
         });
         return Ok(());
     }
@@ -258,18 +250,13 @@ pub fn matmul_int8(
     check_len("output", out.len(), tokens * n)?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
     let row_of = |row: usize| (&w.codes[row * k..(row + 1) * k], &w.scales[row * groups..(row + 1) * groups]);
-    if isa == Isa::Avx2 && tokens >= WIDEN_FROM_TOKENS {
-        // Each row dequantized once, exactly as the format defines it (scale * q in f32).
-        widened_rows(pool, x, tokens, k, n, out, &|row, wide| {
+    if isa == Isa::Avx2 && tokens >= BLOCK_FROM_TOKENS {
+        // Each group dequantized in registers exactly as the format defines it (scale * q in
+        // f32), once for a block of tokens.
+        token_blocks(pool, x, tokens, k, n, out, &|row, xs, count| {
             let (codes, scales) = row_of(row);
-            for ((dst, codes), &scale) in
-                wide.chunks_exact_mut(GROUP_SIZE).zip(codes.chunks_exact(GROUP_SIZE)).zip(scales)
-            {
-                let scale = half::f16::from_bits(scale).to_f32();
-                for (d, &q) in dst.iter_mut().zip(codes) {
-                    *d = scale * q as f32;
-                }
-            }
+            // SAFETY: the AVX2 path, which the CPU supports (checked above).
+            unsafe { avx2::dot_int8_block(codes, scales, xs, count) }
         });
         return Ok(());
     }
@@ -288,46 +275,31 @@ pub fn matmul_int8(
     Ok(())
 }
 
-/// From this many tokens per call on (a short prefill, a batch of decodes), the fast paths widen
-/// each weight row to f32 once and multiply it with every token's activations: the per-token
-/// kernels above would widen the same row once per token, and their cost grows with the tokens.
-const WIDEN_FROM_TOKENS: usize = 4;
+/// From this many tokens per call on (a batch of decodes, a short prefill), the fast paths take
+/// the tokens in blocks of [`TOKEN_BLOCK`]: each weight is read and converted to f32 in registers
+/// once per block and multiplied with every token of it. The per-token kernels would convert the
+/// same weights once per token, so their cost grows with the tokens; a block's grows by little
+/// more than the multiply-adds.
+const BLOCK_FROM_TOKENS: usize = 2;
 
-thread_local! {
-    /// One widened weight row, reused across calls on this thread.
-    static WIDE_ROW: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
+/// Tokens per block: one f32 accumulator per token, beside the converted weights, in AVX2's 16
+/// registers.
+const TOKEN_BLOCK: usize = 4;
 
-/// `out = x W^T` where `widen(row, buffer)` writes row `row` of `W` as f32 (AVX2 path only).
-fn widened_rows(
-    pool: &Pool,
-    x: &[f32],
-    tokens: usize,
-    k: usize,
-    n: usize,
-    out: &mut [f32],
-    widen: &(dyn Fn(usize, &mut [f32]) + Sync),
-) {
+/// `dot(row, xs, count)`: the dot products of weight row `row` with `count` (1..=4) tokens'
+/// activations, laid out one after another in `xs`.
+type BlockFn<'a> = dyn Fn(usize, &[f32], usize) -> [f32; TOKEN_BLOCK] + Sync + 'a;
+
+/// `out = x W^T`, each row's dot products taken a block of tokens at a time by `dot`.
+fn token_blocks(pool: &Pool, x: &[f32], tokens: usize, k: usize, n: usize, out: &mut [f32], dot: &BlockFn<'_>) {
     for_each_row(pool, n, tokens, out, &|row, put| {
-        WIDE_ROW.with(|wide| {
-            let mut wide = wide.borrow_mut();
-            wide.resize(k, 0.0);
-            widen(row, &mut wide);
-            let mut t = 0;
-            while t + 4 <= tokens {
-                // SAFETY: only called on the AVX2 path, which the CPU supports.
-                let sums = unsafe { avx2::dot_f32_x4(&wide, &x[t * k..(t + 4) * k]) };
-                for (j, &v) in sums.iter().enumerate() {
-                    put(t + j, v);
-                }
-                t += 4;
+        for start in (0..tokens).step_by(TOKEN_BLOCK) {
+            let count = TOKEN_BLOCK.min(tokens - start);
+            let sums = dot(row, &x[start * k..(start + count) * k], count);
+            for (j, &value) in sums.iter().enumerate().take(count) {
+                put(start + j, value);
             }
-            for t in t..tokens {
-                // SAFETY: as above.
-                let sums = unsafe { avx2::dot_f32_x4(&wide, &x[t * k..(t + 1) * k]) };
-                put(t, sums[0]);
-            }
-        });
+        }
     });
 }
 
@@ -355,41 +327,147 @@ mod avx2 {
         _mm_cvtss_f32(s)
     }
 
-    /// `w · x_j` for up to four rows `x_j` of `w.len()` each, laid out one after another in `xs`
-    /// (`xs.len() / w.len()` of them): each weight loaded once for all of them.
+    /// Runs `$body` with `$count` (1..=4, a runtime value) as the const `$n`, so that the loops
+    /// over a block's tokens are unrolled with their accumulators in registers.
+    macro_rules! for_count {
+        ($count:expr, $n:ident => $body:expr) => {
+            match $count {
+                1 => {
+                    const $n: usize = 1;
+                    $body
+                }
+                2 => {
+                    const $n: usize = 2;
+                    $body
+                }
+                3 => {
+                    const $n: usize = 3;
+                    $body
+                }
+                _ => {
+                    const $n: usize = 4;
+                    $body
+                }
+            }
+        };
+    }
+
+    /// The horizontal sums of a block's accumulators, two per token: a token's multiply-adds
+    /// alternate between its two, so that eight independent chains (four tokens) keep both FMA
+    /// units busy through the instruction's latency.
     #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_f32_x4(w: &[f32], xs: &[f32]) -> [f32; 4] {
-        let k = w.len();
-        let rows = (xs.len() / k.max(1)).min(4);
-        let mut acc = [_mm256_setzero_ps(); 4];
-        let wp = w.as_ptr();
-        let xp = xs.as_ptr();
-        let mut i = 0;
-        if rows == 4 {
-            while i + 8 <= k {
-                let wv = _mm256_loadu_ps(wp.add(i));
-                for (j, a) in acc.iter_mut().enumerate() {
-                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(j * k + i)), *a);
-                }
-                i += 8;
-            }
-        } else {
-            while i + 8 <= k {
-                let wv = _mm256_loadu_ps(wp.add(i));
-                for (j, a) in acc.iter_mut().enumerate().take(rows) {
-                    *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(j * k + i)), *a);
-                }
-                i += 8;
-            }
-        }
+    unsafe fn sums<const R: usize>(acc: [[__m256; 2]; R]) -> [f32; 4] {
         let mut sums = [0f32; 4];
-        for (j, sum) in sums.iter_mut().enumerate().take(rows) {
-            *sum = hsum(acc[j]);
-            for r in i..k {
-                *sum += w[r] * xs[j * k + r];
-            }
+        for (sum, [a, b]) in sums.iter_mut().zip(acc) {
+            *sum = hsum(_mm256_add_ps(a, b));
         }
         sums
+    }
+
+    /// One f16 row times `count` (1..=4) tokens' activations (`xs`, `count * w.len()` values):
+    /// 8 weights converted per step and multiplied with every token.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_f16_block(w: &[u16], xs: &[f32], count: usize) -> [f32; 4] {
+        for_count!(count, R => dot_f16_rows::<R>(w, xs))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_f16_rows<const R: usize>(w: &[u16], xs: &[f32]) -> [f32; 4] {
+        let k = w.len();
+        debug_assert!(xs.len() >= R * k);
+        let (wp, xp) = (w.as_ptr(), xs.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        let mut i = 0;
+        while i + 16 <= k {
+            let w0 = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i) as *const __m128i));
+            let w1 = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i + 8) as *const __m128i));
+            for (j, [a, b]) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp.add(j * k + i)), *a);
+                *b = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp.add(j * k + i + 8)), *b);
+            }
+            i += 16;
+        }
+        while i + 8 <= k {
+            let wv = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i) as *const __m128i));
+            for (j, [a, _]) in acc.iter_mut().enumerate() {
+                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(j * k + i)), *a);
+            }
+            i += 8;
+        }
+        let mut out = sums(acc);
+        for (j, sum) in out.iter_mut().enumerate().take(R) {
+            *sum += crate::scalar::dot_f16(&xs[j * k + i..(j + 1) * k], &w[i..k]);
+        }
+        out
+    }
+
+    /// One int4 row times `count` (1..=4) tokens' activations (`xs`, `count * k` values): each
+    /// group's 32 weights dequantized in registers (scale * q + bias, as the format defines them)
+    /// and multiplied with every token.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_int4_block(packed: &[u8], scales: &[u16], biases: &[u16], xs: &[f32], count: usize) -> [f32; 4] {
+        for_count!(count, R => dot_int4_rows::<R>(packed, scales, biases, xs))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_int4_rows<const R: usize>(packed: &[u8], scales: &[u16], biases: &[u16], xs: &[f32]) -> [f32; 4] {
+        let groups = scales.len();
+        let k = groups * GROUP_SIZE;
+        debug_assert!(packed.len() == k / 2 && biases.len() == groups && xs.len() >= R * k);
+        let (pp, xp) = (packed.as_ptr(), xs.as_ptr());
+        let low4 = _mm_set1_epi8(0x0f);
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for g in 0..groups {
+            let bytes = _mm_loadu_si128(pp.add(g * 16) as *const __m128i);
+            let lo = _mm_and_si128(bytes, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
+            // Element 2i is byte i's low nibble, 2i + 1 its high one: interleaved, in order.
+            let first = _mm_unpacklo_epi8(lo, hi);
+            let second = _mm_unpackhi_epi8(lo, hi);
+            let scale = _mm256_cvtph_ps(_mm_set1_epi16(scales[g] as i16));
+            let bias = _mm256_cvtph_ps(_mm_set1_epi16(biases[g] as i16));
+            let widen = |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), scale, bias);
+            let w = [widen(first), widen(_mm_srli_si128(first, 8)), widen(second), widen(_mm_srli_si128(second, 8))];
+            for (j, pair) in acc.iter_mut().enumerate() {
+                let x = xp.add(j * k + g * GROUP_SIZE);
+                for (part, wv) in w.iter().enumerate() {
+                    let a = &mut pair[part % 2];
+                    *a = _mm256_fmadd_ps(*wv, _mm256_loadu_ps(x.add(8 * part)), *a);
+                }
+            }
+        }
+        sums(acc)
+    }
+
+    /// One int8 row times `count` (1..=4) tokens' activations (`xs`, `count * k` values): each
+    /// group's 32 codes dequantized in registers (scale * q) and multiplied with every token.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dot_int8_block(codes: &[i8], scales: &[u16], xs: &[f32], count: usize) -> [f32; 4] {
+        for_count!(count, R => dot_int8_rows::<R>(codes, scales, xs))
+    }
+
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn dot_int8_rows<const R: usize>(codes: &[i8], scales: &[u16], xs: &[f32]) -> [f32; 4] {
+        let k = scales.len() * GROUP_SIZE;
+        debug_assert!(codes.len() == k && xs.len() >= R * k);
+        let (cp, xp) = (codes.as_ptr(), xs.as_ptr());
+        let mut acc = [[_mm256_setzero_ps(); 2]; R];
+        for (g, &scale) in scales.iter().enumerate() {
+            let scale = _mm256_cvtph_ps(_mm_set1_epi16(scale as i16));
+            let mut w = [_mm256_setzero_ps(); 4];
+            for (part, wv) in w.iter_mut().enumerate() {
+                let raw = _mm_loadl_epi64(cp.add(g * GROUP_SIZE + 8 * part) as *const __m128i);
+                *wv = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)), scale);
+            }
+            for (j, pair) in acc.iter_mut().enumerate() {
+                let x = xp.add(j * k + g * GROUP_SIZE);
+                for (part, wv) in w.iter().enumerate() {
+                    let a = &mut pair[part % 2];
+                    *a = _mm256_fmadd_ps(*wv, _mm256_loadu_ps(x.add(8 * part)), *a);
+                }
+            }
+        }
+        sums(acc)
     }
 
     /// `x · w` for f16 `w`, 32 weights per iteration in four accumulators.
@@ -515,7 +593,13 @@ mod avx2 {
     pub unsafe fn dot_f16(_: &[f32], _: &[u16]) -> f32 {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
-    pub unsafe fn dot_f32_x4(_: &[f32], _: &[f32]) -> [f32; 4] {
+    pub unsafe fn dot_f16_block(_: &[u16], _: &[f32], _: usize) -> [f32; 4] {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+    pub unsafe fn dot_int4_block(_: &[u8], _: &[u16], _: &[u16], _: &[f32], _: usize) -> [f32; 4] {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+    pub unsafe fn dot_int8_block(_: &[i8], _: &[u16], _: &[f32], _: usize) -> [f32; 4] {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
     pub unsafe fn dot_int4(_: &[i16], _: &[f32], _: &[f32], _: &[u8], _: &[u16], _: &[u16]) -> f32 {

@@ -43,6 +43,8 @@ fn matmul_f16_matches_scalar_on_every_path() {
             (40, 64, 4),
             (21, 77, 11),
             (9, 576, 16),
+            (13, 40, 6),
+            (6, 17, 7),
         ] {
             let w: Vec<u16> = (0..n * k).map(|_| rng.f16_bits(1.0)).collect();
             let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
@@ -74,6 +76,9 @@ fn matmul_int4_matches_scalar_on_every_path() {
             (129, 96, 1),
             (33, 64, 5),
             (17, 576, 16),
+            (5, 96, 3),
+            (11, 160, 7),
+            (4, 64, 9),
         ] {
             let groups = k / GROUP_SIZE;
             let packed: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
@@ -121,7 +126,9 @@ fn matmul_int4_matches_scalar_on_every_path() {
 fn matmul_int8_matches_scalar_on_every_path() {
     let mut rng = Rng(13);
     for pool in [Pool::new(1), Pool::new(2)] {
-        for &(n, k, tokens) in &[(1, 32, 1), (3, 64, 2), (19, 288, 1), (50, 576, 1), (7, 1536, 4), (17, 576, 16)] {
+        for &(n, k, tokens) in
+            &[(1, 32, 1), (3, 64, 2), (19, 288, 1), (50, 576, 1), (7, 1536, 4), (17, 576, 16), (5, 96, 3), (9, 64, 7)]
+        {
             let groups = k / GROUP_SIZE;
             let codes: Vec<i8> = (0..n * k).map(|_| rng.next() as i8).collect();
             let scales: Vec<u16> = (0..n * groups).map(|_| rng.f16_bits(0.01)).collect();
