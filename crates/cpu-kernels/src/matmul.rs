@@ -364,6 +364,19 @@ mod avx2 {
         sums
     }
 
+    /// Adds one group's 32 weights (`w`, four vectors of 8) times each token's 32 activations
+    /// (token `j`'s at `x + j * k`) into the token's two accumulators.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn group_into<const R: usize>(acc: &mut [[__m256; 2]; R], w: &[__m256; 4], x: *const f32, k: usize) {
+        for (j, pair) in acc.iter_mut().enumerate() {
+            let x = x.add(j * k);
+            for (part, wv) in w.iter().enumerate() {
+                let a = &mut pair[part % 2];
+                *a = _mm256_fmadd_ps(*wv, _mm256_loadu_ps(x.add(8 * part)), *a);
+            }
+        }
+    }
+
     /// One f16 row times `count` (1..=4) tokens' activations (`xs`, `count * w.len()` values):
     /// 8 weights converted per step and multiplied with every token.
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -428,13 +441,7 @@ mod avx2 {
             let bias = _mm256_cvtph_ps(_mm_set1_epi16(biases[g] as i16));
             let widen = |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), scale, bias);
             let w = [widen(first), widen(_mm_srli_si128(first, 8)), widen(second), widen(_mm_srli_si128(second, 8))];
-            for (j, pair) in acc.iter_mut().enumerate() {
-                let x = xp.add(j * k + g * GROUP_SIZE);
-                for (part, wv) in w.iter().enumerate() {
-                    let a = &mut pair[part % 2];
-                    *a = _mm256_fmadd_ps(*wv, _mm256_loadu_ps(x.add(8 * part)), *a);
-                }
-            }
+            group_into(&mut acc, &w, xp.add(g * GROUP_SIZE), k);
         }
         sums(acc)
     }
@@ -459,13 +466,7 @@ mod avx2 {
                 let raw = _mm_loadl_epi64(cp.add(g * GROUP_SIZE + 8 * part) as *const __m128i);
                 *wv = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)), scale);
             }
-            for (j, pair) in acc.iter_mut().enumerate() {
-                let x = xp.add(j * k + g * GROUP_SIZE);
-                for (part, wv) in w.iter().enumerate() {
-                    let a = &mut pair[part % 2];
-                    *a = _mm256_fmadd_ps(*wv, _mm256_loadu_ps(x.add(8 * part)), *a);
-                }
-            }
+            group_into(&mut acc, &w, xp.add(g * GROUP_SIZE), k);
         }
         sums(acc)
     }

@@ -98,16 +98,16 @@ impl<R: GraphRuntime> Shared<R> {
     }
 
     /// One batched decode call over `steps` (two or more, a [`DECODE_BATCHES`] size).
-    fn decode_batch(&self, steps: &mut [(&mut GraphSteps<R>, usize, u32)], want_logits: bool) -> Result<Vec<RawStep>> {
+    fn decode_batch(&self, steps: &mut [BatchSequence<'_, R>], want_logits: bool) -> Result<Vec<RawStep>> {
         let graph = batch_graph(steps.len());
         self.ensure_token_graph(graph)?;
         let call = BatchCall {
             graph,
-            tokens: steps.iter().map(|(_, _, token)| *token as i32).collect(),
-            positions: steps.iter().map(|(_, position, _)| *position as i32).collect(),
+            tokens: steps.iter().map(|s| s.token as i32).collect(),
+            positions: steps.iter().map(|s| s.position as i32).collect(),
             read_logits: want_logits,
         };
-        let mut caches: Vec<&mut R::Cache> = steps.iter_mut().map(|(steps, _, _)| &mut steps.cache).collect();
+        let mut caches: Vec<&mut R::Cache> = steps.iter_mut().map(|s| &mut s.steps.cache).collect();
         let outputs = self.runtime.execute_batch(&mut caches, &call)?;
         if outputs.len() != steps.len() {
             return Err(SeamError::Backend(format!(
@@ -122,6 +122,15 @@ impl<R: GraphRuntime> Shared<R> {
             .map(|output| RawStep { greedy_token: Some(output.token), logits: output.logits, hidden_states: None })
             .collect())
     }
+}
+
+/// One of the engine's own sequences in a batched decode: its steps, position and token.
+struct BatchSequence<'a, R: GraphRuntime> {
+    /// Where the sequence stands in the caller's batch.
+    index: usize,
+    steps: &'a mut GraphSteps<R>,
+    position: usize,
+    token: u32,
 }
 
 /// The graph of a planned call: every graph also returns the logits (read back only when asked).
@@ -204,39 +213,38 @@ impl<R: GraphRuntime> Engine for GraphEngine<R> {
     fn decode_batch_steps(&self, batch: &mut [BatchedStep<'_>], want_logits: bool) -> Vec<Result<RawStep>> {
         let shared = &self.shared;
         let mut results: Vec<Option<Result<RawStep>>> = (0..batch.len()).map(|_| None).collect();
-        let mut ours: Vec<(usize, (&mut GraphSteps<R>, usize, u32))> = Vec::with_capacity(batch.len());
-        for (i, entry) in batch.iter_mut().enumerate() {
+        let mut ours: Vec<BatchSequence<'_, R>> = Vec::with_capacity(batch.len());
+        for (index, entry) in batch.iter_mut().enumerate() {
             let (position, token) = (entry.position, entry.token);
             let own = shared.runtime.decodes_batches()
                 && entry.steps.as_any_mut().is_some_and(|steps| steps.is::<GraphSteps<R>>());
             if !own {
-                results[i] = Some(entry.steps.append(position, StepInput::Tokens(&[token]), want_logits));
+                results[index] = Some(entry.steps.append(position, StepInput::Tokens(&[token]), want_logits));
                 continue;
             }
             let steps = entry.steps.as_any_mut().and_then(|steps| steps.downcast_mut::<GraphSteps<R>>());
-            ours.push((i, (steps.unwrap_or_else(|| unreachable!("checked above")), position, token)));
+            let steps = steps.unwrap_or_else(|| unreachable!("checked above"));
+            ours.push(BatchSequence { index, steps, position, token });
         }
         let mut rest = ours.as_mut_slice();
         for size in split_batch(rest.len()) {
             let (call, after) = std::mem::take(&mut rest).split_at_mut(size);
             rest = after;
-            if size == 1 {
-                let (i, (steps, position, token)) = &mut call[0];
-                results[*i] = Some(steps.append(*position, StepInput::Tokens(&[*token]), want_logits));
+            if let [one] = call {
+                let step = one.steps.append(one.position, StepInput::Tokens(&[one.token]), want_logits);
+                results[one.index] = Some(step);
                 continue;
             }
-            let mut sequences: Vec<(&mut GraphSteps<R>, usize, u32)> =
-                call.iter_mut().map(|(_, (steps, position, token))| (&mut **steps, *position, *token)).collect();
-            match shared.decode_batch(&mut sequences, want_logits) {
+            match shared.decode_batch(call, want_logits) {
                 Ok(steps) => {
-                    for ((i, _), step) in call.iter().zip(steps) {
-                        results[*i] = Some(Ok(step));
+                    for (sequence, step) in call.iter().zip(steps) {
+                        results[sequence.index] = Some(Ok(step));
                     }
                 }
                 Err(error) => {
                     let message = error.to_string();
-                    for (i, _) in call.iter() {
-                        results[*i] = Some(Err(SeamError::Backend(format!("batched decode: {message}"))));
+                    for sequence in call.iter() {
+                        results[sequence.index] = Some(Err(SeamError::Backend(format!("batched decode: {message}"))));
                     }
                 }
             }

@@ -16,6 +16,11 @@
 //! embedding table included (an embeddings graph reads it only as the tied LM head), so one upload
 //! serves all of a module's functions.
 //!
+//! A batched decode ([`GraphKind::DecodeBatch`]) takes one token and one position per sequence
+//! (`tokens i32[B], positions i32[B]`) and each sequence's cache arguments in turn, and returns a
+//! token per sequence, the caches in the same order and `logits f32[B, vocab]`: the products run
+//! over the B rows at once, attention is each sequence's own.
+//!
 //! Layers are either unrolled (one set of weight arguments per layer, [`LayerMode::Unrolled`]) or
 //! one `stablehlo.while` over weights stacked `[L, ...]` ([`LayerMode::Loop`]), which compiles one
 //! layer body instead of L; `docs/backends/stablehlo-graphs.md` compares the two. A third form,
