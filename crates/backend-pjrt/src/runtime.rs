@@ -303,10 +303,9 @@ impl PjrtRuntime {
         let executable = self.executables.read().unwrap_or_else(|p| p.into_inner()).get(&name).cloned();
         let executable = executable.ok_or_else(|| SeamError::Backend(format!("no executable for {name}")))?;
         let weights = self.weights.get().ok_or_else(|| SeamError::Backend("the weights are not uploaded".into()))?;
-        let lost = || SeamError::Backend("the KV cache was lost by a failed call".into());
         // Every cache is checked before any is taken: a lost one fails the call with the others intact.
         if caches.iter().any(|cache| cache.buffers.is_none()) {
-            return Err(lost());
+            return Err(SeamError::Backend("the KV cache was lost by a failed call".into()));
         }
         let taken: Vec<Vec<Buffer>> = caches.iter_mut().map(|cache| cache.buffers.take().unwrap_or_default()).collect();
         let per_cache = taken.first().map_or(0, Vec::len);

@@ -154,15 +154,14 @@ pub fn embedding_graph(bucket: usize) -> GraphSpec {
 
 /// Every group of graphs an engine with prefill `buckets` may hand its runtime's
 /// [`GraphRuntime::load_graphs`]: the token graphs at load, then each embedding graph alone, and
-/// each batched decode graph alone (`batched`: where the runtime runs them). A runtime that
-/// compiles ahead of time (for a device it cannot reach now) compiles these groups, so that the
-/// engine later finds each one in its cache.
-pub fn graph_groups(buckets: &[usize], batched: bool) -> Vec<Vec<GraphSpec>> {
+/// each batched decode graph alone (loaded only where the runtime
+/// [`decodes_batches`](GraphRuntime::decodes_batches)). A runtime that compiles ahead of time
+/// (for a device it cannot reach now) compiles these groups, so that the engine later finds each
+/// one in its cache.
+pub fn graph_groups(buckets: &[usize]) -> Vec<Vec<GraphSpec>> {
     let mut groups = vec![token_graphs(buckets)];
     groups.extend(buckets.iter().map(|&bucket| vec![embedding_graph(bucket)]));
-    if batched {
-        groups.extend(DECODE_BATCHES.iter().rev().map(|&batch| vec![batch_graph(batch)]));
-    }
+    groups.extend(DECODE_BATCHES.iter().rev().map(|&batch| vec![batch_graph(batch)]));
     groups
 }
 
@@ -212,12 +211,12 @@ impl<R: GraphRuntime> Engine for GraphEngine<R> {
     /// runtime without batched graphs step one by one. A failed call fails each of its sequences.
     fn decode_batch_steps(&self, batch: &mut [BatchedStep<'_>], want_logits: bool) -> Vec<Result<RawStep>> {
         let shared = &self.shared;
+        let batches = shared.runtime.decodes_batches();
         let mut results: Vec<Option<Result<RawStep>>> = (0..batch.len()).map(|_| None).collect();
         let mut ours: Vec<BatchSequence<'_, R>> = Vec::with_capacity(batch.len());
         for (index, entry) in batch.iter_mut().enumerate() {
             let (position, token) = (entry.position, entry.token);
-            let own = shared.runtime.decodes_batches()
-                && entry.steps.as_any_mut().is_some_and(|steps| steps.is::<GraphSteps<R>>());
+            let own = batches && entry.steps.as_any_mut().is_some_and(|steps| steps.is::<GraphSteps<R>>());
             if !own {
                 results[index] = Some(entry.steps.append(position, StepInput::Tokens(&[token]), want_logits));
                 continue;

@@ -185,7 +185,7 @@ impl GraphPlan {
     /// [`graph_groups`] of the plan's buckets: the token graphs first, then each embedding graph,
     /// then each batched decode graph (loaded by runtimes that decode batches).
     pub fn groups(&self) -> Vec<Vec<GraphSpec>> {
-        graph_groups(&self.buckets, true)
+        graph_groups(&self.buckets)
     }
 }
 

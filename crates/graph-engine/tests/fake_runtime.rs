@@ -65,7 +65,7 @@ impl GraphRuntime for FakeRuntime {
 
     fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport> {
         // A group the plan does not list is one that compiling ahead (`seam compile`) would miss.
-        let planned = graph_groups(&buckets_for_context(self.options.max_context), true);
+        let planned = graph_groups(&buckets_for_context(self.options.max_context));
         if !planned.iter().any(|group| group == graphs) {
             return Err(SeamError::Backend(format!("{graphs:?} is not a group of graph_groups: {planned:?}")));
         }
