@@ -1,14 +1,15 @@
 //! seam's CPU kernels (`cpu-kernels`) as XLA custom-call targets of the CPU plugin.
 //!
 //! [`register`] hands the handlers below to the plugin's FFI extension under the names the graphs
-//! call ([`stablehlo_llama::linear_targets`], [`stablehlo_llama::ATTENTION_DECODE_TARGET`]). XLA then calls them from
+//! call ([`stablehlo_llama::linear_targets`], [`stablehlo_llama::ATTENTION_DECODE_TARGET`],
+//! [`stablehlo_llama::ATTENTION_CAUSAL_TARGET`]). XLA then calls them from
 //! its executor threads with the argument arrays in host memory; each handler checks the shapes
 //! and element types against what the graph emitter promises, runs the kernel on the kernels'
 //! own worker pool, and returns an XLA error (never a panic across the C boundary) when something
 //! disagrees.
 
 use cpu_kernels::pool::Pool;
-use cpu_kernels::{AttentionShape, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights};
+use cpu_kernels::{AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights};
 use llama_model::MatrixFormat;
 use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError};
 use pjrt_runtime::Plugin;
@@ -33,6 +34,7 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
                 .map(|(target, format, input, residual)| (target, linear_handler(format, input, residual)))
                 .collect();
             handlers.push((stablehlo_llama::ATTENTION_DECODE_TARGET.to_string(), attention_decode));
+            handlers.push((stablehlo_llama::ATTENTION_CAUSAL_TARGET.to_string(), attention_causal));
             for (target, handler) in handlers {
                 plugin
                     .register_ffi_handler(&target, PLATFORM, handler)
@@ -225,6 +227,38 @@ unsafe extern "C" fn attention_decode(frame: *mut CallFrame) -> *mut XlaError {
             let len = usize::try_from(position).map_err(|_| format!("position {position} is negative"))? + 1;
             let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
             cpu_kernels::attention_decode(Isa::best(), Pool::global(), shape, q, keys, values, len, out)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// `(q f32[T, H, D], keys f32[KVH, D, C], values f32[KVH, C, D], position i32[], rows i32[])
+/// -> f32[T, H, D]`: row `t` over cache positions `0..=position + t`, rows from `rows` on zero.
+unsafe extern "C" fn attention_causal(frame: *mut CallFrame) -> *mut XlaError {
+    // SAFETY: as for `linear`.
+    unsafe {
+        handle(frame, |frame| {
+            let (q, keys, values, position, rows, out) =
+                (frame.arg(0)?, frame.arg(1)?, frame.arg(2)?, frame.arg(3)?, frame.arg(4)?, frame.ret(0)?);
+            let [tokens, heads, d] = q.dims()[..] else {
+                return Err(format!("query: rank {} where 3 was expected", q.rank));
+            };
+            let [kv_heads, _, capacity] = keys.dims()[..] else {
+                return Err(format!("keys: rank {} where 3 was expected", keys.rank));
+            };
+            let q = elements::<f32>(q, dtype::F32, &[tokens, heads, d], "query")?;
+            let keys = elements::<f32>(keys, dtype::F32, &[kv_heads, d, capacity], "keys")?;
+            let values = elements::<f32>(values, dtype::F32, &[kv_heads, capacity, d], "values")?;
+            let scalar = |buffer, what: &str| -> Result<usize, String> {
+                let value =
+                    *elements::<i32>(buffer, dtype::S32, &[], what)?.first().ok_or(format!("{what}: no element"))?;
+                usize::try_from(value).map_err(|_| format!("{what} {value} is negative"))
+            };
+            let (position, rows) = (scalar(position, "position")?, scalar(rows, "rows")?);
+            let out = result_elements::<f32>(out, dtype::F32, &[tokens, heads, d], "result")?;
+            let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
+            let queries = CausalQueries { tokens, position, rows };
+            cpu_kernels::attention_causal(Isa::best(), Pool::global(), shape, q, queries, keys, values, out)
                 .map_err(|e| e.to_string())
         })
     }

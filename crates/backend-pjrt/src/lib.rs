@@ -56,16 +56,17 @@ pub fn link() {}
 /// ([`host_kernels`], ADR 0011); `LoadRequest::settings` and the environment `SEAM_PJRT_*`
 /// override them (`kernels=none` falls back to [`CPU_SETTINGS`]).
 ///
-/// - Calls of up to 64 rows (decode, prefill buckets up to 64) run seam's kernels as custom
-///   calls: the f16 and int4 products read the weights as stored; one-token calls attend through
-///   the kernel over the filled cache positions only.
-/// - fp16 matrices held as f16, row-major (the kernels' layout); longer calls (the 256-row
-///   prefill bucket) widen them to f32 inside the graph and multiply with XLA's dots, which beat
-///   the kernels' row-at-a-time product there (docs/backends/pjrt.md).
-/// - Layers unrolled with per-layer f32 caches, int4 dequantized in the graph for calls that do
-///   not use the kernels: as [`CPU_SETTINGS`].
-pub const CPU_KERNEL_SETTINGS: GraphSettings =
-    GraphSettings { dense: StorageDtype::F16, host_kernels: Some(HostKernels { max_tokens: 64 }), ..CPU_SETTINGS };
+/// - Every call runs seam's kernels as custom calls for its products, reading the weights as
+///   stored (f16, int4): one-token and short calls as matrix-vector products, calls of many rows
+///   (prefill buckets, large batches) as the kernels' blocked matrix-matrix product; one-token
+///   calls attend through the kernel over the filled cache positions only.
+/// - fp16 matrices held as f16, row-major (the kernels' layout), never widened in the graph.
+/// - Layers unrolled with per-layer f32 caches: as [`CPU_SETTINGS`].
+pub const CPU_KERNEL_SETTINGS: GraphSettings = GraphSettings {
+    dense: StorageDtype::F16,
+    host_kernels: Some(HostKernels { max_tokens: usize::MAX }),
+    ..CPU_SETTINGS
+};
 
 /// The graph settings on a CPU without seam's kernels (a plugin without the FFI extension, or
 /// `kernels=none`): every product an XLA dot.

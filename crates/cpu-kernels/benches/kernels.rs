@@ -6,7 +6,10 @@
 //! read probe: the best of several parallel sums over a 512 MiB buffer on the same pool.
 
 use cpu_kernels::pool::Pool;
-use cpu_kernels::{attention_decode, matmul_f16, matmul_int4, AttentionShape, F16Matrix, Int4Matrix, Isa, GROUP_SIZE};
+use cpu_kernels::{
+    attention_causal, attention_decode, matmul_f16, matmul_int4, AttentionShape, CausalQueries, F16Matrix, Int4Matrix,
+    Isa, GROUP_SIZE,
+};
 use std::hint::black_box;
 use std::time::Instant;
 
@@ -149,6 +152,29 @@ fn main() {
         println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
     }
 
+    // A prefill chunk: every layer's products over many tokens (no head: a prefill asks for the
+    // last token's logits only). Bound by multiply-adds, so reported in GFLOP/s.
+    let layer_flops: usize = 2 * layer_shapes.iter().map(|(n, k)| n * k).sum::<usize>() * 30;
+    let layers = int4_layers.len() - 1;
+    for &tokens in if quick { &[64usize][..] } else { &[16usize, 64, 512][..] } {
+        let x = vec![0.1f32; 1536 * tokens];
+        let mut out = vec![0.0f32; 1536 * tokens];
+        let secs = time(1, |_| {
+            for (n, k, p, s, b) in &int4_layers[..layers] {
+                let w = Int4Matrix { rows: *n, cols: *k, packed: p, scales: s, biases: b };
+                matmul_int4(Isa::best(), pool, &x[..*k * tokens], tokens, w, &mut out[..*n * tokens]).unwrap();
+            }
+        });
+        report_flops(&format!("smollm2 layers x{tokens}"), "int4", secs, tokens, layer_flops);
+        let secs = time(1, |_| {
+            for (n, k, d) in &f16_layers[..layers] {
+                let w = F16Matrix { rows: *n, cols: *k, data: d };
+                matmul_f16(Isa::best(), pool, &x[..*k * tokens], tokens, w, &mut out[..*n * tokens]).unwrap();
+            }
+        });
+        report_flops(&format!("smollm2 layers x{tokens}"), "f16", secs, tokens, layer_flops);
+    }
+
     // Attention of one step at a few fill levels of a 2048-position f32 cache (SmolLM2's heads).
     let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, capacity: 2048 };
     let q = vec![0.1f32; 9 * 64];
@@ -161,6 +187,18 @@ fn main() {
         });
         println!("attention 9/3 heads x 64, {len:>4} of 2048 positions: {:>8.1} us", secs * 1e6);
     }
+    // A prefill chunk's causal attention, all 30 layers (the keys and values already cached).
+    for (tokens, position) in [(256usize, 0usize), (256, 256)] {
+        let q = vec![0.1f32; tokens * 9 * 64];
+        let mut out = vec![0.0f32; tokens * 9 * 64];
+        let queries = CausalQueries { tokens, position, rows: tokens };
+        let secs = time(1, |_| {
+            for _ in 0..30 {
+                attention_causal(Isa::best(), pool, shape, &q, queries, &keys, &values, &mut out).unwrap();
+            }
+        });
+        println!("causal attention x30 layers, {tokens} rows at {position:>4}: {:>8.2} ms", secs * 1e3);
+    }
 }
 
 fn short(isa: Isa) -> &'static str {
@@ -168,6 +206,17 @@ fn short(isa: Isa) -> &'static str {
         Isa::Scalar => "scalar",
         Isa::Avx2 => "avx2",
     }
+}
+
+fn report_flops(name: &str, kernel: &str, secs: f64, tokens: usize, flops_per_token: usize) {
+    println!(
+        "{:<22} {:>6} {:>10.2} ms {:>10.0} tokens/s {:>8.1} GFLOP/s",
+        name,
+        kernel,
+        secs * 1e3,
+        tokens as f64 / secs,
+        (flops_per_token * tokens) as f64 / secs / 1e9
+    );
 }
 
 fn report(name: &str, n: usize, k: usize, kernel: &str, secs: f64, bytes: usize, bandwidth: f64) {

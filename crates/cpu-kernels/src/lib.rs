@@ -11,10 +11,16 @@
 //!   scale and bias per group, element `2i` in the low nibble);
 //! - [`matmul_int8`]: the same for seam's int8 format (ADR 0013: groups of 32 along `K`, an f16
 //!   scale per group; an int4 model's embedding and output head);
+//!
+//!   each of the three converts the weights in registers as it reads them, for a few tokens once
+//!   per block of four, and from a dozen tokens on (a prefill chunk, a large batch) runs as a
+//!   blocked matrix-matrix product over weights converted once per call;
 //! - [`linear`]: any of these products with the RMSNorm or SwiGLU before it and the residual add after
 //!   it, so a runtime makes one call where a graph would make six;
 //! - [`attention_decode`]: one query position against the first `len` positions of a KV cache in
-//!   seam's layout (keys `[KVH, D, C]`, values `[KVH, C, D]`), grouped-query heads included.
+//!   seam's layout (keys `[KVH, D, C]`, values `[KVH, C, D]`), grouped-query heads included;
+//!   [`attention_causal`]: the same for a run of consecutive positions (a prefill chunk), each
+//!   row over the positions up to its own.
 //!
 //! Every kernel has a plain scalar definition ([`scalar`]) that the tests hold the fast paths to,
 //! and picks its instruction set at run time ([`Isa`]). Work is split over a persistent pool of
@@ -24,13 +30,15 @@
 //! against (through the backends that call them).
 
 mod attention;
+mod gemm;
 mod isa;
 mod linear;
 mod matmul;
 pub mod pool;
 pub mod scalar;
+mod scratch;
 
-pub use attention::{attention_decode, AttentionShape};
+pub use attention::{attention_causal, attention_decode, AttentionShape, CausalQueries};
 pub use isa::Isa;
 pub use linear::{linear, LinearInput, LinearWeights};
 pub use matmul::{matmul_f16, matmul_int4, matmul_int8, F16Matrix, Int4Matrix, Int8Matrix, GROUP_SIZE};

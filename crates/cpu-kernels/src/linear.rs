@@ -4,8 +4,8 @@
 //! small operations, not their arithmetic, are what costs.
 
 use crate::pool::Pool;
+use crate::scratch::Scratch;
 use crate::{check_len, matmul_f16, matmul_int4, matmul_int8, F16Matrix, Int4Matrix, Int8Matrix, Isa, ShapeError};
-use std::cell::RefCell;
 
 /// What the product reads, `[tokens, cols]` once prepared.
 #[derive(Debug, Clone, Copy)]
@@ -36,9 +36,8 @@ impl LinearWeights<'_> {
     }
 }
 
-thread_local! {
-    static PREPARED: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
-}
+/// Inputs as prepared (normalized or gated) for the product.
+static PREPARED: Scratch<Vec<f32>> = Scratch::new();
 
 /// `out = residual + prepare(input) W^T` (`residual` optional), for `tokens` rows; `out` is
 /// `[tokens, rows of W]`.
@@ -67,24 +66,22 @@ pub fn linear(
             check_len("x", x.len(), tokens * k)?;
             check_len("norm weight", weight.len(), k)?;
             PREPARED.with(|buf| {
-                let mut buf = buf.borrow_mut();
                 buf.resize(tokens * k, 0.0);
                 for (row, dst) in x.chunks_exact(k).zip(buf.chunks_exact_mut(k)) {
                     rms_norm(row, weight, eps, dst);
                 }
-                run(&buf, out)
+                run(buf, out)
             })?
         }
         LinearInput::SwiGlu { gate, up } => {
             check_len("gate", gate.len(), tokens * k)?;
             check_len("up", up.len(), tokens * k)?;
             PREPARED.with(|buf| {
-                let mut buf = buf.borrow_mut();
                 buf.resize(tokens * k, 0.0);
                 for ((d, &g), &u) in buf.iter_mut().zip(gate).zip(up) {
                     *d = g / (1.0 + (-g).exp()) * u;
                 }
-                run(&buf, out)
+                run(buf, out)
             })?
         }
     }

@@ -1,8 +1,9 @@
 //! `y = x W^T` for weights stored as f16, seam's int4 or seam's int8, f32 activations and results.
 
+use crate::gemm::{self, gemm};
 use crate::pool::Pool;
+use crate::scratch::Scratch;
 use crate::{check_len, scalar, Isa, ShapeError};
-use std::cell::RefCell;
 
 /// Weights per int4 group (ADR 0002).
 pub const GROUP_SIZE: usize = 32;
@@ -53,14 +54,8 @@ type RowFn<'a> = dyn Fn(usize, &mut dyn FnMut(usize, f32)) + Sync + 'a;
 /// `out` is `[tokens, rows]`: each task writes the columns `n` of its rows in every token's row of
 /// the output, which no other task touches.
 fn for_each_row(pool: &Pool, rows: usize, tokens: usize, out: &mut [f32], row: &RowFn<'_>) {
-    let per_task = rows.div_ceil(pool.threads() * TASKS_PER_THREAD).max(MIN_ROWS_PER_TASK);
-    let tasks = rows.div_ceil(per_task);
-    let out_ptr = SendPtr(out.as_mut_ptr());
-    pool.run(tasks, &|task| {
-        let out_ptr = &out_ptr;
-        let start = task * per_task;
-        let end = (start + per_task).min(rows);
-        for n in start..end {
+    for_each_row_run(pool, rows, 1, MIN_ROWS_PER_TASK, out, &|run, out_ptr| {
+        for n in run {
             row(n, &mut |t, value| {
                 debug_assert!(t < tokens);
                 // SAFETY: element (t, n) of `out` ([tokens, rows]) belongs to this task's rows only.
@@ -70,8 +65,29 @@ fn for_each_row(pool: &Pool, rows: usize, tokens: usize, out: &mut [f32], row: &
     });
 }
 
-struct SendPtr(*mut f32);
-// SAFETY: tasks write disjoint elements through it (see `for_each_row`).
+/// Cuts `rows` output rows into contiguous runs, a few per thread of the pool (each a multiple
+/// of `align` rows, except the last, and at least `min_rows`), and runs `task(run, out)` for each
+/// on the pool; a task writes only its own rows' columns of `out`.
+pub(crate) fn for_each_row_run(
+    pool: &Pool,
+    rows: usize,
+    align: usize,
+    min_rows: usize,
+    out: &mut [f32],
+    task: &(dyn Fn(std::ops::Range<usize>, &SendPtr) + Sync),
+) {
+    let per_task = rows.div_ceil(pool.threads() * TASKS_PER_THREAD).next_multiple_of(align).max(min_rows);
+    let tasks = rows.div_ceil(per_task);
+    let out_ptr = SendPtr(out.as_mut_ptr());
+    pool.run(tasks, &|i| {
+        let start = i * per_task;
+        task(start..(start + per_task).min(rows), &out_ptr);
+    });
+}
+
+/// `out`'s pointer, shared by tasks that each write their own elements of it.
+pub(crate) struct SendPtr(pub(crate) *mut f32);
+// SAFETY: tasks write disjoint elements through it (see `for_each_row_run`).
 unsafe impl Sync for SendPtr {}
 
 /// `out[t, n] = x[t, :] · W[n, :]` for f16 `W`: `x` is `[tokens, cols]`, `out` `[tokens, rows]`.
@@ -88,6 +104,14 @@ pub fn matmul_f16(
     check_len("f16 weights", w.data.len(), n * k)?;
     check_len("output", out.len(), tokens * n)?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
+    if isa == Isa::Avx2 && tokens >= GEMM_FROM_TOKENS {
+        gemm(pool, x, tokens, k, n, out, &|row, k0, dst| {
+            let src = &w.data[row * k + k0..row * k + k0 + dst.len()];
+            // SAFETY: the AVX2 path, which the CPU supports (checked above).
+            unsafe { gemm::avx2::widen_f16(src, dst) }
+        });
+        return Ok(());
+    }
     if isa == Isa::Avx2 && tokens >= BLOCK_FROM_TOKENS {
         token_blocks(pool, x, tokens, k, n, out, &|row, xs, count| {
             // SAFETY: the AVX2 path, which the CPU supports (checked above).
@@ -126,9 +150,7 @@ struct Int4Scratch {
     sums: Vec<f32>,
 }
 
-thread_local! {
-    static INT4_SCRATCH: RefCell<Int4Scratch> = RefCell::new(Int4Scratch::default());
-}
+static INT4_SCRATCH: Scratch<Int4Scratch> = Scratch::new();
 
 /// `out[t, n] = x[t, :] · W[n, :]` for int4 `W`: `x` is `[tokens, cols]`, `out` `[tokens, rows]`.
 ///
@@ -165,6 +187,15 @@ pub fn matmul_int4(
         });
         return Ok(());
     }
+    if tokens >= GEMM_FROM_TOKENS {
+        gemm(pool, x, tokens, k, n, out, &|row, k0, dst| {
+            let (p, s, b) = row_of(&w, row, groups);
+            let (g0, g1) = (k0 / GROUP_SIZE, (k0 + dst.len()) / GROUP_SIZE);
+            // SAFETY: the AVX2 path, which the CPU supports (checked above).
+            unsafe { gemm::avx2::dequantize_int4(&p[k0 / 2..], &s[g0..g1], &b[g0..g1], dst) }
+        });
+        return Ok(());
+    }
     if tokens >= BLOCK_FROM_TOKENS {
         // Each group dequantized in registers exactly as the format defines it (scale * q + bias
         // in f32), once for a block of tokens.
@@ -183,8 +214,7 @@ pub fn matmul_int4(
     // groups with an outlier. Per group also the step and the exact f32 sum of the inputs (for the
     // bias term).
     INT4_SCRATCH.with(|scratch| {
-        let mut scratch = scratch.borrow_mut();
-        let Int4Scratch { quantized, steps, sums } = &mut *scratch;
+        let Int4Scratch { quantized, steps, sums } = scratch;
         quantized.clear();
         quantized.resize(tokens * k * 2, 0);
         steps.clear();
@@ -250,6 +280,15 @@ pub fn matmul_int8(
     check_len("output", out.len(), tokens * n)?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
     let row_of = |row: usize| (&w.codes[row * k..(row + 1) * k], &w.scales[row * groups..(row + 1) * groups]);
+    if isa == Isa::Avx2 && tokens >= GEMM_FROM_TOKENS {
+        gemm(pool, x, tokens, k, n, out, &|row, k0, dst| {
+            let (codes, scales) = row_of(row);
+            let g0 = k0 / GROUP_SIZE;
+            // SAFETY: the AVX2 path, which the CPU supports (checked above).
+            unsafe { gemm::avx2::dequantize_int8(&codes[k0..], &scales[g0..g0 + dst.len() / GROUP_SIZE], dst) }
+        });
+        return Ok(());
+    }
     if isa == Isa::Avx2 && tokens >= BLOCK_FROM_TOKENS {
         // Each group dequantized in registers exactly as the format defines it (scale * q in
         // f32), once for a block of tokens.
@@ -282,6 +321,11 @@ pub fn matmul_int8(
 /// more than the multiply-adds.
 const BLOCK_FROM_TOKENS: usize = 2;
 
+/// From this many tokens per call on, the fast paths run [`gemm`]: each weight converted once
+/// per call, every multiply-add fed from registers. Below it the token blocks convert each weight
+/// once per block of tokens and are faster for it.
+const GEMM_FROM_TOKENS: usize = 12;
+
 /// Tokens per block: one f32 accumulator per token, beside the converted weights, in AVX2's 16
 /// registers.
 const TOKEN_BLOCK: usize = 4;
@@ -313,7 +357,7 @@ fn row_of<'a>(w: &Int4Matrix<'a>, row: usize, groups: usize) -> (&'a [u8], &'a [
 }
 
 #[cfg(target_arch = "x86_64")]
-mod avx2 {
+pub(crate) mod avx2 {
     use super::GROUP_SIZE;
     use std::arch::x86_64::*;
 
@@ -428,22 +472,41 @@ mod avx2 {
         let k = groups * GROUP_SIZE;
         debug_assert!(packed.len() == k / 2 && biases.len() == groups && xs.len() >= R * k);
         let (pp, xp) = (packed.as_ptr(), xs.as_ptr());
-        let low4 = _mm_set1_epi8(0x0f);
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for g in 0..groups {
-            let bytes = _mm_loadu_si128(pp.add(g * 16) as *const __m128i);
-            let lo = _mm_and_si128(bytes, low4);
-            let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
-            // Element 2i is byte i's low nibble, 2i + 1 its high one: interleaved, in order.
-            let first = _mm_unpacklo_epi8(lo, hi);
-            let second = _mm_unpackhi_epi8(lo, hi);
-            let scale = _mm256_cvtph_ps(_mm_set1_epi16(scales[g] as i16));
-            let bias = _mm256_cvtph_ps(_mm_set1_epi16(biases[g] as i16));
-            let widen = |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), scale, bias);
-            let w = [widen(first), widen(_mm_srli_si128(first, 8)), widen(second), widen(_mm_srli_si128(second, 8))];
+            let w = int4_group(pp.add(g * 16), scales[g], biases[g]);
             group_into(&mut acc, &w, xp.add(g * GROUP_SIZE), k);
         }
         sums(acc)
+    }
+
+    /// One int4 group's 32 weights as f32, exactly as the format defines them (`scale * q +
+    /// bias`), in order: `packed` points at its 16 bytes, element `2i` the low nibble of byte `i`.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn int4_group(packed: *const u8, scale: u16, bias: u16) -> [__m256; 4] {
+        let low4 = _mm_set1_epi8(0x0f);
+        let bytes = _mm_loadu_si128(packed as *const __m128i);
+        let lo = _mm_and_si128(bytes, low4);
+        let hi = _mm_and_si128(_mm_srli_epi16(bytes, 4), low4);
+        // Element 2i is byte i's low nibble, 2i + 1 its high one: interleaved, in order.
+        let first = _mm_unpacklo_epi8(lo, hi);
+        let second = _mm_unpackhi_epi8(lo, hi);
+        let scale = _mm256_cvtph_ps(_mm_set1_epi16(scale as i16));
+        let bias = _mm256_cvtph_ps(_mm_set1_epi16(bias as i16));
+        let widen = |v: __m128i| _mm256_fmadd_ps(_mm256_cvtepi32_ps(_mm256_cvtepu8_epi32(v)), scale, bias);
+        [widen(first), widen(_mm_srli_si128(first, 8)), widen(second), widen(_mm_srli_si128(second, 8))]
+    }
+
+    /// One int8 group's 32 weights as f32 (`scale * q`): `codes` points at its 32 codes.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn int8_group(codes: *const i8, scale: u16) -> [__m256; 4] {
+        let scale = _mm256_cvtph_ps(_mm_set1_epi16(scale as i16));
+        let mut w = [_mm256_setzero_ps(); 4];
+        for (part, wv) in w.iter_mut().enumerate() {
+            let raw = _mm_loadl_epi64(codes.add(8 * part) as *const __m128i);
+            *wv = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)), scale);
+        }
+        w
     }
 
     /// One int8 row times `count` (1..=4) tokens' activations (`xs`, `count * k` values): each
@@ -460,12 +523,7 @@ mod avx2 {
         let (cp, xp) = (codes.as_ptr(), xs.as_ptr());
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for (g, &scale) in scales.iter().enumerate() {
-            let scale = _mm256_cvtph_ps(_mm_set1_epi16(scale as i16));
-            let mut w = [_mm256_setzero_ps(); 4];
-            for (part, wv) in w.iter_mut().enumerate() {
-                let raw = _mm_loadl_epi64(cp.add(g * GROUP_SIZE + 8 * part) as *const __m128i);
-                *wv = _mm256_mul_ps(_mm256_cvtepi32_ps(_mm256_cvtepi8_epi32(raw)), scale);
-            }
+            let w = int8_group(cp.add(g * GROUP_SIZE), scale);
             group_into(&mut acc, &w, xp.add(g * GROUP_SIZE), k);
         }
         sums(acc)

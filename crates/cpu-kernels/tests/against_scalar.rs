@@ -3,8 +3,8 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    attention_decode, matmul_f16, matmul_int4, matmul_int8, scalar, AttentionShape, F16Matrix, Int4Matrix, Int8Matrix,
-    Isa, GROUP_SIZE,
+    attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int8, scalar, AttentionShape, CausalQueries,
+    F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
 };
 use half::f16;
 
@@ -45,6 +45,11 @@ fn matmul_f16_matches_scalar_on_every_path() {
             (9, 576, 16),
             (13, 40, 6),
             (6, 17, 7),
+            // Blocked products: column chunks with a remainder, row tiles with one and two left,
+            // token tiles with one to three left.
+            (38, 600, 37),
+            (40, 513, 8),
+            (14, 9, 30),
         ] {
             let w: Vec<u16> = (0..n * k).map(|_| rng.f16_bits(1.0)).collect();
             let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
@@ -79,6 +84,8 @@ fn matmul_int4_matches_scalar_on_every_path() {
             (5, 96, 3),
             (11, 160, 7),
             (4, 64, 9),
+            (38, 544, 37),
+            (29, 800, 10),
         ] {
             let groups = k / GROUP_SIZE;
             let packed: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
@@ -126,9 +133,17 @@ fn matmul_int4_matches_scalar_on_every_path() {
 fn matmul_int8_matches_scalar_on_every_path() {
     let mut rng = Rng(13);
     for pool in [Pool::new(1), Pool::new(2)] {
-        for &(n, k, tokens) in
-            &[(1, 32, 1), (3, 64, 2), (19, 288, 1), (50, 576, 1), (7, 1536, 4), (17, 576, 16), (5, 96, 3), (9, 64, 7)]
-        {
+        for &(n, k, tokens) in &[
+            (1, 32, 1),
+            (3, 64, 2),
+            (19, 288, 1),
+            (50, 576, 1),
+            (7, 1536, 4),
+            (17, 576, 16),
+            (5, 96, 3),
+            (9, 64, 7),
+            (31, 544, 23),
+        ] {
             let groups = k / GROUP_SIZE;
             let codes: Vec<i8> = (0..n * k).map(|_| rng.next() as i8).collect();
             let scales: Vec<u16> = (0..n * groups).map(|_| rng.f16_bits(0.01)).collect();
@@ -181,6 +196,20 @@ fn int4_scalar_definition_is_the_format() {
     }
 }
 
+/// A random KV cache of `shape` whose positions from `len` on hold NaN.
+fn cache_filled_to(rng: &mut Rng, shape: AttentionShape, len: usize) -> (Vec<f32>, Vec<f32>) {
+    let AttentionShape { kv_heads, head_dim: d, capacity: c, .. } = shape;
+    let mut keys: Vec<f32> = (0..kv_heads * d * c).map(|_| rng.f32()).collect();
+    let mut values: Vec<f32> = (0..kv_heads * c * d).map(|_| rng.f32()).collect();
+    for kvh in 0..kv_heads {
+        for j in 0..d {
+            keys[kvh * d * c + j * c + len..kvh * d * c + (j + 1) * c].fill(f32::NAN);
+        }
+        values[kvh * c * d + len * d..(kvh + 1) * c * d].fill(f32::NAN);
+    }
+    (keys, values)
+}
+
 #[test]
 fn attention_matches_scalar_and_reads_only_the_filled_span() {
     let mut rng = Rng(3);
@@ -190,15 +219,8 @@ fn attention_matches_scalar_and_reads_only_the_filled_span() {
     {
         let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
         let q: Vec<f32> = (0..heads * d).map(|_| rng.f32()).collect();
-        let mut keys: Vec<f32> = (0..kv_heads * d * c).map(|_| rng.f32()).collect();
-        let mut values: Vec<f32> = (0..kv_heads * c * d).map(|_| rng.f32()).collect();
         // Positions past `len` hold NaN: reading any of them would poison the result.
-        for kvh in 0..kv_heads {
-            for j in 0..d {
-                keys[kvh * d * c + j * c + len..kvh * d * c + (j + 1) * c].fill(f32::NAN);
-            }
-            values[kvh * c * d + len * d..(kvh + 1) * c * d].fill(f32::NAN);
-        }
+        let (keys, values) = cache_filled_to(&mut rng, shape, len);
         let group = heads / kv_heads;
         let mut scores = vec![0.0; len];
         for isa in Isa::supported() {
@@ -238,4 +260,53 @@ fn shapes_that_disagree_are_errors() {
     assert!(attention_decode(Isa::Scalar, &pool, shape, &[0.0; 3], &[0.0; 2], &[0.0; 2], 1, &mut [0.0; 3]).is_err());
     let shape = AttentionShape { heads: 1, kv_heads: 1, head_dim: 1, capacity: 2 };
     assert!(attention_decode(Isa::Scalar, &pool, shape, &[0.0], &[0.0; 2], &[0.0; 2], 3, &mut [0.0]).is_err());
+}
+
+#[test]
+fn causal_attention_matches_scalar_row_by_row_and_reads_only_visible_positions() {
+    let mut rng = Rng(5);
+    let pool = Pool::new(2);
+    // (heads, kv_heads, head_dim, capacity, tokens, position, real rows)
+    for &(heads, kv_heads, d, c, tokens, position, rows) in
+        &[(1, 1, 4, 8, 3, 0, 3), (9, 3, 64, 100, 16, 20, 16), (4, 2, 16, 64, 37, 5, 30), (6, 6, 8, 40, 5, 35, 5)]
+    {
+        let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
+        let q: Vec<f32> = (0..tokens * heads * d).map(|_| rng.f32()).collect();
+        // Positions past the last real row hold NaN: reading any of them would poison the result
+        // (each row must also stay off the positions after its own: checked against the scalar).
+        let (keys, values) = cache_filled_to(&mut rng, shape, position + rows);
+        let group = heads / kv_heads;
+        let mut scores = vec![0.0; c];
+        for isa in Isa::supported() {
+            let mut out = vec![f32::NAN; tokens * heads * d];
+            let queries = CausalQueries { tokens, position, rows };
+            attention_causal(isa, &pool, shape, &q, queries, &keys, &values, &mut out).unwrap();
+            for t in 0..tokens {
+                for h in 0..heads {
+                    let at = (t * heads + h) * d;
+                    let mut want = vec![0.0; d];
+                    if t < rows {
+                        let kvh = h / group;
+                        scalar::attend_one(
+                            &q[at..at + d],
+                            &keys[kvh * d * c..(kvh + 1) * d * c],
+                            &values[kvh * c * d..(kvh + 1) * c * d],
+                            c,
+                            position + t + 1,
+                            1.0 / (d as f32).sqrt(),
+                            &mut scores,
+                            &mut want,
+                        );
+                    }
+                    for j in 0..d {
+                        let got = out[at + j];
+                        assert!(close(got, want[j], 1.0), "{isa:?} row {t} head {h} [{j}]: {got} vs {}", want[j]);
+                    }
+                }
+            }
+        }
+        let too_far = CausalQueries { tokens, position: c - rows + 1, rows };
+        let mut out = vec![0.0; tokens * heads * d];
+        assert!(attention_causal(Isa::Scalar, &pool, shape, &q, too_far, &keys, &values, &mut out).is_err());
+    }
 }

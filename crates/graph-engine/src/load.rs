@@ -331,7 +331,7 @@ pub fn load_engine<R: GraphRuntime>(
     // every layer; through the attention kernel it reads only the filled positions, which depend
     // on the conversation, so the figure leaves the cache out (a lower bound).
     let c = &config;
-    let cache_bytes = if options.decode_attention_kernel() {
+    let cache_bytes = if options.attention_kernel() {
         0
     } else {
         (c.num_hidden_layers * c.num_key_value_heads * c.head_dim * options.max_context * 2) as u64

@@ -144,13 +144,18 @@ pub fn linear_targets() -> Vec<(String, MatrixFormat, KernelInput, bool)> {
 /// values f32[KVH, C, D], position i32[]) -> f32[H, D]`, over cache positions `0..=position`.
 pub const ATTENTION_DECODE_TARGET: &str = "seam_attention_decode";
 
+/// The custom-call target of a run of consecutive positions' causal attention (a prefill chunk
+/// whose keys and values are already in the cache): `(q f32[T, H, D], keys f32[KVH, D, C], values
+/// f32[KVH, C, D], position i32[], rows i32[]) -> f32[T, H, D]`, row `t` over cache positions
+/// `0..=position + t`, rows from `rows` on (padding) zero.
+pub const ATTENTION_CAUSAL_TARGET: &str = "seam_attention_causal";
+
 /// Graphs that call seam's CPU kernels (the `cpu-kernels` crate) as custom calls, for a runtime
 /// that registers them under [`linear_targets`] and [`ATTENTION_DECODE_TARGET`] (XLA's CPU plugin through the PJRT FFI extension, ADR 0011).
 ///
 /// With them, fp16 matrices are laid out row-major ([`crate::DenseLayout::RowMajor`]), the
-/// layout the kernels read; calls of more than `max_tokens` rows (long prefills) keep the dots,
-/// where a compiler's matrix-matrix code beats a matrix-vector kernel; one-token calls with an
-/// f32 cache attend through the kernel over the filled positions only.
+/// layout the kernels read; calls of more than `max_tokens` rows keep the dots; with per-layer f32
+/// caches every call attends through the kernels over the visible positions only.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct HostKernels {
     /// The most rows (tokens) per call that still go through the matrix kernels.
@@ -181,9 +186,10 @@ impl GraphOptions {
         }
     }
 
-    /// Whether the one-token graphs attend through [`ATTENTION_DECODE_TARGET`], reading only the
-    /// filled cache positions: host kernels, per-layer caches, an f32 cache (what the kernel reads).
-    pub fn decode_attention_kernel(&self) -> bool {
+    /// Whether the graphs attend through the kernels ([`ATTENTION_DECODE_TARGET`] for one
+    /// position, [`ATTENTION_CAUSAL_TARGET`] for a run of them), each query reading only the cache
+    /// positions it may see: host kernels, per-layer caches, an f32 cache (what the kernels read).
+    pub fn attention_kernel(&self) -> bool {
         self.host_kernels.is_some()
             && self.layers == LayerMode::UnrolledCachePerLayer
             && self.cache == StorageDtype::F32
@@ -662,9 +668,6 @@ struct LayerInputs {
     /// Rows of the call, all sequences together.
     t: usize,
     eps: f32,
-    /// One position per sequence, per-layer f32 caches and host kernels: attention is
-    /// [`ATTENTION_DECODE_TARGET`] over the filled positions instead of masked dots over all.
-    attention_kernel: bool,
     /// The real rows of a padded call (`count`), which the kernels compute alone; `None` when
     /// every row is real (the decodes).
     rows: Option<Val>,
@@ -691,8 +694,9 @@ enum Masks {
     },
     /// Per-layer caches, read after this call's entries are written.
     PerLayer {
-        /// `[KVH, G, T, C]`: cache position `j` is visible to query `t` iff `j <= position + t`.
-        visible: Val,
+        /// `[KVH, G, T, C]`: cache position `j` is visible to query `t` iff `j <= position + t`;
+        /// `None` where the kernels attend (they take the position instead).
+        visible: Option<Val>,
     },
 }
 
@@ -825,7 +829,7 @@ fn attend(
     [q, k, v]: [&Val; 3],
     kv: LayerKv,
 ) -> (Val, LayerKv) {
-    let (zero, cache_elem, attention_kernel) = (&inputs.zero, inputs.cache_elem, inputs.attention_kernel);
+    let (zero, cache_elem) = (&inputs.zero, inputs.cache_elem);
     let SequenceInputs { position, masks } = sequence;
     let t = q.dims()[0];
     let d = config.head_dim;
@@ -846,6 +850,12 @@ fn attend(
         let q = b.reshape(q, &[t, n_kv, group, d]);
         let q = b.transpose(&q, &[1, 2, 0, 3]);
         b.reshape(&q, &[n_kv, group * t, d])
+    };
+    // The attention rows [KVH, G*T, D] back in token order, [T, H * D].
+    let heads_last = |b: &mut FnBuilder, attn: &Val| {
+        let attn = b.reshape(attn, &[n_kv, group, t, d]);
+        let attn = b.transpose(&attn, &[2, 0, 1, 3]);
+        b.reshape(&attn, &[t, n_heads * d])
     };
     let masked_scores = |b: &mut FnBuilder, q: &Val, keys: &Val, visible: &Val| {
         let n = keys.dims()[2];
@@ -887,7 +897,8 @@ fn attend(
             let new_probs = b.reshape(&new_probs, &[n_kv, group * t, t]);
             let attn_cached = b.dot_general(&cached_probs, &values, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, D]
             let attn_new = b.dot_general(&new_probs, &new_v, (&[0], &[0]), (&[2], &[1]));
-            (b.add(&attn_cached, &attn_new), LayerKv::Stacked(NewKv { k: k_all, v: v_all }))
+            let attn = b.add(&attn_cached, &attn_new);
+            (heads_last(b, &attn), LayerKv::Stacked(NewKv { k: k_all, v: v_all }))
         }
         (LayerKv::Own { k: k_cache, v: v_cache }, Masks::PerLayer { visible }) => {
             let c = k_cache.dims()[2];
@@ -895,28 +906,38 @@ fn attend(
             let k_cache = b.dynamic_update_slice(&k_cache, &new_k, &[zero, zero, position]);
             let new_v = new_v_of(b);
             let v_cache = b.dynamic_update_slice(&v_cache, &new_v, &[zero, position, zero]);
-            let attn = if attention_kernel {
-                // One query row per head; the kernel reads cache positions 0..=position only.
-                let q = b.reshape(q, &[n_heads, d]);
-                let ty = Ty::new(&[n_heads, d], Elem::F32);
-                let attn = b.custom_call(ATTENTION_DECODE_TARGET, &[&q, &k_cache, &v_cache, position], ty);
-                b.reshape(&attn, &[n_kv, group * t, d])
-            } else {
-                let keys = b.convert(&k_cache, Elem::F32); // [KVH, D, C]
-                let values = b.convert(&v_cache, Elem::F32); // [KVH, C, D]
-                let q = grouped_queries(b);
-                let scores = masked_scores(b, &q, &keys, visible);
-                let probs = softmax_last(b, &scores); // [KVH, G, T, C]
-                let probs = b.reshape(&probs, &[n_kv, group * t, c]);
-                b.dot_general(&probs, &values, (&[0], &[0]), (&[2], &[1])) // [KVH, G*T, D]
+            let attn = match visible {
+                None if t == 1 => {
+                    // One query row per head; the kernel reads cache positions 0..=position only.
+                    let q = b.reshape(q, &[n_heads, d]);
+                    let ty = Ty::new(&[n_heads, d], Elem::F32);
+                    let attn = b.custom_call(ATTENTION_DECODE_TARGET, &[&q, &k_cache, &v_cache, position], ty);
+                    b.reshape(&attn, &[t, n_heads * d])
+                }
+                None => {
+                    // Row t reads cache positions 0..=position + t only; padding rows are zero.
+                    let all_rows = inputs.rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
+                    let rows = inputs.rows.as_ref().or(all_rows.as_ref()).expect("one of the two is set");
+                    let ty = Ty::new(&[t, n_heads, d], Elem::F32);
+                    let attn = b.custom_call(ATTENTION_CAUSAL_TARGET, &[q, &k_cache, &v_cache, position, rows], ty);
+                    b.reshape(&attn, &[t, n_heads * d])
+                }
+                Some(visible) => {
+                    let keys = b.convert(&k_cache, Elem::F32); // [KVH, D, C]
+                    let values = b.convert(&v_cache, Elem::F32); // [KVH, C, D]
+                    let q = grouped_queries(b);
+                    let scores = masked_scores(b, &q, &keys, visible);
+                    let probs = softmax_last(b, &scores); // [KVH, G, T, C]
+                    let probs = b.reshape(&probs, &[n_kv, group * t, c]);
+                    let attn = b.dot_general(&probs, &values, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, D]
+                    heads_last(b, &attn)
+                }
             };
             (attn, LayerKv::Own { k: k_cache, v: v_cache })
         }
         _ => unreachable!("the masks are built for the layout of the caches"),
     };
-    let attn = b.reshape(&attn, &[n_kv, group, t, d]);
-    let attn = b.transpose(&attn, &[2, 0, 1, 3]);
-    (b.reshape(&attn, &[t, n_heads * d]), kv)
+    (attn, kv)
 }
 
 /// One function of the module (see the module docs for its signature).
@@ -1049,9 +1070,13 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
             (position.clone(), positions.clone())
         };
         let masks = if per_layer {
-            // Cache position j is visible to query t iff j <= position + t.
-            let query_pos = b.broadcast(&own_positions, &cached_dims, &[2]);
-            Masks::PerLayer { visible: b.compare(&key_pos, &query_pos, Cmp::Le) }
+            // Cache position j is visible to query t iff j <= position + t; the kernels attend
+            // from the position alone.
+            let visible = (!options.attention_kernel()).then(|| {
+                let query_pos = b.broadcast(&own_positions, &cached_dims, &[2]);
+                b.compare(&key_pos, &query_pos, Cmp::Le)
+            });
+            Masks::PerLayer { visible }
         } else {
             // Cache position j visible iff j < position; new token u visible to query t iff u <= t.
             let start = b.broadcast(&first, &cached_dims, &[]);
@@ -1080,7 +1105,6 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
     };
     let new_kvs: Vec<NewKv> = if per_layer { Vec::new() } else { (0..sequences).map(|_| new_kv(&mut b)).collect() };
 
-    let attention_kernel = r == 1 && options.decode_attention_kernel();
     let shared = LayerInputs {
         cos,
         sin,
@@ -1089,7 +1113,6 @@ fn forward(config: &LlamaConfig, options: &GraphOptions, spec: GraphSpec, name: 
         cache_elem,
         t,
         eps,
-        attention_kernel,
         rows: count.clone(),
     };
     let write_all = |b: &mut FnBuilder, new_kvs: Vec<NewKv>| -> Vec<Val> {
@@ -1587,9 +1610,10 @@ mod tests {
         };
         assert!(!emit_module(&c, &f16_cache, &[DECODE]).unwrap().contains(ATTENTION_DECODE_TARGET));
 
-        // A padded call tells every product how many of its rows are real: its `count` argument
-        // (the third) is the last operand of each of the layers' calls; the LM head, one row,
-        // gets a constant.
+        // A padded call tells every product and every causal attention how many of its rows
+        // are real: its `count` argument (the third) is the last operand of each of the layers'
+        // calls; the LM head, one row, gets a constant. Attention reads the cache through the
+        // causal kernel, with no mask left in the graph.
         let kernels = GraphOptions {
             layers: LayerMode::UnrolledCachePerLayer,
             cache: StorageDtype::F32,
@@ -1598,10 +1622,12 @@ mod tests {
         };
         let text = emit_module(&c, &kernels, &[prefill]).unwrap();
         let calls: Vec<&str> = text.lines().filter(|l| l.contains("stablehlo.custom_call")).collect();
-        assert_eq!(calls.len(), 7 * layers + 1);
+        assert_eq!(calls.len(), 8 * layers + 1);
+        assert_eq!(calls.iter().filter(|l| l.contains(ATTENTION_CAUSAL_TARGET)).count(), layers);
         let last_operand = |line: &str| line.split(')').next().unwrap().rsplit(", ").next().unwrap().to_string();
         let counted = calls.iter().filter(|l| last_operand(l) == "%arg2").count();
-        assert_eq!(counted, 7 * layers, "{}", calls[0]);
+        assert_eq!(counted, 8 * layers, "{}", calls[0]);
+        assert!(!text.contains("stablehlo.dot_general"), "no product or attention left in the graph");
     }
 
     #[test]

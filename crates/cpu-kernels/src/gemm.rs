@@ -1,0 +1,312 @@
+//! `out = x W^T` for calls of many tokens (a prefill chunk, a large batch of decodes): a blocked
+//! matrix-matrix product in register tiles.
+//!
+//! The per-token and token-block kernels of [`crate::matmul`] convert each stored weight in
+//! registers for every (block of) token(s), which is right when the call is bound by reading the
+//! weights. With many tokens the call is bound by multiply-adds instead, and what decides its
+//! speed is how many of them each load feeds. So here each task converts its weight rows to f32
+//! once per call (the format's own dequantization: f16 widened, int4 `scale * q + bias`, int8
+//! `scale * q`) into panels laid out column by column, [`PANEL_WIDTH`] rows side by side, and
+//! multiplies them as outer products: per column, two vectors of weights and one broadcast
+//! activation per token feed `2 x TILE_TOKENS` accumulators, which hold a tile of the output and
+//! are added into it once per chunk of columns. No horizontal sums, no activation re-packing.
+//!
+//! A block of panels is [`BLOCK_ROWS`] rows by [`K_CHUNK`] columns, small enough to stay in the
+//! core's second-level cache while every token passes over it; a tile's activations (six tokens
+//! of one chunk) stay in the first.
+
+use crate::matmul::for_each_row_run;
+use crate::pool::Pool;
+use crate::scratch::Scratch;
+
+/// Weight rows side by side in a panel: two AVX2 vectors.
+const PANEL_WIDTH: usize = 16;
+
+/// Tokens per register tile: with two vectors of weights, twelve accumulators.
+const TILE_TOKENS: usize = 6;
+
+/// Columns per chunk: a multiple of the int4/int8 group size (32), so a chunk never splits a group.
+const K_CHUNK: usize = 256;
+
+/// Rows of a block of panels.
+const BLOCK_ROWS: usize = 3 * PANEL_WIDTH;
+
+/// `pack(row, k0, dst)`: row `row`'s columns `k0..k0 + dst.len()` as f32, by the format's
+/// definition.
+pub(crate) type PackFn<'a> = dyn Fn(usize, usize, &mut [f32]) + Sync + 'a;
+
+/// A task's buffers: rows as the format converts them, and the same as panels.
+#[derive(Default)]
+struct Buffers {
+    rows: Vec<f32>,
+    panels: Vec<f32>,
+}
+
+static BUFFERS: Scratch<Buffers> = Scratch::new();
+
+/// `out[t, r] = x[t, :] · W[r, :]` for `x` `[tokens, k]` and `out` `[tokens, n]`, `W` read
+/// through `pack`. AVX2 + FMA only: the caller checked the CPU has them.
+pub(crate) fn gemm(pool: &Pool, x: &[f32], tokens: usize, k: usize, n: usize, out: &mut [f32], pack: &PackFn<'_>) {
+    debug_assert!(x.len() == tokens * k && out.len() == tokens * n);
+    for_each_row_run(pool, n, PANEL_WIDTH, 2 * PANEL_WIDTH, out, &|run, out_ptr| {
+        let (start, end) = (run.start, run.end);
+        BUFFERS.with(|buffers| {
+            let Buffers { rows: row_buf, panels } = buffers;
+            for block in (start..end).step_by(BLOCK_ROWS) {
+                let block_rows = BLOCK_ROWS.min(end - block);
+                let panel_count = block_rows.div_ceil(PANEL_WIDTH);
+                for k0 in (0..k).step_by(K_CHUNK) {
+                    let kc = K_CHUNK.min(k - k0);
+                    row_buf.resize(panel_count * PANEL_WIDTH * kc, 0.0);
+                    panels.resize(panel_count * PANEL_WIDTH * kc, 0.0);
+                    for (i, dst) in row_buf.chunks_exact_mut(kc).enumerate() {
+                        if i < block_rows {
+                            pack(block + i, k0, dst);
+                        } else {
+                            dst.fill(0.0);
+                        }
+                    }
+                    for (src, dst) in
+                        row_buf.chunks_exact(PANEL_WIDTH * kc).zip(panels.chunks_exact_mut(PANEL_WIDTH * kc))
+                    {
+                        // SAFETY: the caller checked AVX2; both hold one panel of `kc` columns.
+                        unsafe { avx2::to_panel(src, kc, dst) };
+                    }
+                    for t0 in (0..tokens).step_by(TILE_TOKENS) {
+                        let tc = TILE_TOKENS.min(tokens - t0);
+                        for (p, panel) in panels.chunks_exact(PANEL_WIDTH * kc).enumerate() {
+                            let r0 = block + p * PANEL_WIDTH;
+                            let valid = PANEL_WIDTH.min(end - r0);
+                            // SAFETY: the caller checked AVX2 and FMA; `x` holds `tokens` rows of
+                            // `k`; the tile writes rows `r0..r0 + valid` of tokens `t0..t0 + tc` of
+                            // `out` ([tokens, n]): this task's rows, which no other task writes.
+                            unsafe {
+                                let x = x.as_ptr().add(t0 * k + k0);
+                                let o = out_ptr.0.add(t0 * n + r0);
+                                avx2::tile(panel.as_ptr(), x, k, kc, tc, o, n, valid, k0 > 0);
+                            }
+                        }
+                    }
+                }
+            }
+        });
+    });
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx2 {
+    use super::{PANEL_WIDTH, TILE_TOKENS};
+    use crate::GROUP_SIZE;
+    use std::arch::x86_64::*;
+
+    /// Rows `src` (`PANEL_WIDTH` rows of `kc`) as one panel `dst` (`kc` columns of `PANEL_WIDTH`).
+    ///
+    /// # Safety
+    /// AVX2; both slices `PANEL_WIDTH * kc` long.
+    #[target_feature(enable = "avx2")]
+    pub unsafe fn to_panel(src: &[f32], kc: usize, dst: &mut [f32]) {
+        debug_assert!(src.len() == PANEL_WIDTH * kc && dst.len() == PANEL_WIDTH * kc);
+        let (s, d) = (src.as_ptr(), dst.as_mut_ptr());
+        let mut c = 0;
+        while c + 8 <= kc {
+            for half in 0..PANEL_WIDTH / 8 {
+                // An 8x8 block: rows `8 * half..`, columns `c..c + 8`, transposed in registers.
+                let mut v = [_mm256_setzero_ps(); 8];
+                for (i, r) in v.iter_mut().enumerate() {
+                    *r = _mm256_loadu_ps(s.add((8 * half + i) * kc + c));
+                }
+                let t = transpose8(v);
+                for (j, col) in t.into_iter().enumerate() {
+                    _mm256_storeu_ps(d.add((c + j) * PANEL_WIDTH + 8 * half), col);
+                }
+            }
+            c += 8;
+        }
+        for col in c..kc {
+            for r in 0..PANEL_WIDTH {
+                *d.add(col * PANEL_WIDTH + r) = *s.add(r * kc + col);
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2")]
+    #[inline]
+    unsafe fn transpose8(v: [__m256; 8]) -> [__m256; 8] {
+        let a0 = _mm256_unpacklo_ps(v[0], v[1]);
+        let a1 = _mm256_unpackhi_ps(v[0], v[1]);
+        let a2 = _mm256_unpacklo_ps(v[2], v[3]);
+        let a3 = _mm256_unpackhi_ps(v[2], v[3]);
+        let a4 = _mm256_unpacklo_ps(v[4], v[5]);
+        let a5 = _mm256_unpackhi_ps(v[4], v[5]);
+        let a6 = _mm256_unpacklo_ps(v[6], v[7]);
+        let a7 = _mm256_unpackhi_ps(v[6], v[7]);
+        let b0 = _mm256_shuffle_ps::<0x44>(a0, a2);
+        let b1 = _mm256_shuffle_ps::<0xee>(a0, a2);
+        let b2 = _mm256_shuffle_ps::<0x44>(a1, a3);
+        let b3 = _mm256_shuffle_ps::<0xee>(a1, a3);
+        let b4 = _mm256_shuffle_ps::<0x44>(a4, a6);
+        let b5 = _mm256_shuffle_ps::<0xee>(a4, a6);
+        let b6 = _mm256_shuffle_ps::<0x44>(a5, a7);
+        let b7 = _mm256_shuffle_ps::<0xee>(a5, a7);
+        [
+            _mm256_permute2f128_ps::<0x20>(b0, b4),
+            _mm256_permute2f128_ps::<0x20>(b1, b5),
+            _mm256_permute2f128_ps::<0x20>(b2, b6),
+            _mm256_permute2f128_ps::<0x20>(b3, b7),
+            _mm256_permute2f128_ps::<0x31>(b0, b4),
+            _mm256_permute2f128_ps::<0x31>(b1, b5),
+            _mm256_permute2f128_ps::<0x31>(b2, b6),
+            _mm256_permute2f128_ps::<0x31>(b3, b7),
+        ]
+    }
+
+    /// One tile: `tokens` (1..=6) activation rows (`x`, `x_stride` apart) times one panel over
+    /// `kc` columns, written (or, with `accumulate`, added) to the first `valid` of the panel's
+    /// rows in each token's output row (`out`, `out_stride` apart).
+    ///
+    /// # Safety
+    /// AVX2 and FMA; the pointers valid for those rows and columns.
+    #[target_feature(enable = "avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn tile(
+        panel: *const f32,
+        x: *const f32,
+        x_stride: usize,
+        kc: usize,
+        tokens: usize,
+        out: *mut f32,
+        out_stride: usize,
+        valid: usize,
+        accumulate: bool,
+    ) {
+        let acc = match tokens {
+            1 => tile_of::<1>(panel, x, x_stride, kc),
+            2 => tile_of::<2>(panel, x, x_stride, kc),
+            3 => tile_of::<3>(panel, x, x_stride, kc),
+            4 => tile_of::<4>(panel, x, x_stride, kc),
+            5 => tile_of::<5>(panel, x, x_stride, kc),
+            _ => tile_of::<TILE_TOKENS>(panel, x, x_stride, kc),
+        };
+        for (t, [lo, hi]) in acc.into_iter().enumerate().take(tokens) {
+            let o = out.add(t * out_stride);
+            if valid == PANEL_WIDTH {
+                let (lo, hi) = if accumulate {
+                    (_mm256_add_ps(lo, _mm256_loadu_ps(o)), _mm256_add_ps(hi, _mm256_loadu_ps(o.add(8))))
+                } else {
+                    (lo, hi)
+                };
+                _mm256_storeu_ps(o, lo);
+                _mm256_storeu_ps(o.add(8), hi);
+            } else {
+                let mut row = [0f32; PANEL_WIDTH];
+                _mm256_storeu_ps(row.as_mut_ptr(), lo);
+                _mm256_storeu_ps(row.as_mut_ptr().add(8), hi);
+                for (r, &value) in row.iter().enumerate().take(valid) {
+                    *o.add(r) = if accumulate { *o.add(r) + value } else { value };
+                }
+            }
+        }
+    }
+
+    #[target_feature(enable = "avx2,fma")]
+    #[inline]
+    unsafe fn tile_of<const T: usize>(
+        panel: *const f32,
+        x: *const f32,
+        x_stride: usize,
+        kc: usize,
+    ) -> [[__m256; 2]; TILE_TOKENS] {
+        let mut acc = [[_mm256_setzero_ps(); 2]; T];
+        for c in 0..kc {
+            let w0 = _mm256_loadu_ps(panel.add(c * PANEL_WIDTH));
+            let w1 = _mm256_loadu_ps(panel.add(c * PANEL_WIDTH + 8));
+            for (t, [a, b]) in acc.iter_mut().enumerate() {
+                let xv = _mm256_broadcast_ss(&*x.add(t * x_stride + c));
+                *a = _mm256_fmadd_ps(w0, xv, *a);
+                *b = _mm256_fmadd_ps(w1, xv, *b);
+            }
+        }
+        let mut all = [[_mm256_setzero_ps(); 2]; TILE_TOKENS];
+        all[..T].copy_from_slice(&acc);
+        all
+    }
+
+    /// f16 bits to f32, eight at a time.
+    ///
+    /// # Safety
+    /// AVX2 and F16C.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn widen_f16(src: &[u16], dst: &mut [f32]) {
+        let len = src.len().min(dst.len());
+        let mut i = 0;
+        while i + 8 <= len {
+            let v = _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(i) as *const __m128i));
+            _mm256_storeu_ps(dst.as_mut_ptr().add(i), v);
+            i += 8;
+        }
+        for j in i..len {
+            dst[j] = half::f16::from_bits(src[j]).to_f32();
+        }
+    }
+
+    /// Whole int4 groups to f32 by the format's definition (`scale * q + bias`, element `2i` the
+    /// low nibble of byte `i`): `packed` holds `dst.len() / 2` bytes, one scale and bias per group.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `dst.len()` a multiple of the group size.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dequantize_int4(packed: &[u8], scales: &[u16], biases: &[u16], dst: &mut [f32]) {
+        debug_assert!(dst.len().is_multiple_of(GROUP_SIZE) && packed.len() * 2 >= dst.len());
+        for (g, out) in dst.chunks_exact_mut(GROUP_SIZE).enumerate() {
+            let w = crate::matmul::avx2::int4_group(packed.as_ptr().add(g * GROUP_SIZE / 2), scales[g], biases[g]);
+            for (j, v) in w.into_iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), v);
+            }
+        }
+    }
+
+    /// Whole int8 groups to f32 by the format's definition (`scale * q`).
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `dst.len()` a multiple of the group size, `codes` as long.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn dequantize_int8(codes: &[i8], scales: &[u16], dst: &mut [f32]) {
+        debug_assert!(dst.len().is_multiple_of(GROUP_SIZE) && codes.len() >= dst.len());
+        for (g, out) in dst.chunks_exact_mut(GROUP_SIZE).enumerate() {
+            let w = crate::matmul::avx2::int8_group(codes.as_ptr().add(g * GROUP_SIZE), scales[g]);
+            for (j, v) in w.into_iter().enumerate() {
+                _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), v);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) mod avx2 {
+    pub unsafe fn to_panel(_: &[f32], _: usize, _: &mut [f32]) {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn tile(
+        _: *const f32,
+        _: *const f32,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: *mut f32,
+        _: usize,
+        _: usize,
+        _: bool,
+    ) {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+    pub unsafe fn widen_f16(_: &[u16], _: &mut [f32]) {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+    pub unsafe fn dequantize_int4(_: &[u8], _: &[u16], _: &[u16], _: &mut [f32]) {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+    pub unsafe fn dequantize_int8(_: &[i8], _: &[u16], _: &mut [f32]) {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+}
