@@ -1,6 +1,7 @@
 //! Attention over the filled positions of a KV cache: one query position (decode) or a run of
 //! consecutive ones (a prefill chunk), each reading only the positions it may see.
 
+use crate::gemm;
 use crate::pool::Pool;
 use crate::{check_len, scalar, Isa, ShapeError};
 use std::cell::RefCell;
@@ -87,6 +88,10 @@ pub fn attention_causal(
     let scale = 1.0 / (d as f32).sqrt();
     let out_ptr = OutPtr(out.as_mut_ptr());
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
+    if isa == Isa::Avx2 && tokens > 1 && d % gemm::PANEL_WIDTH == 0 {
+        tiled::causal(pool, shape, q, queries, keys, values, out_ptr);
+        return Ok(());
+    }
     // A task is one head over a run of rows; its rows' spans share the head's keys and values
     // in cache.
     let blocks = rows.div_ceil(ROWS_PER_TASK);
@@ -128,7 +133,7 @@ pub fn attention_causal(
 /// Query rows per task of [`attention_causal`].
 const ROWS_PER_TASK: usize = 16;
 
-struct OutPtr(*mut f32);
+pub(crate) struct OutPtr(*mut f32);
 impl OutPtr {
     fn get(&self) -> *mut f32 {
         self.0
@@ -152,4 +157,153 @@ unsafe fn attend_avx2(
     out: &mut [f32],
 ) {
     scalar::attend_one(q, keys, values, c, len, scale, scores, out)
+}
+
+/// Causal attention of many rows as two register-tiled products per head and block of rows (the
+/// [`gemm`] tile): scores `q K` over the span the block's last row sees, a softmax per row over
+/// its own span (later positions zeroed), then `P V`. A row's keys and values are read once per
+/// block instead of once per row, and the exponentials are computed eight at a time.
+#[cfg(target_arch = "x86_64")]
+mod tiled {
+    use super::{AttentionShape, CausalQueries, OutPtr};
+    use crate::gemm::{avx2::tile, Tile, PANEL_WIDTH, TILE_TOKENS};
+    use crate::pool::Pool;
+    use crate::scratch::Scratch;
+    use crate::simd::exp;
+    use std::arch::x86_64::*;
+
+    /// Per task: the block's scores (rows of the span rounded up to a panel), and keys of the
+    /// span's last partial panel, zero-padded.
+    #[derive(Default)]
+    struct Buffers {
+        scores: Vec<f32>,
+        tail: Vec<f32>,
+    }
+
+    static BUFFERS: Scratch<Buffers> = Scratch::new();
+
+    /// [`super::attention_causal`] for `head_dim` a multiple of [`PANEL_WIDTH`], AVX2 and FMA
+    /// (checked by the caller), shapes checked; the padding rows of `out` already zero.
+    pub(super) fn causal(
+        pool: &Pool,
+        shape: AttentionShape,
+        q: &[f32],
+        queries: CausalQueries,
+        keys: &[f32],
+        values: &[f32],
+        out: OutPtr,
+    ) {
+        let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
+        let CausalQueries { position, rows, .. } = queries;
+        let group = heads / kv_heads;
+        let scale = 1.0 / (d as f32).sqrt();
+        let blocks = rows.div_ceil(TILE_TOKENS);
+        pool.run(heads * blocks, &|task| {
+            let (h, block) = (task % heads, task / heads);
+            let t0 = block * TILE_TOKENS;
+            let tc = TILE_TOKENS.min(rows - t0);
+            let span = position + t0 + tc;
+            let stride = span.next_multiple_of(PANEL_WIDTH);
+            let kh = &keys[(h / group) * d * c..(h / group + 1) * d * c];
+            let vh = &values[(h / group) * c * d..(h / group + 1) * c * d];
+            BUFFERS.with(|Buffers { scores, tail }| {
+                scores.resize(tc * stride, 0.0);
+                tail.resize(d * PANEL_WIDTH, 0.0);
+                for j0 in (0..span).step_by(PANEL_WIDTH) {
+                    let valid = PANEL_WIDTH.min(span - j0);
+                    // The last partial panel's keys are copied, so no position past the span is read.
+                    let (panel, panel_stride) = if valid == PANEL_WIDTH {
+                        (kh[j0..].as_ptr(), c)
+                    } else {
+                        for (j, dst) in tail.chunks_exact_mut(PANEL_WIDTH).enumerate() {
+                            dst[..valid].copy_from_slice(&kh[j * c + j0..j * c + j0 + valid]);
+                            dst[valid..].fill(0.0);
+                        }
+                        (tail.as_ptr(), PANEL_WIDTH)
+                    };
+                    // SAFETY: AVX2 and FMA (the caller's check); the panel holds `d` steps of 16
+                    // (a key row of `c >= span` positions, or the padded copy), the queries `tc`
+                    // rows of `d`, the scores `tc` rows of `stride >= j0 + 16`.
+                    unsafe {
+                        tile(&Tile {
+                            panel,
+                            panel_stride,
+                            x: q.as_ptr().add((t0 * heads + h) * d),
+                            x_stride: heads * d,
+                            depth: d,
+                            tokens: tc,
+                            out: scores.as_mut_ptr().add(j0),
+                            out_stride: stride,
+                            valid,
+                            accumulate: false,
+                        })
+                    };
+                }
+                for (t, row) in scores.chunks_exact_mut(stride).enumerate() {
+                    let len = position + t0 + t + 1;
+                    // SAFETY: AVX2 and FMA (the caller's check).
+                    unsafe { softmax(&mut row[..len], scale) };
+                    row[len..span].fill(0.0);
+                }
+                for d0 in (0..d).step_by(PANEL_WIDTH) {
+                    // SAFETY: as above; the values' rows `0..span` are filled positions, each of
+                    // `d >= d0 + 16`; the output rows are this task's (head h, rows t0..t0 + tc).
+                    unsafe {
+                        tile(&Tile {
+                            panel: vh.as_ptr().add(d0),
+                            panel_stride: d,
+                            x: scores.as_ptr(),
+                            x_stride: stride,
+                            depth: span,
+                            tokens: tc,
+                            out: out.get().add((t0 * heads + h) * d + d0),
+                            out_stride: heads * d,
+                            valid: PANEL_WIDTH,
+                            accumulate: false,
+                        })
+                    };
+                }
+            });
+        });
+    }
+
+    /// `row = softmax(row * scale)`, the exponentials eight at a time.
+    #[target_feature(enable = "avx2,fma")]
+    unsafe fn softmax(row: &mut [f32], scale: f32) {
+        let mut max = f32::NEG_INFINITY;
+        for v in row.iter_mut() {
+            *v *= scale;
+            max = max.max(*v);
+        }
+        let mut total = 0.0f32;
+        let mut chunks = row.chunks_exact_mut(8);
+        let mut sum = _mm256_setzero_ps();
+        let shift = _mm256_set1_ps(max);
+        for chunk in &mut chunks {
+            let e = exp(_mm256_sub_ps(_mm256_loadu_ps(chunk.as_ptr()), shift));
+            _mm256_storeu_ps(chunk.as_mut_ptr(), e);
+            sum = _mm256_add_ps(sum, e);
+        }
+        for v in chunks.into_remainder() {
+            *v = (*v - max).exp();
+            total += *v;
+        }
+        let mut lanes = [0f32; 8];
+        _mm256_storeu_ps(lanes.as_mut_ptr(), sum);
+        total += lanes.iter().sum::<f32>();
+        let inv = 1.0 / total;
+        for v in row.iter_mut() {
+            *v *= inv;
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod tiled {
+    use super::{AttentionShape, CausalQueries, OutPtr};
+    use crate::pool::Pool;
+
+    pub(super) fn causal(_: &Pool, _: AttentionShape, _: &[f32], _: CausalQueries, _: &[f32], _: &[f32], _: OutPtr) {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
 }

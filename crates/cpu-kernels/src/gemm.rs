@@ -20,16 +20,33 @@ use crate::pool::Pool;
 use crate::scratch::Scratch;
 
 /// Weight rows side by side in a panel: two AVX2 vectors.
-const PANEL_WIDTH: usize = 16;
+pub(crate) const PANEL_WIDTH: usize = 16;
 
 /// Tokens per register tile: with two vectors of weights, twelve accumulators.
-const TILE_TOKENS: usize = 6;
+pub(crate) const TILE_TOKENS: usize = 6;
 
 /// Columns per chunk: a multiple of the int4/int8 group size (32), so a chunk never splits a group.
 const K_CHUNK: usize = 256;
 
 /// Rows of a block of panels.
 const BLOCK_ROWS: usize = 3 * PANEL_WIDTH;
+
+/// One register tile's operands: `tokens` (1..=6) rows of activations (`x`, `x_stride` apart)
+/// times a panel of 16 columns over `depth` steps (step `c`'s 16 weights at `panel + c *
+/// panel_stride`), written (or, with `accumulate`, added) to the first `valid` of the 16 outputs
+/// in each token's row of `out` (`out_stride` apart).
+pub(crate) struct Tile {
+    pub panel: *const f32,
+    pub panel_stride: usize,
+    pub x: *const f32,
+    pub x_stride: usize,
+    pub depth: usize,
+    pub tokens: usize,
+    pub out: *mut f32,
+    pub out_stride: usize,
+    pub valid: usize,
+    pub accumulate: bool,
+}
 
 /// `pack(row, k0, dst)`: row `row`'s columns `k0..k0 + dst.len()` as f32, by the format's
 /// definition.
@@ -83,7 +100,18 @@ pub(crate) fn gemm(pool: &Pool, x: &[f32], tokens: usize, k: usize, n: usize, ou
                             unsafe {
                                 let x = x.as_ptr().add(t0 * k + k0);
                                 let o = out_ptr.0.add(t0 * n + r0);
-                                avx2::tile(panel.as_ptr(), x, k, kc, tc, o, n, valid, k0 > 0);
+                                avx2::tile(&Tile {
+                                    panel: panel.as_ptr(),
+                                    panel_stride: PANEL_WIDTH,
+                                    x,
+                                    x_stride: k,
+                                    depth: kc,
+                                    tokens: tc,
+                                    out: o,
+                                    out_stride: n,
+                                    valid,
+                                    accumulate: k0 > 0,
+                                });
                             }
                         }
                     }
@@ -95,7 +123,7 @@ pub(crate) fn gemm(pool: &Pool, x: &[f32], tokens: usize, k: usize, n: usize, ou
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
-    use super::{PANEL_WIDTH, TILE_TOKENS};
+    use super::{Tile, PANEL_WIDTH, TILE_TOKENS};
     use crate::GROUP_SIZE;
     use std::arch::x86_64::*;
 
@@ -160,32 +188,21 @@ pub(crate) mod avx2 {
         ]
     }
 
-    /// One tile: `tokens` (1..=6) activation rows (`x`, `x_stride` apart) times one panel over
-    /// `kc` columns, written (or, with `accumulate`, added) to the first `valid` of the panel's
-    /// rows in each token's output row (`out`, `out_stride` apart).
+    /// Runs one register tile ([`Tile`]).
     ///
     /// # Safety
-    /// AVX2 and FMA; the pointers valid for those rows and columns.
+    /// AVX2 and FMA; the tile's pointers valid for its rows, steps and columns (all 16 of the
+    /// panel's at every step).
     #[target_feature(enable = "avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn tile(
-        panel: *const f32,
-        x: *const f32,
-        x_stride: usize,
-        kc: usize,
-        tokens: usize,
-        out: *mut f32,
-        out_stride: usize,
-        valid: usize,
-        accumulate: bool,
-    ) {
+    pub unsafe fn tile(tile: &Tile) {
+        let Tile { panel, panel_stride, x, x_stride, depth, tokens, out, out_stride, valid, accumulate } = *tile;
         let acc = match tokens {
-            1 => tile_of::<1>(panel, x, x_stride, kc),
-            2 => tile_of::<2>(panel, x, x_stride, kc),
-            3 => tile_of::<3>(panel, x, x_stride, kc),
-            4 => tile_of::<4>(panel, x, x_stride, kc),
-            5 => tile_of::<5>(panel, x, x_stride, kc),
-            _ => tile_of::<TILE_TOKENS>(panel, x, x_stride, kc),
+            1 => tile_of::<1>(panel, panel_stride, x, x_stride, depth),
+            2 => tile_of::<2>(panel, panel_stride, x, x_stride, depth),
+            3 => tile_of::<3>(panel, panel_stride, x, x_stride, depth),
+            4 => tile_of::<4>(panel, panel_stride, x, x_stride, depth),
+            5 => tile_of::<5>(panel, panel_stride, x, x_stride, depth),
+            _ => tile_of::<TILE_TOKENS>(panel, panel_stride, x, x_stride, depth),
         };
         for (t, [lo, hi]) in acc.into_iter().enumerate().take(tokens) {
             let o = out.add(t * out_stride);
@@ -212,14 +229,15 @@ pub(crate) mod avx2 {
     #[inline]
     unsafe fn tile_of<const T: usize>(
         panel: *const f32,
+        panel_stride: usize,
         x: *const f32,
         x_stride: usize,
-        kc: usize,
+        depth: usize,
     ) -> [[__m256; 2]; TILE_TOKENS] {
         let mut acc = [[_mm256_setzero_ps(); 2]; T];
-        for c in 0..kc {
-            let w0 = _mm256_loadu_ps(panel.add(c * PANEL_WIDTH));
-            let w1 = _mm256_loadu_ps(panel.add(c * PANEL_WIDTH + 8));
+        for c in 0..depth {
+            let w0 = _mm256_loadu_ps(panel.add(c * panel_stride));
+            let w1 = _mm256_loadu_ps(panel.add(c * panel_stride + 8));
             for (t, [a, b]) in acc.iter_mut().enumerate() {
                 let xv = _mm256_broadcast_ss(&*x.add(t * x_stride + c));
                 *a = _mm256_fmadd_ps(w0, xv, *a);
@@ -286,18 +304,7 @@ pub(crate) mod avx2 {
     pub unsafe fn to_panel(_: &[f32], _: usize, _: &mut [f32]) {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
-    #[allow(clippy::too_many_arguments)]
-    pub unsafe fn tile(
-        _: *const f32,
-        _: *const f32,
-        _: usize,
-        _: usize,
-        _: usize,
-        _: *mut f32,
-        _: usize,
-        _: usize,
-        _: bool,
-    ) {
+    pub unsafe fn tile(_: &super::Tile) {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
     pub unsafe fn widen_f16(_: &[u16], _: &mut [f32]) {

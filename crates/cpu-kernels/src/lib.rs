@@ -37,6 +37,7 @@ mod matmul;
 pub mod pool;
 pub mod scalar;
 mod scratch;
+mod simd;
 
 pub use attention::{attention_causal, attention_decode, AttentionShape, CausalQueries};
 pub use isa::Isa;

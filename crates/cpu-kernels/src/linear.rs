@@ -78,9 +78,7 @@ pub fn linear(
             check_len("up", up.len(), tokens * k)?;
             PREPARED.with(|buf| {
                 buf.resize(tokens * k, 0.0);
-                for ((d, &g), &u) in buf.iter_mut().zip(gate).zip(up) {
-                    *d = g / (1.0 + (-g).exp()) * u;
-                }
+                crate::simd::swiglu(isa, gate, up, buf);
                 run(buf, out)
             })?
         }

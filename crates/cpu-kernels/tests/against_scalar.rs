@@ -267,9 +267,14 @@ fn causal_attention_matches_scalar_row_by_row_and_reads_only_visible_positions()
     let mut rng = Rng(5);
     let pool = Pool::new(2);
     // (heads, kv_heads, head_dim, capacity, tokens, position, real rows)
-    for &(heads, kv_heads, d, c, tokens, position, rows) in
-        &[(1, 1, 4, 8, 3, 0, 3), (9, 3, 64, 100, 16, 20, 16), (4, 2, 16, 64, 37, 5, 30), (6, 6, 8, 40, 5, 35, 5)]
-    {
+    for &(heads, kv_heads, d, c, tokens, position, rows) in &[
+        (1, 1, 4, 8, 3, 0, 3),
+        (9, 3, 64, 100, 16, 20, 16),
+        (4, 2, 16, 64, 37, 5, 30),
+        (6, 6, 8, 40, 5, 35, 5),
+        (8, 2, 32, 50, 13, 30, 11),
+        (3, 1, 16, 17, 2, 0, 2),
+    ] {
         let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
         let q: Vec<f32> = (0..tokens * heads * d).map(|_| rng.f32()).collect();
         // Positions past the last real row hold NaN: reading any of them would poison the result

@@ -1,0 +1,84 @@
+//! Vector math the kernels share: what the compiler does not vectorize by itself.
+
+#[cfg(target_arch = "x86_64")]
+use std::arch::x86_64::*;
+
+/// `e^x` of eight values to about one unit in the last place of f32: `x = n ln 2 + r` with
+/// `|r| <= ln 2 / 2`, `e^r` by its degree-6 minimax polynomial (Cephes' `expf`
+/// coefficients), `2^n` put into the exponent bits. Inputs are clamped to where f32's
+/// result is finite and normal.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) unsafe fn exp(x: __m256) -> __m256 {
+    let x = _mm256_max_ps(_mm256_min_ps(x, _mm256_set1_ps(88.0)), _mm256_set1_ps(-87.0));
+    let n = _mm256_round_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm256_mul_ps(
+        x,
+        _mm256_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    // ln 2 in two parts, so that n * ln 2 is subtracted without rounding away r.
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
+    let mut p = _mm256_set1_ps(1.987_569_1e-4);
+    for coefficient in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(coefficient));
+    }
+    let r2 = _mm256_mul_ps(r, r);
+    let e_r = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
+    let two_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
+    _mm256_mul_ps(e_r, _mm256_castsi256_ps(two_n))
+}
+
+/// `out = silu(gate) * up` element-wise, `silu(g) = g / (1 + e^-g)` as the reference writes it.
+pub(crate) fn swiglu(isa: crate::Isa, gate: &[f32], up: &[f32], out: &mut [f32]) {
+    match isa {
+        // SAFETY: the CPU supports the path (the caller's `Isa` is a supported one).
+        #[cfg(target_arch = "x86_64")]
+        crate::Isa::Avx2 if isa.is_supported() => unsafe { swiglu_avx2(gate, up, out) },
+        _ => swiglu_scalar(gate, up, out),
+    }
+}
+
+fn swiglu_scalar(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    for ((d, &g), &u) in out.iter_mut().zip(gate).zip(up) {
+        *d = g / (1.0 + (-g).exp()) * u;
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn swiglu_avx2(gate: &[f32], up: &[f32], out: &mut [f32]) {
+    let n = out.len().min(gate.len()).min(up.len());
+    let whole = n - n % 8;
+    let one = _mm256_set1_ps(1.0);
+    for i in (0..whole).step_by(8) {
+        let g = _mm256_loadu_ps(gate.as_ptr().add(i));
+        let u = _mm256_loadu_ps(up.as_ptr().add(i));
+        let e = exp(_mm256_sub_ps(_mm256_setzero_ps(), g));
+        let silu = _mm256_div_ps(g, _mm256_add_ps(one, e));
+        _mm256_storeu_ps(out.as_mut_ptr().add(i), _mm256_mul_ps(silu, u));
+    }
+    swiglu_scalar(&gate[whole..n], &up[whole..n], &mut out[whole..n]);
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use crate::Isa;
+
+    #[test]
+    fn swiglu_and_exp_match_the_scalar_definition_on_every_path() {
+        // Gates over the whole range where silu changes shape, beyond exp's clamps both ways.
+        let gate: Vec<f32> = (0..4003).map(|i| (i as f32 - 2001.0) * 0.05).collect();
+        let up: Vec<f32> = (0..gate.len()).map(|i| 1.0 + (i % 7) as f32 * 0.25).collect();
+        let mut want = vec![0.0; gate.len()];
+        swiglu_scalar(&gate, &up, &mut want);
+        for isa in Isa::supported() {
+            let mut got = vec![f32::NAN; gate.len()];
+            swiglu(isa, &gate, &up, &mut got);
+            for (i, (&g, &w)) in got.iter().zip(&want).enumerate() {
+                assert!((g - w).abs() <= 4e-7 * w.abs().max(1e-3), "{isa:?} gate {}: {g} vs {w}", gate[i]);
+            }
+        }
+    }
+}
