@@ -21,6 +21,7 @@ pub mod compiler;
 pub mod device;
 pub mod error;
 pub mod runtime;
+pub mod task_flags;
 pub mod worker;
 
 pub use device::IreeDevice;
@@ -32,6 +33,7 @@ use graph_engine::{capabilities_with, CompileReport, GraphEngine, GraphSettings,
 use session_api::{Availability, Backend, Capabilities, Engine, LoadRequest, Result};
 use stablehlo_llama::{LayerMode, StorageDtype};
 use std::sync::Arc;
+use task_flags::TaskSettings;
 use worker::WorkerHandle;
 
 /// A model loaded on IREE.
@@ -156,21 +158,22 @@ fn device_usable(device: IreeDevice) -> std::result::Result<(), String> {
     device
         .device_spec()
         .and_then(|_| device.compile_flags())
-        .and_then(|_| WorkerHandle::spawn(device).map(drop))
+        .and_then(|_| WorkerHandle::spawn(device, &TaskSettings::default()).map(drop))
         .map_err(|e| e.to_string())
 }
 
 /// Loads a model: the graph engine on an IREE runtime thread.
 fn load_engine(request: &LoadRequest) -> Result<IreeEngine> {
     let device = IreeDevice::from_id(request.device.as_deref().unwrap_or("cpu"))?;
-    if device == IreeDevice::Cpu {
-        // eerie exposes no way to size the local-task driver's worker pool.
-        graph_engine::refuse_thread_count(BACKEND_NAME, request, "the local-task driver")?;
+    // `--threads` sizes the local-task driver's worker pool (a GPU device has none to size).
+    if request.threads == Some(0) {
+        return Err(session_api::SeamError::InvalidInput("--threads must be at least 1".into()));
     }
+    let task = TaskSettings { workers: request.threads };
     let (settings, flags) = settings_and_flags(device, request)?;
     let compiler = compiler::choose_compiler()?;
     graph_engine::load_engine(BACKEND_NAME, device.id(), request, settings, |model| {
-        IreeRuntime::new(device, compiler, flags, model)
+        IreeRuntime::new(device, &task, compiler, flags, model)
     })
 }
 

@@ -8,6 +8,7 @@
 
 use crate::compiler::{compile_cached, CompilerChoice};
 use crate::device::IreeDevice;
+use crate::task_flags::TaskSettings;
 use crate::worker::{CacheId, CacheShape, WorkerHandle};
 use graph_engine::{
     BatchCall, CacheOutcome, CompileReport, GraphCall, GraphOutput, GraphRuntime, LoadedModel, PreparedWeights,
@@ -34,9 +35,11 @@ pub struct IreeRuntime {
 }
 
 impl IreeRuntime {
-    /// A runtime thread on `device` for `model`, compiling with `compiler` and `flags`.
+    /// A runtime thread on `device` (its task system set by `task` on the CPU) for `model`,
+    /// compiling with `compiler` and `flags`.
     pub fn new(
         device: IreeDevice,
+        task: &TaskSettings,
         compiler: CompilerChoice,
         flags: Vec<String>,
         model: LoadedModel<'_>,
@@ -47,7 +50,7 @@ impl IreeRuntime {
             v: [c.num_hidden_layers, c.num_key_value_heads, max_context, c.head_dim],
         };
         Ok(IreeRuntime {
-            worker: WorkerHandle::spawn(device)?,
+            worker: WorkerHandle::spawn(device, task)?,
             compiler,
             flags,
             config: c.clone(),

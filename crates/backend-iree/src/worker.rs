@@ -15,6 +15,7 @@
 
 use crate::device::IreeDevice;
 use crate::error::IreeError;
+use crate::task_flags::{self, TaskSettings};
 use eerie::runtime::{BufferElement, BufferView, Value};
 use eerie::runtime::{Program, Runtime};
 use graph_engine::{BatchCall, GraphCall, GraphInput, GraphOutput, PreparedArg, PreparedWeights};
@@ -49,18 +50,24 @@ pub struct WorkerHandle {
 }
 
 impl WorkerHandle {
-    /// Starts a runtime thread on `device` and waits until its runtime device exists.
-    pub fn spawn(device: IreeDevice) -> Result<WorkerHandle, IreeError> {
+    /// Starts a runtime thread on `device` and waits until its runtime device exists. On the CPU
+    /// the task system is set up as `task` says.
+    pub fn spawn(device: IreeDevice, task: &TaskSettings) -> Result<WorkerHandle, IreeError> {
+        let flags = (device == IreeDevice::Cpu).then(|| task.flags());
         let spec = device.device_spec()?;
         let (sender, receiver) = channel::<Job>();
         let (ready_tx, ready_rx) = channel::<Result<(), IreeError>>();
         std::thread::Builder::new()
             .name("seam-iree-runtime".into())
             .spawn(move || {
-                let runtime = match Runtime::new(spec) {
+                let created = match &flags {
+                    Some(flags) => task_flags::set(flags).and_then(|_guard| Ok(Runtime::new(spec)?)),
+                    None => Runtime::new(spec).map_err(IreeError::from),
+                };
+                let runtime = match created {
                     Ok(runtime) => runtime,
                     Err(e) => {
-                        let _ = ready_tx.send(Err(e.into()));
+                        let _ = ready_tx.send(Err(e));
                         return;
                     }
                 };

@@ -1,5 +1,6 @@
 //! What the conformance suite does not see of `iree`: a second load of the same model compiles
-//! nothing (the module comes from the disk cache) and runs the same. Parity with the reference,
+//! nothing (the module comes from the disk cache) and runs the same, here on a task system of one
+//! worker (`--threads 1`). Parity with the reference,
 //! chunked prefill, truncate, fork and the end of the context are conformance cases
 //! (`tests/conformance.rs`), and the call planning behind them is `graph-engine`'s, shared with
 //! every StableHLO runtime.
@@ -31,6 +32,10 @@ fn a_second_load_comes_from_the_module_cache() {
         tokens
     };
     let first = IreeBackend.load_engine(&request).unwrap();
+    request.threads = Some(0);
+    let zero = IreeBackend.load_engine(&request).err().expect("zero threads is refused");
+    assert_eq!(zero.kind(), session_api::ErrorKind::InvalidInput, "{zero}");
+    request.threads = Some(1);
     let second = IreeBackend.load_engine(&request).unwrap();
     let report = second.compile_report();
     assert_eq!((report.compiled, report.from_cache > 0), (0, true), "the second load compiled: {report:?}");

@@ -381,7 +381,7 @@ struct Weights {
 enum MatrixArg {
     Dense { w: Val, transposed: bool, kernel: bool },
     Int4 { packed: Val, scales: Val, biases: Val, dequantize_from: usize, kernel: bool },
-    Int8 { codes: Val, scales: Val, kernel: bool },
+    Int8 { codes: Val, scales: Val, dequantize_from: usize, kernel: bool },
 }
 
 impl Weights {
@@ -416,7 +416,12 @@ impl Weights {
             }
             WeightPart::Int8Codes => {
                 self.next += 2;
-                MatrixArg::Int8 { codes: self.vals[i].clone(), scales: self.vals[i + 1].clone(), kernel: self.kernels }
+                MatrixArg::Int8 {
+                    codes: self.vals[i].clone(),
+                    scales: self.vals[i + 1].clone(),
+                    dequantize_from: self.dequantize_from,
+                    kernel: self.kernels,
+                }
             }
             other => unreachable!("argument order of weight_args: {other:?} where a matrix starts"),
         }
@@ -435,11 +440,27 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
         MatrixArg::Dense { kernel: true, .. }
         | MatrixArg::Int4 { kernel: true, .. }
         | MatrixArg::Int8 { kernel: true, .. } => kernel_linear(b, None, &[x], KernelInput::Rows, w, None),
-        MatrixArg::Int8 { codes, scales, .. } => {
-            // The f32 matrix (scale * q, exactly the format's values) and one dot: a compiler
-            // fuses the widening into the product's loads.
+        MatrixArg::Int8 { codes, scales, dequantize_from, .. } if x.dims()[0] >= *dequantize_from => {
+            // Many tokens: the f32 matrix (scale * q, exactly the format's values) once, and one
+            // dot over it, as for int4 below.
             let w = int8_values(b, codes, scales);
             b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
+        }
+        MatrixArg::Int8 { codes, scales, .. } => {
+            // Per group g of 32 inputs: y_m = sum_g s_mg (x_g . q_mg), the int4 form without the
+            // bias. The dequantized matrix is never formed: in the form above IREE writes all of
+            // it (the tied LM head: vocab x hidden f32) to fresh memory on every call.
+            let (t, k) = (x.dims()[0], x.dims()[1]);
+            let m = codes.dims()[0];
+            let g = k / GROUP_SIZE;
+            let q = b.reshape(codes, &[m, g, GROUP_SIZE]);
+            let q = b.convert(&q, Elem::F32);
+            let xg = b.reshape(x, &[t, g, GROUP_SIZE]);
+            let dots = b.dot_general(&xg, &q, (&[1], &[1]), (&[2], &[2])); // [g, T, M]
+            let s = b.convert(scales, Elem::F32); // [M, g]
+            let s = b.broadcast(&s, &[g, t, m], &[2, 0]);
+            let scaled = b.mul(&dots, &s);
+            b.reduce(&scaled, &[0], Reduction::Sum) // [T, M]
         }
         MatrixArg::Dense { w, transposed, .. } => {
             let w = b.convert(w, Elem::F32);

@@ -1,0 +1,90 @@
+//! Settings of IREE's CPU task system (the `local-task` driver's worker pool).
+//!
+//! The driver takes its worker count and wake-up behaviour from IREE's process-wide command-line
+//! flags, read when a driver is created; eerie creates drivers but has no way to pass them. So
+//! the runtime thread sets the flags through IREE's own parser (`iree_flags_parse`, which eerie's
+//! bindings leave out and is declared here) just before it creates its runtime, under one lock so
+//! two loads with different settings cannot interleave.
+
+use crate::error::IreeError;
+use std::ffi::{c_char, c_int, CString};
+use std::sync::{Mutex, MutexGuard};
+
+/// Extra IREE runtime flags, space-separated (`--task_worker_spin_us=50`, ...), applied after
+/// seam's own: for measuring the runtime's settings without a rebuild.
+pub const RUNTIME_FLAGS_ENV: &str = "SEAM_IREE_RUNTIME_FLAGS";
+
+/// The task system's settings for one runtime.
+#[derive(Debug, Clone, Default, PartialEq, Eq)]
+pub struct TaskSettings {
+    /// Worker threads; `None` leaves IREE's choice (one per physical core).
+    pub workers: Option<usize>,
+}
+
+impl TaskSettings {
+    /// The flags these settings stand for, then those of [`RUNTIME_FLAGS_ENV`]. Every flag seam
+    /// sets is always given, so a setting of an earlier runtime never carries over.
+    pub fn flags(&self) -> Vec<String> {
+        // Workers that spin before sleeping (`--task_worker_spin_us`) were measured and left at
+        // IREE's default, no spinning: decode did not change (docs/performance.md).
+        let mut flags = vec![format!("--task_topology_group_count={}", self.workers.unwrap_or(0))];
+        if let Ok(extra) = std::env::var(RUNTIME_FLAGS_ENV) {
+            flags.extend(extra.split_whitespace().map(str::to_string));
+        }
+        flags
+    }
+}
+
+/// Held while flags are set and the runtime that reads them is created.
+static FLAGS_LOCK: Mutex<()> = Mutex::new(());
+
+extern "C" {
+    // iree/base/tooling/flags.h; part of the runtime library eerie links (its drivers define
+    // their flags with it).
+    fn iree_flags_parse(mode: u32, argc: *mut c_int, argv: *mut *mut *mut c_char) -> eerie_sys::runtime::iree_status_t;
+}
+
+/// `IREE_FLAGS_PARSE_MODE_CONTINUE_AFTER_HELP`: a `--help` in the environment's flags must not
+/// end the process.
+const CONTINUE_AFTER_HELP: u32 = 1 << 1;
+
+/// Sets IREE's flags to `flags`; the returned guard keeps other threads from changing them until
+/// the runtime that should see them exists.
+pub(crate) fn set(flags: &[String]) -> Result<MutexGuard<'static, ()>, IreeError> {
+    let guard = FLAGS_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let owned: Vec<CString> = std::iter::once("seam".to_string())
+        .chain(flags.iter().cloned())
+        .map(|f| CString::new(f).map_err(|_| IreeError::Runtime("an IREE flag holds a NUL byte".into())))
+        .collect::<Result<_, _>>()?;
+    // The parser reorders and shortens argv in place; it only reads the strings.
+    let mut argv: Vec<*mut c_char> = owned.iter().map(|s| s.as_ptr() as *mut c_char).collect();
+    let mut argc = argv.len() as c_int;
+    let mut argv_ptr = argv.as_mut_ptr();
+    // SAFETY: argc/argv describe `argv`, whose strings live in `owned` for the whole call.
+    let status = unsafe { iree_flags_parse(CONTINUE_AFTER_HELP, &mut argc, &mut argv_ptr) };
+    if !status.is_null() {
+        // SAFETY: a non-OK status is owned by the caller and freed exactly once.
+        unsafe { eerie_sys::runtime::iree_status_ignore(status) };
+        return Err(IreeError::Runtime(format!(
+            "IREE refused the runtime flags {} (check {RUNTIME_FLAGS_ENV})",
+            flags.join(" ")
+        )));
+    }
+    Ok(guard)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn every_flag_is_given_and_an_unknown_one_is_refused() {
+        let flags = TaskSettings { workers: Some(2) }.flags();
+        assert_eq!(flags[0], "--task_topology_group_count=2");
+        assert!(set(&flags).is_ok());
+        let err = set(&["--no_such_iree_flag=1".to_string()]).unwrap_err();
+        assert!(err.to_string().contains("--no_such_iree_flag=1"), "{err}");
+        // Back to the defaults for any later runtime of this process.
+        assert!(set(&TaskSettings::default().flags()).is_ok());
+    }
+}
