@@ -17,6 +17,10 @@ use std::process::Command;
 /// it is read from `nvidia-smi`.
 pub const CUDA_TARGET_ENV: &str = "SEAM_IREE_CUDA_TARGET";
 
+/// Extra compiler flags for every module, space-separated (`--iree-opt-data-tiling`, ...): for
+/// measuring the compiler's options without a rebuild. They are part of the module cache key.
+pub const COMPILE_FLAGS_ENV: &str = "SEAM_IREE_COMPILE_FLAGS";
+
 /// A device kind the IREE backends drive.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub enum IreeDevice {
@@ -61,19 +65,24 @@ impl IreeDevice {
         }
     }
 
-    /// The compiler flags of every module for this device (part of the cache key).
+    /// The compiler flags of every module for this device (part of the cache key), then those
+    /// of [`COMPILE_FLAGS_ENV`].
     pub fn compile_flags(self) -> Result<Vec<String>, IreeError> {
-        match self {
-            IreeDevice::Cpu => Ok(LLVM_CPU_FLAGS.iter().map(|f| f.to_string()).collect()),
+        let mut flags: Vec<String> = match self {
+            IreeDevice::Cpu => LLVM_CPU_FLAGS.iter().map(|f| f.to_string()).collect(),
             IreeDevice::Cuda => {
                 let arch = cuda_target()?;
-                Ok(vec![
+                vec![
                     "--iree-hal-target-backends=cuda".into(),
                     format!("--iree-cuda-target={arch}"),
                     "--iree-opt-level=O3".into(),
-                ])
+                ]
             }
+        };
+        if let Ok(extra) = std::env::var(COMPILE_FLAGS_ENV) {
+            flags.extend(extra.split_whitespace().map(str::to_string));
         }
+        Ok(flags)
     }
 
     /// The devices to list for this backend (once the runtime device was created).
