@@ -88,8 +88,8 @@ pub struct GraphOptions {
     pub dense: StorageDtype,
     /// The element type of the KV cache arguments and results.
     pub cache: StorageDtype,
-    /// From this many tokens per call on, an int4 matrix is dequantized to f32 inside the graph
-    /// and multiplied in one dot; below it, the per-group form that never forms the matrix.
+    /// From this many tokens per call on, an int4 or int8 matrix is dequantized to f32 inside the
+    /// graph and multiplied in one dot; below it, the per-group form that never forms the matrix.
     /// [`PREFILL_DEQUANTIZE_MIN_TOKENS`] suits IREE; XLA's CPU backend is faster dequantizing
     /// even for one token (docs/backends/pjrt.md).
     pub int4_dequantize_from: usize,
