@@ -7,9 +7,9 @@
 # Builds llama.cpp's llama-bench from the pinned llama-cpp-python source tarball
 # (scripts/build-llama-bench.sh), makes the GGUFs llama.cpp reads (`seam export-gguf`), runs
 # llama-bench on the F16 and Q4_1 files and `seam bench` on the same weights, and prints the
-# ratios (scripts/compare_llama_cpp.py), writing everything to one JSON file. seam's compiler
-# backends use every core (they refuse a thread count), so llama-bench gets -t $(nproc) unless
-# --threads says otherwise. Idempotent: built binaries, GGUFs and models are reused.
+# ratios (scripts/compare_llama_cpp.py), writing everything to one JSON file. seam bench runs
+# every backend on every core (pjrt-cpu's XLA client cannot be given fewer), so llama-bench gets
+# -t $(nproc) unless --threads says otherwise. Idempotent: built binaries, GGUFs and models are reused.
 #
 # Models:
 #   smollm2       the default model: llama.cpp runs the original Q4_1 GGUF (which seam's int4
