@@ -140,7 +140,7 @@ fn main() {
             }
         });
         let name = format!("smollm2 step x{tokens}");
-        report(&name, int4_layers.len(), 0, "int4 avx2", secs, int4_bytes, bandwidth);
+        report(&name, int4_layers.len(), 0, &format!("int4 {}", short(Isa::best())), secs, int4_bytes, bandwidth);
         println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
         let secs = time(1, |_| {
             for (n, k, d) in &f16_layers {
@@ -148,7 +148,7 @@ fn main() {
                 matmul_f16(Isa::best(), pool, &x[..*k * tokens], tokens, w, &mut out[..*n * tokens]).unwrap();
             }
         });
-        report(&name, f16_layers.len(), 0, "f16 avx2", secs, f16_bytes, bandwidth);
+        report(&name, f16_layers.len(), 0, &format!("f16 {}", short(Isa::best())), secs, f16_bytes, bandwidth);
         println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
     }
 
@@ -205,6 +205,7 @@ fn short(isa: Isa) -> &'static str {
     match isa {
         Isa::Scalar => "scalar",
         Isa::Avx2 => "avx2",
+        Isa::Avx512 => "avx512",
     }
 }
 

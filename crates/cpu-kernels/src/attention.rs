@@ -88,7 +88,7 @@ pub fn attention_causal(
     let scale = 1.0 / (d as f32).sqrt();
     let out_ptr = OutPtr(out.as_mut_ptr());
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
-    if isa == Isa::Avx2 && tokens > 1 && d % gemm::PANEL_WIDTH == 0 {
+    if isa.has_avx2() && tokens > 1 && d % gemm::PANEL_WIDTH == 0 {
         tiled::causal(pool, shape, q, queries, keys, values, out_ptr);
         return Ok(());
     }
@@ -114,7 +114,7 @@ pub fn attention_causal(
                 let len = position + t + 1;
                 match isa {
                     // SAFETY: the CPU supports the path (checked above).
-                    Isa::Avx2 => unsafe { attend_avx2(qh, kh, vh, c, len, scale, &mut scores, oh) },
+                    Isa::Avx2 | Isa::Avx512 => unsafe { attend_avx2(qh, kh, vh, c, len, scale, &mut scores, oh) },
                     Isa::Scalar => scalar::attend_one(qh, kh, vh, c, len, scale, &mut scores, oh),
                 }
             }

@@ -18,6 +18,7 @@
 use crate::matmul::for_each_row_run;
 use crate::pool::Pool;
 use crate::scratch::Scratch;
+use crate::Isa;
 
 /// Weight rows side by side in a panel: two AVX2 vectors.
 pub(crate) const PANEL_WIDTH: usize = 16;
@@ -62,15 +63,27 @@ struct Buffers {
 static BUFFERS: Scratch<Buffers> = Scratch::new();
 
 /// `out[t, r] = x[t, :] · W[r, :]` for `x` `[tokens, k]` and `out` `[tokens, n]`, `W` read
-/// through `pack`. AVX2 + FMA only: the caller checked the CPU has them.
-pub(crate) fn gemm(pool: &Pool, x: &[f32], tokens: usize, k: usize, n: usize, out: &mut [f32], pack: &PackFn<'_>) {
+/// through `pack`. `isa` has AVX2 + FMA (the caller checked the CPU runs it); with
+/// [`Isa::Avx512`] the tiles are 512 bits wide: two panels (32 rows) by twelve tokens.
+pub(crate) fn gemm(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [f32], pack: &PackFn<'_>) {
+    if k == 0 {
+        // No columns: every product is an empty sum.
+        out.fill(0.0);
+        return;
+    }
+    let tokens = x.len() / k;
     debug_assert!(x.len() == tokens * k && out.len() == tokens * n);
+    debug_assert!(isa.has_avx2());
+    let wide = isa == Isa::Avx512;
+    // A wide tile takes panels in pairs, so its blocks hold an even number of them.
+    let (tile_tokens, tile_panels, block_rows_max) =
+        if wide { (avx512::TILE_TOKENS, 2, 4 * PANEL_WIDTH) } else { (TILE_TOKENS, 1, BLOCK_ROWS) };
     for_each_row_run(pool, n, PANEL_WIDTH, 2 * PANEL_WIDTH, out, &|run, out_ptr| {
         let (start, end) = (run.start, run.end);
         BUFFERS.with(|buffers| {
             let Buffers { rows: row_buf, panels } = buffers;
-            for block in (start..end).step_by(BLOCK_ROWS) {
-                let block_rows = BLOCK_ROWS.min(end - block);
+            for block in (start..end).step_by(block_rows_max) {
+                let block_rows = block_rows_max.min(end - block);
                 let panel_count = block_rows.div_ceil(PANEL_WIDTH);
                 for k0 in (0..k).step_by(K_CHUNK) {
                     let kc = K_CHUNK.min(k - k0);
@@ -89,29 +102,35 @@ pub(crate) fn gemm(pool: &Pool, x: &[f32], tokens: usize, k: usize, n: usize, ou
                         // SAFETY: the caller checked AVX2; both hold one panel of `kc` columns.
                         unsafe { avx2::to_panel(src, kc, dst) };
                     }
-                    for t0 in (0..tokens).step_by(TILE_TOKENS) {
-                        let tc = TILE_TOKENS.min(tokens - t0);
-                        for (p, panel) in panels.chunks_exact(PANEL_WIDTH * kc).enumerate() {
+                    for t0 in (0..tokens).step_by(tile_tokens) {
+                        let tc = tile_tokens.min(tokens - t0);
+                        for p in (0..panel_count).step_by(tile_panels) {
+                            let pair = tile_panels.min(panel_count - p) == 2;
                             let r0 = block + p * PANEL_WIDTH;
-                            let valid = PANEL_WIDTH.min(end - r0);
-                            // SAFETY: the caller checked AVX2 and FMA; `x` holds `tokens` rows of
-                            // `k`; the tile writes rows `r0..r0 + valid` of tokens `t0..t0 + tc` of
-                            // `out` ([tokens, n]): this task's rows, which no other task writes.
+                            let valid = (tile_panels * PANEL_WIDTH).min(end - r0);
+                            // SAFETY: the caller checked the ISA; `x` holds `tokens` rows of `k`;
+                            // the panels of this block hold `kc` columns each; the tile writes rows
+                            // `r0..r0 + valid` of tokens `t0..t0 + tc` of `out` ([tokens, n]): this
+                            // task's rows, which no other task writes.
                             unsafe {
-                                let x = x.as_ptr().add(t0 * k + k0);
-                                let o = out_ptr.0.add(t0 * n + r0);
-                                avx2::tile(&Tile {
-                                    panel: panel.as_ptr(),
+                                let tile = Tile {
+                                    panel: panels.as_ptr().add(p * PANEL_WIDTH * kc),
                                     panel_stride: PANEL_WIDTH,
-                                    x,
+                                    x: x.as_ptr().add(t0 * k + k0),
                                     x_stride: k,
                                     depth: kc,
                                     tokens: tc,
-                                    out: o,
+                                    out: out_ptr.0.add(t0 * n + r0),
                                     out_stride: n,
                                     valid,
                                     accumulate: k0 > 0,
-                                });
+                                };
+                                if wide {
+                                    let second = pair.then(|| panels.as_ptr().add((p + 1) * PANEL_WIDTH * kc));
+                                    avx512::tile(&tile, second);
+                                } else {
+                                    avx2::tile(&tile);
+                                }
                             }
                         }
                     }
@@ -296,6 +315,95 @@ pub(crate) mod avx2 {
                 _mm256_storeu_ps(out.as_mut_ptr().add(8 * j), v);
             }
         }
+    }
+}
+
+/// The 512-bit tile of [`Isa::Avx512`]: the same panels and outer products as [`avx2::tile`],
+/// with each panel's 16 rows in one register and, with two panels side by side, twelve tokens:
+/// 24 accumulators, two weight loads and twelve broadcasts per column (AVX2's tile has 12, two
+/// and six), which leaves the loads well under the multiply-adds.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::{Tile, PANEL_WIDTH};
+    use std::arch::x86_64::*;
+
+    /// Tokens per 512-bit tile.
+    pub const TILE_TOKENS: usize = 12;
+
+    /// Runs one tile over the panel of `tile` and, when `second` is given, the panel after it
+    /// (its column `c` at `second + c * panel_stride`): `tile.valid` counts the rows of both (up to
+    /// 32).
+    ///
+    /// # Safety
+    /// AVX-512F; the tile's pointers valid for its rows, steps and columns (all 16 of each panel's
+    /// at every step).
+    #[target_feature(enable = "avx512f")]
+    pub unsafe fn tile(tile: &Tile, second: Option<*const f32>) {
+        macro_rules! by_tokens {
+            ($panels:literal, $second:expr) => {
+                match tile.tokens {
+                    1 => run::<$panels, 1>(tile, $second),
+                    2 => run::<$panels, 2>(tile, $second),
+                    3 => run::<$panels, 3>(tile, $second),
+                    4 => run::<$panels, 4>(tile, $second),
+                    5 => run::<$panels, 5>(tile, $second),
+                    6 => run::<$panels, 6>(tile, $second),
+                    7 => run::<$panels, 7>(tile, $second),
+                    8 => run::<$panels, 8>(tile, $second),
+                    9 => run::<$panels, 9>(tile, $second),
+                    10 => run::<$panels, 10>(tile, $second),
+                    11 => run::<$panels, 11>(tile, $second),
+                    _ => run::<$panels, TILE_TOKENS>(tile, $second),
+                }
+            };
+        }
+        match second {
+            Some(second) => by_tokens!(2, second),
+            None => by_tokens!(1, tile.panel),
+        }
+    }
+
+    /// `P` panels (the first at `tile.panel`, the second at `second`) by `T` tokens.
+    #[target_feature(enable = "avx512f")]
+    #[inline]
+    unsafe fn run<const P: usize, const T: usize>(tile: &Tile, second: *const f32) {
+        let Tile { panel, panel_stride, x, x_stride, depth, out, out_stride, valid, accumulate, .. } = *tile;
+        let bases = [panel, second];
+        let mut acc = [[_mm512_setzero_ps(); P]; T];
+        for c in 0..depth {
+            let mut w = [_mm512_setzero_ps(); P];
+            for (p, w) in w.iter_mut().enumerate() {
+                *w = _mm512_loadu_ps(bases[p].add(c * panel_stride));
+            }
+            for (t, row) in acc.iter_mut().enumerate() {
+                let xv = _mm512_set1_ps(*x.add(t * x_stride + c));
+                for (a, w) in row.iter_mut().zip(&w) {
+                    *a = _mm512_fmadd_ps(*w, xv, *a);
+                }
+            }
+        }
+        for (t, row) in acc.iter().enumerate() {
+            let o = out.add(t * out_stride);
+            for (p, &sum) in row.iter().enumerate() {
+                let rows = valid.saturating_sub(p * PANEL_WIDTH).min(PANEL_WIDTH);
+                if rows == 0 {
+                    continue;
+                }
+                // The first `rows` lanes: a partial panel at the end of the matrix writes only its rows.
+                let mask: __mmask16 = if rows == PANEL_WIDTH { !0 } else { (1u16 << rows) - 1 };
+                let dst = o.add(p * PANEL_WIDTH);
+                let sum = if accumulate { _mm512_add_ps(sum, _mm512_maskz_loadu_ps(mask, dst)) } else { sum };
+                _mm512_mask_storeu_ps(dst, mask, sum);
+            }
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) mod avx512 {
+    pub const TILE_TOKENS: usize = 12;
+    pub unsafe fn tile(_: &super::Tile, _: Option<*const f32>) {
+        unreachable!("the AVX-512 path is never chosen off x86-64")
     }
 }
 

@@ -10,9 +10,14 @@ pub enum Isa {
     /// x86-64 with AVX2, FMA and F16C (Haswell and later, every AMD Zen): 8-wide f32 FMAs and
     /// hardware f16 widening.
     Avx2,
+    /// [`Isa::Avx2`] plus AVX-512F (Skylake-SP and later Xeons, AMD Zen 4): the same kernels,
+    /// except that the blocked matrix-matrix product multiplies in 16-wide registers, 32 of them.
+    /// Only that product uses it: the per-token paths are bound by reading and converting the
+    /// weights, where 512-bit widening measured slower than AVX2's on Zen 4 (docs/performance.md).
+    Avx512,
 }
 
-/// The environment variable that caps the path (`scalar` or `avx2`): for measuring one path
+/// The environment variable that caps the path (`scalar`, `avx2` or `avx512`): for measuring one path
 /// against another, never needed for correctness.
 pub const ISA_ENV: &str = "SEAM_CPU_ISA";
 
@@ -22,7 +27,13 @@ impl Isa {
         match self {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2+fma+f16c",
+            Isa::Avx512 => "avx512f+avx2+fma+f16c",
         }
+    }
+
+    /// Whether the path includes AVX2, FMA and F16C (every path but the scalar one).
+    pub fn has_avx2(self) -> bool {
+        matches!(self, Isa::Avx2 | Isa::Avx512)
     }
 
     /// Whether this machine can run the path.
@@ -30,12 +41,13 @@ impl Isa {
         match self {
             Isa::Scalar => true,
             Isa::Avx2 => avx2_supported(),
+            Isa::Avx512 => avx2_supported() && avx512_supported(),
         }
     }
 
     /// Every path this machine can run, the fastest last.
     pub fn supported() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2].into_iter().filter(|isa| isa.is_supported()).collect()
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|isa| isa.is_supported()).collect()
     }
 
     /// The fastest supported path, unless [`ISA_ENV`] asks for a slower one (an unknown or
@@ -48,9 +60,10 @@ impl Isa {
                 None | Some("") => fastest,
                 Some("scalar") => Isa::Scalar,
                 Some("avx2") if Isa::Avx2.is_supported() => Isa::Avx2,
+                Some("avx512") if Isa::Avx512.is_supported() => Isa::Avx512,
                 Some(other) => {
                     eprintln!(
-                        "warning: {ISA_ENV}={other} is not a path this CPU runs (scalar, avx2); using {}",
+                        "warning: {ISA_ENV}={other} is not a path this CPU runs (scalar, avx2, avx512); using {}",
                         fastest.name()
                     );
                     fastest
@@ -69,5 +82,15 @@ fn avx2_supported() -> bool {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn avx2_supported() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx512f")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_supported() -> bool {
     false
 }

@@ -104,15 +104,15 @@ pub fn matmul_f16(
     check_len("f16 weights", w.data.len(), n * k)?;
     check_len("output", out.len(), tokens * n)?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
-    if isa == Isa::Avx2 && tokens >= GEMM_FROM_TOKENS {
-        gemm(pool, x, tokens, k, n, out, &|row, k0, dst| {
+    if isa.has_avx2() && tokens >= GEMM_FROM_TOKENS {
+        gemm(isa, pool, x, k, n, out, &|row, k0, dst| {
             let src = &w.data[row * k + k0..row * k + k0 + dst.len()];
             // SAFETY: the AVX2 path, which the CPU supports (checked above).
             unsafe { gemm::avx2::widen_f16(src, dst) }
         });
         return Ok(());
     }
-    if isa == Isa::Avx2 && tokens >= BLOCK_FROM_TOKENS {
+    if isa.has_avx2() && tokens >= BLOCK_FROM_TOKENS {
         token_blocks(pool, x, tokens, k, n, out, &|row, xs, count| {
             // SAFETY: the AVX2 path, which the CPU supports (checked above).
             unsafe { avx2::dot_f16_block(&w.data[row * k..(row + 1) * k], xs, count) }
@@ -126,7 +126,7 @@ pub fn matmul_f16(
             let value = match isa {
                 Isa::Scalar => scalar::dot_f16(xr, wr),
                 // SAFETY: the CPU supports the path (checked above).
-                Isa::Avx2 => unsafe { avx2::dot_f16(xr, wr) },
+                Isa::Avx2 | Isa::Avx512 => unsafe { avx2::dot_f16(xr, wr) },
             };
             put(t, value);
         }
@@ -188,7 +188,7 @@ pub fn matmul_int4(
         return Ok(());
     }
     if tokens >= GEMM_FROM_TOKENS {
-        gemm(pool, x, tokens, k, n, out, &|row, k0, dst| {
+        gemm(isa, pool, x, k, n, out, &|row, k0, dst| {
             let (p, s, b) = row_of(&w, row, groups);
             let (g0, g1) = (k0 / GROUP_SIZE, (k0 + dst.len()) / GROUP_SIZE);
             // SAFETY: the AVX2 path, which the CPU supports (checked above).
@@ -280,8 +280,8 @@ pub fn matmul_int8(
     check_len("output", out.len(), tokens * n)?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
     let row_of = |row: usize| (&w.codes[row * k..(row + 1) * k], &w.scales[row * groups..(row + 1) * groups]);
-    if isa == Isa::Avx2 && tokens >= GEMM_FROM_TOKENS {
-        gemm(pool, x, tokens, k, n, out, &|row, k0, dst| {
+    if isa.has_avx2() && tokens >= GEMM_FROM_TOKENS {
+        gemm(isa, pool, x, k, n, out, &|row, k0, dst| {
             let (codes, scales) = row_of(row);
             let g0 = k0 / GROUP_SIZE;
             // SAFETY: the AVX2 path, which the CPU supports (checked above).
@@ -289,7 +289,7 @@ pub fn matmul_int8(
         });
         return Ok(());
     }
-    if isa == Isa::Avx2 && tokens >= BLOCK_FROM_TOKENS {
+    if isa.has_avx2() && tokens >= BLOCK_FROM_TOKENS {
         // Each group dequantized in registers exactly as the format defines it (scale * q in
         // f32), once for a block of tokens.
         token_blocks(pool, x, tokens, k, n, out, &|row, xs, count| {
@@ -306,7 +306,7 @@ pub fn matmul_int8(
             let value = match isa {
                 Isa::Scalar => scalar::dot_int8(xr, codes, scales, GROUP_SIZE),
                 // SAFETY: the CPU supports the path (checked above).
-                Isa::Avx2 => unsafe { avx2::dot_int8(xr, codes, scales) },
+                Isa::Avx2 | Isa::Avx512 => unsafe { avx2::dot_int8(xr, codes, scales) },
             };
             put(t, value);
         }

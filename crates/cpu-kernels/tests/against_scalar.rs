@@ -50,6 +50,9 @@ fn matmul_f16_matches_scalar_on_every_path() {
             (38, 600, 37),
             (40, 513, 8),
             (14, 9, 30),
+            // The 512-bit tile: a pair of panels whose second is partial, a twelve-token tile and
+            // one of one token.
+            (27, 96, 13),
         ] {
             let w: Vec<u16> = (0..n * k).map(|_| rng.f16_bits(1.0)).collect();
             let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
@@ -86,6 +89,7 @@ fn matmul_int4_matches_scalar_on_every_path() {
             (4, 64, 9),
             (38, 544, 37),
             (29, 800, 10),
+            (27, 64, 25),
         ] {
             let groups = k / GROUP_SIZE;
             let packed: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
