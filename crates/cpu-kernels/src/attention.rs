@@ -89,7 +89,7 @@ pub fn attention_causal(
     let out_ptr = OutPtr(out.as_mut_ptr());
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
     if isa.has_avx2() && tokens > 1 && d % gemm::PANEL_WIDTH == 0 {
-        tiled::causal(pool, shape, q, queries, keys, values, out_ptr);
+        tiled::causal(isa, pool, shape, q, queries, keys, values, out_ptr);
         return Ok(());
     }
     // A task is one head over a run of rows; its rows' spans share the head's keys and values
@@ -166,10 +166,11 @@ unsafe fn attend_avx2(
 #[cfg(target_arch = "x86_64")]
 mod tiled {
     use super::{AttentionShape, CausalQueries, OutPtr};
-    use crate::gemm::{avx2::tile, Tile, PANEL_WIDTH, TILE_TOKENS};
+    use crate::gemm::{avx2, avx512, Tile, PANEL_WIDTH, TILE_TOKENS};
     use crate::pool::Pool;
     use crate::scratch::Scratch;
     use crate::simd::exp;
+    use crate::Isa;
     use std::arch::x86_64::*;
 
     /// Per task: the block's scores (rows of the span rounded up to a panel), and keys of the
@@ -182,9 +183,12 @@ mod tiled {
 
     static BUFFERS: Scratch<Buffers> = Scratch::new();
 
-    /// [`super::attention_causal`] for `head_dim` a multiple of [`PANEL_WIDTH`], AVX2 and FMA
-    /// (checked by the caller), shapes checked; the padding rows of `out` already zero.
+    /// [`super::attention_causal`] for `head_dim` a multiple of [`PANEL_WIDTH`], `isa` with AVX2
+    /// and FMA (checked by the caller), shapes checked; the padding rows of `out` already zero.
+    /// On [`Isa::Avx512`] the products run the 512-bit tile, one panel by twelve rows.
+    #[allow(clippy::too_many_arguments)]
     pub(super) fn causal(
+        isa: Isa,
         pool: &Pool,
         shape: AttentionShape,
         q: &[f32],
@@ -197,11 +201,13 @@ mod tiled {
         let CausalQueries { position, rows, .. } = queries;
         let group = heads / kv_heads;
         let scale = 1.0 / (d as f32).sqrt();
-        let blocks = rows.div_ceil(TILE_TOKENS);
+        let wide = isa == Isa::Avx512;
+        let block_rows = if wide { avx512::TILE_TOKENS } else { TILE_TOKENS };
+        let blocks = rows.div_ceil(block_rows);
         pool.run(heads * blocks, &|task| {
             let (h, block) = (task % heads, task / heads);
-            let t0 = block * TILE_TOKENS;
-            let tc = TILE_TOKENS.min(rows - t0);
+            let t0 = block * block_rows;
+            let tc = block_rows.min(rows - t0);
             let span = position + t0 + tc;
             let stride = span.next_multiple_of(PANEL_WIDTH);
             let kh = &keys[(h / group) * d * c..(h / group + 1) * d * c];
@@ -209,10 +215,13 @@ mod tiled {
             BUFFERS.with(|Buffers { scores, tail }| {
                 scores.resize(tc * stride, 0.0);
                 tail.resize(d * PANEL_WIDTH, 0.0);
-                for j0 in (0..span).step_by(PANEL_WIDTH) {
-                    let valid = PANEL_WIDTH.min(span - j0);
+                // The wide tile takes two full panels of keys at a time while the span has them.
+                let mut j0 = 0;
+                while j0 < span {
+                    let pair = wide && span - j0 >= 2 * PANEL_WIDTH;
+                    let valid = if pair { 2 * PANEL_WIDTH } else { PANEL_WIDTH.min(span - j0) };
                     // The last partial panel's keys are copied, so no position past the span is read.
-                    let (panel, panel_stride) = if valid == PANEL_WIDTH {
+                    let (panel, panel_stride) = if valid >= PANEL_WIDTH {
                         (kh[j0..].as_ptr(), c)
                     } else {
                         for (j, dst) in tail.chunks_exact_mut(PANEL_WIDTH).enumerate() {
@@ -221,23 +230,30 @@ mod tiled {
                         }
                         (tail.as_ptr(), PANEL_WIDTH)
                     };
-                    // SAFETY: AVX2 and FMA (the caller's check); the panel holds `d` steps of 16
-                    // (a key row of `c >= span` positions, or the padded copy), the queries `tc`
-                    // rows of `d`, the scores `tc` rows of `stride >= j0 + 16`.
+                    // SAFETY: the caller checked the ISA (AVX2 and FMA; AVX-512F when wide); the
+                    // panels hold `d` steps of 16 (key rows of `c >= span` positions, or the
+                    // padded copy), the queries `tc` rows of `d`, the scores `tc` rows of
+                    // `stride >= j0 + valid`.
                     unsafe {
-                        tile(&Tile {
-                            panel,
-                            panel_stride,
-                            x: q.as_ptr().add((t0 * heads + h) * d),
-                            x_stride: heads * d,
-                            depth: d,
-                            tokens: tc,
-                            out: scores.as_mut_ptr().add(j0),
-                            out_stride: stride,
-                            valid,
-                            accumulate: false,
-                        })
+                        let second = pair.then(|| panel.add(PANEL_WIDTH));
+                        run_tile(
+                            wide,
+                            &Tile {
+                                panel,
+                                panel_stride,
+                                x: q.as_ptr().add((t0 * heads + h) * d),
+                                x_stride: heads * d,
+                                depth: d,
+                                tokens: tc,
+                                out: scores.as_mut_ptr().add(j0),
+                                out_stride: stride,
+                                valid,
+                                accumulate: false,
+                            },
+                            second,
+                        )
                     };
+                    j0 += if pair { 2 * PANEL_WIDTH } else { PANEL_WIDTH };
                 }
                 for (t, row) in scores.chunks_exact_mut(stride).enumerate() {
                     let len = position + t0 + t + 1;
@@ -245,26 +261,50 @@ mod tiled {
                     unsafe { softmax(&mut row[..len], scale) };
                     row[len..span].fill(0.0);
                 }
-                for d0 in (0..d).step_by(PANEL_WIDTH) {
+                let mut d0 = 0;
+                while d0 < d {
+                    let pair = wide && d - d0 >= 2 * PANEL_WIDTH;
                     // SAFETY: as above; the values' rows `0..span` are filled positions, each of
-                    // `d >= d0 + 16`; the output rows are this task's (head h, rows t0..t0 + tc).
+                    // `d >= d0 + 16` (`d0 + 32` for a pair); the output rows are this task's
+                    // (head h, rows t0..t0 + tc).
                     unsafe {
-                        tile(&Tile {
-                            panel: vh.as_ptr().add(d0),
-                            panel_stride: d,
-                            x: scores.as_ptr(),
-                            x_stride: stride,
-                            depth: span,
-                            tokens: tc,
-                            out: out.get().add((t0 * heads + h) * d + d0),
-                            out_stride: heads * d,
-                            valid: PANEL_WIDTH,
-                            accumulate: false,
-                        })
+                        let panel = vh.as_ptr().add(d0);
+                        run_tile(
+                            wide,
+                            &Tile {
+                                panel,
+                                panel_stride: d,
+                                x: scores.as_ptr(),
+                                x_stride: stride,
+                                depth: span,
+                                tokens: tc,
+                                out: out.get().add((t0 * heads + h) * d + d0),
+                                out_stride: heads * d,
+                                valid: if pair { 2 * PANEL_WIDTH } else { PANEL_WIDTH },
+                                accumulate: false,
+                            },
+                            pair.then(|| panel.add(PANEL_WIDTH)),
+                        )
                     };
+                    d0 += if pair { 2 * PANEL_WIDTH } else { PANEL_WIDTH };
                 }
             });
         });
+    }
+
+    /// One register tile: the 512-bit one when `wide` (two panels when `second` is given: its
+    /// column `c` at `second + c * panel_stride`), else AVX2's (`second` is then `None`).
+    ///
+    /// # Safety
+    /// AVX2 and FMA, and AVX-512F when `wide`; the tile's pointers as [`avx2::tile`] needs them,
+    /// for both panels.
+    unsafe fn run_tile(wide: bool, tile: &Tile, second: Option<*const f32>) {
+        debug_assert!(wide || second.is_none());
+        if wide {
+            avx512::tile(tile, second)
+        } else {
+            avx2::tile(tile)
+        }
     }
 
     /// `row = softmax(row * scale)`, the exponentials eight at a time.
@@ -303,7 +343,17 @@ mod tiled {
     use super::{AttentionShape, CausalQueries, OutPtr};
     use crate::pool::Pool;
 
-    pub(super) fn causal(_: &Pool, _: AttentionShape, _: &[f32], _: CausalQueries, _: &[f32], _: &[f32], _: OutPtr) {
+    #[allow(clippy::too_many_arguments)]
+    pub(super) fn causal(
+        _: crate::Isa,
+        _: &Pool,
+        _: AttentionShape,
+        _: &[f32],
+        _: CausalQueries,
+        _: &[f32],
+        _: &[f32],
+        _: OutPtr,
+    ) {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
 }
