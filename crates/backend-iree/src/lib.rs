@@ -31,7 +31,7 @@ pub use runtime::IreeRuntime;
 use compiler::CompilerChoice;
 use graph_engine::{capabilities_with, CompileReport, GraphEngine, GraphSettings, DEFAULT_MAX_CONTEXT};
 use session_api::{Availability, Backend, Capabilities, Engine, LoadRequest, Result};
-use stablehlo_llama::{LayerMode, StorageDtype};
+use stablehlo_llama::{GraphKind, GraphSpec, LayerMode, StorageDtype};
 use std::sync::Arc;
 use task_flags::TaskSettings;
 use worker::WorkerHandle;
@@ -184,13 +184,38 @@ fn settings_and_flags(device: IreeDevice, request: &LoadRequest) -> Result<(Grap
     Ok((settings, device.compile_flags()?))
 }
 
-/// Compiles every module a load of `request` may need (the token graphs, and the embedding graph
-/// of every prefill bucket) into the module cache, without the device: for a machine that can run
-/// the modules but has no compiler (`SEAM_IREE_COMPILER=none` there), such as a GPU machine with
-/// no package registry. A CUDA target is compiled for [`device::CUDA_TARGET_ENV`] when no GPU is
-/// here. The modules cannot be loaded here, so they are checked only by the compiler. With
-/// `embeddings` false only the token graphs are compiled (what token prompts need).
-pub fn compile_ahead(request: &LoadRequest, embeddings: bool) -> Result<CompileReport> {
+/// Which of a model's graph groups [`compile_ahead`] compiles.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct GraphSelection {
+    /// The embedding-input graph of every prefill bucket (not needed for token prompts).
+    pub embeddings: bool,
+    /// Batched decode graphs for batches of at most this many sequences (0: none). A batch is
+    /// cut into the graphs' sizes largest first, so a bound of 5 needs only the graphs of 4 and 2.
+    pub max_batch: usize,
+}
+
+impl GraphSelection {
+    /// Every group a load may use.
+    pub const ALL: GraphSelection = GraphSelection { embeddings: true, max_batch: usize::MAX };
+    /// The token graphs alone: what `seam run` and `seam bench` use.
+    pub const TOKENS_ONLY: GraphSelection = GraphSelection { embeddings: false, max_batch: 0 };
+
+    fn keeps(&self, group: &[GraphSpec]) -> bool {
+        group.iter().all(|spec| match spec.kind {
+            GraphKind::PrefillEmbeddings { .. } => self.embeddings,
+            GraphKind::DecodeBatch { batch } => batch <= self.max_batch,
+            _ => true,
+        })
+    }
+}
+
+/// Compiles the modules a load of `request` may need (the token graphs, and as `selection` says
+/// the embedding graph of every prefill bucket and the batched decode graphs) into the module
+/// cache, without the device: for a machine that can run the modules but has no compiler
+/// (`SEAM_IREE_COMPILER=none` there), such as a GPU machine with no package registry. A CUDA
+/// target is compiled for [`device::CUDA_TARGET_ENV`] when no GPU is here. The modules cannot be
+/// loaded here, so they are checked only by the compiler.
+pub fn compile_ahead(request: &LoadRequest, selection: GraphSelection) -> Result<CompileReport> {
     let device = IreeDevice::from_id(request.device.as_deref().unwrap_or("cpu"))?;
     let (settings, flags) = settings_and_flags(device, request)?;
     let compiler = compiler::choose_compiler()?;
@@ -203,10 +228,7 @@ pub fn compile_ahead(request: &LoadRequest, embeddings: bool) -> Result<CompileR
         .into());
     }
     let plan = graph_engine::plan_graphs(request, settings)?;
-    let mut groups = plan.groups();
-    if !embeddings {
-        groups.truncate(1);
-    }
+    let groups: Vec<_> = plan.groups().into_iter().filter(|group| selection.keeps(group)).collect();
     let mut total = CompileReport::default();
     for (done, group) in groups.iter().enumerate() {
         request.report("compiling graphs", done as u64, Some(groups.len() as u64));
@@ -214,4 +236,31 @@ pub fn compile_ahead(request: &LoadRequest, embeddings: bool) -> Result<CompileR
     }
     request.report("compiling graphs", groups.len() as u64, Some(groups.len() as u64));
     Ok(total)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The batch graphs a bound keeps are those `split_batch` can ask for: for five sequences the
+    /// graphs of 4 and 2, never 8 or 16; the token group is always kept.
+    #[test]
+    fn a_selection_keeps_the_groups_it_names() {
+        let groups = graph_engine::graph_groups(&[16, 64]);
+        let kept = |selection: GraphSelection| -> Vec<String> {
+            groups.iter().filter(|g| selection.keeps(g)).map(|g| g[0].name()).collect()
+        };
+        let five = kept(GraphSelection { embeddings: true, max_batch: 5 });
+        assert_eq!(five.len(), groups.len() - 2, "{five:?}");
+        assert!(
+            five.iter().any(|n| n.starts_with("decode_batch_4"))
+                && five.iter().any(|n| n.starts_with("decode_batch_2"))
+        );
+        assert!(!five.iter().any(|n| n.starts_with("decode_batch_8") || n.starts_with("decode_batch_16")));
+        assert_eq!(kept(GraphSelection::TOKENS_ONLY), vec![groups[0][0].name()]);
+        assert_eq!(kept(GraphSelection::ALL).len(), groups.len());
+        let needed: std::collections::BTreeSet<usize> =
+            (1..=5).flat_map(graph_engine::split_batch).filter(|&b| b > 1).collect();
+        assert_eq!(needed.into_iter().collect::<Vec<_>>(), vec![2, 4]);
+    }
 }

@@ -8,6 +8,8 @@
 use crate::cli_error::CliError;
 #[cfg(feature = "iree")]
 use crate::run_command::resolve_model_dir;
+#[cfg(feature = "iree")]
+use backend_iree::GraphSelection;
 use clap::Args;
 #[cfg(feature = "iree")]
 use session_api::LoadRequest;
@@ -37,7 +39,7 @@ pub struct CompileArgs {
     #[arg(long = "max-context")]
     contexts: Vec<usize>,
     /// Only the token graphs of --model (what `seam run` and `seam bench` use), not the
-    /// embedding-input graphs (the conformance models always get both).
+    /// embedding-input or batched decode graphs (the conformance models get what the suite uses).
     #[arg(long)]
     token_graphs_only: bool,
     /// A load setting, KEY=VALUE (repeatable), as for `seam run --set`.
@@ -81,38 +83,46 @@ fn compile_with_iree(args: CompileArgs, backend: String, alias_device: Option<St
     let settings = crate::run_command::parse_settings(&args.settings)?;
     let formats = if args.formats.is_empty() { WeightFormat::ALL.to_vec() } else { args.formats.clone() };
 
-    // (model, the contexts to compile it for, whether with the embedding graphs)
-    let mut jobs: Vec<(PathBuf, Vec<Option<usize>>, bool)> = Vec::new();
+    // (model, a context to compile it for, which of its graphs)
+    let mut jobs: Vec<(PathBuf, Option<usize>, GraphSelection)> = Vec::new();
     let contexts: Vec<Option<usize>> =
         if args.contexts.is_empty() { vec![None] } else { args.contexts.iter().copied().map(Some).collect() };
     if args.conformance_models {
         let tiny = conformance::models::tiny_models(&conformance::models::default_cache_dir())
             .map_err(|e| CliError::Usage(format!("the conformance models: {e}")))?;
-        jobs.extend(tiny.into_iter().map(|m| (m.dir, conformance::LOAD_CONTEXTS.to_vec(), true)));
+        for model in tiny {
+            for context in conformance::LOAD_CONTEXTS {
+                // Only the suite's batched case decodes batches, at the default context and
+                // never more sequences at once than it plans: the larger batch graphs would
+                // only take room in a GPU bundle.
+                let max_batch = if context.is_none() { conformance::cases::batched::MAX_SEQUENCES } else { 0 };
+                jobs.push((model.dir.clone(), context, GraphSelection { embeddings: true, max_batch }));
+            }
+        }
     }
     if !args.models.is_empty() || !args.conformance_models {
         let models = if args.models.is_empty() { vec![resolve_model_dir(None)?] } else { args.models.clone() };
+        let selection = if args.token_graphs_only { GraphSelection::TOKENS_ONLY } else { GraphSelection::ALL };
         for model in models {
-            jobs.push((resolve_model_dir(Some(model))?, contexts.clone(), !args.token_graphs_only));
+            let dir = resolve_model_dir(Some(model))?;
+            jobs.extend(contexts.iter().map(|&context| (dir.clone(), context, selection)));
         }
     }
 
-    for (model, contexts, embeddings) in &jobs {
+    for (model, max_context, selection) in &jobs {
         for &format in &formats {
-            for &max_context in contexts {
-                let mut request = LoadRequest::new(model, format);
-                request.device = device.clone();
-                request.max_context = max_context;
-                request.settings = settings.clone();
-                let report = backend_iree::compile_ahead(&request, *embeddings)?;
-                say!(
-                    "{} {format} context {}: {} graphs compiled, {} already cached",
-                    model.display(),
-                    max_context.map_or("default".to_string(), |c| c.to_string()),
-                    report.compiled,
-                    report.from_cache
-                );
-            }
+            let mut request = LoadRequest::new(model, format);
+            request.device = device.clone();
+            request.max_context = *max_context;
+            request.settings = settings.clone();
+            let report = backend_iree::compile_ahead(&request, *selection)?;
+            say!(
+                "{} {format} context {}: {} graphs compiled, {} already cached",
+                model.display(),
+                max_context.map_or("default".to_string(), |c| c.to_string()),
+                report.compiled,
+                report.from_cache
+            );
         }
     }
     say!("modules are in {}", llama_model::home::iree_cache_dir().display());

@@ -23,11 +23,18 @@ struct Plan {
     tokens: usize,
 }
 
+/// Each sequence's (prompt length, join step, tokens). Prompt lengths cross the prefill buckets;
+/// the join steps put prefills between decode steps of running sequences; the lengths make
+/// sequences leave at different steps; the last plan joins after the second has left and takes
+/// its session.
+const PLANS: [(usize, usize, usize); 5] = [(5, 0, 12), (17, 0, 4), (33, 2, 14), (9, 3, 3), (24, 7, 8)];
+
+/// The most sequences the case decodes in one batch (what a backend's batch graphs must cover
+/// for it: `seam compile --conformance-models` compiles no larger ones).
+pub const MAX_SEQUENCES: usize = PLANS.len();
+
 fn plans(ctx: &CaseContext<'_>) -> Vec<Plan> {
-    // Prompt lengths cross the prefill buckets; the join steps put prefills between decode
-    // steps of running sequences; the lengths make sequences leave at different steps; the last
-    // plan joins after the second has left and takes its session.
-    [(5, 0, 12), (17, 0, 4), (33, 2, 14), (9, 3, 3), (24, 7, 8)]
+    PLANS
         .into_iter()
         .enumerate()
         .map(|(i, (len, joins_at, tokens))| Plan { prompt: ctx.prompt(len, 300 + i as u64), joins_at, tokens })
