@@ -457,10 +457,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             let q = b.convert(&q, Elem::F32);
             let xg = b.reshape(x, &[t, g, GROUP_SIZE]);
             let dots = b.dot_general(&xg, &q, (&[1], &[1]), (&[2], &[2])); // [g, T, M]
-            let s = b.convert(scales, Elem::F32); // [M, g]
-            let s = b.broadcast(&s, &[g, t, m], &[2, 0]);
-            let scaled = b.mul(&dots, &s);
-            b.reduce(&scaled, &[0], Reduction::Sum) // [T, M]
+            scaled_group_sum(b, &dots, scales)
         }
         MatrixArg::Dense { w, transposed, .. } => {
             let w = b.convert(w, Elem::F32);
@@ -522,10 +519,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             let d_even = b.dot_general(&x_even, &lo, (&[1], &[1]), (&[2], &[2])); // [g, T, M]
             let d_odd = b.dot_general(&x_odd, &hi, (&[1], &[1]), (&[2], &[2]));
             let dots = b.add(&d_even, &d_odd);
-            let s = b.convert(scales, Elem::F32); // [M, g]
-            let s = b.broadcast(&s, &[g, t, m], &[2, 0]);
-            let scaled = b.mul(&dots, &s);
-            let y = b.reduce(&scaled, &[0], Reduction::Sum); // [T, M]
+            let y = scaled_group_sum(b, &dots, scales);
             let x32 = b.reshape(x, &[t, g, GROUP_SIZE]);
             let xsum = b.reduce(&x32, &[2], Reduction::Sum); // [T, g]
             let bias = b.convert(biases, Elem::F32); // [M, g]
@@ -533,6 +527,16 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             b.add(&y, &offset)
         }
     }
+}
+
+/// `sum_g s_mg dots[g, t, m]`: per-group dot products (`[g, T, M]`) scaled by each group's f16
+/// scale (`scales` `[M, g]`) and summed over the groups, `[T, M]`: the end of the int4 and int8
+/// per-group products.
+fn scaled_group_sum(b: &mut FnBuilder, dots: &Val, scales: &Val) -> Val {
+    let s = b.convert(scales, Elem::F32);
+    let s = b.broadcast(&s, dots.dims(), &[2, 0]);
+    let scaled = b.mul(dots, &s);
+    b.reduce(&scaled, &[0], Reduction::Sum)
 }
 
 /// A linear layer through the runtime's kernel ([`linear_target`]): `inputs` are the operands
