@@ -166,7 +166,7 @@ unsafe fn attend_avx2(
 #[cfg(target_arch = "x86_64")]
 mod tiled {
     use super::{AttentionShape, CausalQueries, OutPtr};
-    use crate::gemm::{avx2, avx512, Tile, PANEL_WIDTH, TILE_TOKENS};
+    use crate::gemm::{avx512, run_tile, Tile, PANEL_WIDTH, TILE_TOKENS};
     use crate::pool::Pool;
     use crate::scratch::Scratch;
     use crate::simd::exp;
@@ -290,21 +290,6 @@ mod tiled {
                 }
             });
         });
-    }
-
-    /// One register tile: the 512-bit one when `wide` (two panels when `second` is given: its
-    /// column `c` at `second + c * panel_stride`), else AVX2's (`second` is then `None`).
-    ///
-    /// # Safety
-    /// AVX2 and FMA, and AVX-512F when `wide`; the tile's pointers as [`avx2::tile`] needs them,
-    /// for both panels.
-    unsafe fn run_tile(wide: bool, tile: &Tile, second: Option<*const f32>) {
-        debug_assert!(wide || second.is_none());
-        if wide {
-            avx512::tile(tile, second)
-        } else {
-            avx2::tile(tile)
-        }
     }
 
     /// `row = softmax(row * scale)`, the exponentials eight at a time.

@@ -125,12 +125,8 @@ pub(crate) fn gemm(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &m
                                     valid,
                                     accumulate: k0 > 0,
                                 };
-                                if wide {
-                                    let second = pair.then(|| panels.as_ptr().add((p + 1) * PANEL_WIDTH * kc));
-                                    avx512::tile(&tile, second);
-                                } else {
-                                    avx2::tile(&tile);
-                                }
+                                let second = pair.then(|| panels.as_ptr().add((p + 1) * PANEL_WIDTH * kc));
+                                run_tile(wide, &tile, second);
                             }
                         }
                     }
@@ -138,6 +134,21 @@ pub(crate) fn gemm(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &m
             }
         });
     });
+}
+
+/// One register tile: the 512-bit one when `wide` (two panels when `second` is given: its
+/// column `c` at `second + c * panel_stride`), else AVX2's (`second` is then `None`).
+///
+/// # Safety
+/// AVX2 and FMA, and AVX-512F when `wide`; the tile's pointers as [`avx2::tile`] needs them, for
+/// both panels.
+pub(crate) unsafe fn run_tile(wide: bool, tile: &Tile, second: Option<*const f32>) {
+    debug_assert!(wide || second.is_none());
+    if wide {
+        avx512::tile(tile, second)
+    } else {
+        avx2::tile(tile)
+    }
 }
 
 #[cfg(target_arch = "x86_64")]
