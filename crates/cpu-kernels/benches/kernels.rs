@@ -7,8 +7,8 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    attention_causal, attention_decode, matmul_f16, matmul_int4, AttentionShape, CausalQueries, F16Matrix, Int4Matrix,
-    Isa, GROUP_SIZE,
+    attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int8, AttentionShape, CausalQueries, F16Matrix,
+    Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
 };
 use std::hint::black_box;
 use std::time::Instant;
@@ -102,6 +102,18 @@ fn main() {
             });
             report(name, n, k, &format!("int4 {}", short(isa)), secs, int4_bytes, bandwidth);
         }
+        drop(mats);
+        let int8_bytes = n * k + 2 * n * groups;
+        let copies = (WORKING_SET / int8_bytes).max(2);
+        let mats: Vec<(Vec<i8>, Vec<u16>)> =
+            (0..copies).map(|c| (vec![c as i8 - 3; n * k], vec![0x2c00; n * groups])).collect();
+        for isa in Isa::supported() {
+            let secs = time(copies, |i| {
+                let (codes, scales) = &mats[i];
+                matmul_int8(isa, pool, &x, 1, Int8Matrix { rows: n, cols: k, codes, scales }, &mut out).unwrap();
+            });
+            report(name, n, k, &format!("int8 {}", short(isa)), secs, int8_bytes, bandwidth);
+        }
     }
     // A whole SmolLM2 decode step's products, each layer with its own weights (as in a model):
     // what the kernels alone cost per token.
@@ -116,16 +128,13 @@ fn main() {
             f16_layers.push((n, k, vec![0x3c00u16; n * k]));
         }
     }
+    // The head: int8 in an int4 model (ADR 0013), f16 in an fp16 one.
     let head = (49152usize, 576usize);
-    int4_layers.push((
-        head.0,
-        head.1,
-        vec![7u8; head.0 * head.1 / 2],
-        vec![0x2c00; head.0 * 18],
-        vec![0xb000; head.0 * 18],
-    ));
+    let int8_head = (vec![-7i8; head.0 * head.1], vec![0x2c00u16; head.0 * head.1 / GROUP_SIZE]);
     f16_layers.push((head.0, head.1, vec![0x3c00u16; head.0 * head.1]));
-    let int4_bytes: usize = int4_layers.iter().map(|(n, k, ..)| n * k / 2 + 4 * n * k / GROUP_SIZE).sum();
+    let int4_bytes: usize = int4_layers.iter().map(|(n, k, ..)| n * k / 2 + 4 * n * k / GROUP_SIZE).sum::<usize>()
+        + head.0 * head.1
+        + 2 * head.0 * head.1 / GROUP_SIZE;
     let f16_bytes: usize = f16_layers.iter().map(|(n, k, _)| n * k * 2).sum();
     // One token (decode), then a batch of decodes (continuous batching): the per-call time, and
     // per token in the last column.
@@ -138,9 +147,11 @@ fn main() {
                 let w = Int4Matrix { rows: *n, cols: *k, packed: p, scales: s, biases: b };
                 matmul_int4(Isa::best(), pool, &x[..*k * tokens], tokens, w, &mut out[..*n * tokens]).unwrap();
             }
+            let w = Int8Matrix { rows: head.0, cols: head.1, codes: &int8_head.0, scales: &int8_head.1 };
+            matmul_int8(Isa::best(), pool, &x[..head.1 * tokens], tokens, w, &mut out[..head.0 * tokens]).unwrap();
         });
         let name = format!("smollm2 step x{tokens}");
-        report(&name, int4_layers.len(), 0, &format!("int4 {}", short(Isa::best())), secs, int4_bytes, bandwidth);
+        report(&name, int4_layers.len() + 1, 0, &format!("int4 {}", short(Isa::best())), secs, int4_bytes, bandwidth);
         println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
         let secs = time(1, |_| {
             for (n, k, d) in &f16_layers {
@@ -155,7 +166,7 @@ fn main() {
     // A prefill chunk: every layer's products over many tokens (no head: a prefill asks for the
     // last token's logits only). Bound by multiply-adds, so reported in GFLOP/s.
     let layer_flops: usize = 2 * layer_shapes.iter().map(|(n, k)| n * k).sum::<usize>() * 30;
-    let layers = int4_layers.len() - 1;
+    let layers = int4_layers.len();
     for &tokens in if quick { &[64usize][..] } else { &[16usize, 64, 512][..] } {
         let x = vec![0.1f32; 1536 * tokens];
         let mut out = vec![0.0f32; 1536 * tokens];
@@ -206,6 +217,7 @@ fn short(isa: Isa) -> &'static str {
         Isa::Scalar => "scalar",
         Isa::Avx2 => "avx2",
         Isa::Avx512 => "avx512",
+        Isa::Avx512Vnni => "vnni",
     }
 }
 

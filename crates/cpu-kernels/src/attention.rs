@@ -114,7 +114,9 @@ pub fn attention_causal(
                 let len = position + t + 1;
                 match isa {
                     // SAFETY: the CPU supports the path (checked above).
-                    Isa::Avx2 | Isa::Avx512 => unsafe { attend_avx2(qh, kh, vh, c, len, scale, &mut scores, oh) },
+                    Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => unsafe {
+                        attend_avx2(qh, kh, vh, c, len, scale, &mut scores, oh)
+                    },
                     Isa::Scalar => scalar::attend_one(qh, kh, vh, c, len, scale, &mut scores, oh),
                 }
             }
@@ -201,7 +203,7 @@ mod tiled {
         let CausalQueries { position, rows, .. } = queries;
         let group = heads / kv_heads;
         let scale = 1.0 / (d as f32).sqrt();
-        let wide = isa == Isa::Avx512;
+        let wide = isa.has_avx512();
         let block_rows = if wide { avx512::TILE_TOKENS } else { TILE_TOKENS };
         let blocks = rows.div_ceil(block_rows);
         pool.run(heads * blocks, &|task| {

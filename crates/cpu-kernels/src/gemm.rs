@@ -74,7 +74,7 @@ pub(crate) fn gemm(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &m
     let tokens = x.len() / k;
     debug_assert!(x.len() == tokens * k && out.len() == tokens * n);
     debug_assert!(isa.has_avx2());
-    let wide = isa == Isa::Avx512;
+    let wide = isa.has_avx512();
     // A wide tile takes panels in pairs, so its blocks hold an even number of them.
     let (tile_tokens, tile_panels, block_rows_max) =
         if wide { (avx512::TILE_TOKENS, 2, 4 * PANEL_WIDTH) } else { (TILE_TOKENS, 1, BLOCK_ROWS) };

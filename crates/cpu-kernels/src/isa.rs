@@ -15,9 +15,13 @@ pub enum Isa {
     /// Only that product uses it: the per-token paths are bound by reading and converting the
     /// weights, where 512-bit widening measured slower than AVX2's on Zen 4 (docs/performance.md).
     Avx512,
+    /// [`Isa::Avx512`] plus AVX-512BW and VNNI (Ice Lake-SP and later Xeons, Zen 4): also the
+    /// one-token int4 and int8 products, as integer dot products (`vpdpwssd`) of the stored codes,
+    /// unpacked in place without cross-lane widening, with activations prepared once per call.
+    Avx512Vnni,
 }
 
-/// The environment variable that caps the path (`scalar`, `avx2` or `avx512`): for measuring one path
+/// The environment variable that caps the path (`scalar`, `avx2`, `avx512` or `avx512vnni`): for measuring one path
 /// against another, never needed for correctness.
 pub const ISA_ENV: &str = "SEAM_CPU_ISA";
 
@@ -28,12 +32,18 @@ impl Isa {
             Isa::Scalar => "scalar",
             Isa::Avx2 => "avx2+fma+f16c",
             Isa::Avx512 => "avx512f+avx2+fma+f16c",
+            Isa::Avx512Vnni => "avx512vnni+bw+f+avx2+fma+f16c",
         }
     }
 
     /// Whether the path includes AVX2, FMA and F16C (every path but the scalar one).
     pub fn has_avx2(self) -> bool {
-        matches!(self, Isa::Avx2 | Isa::Avx512)
+        matches!(self, Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni)
+    }
+
+    /// Whether the path includes AVX-512F (the 512-bit tile of the blocked products).
+    pub fn has_avx512(self) -> bool {
+        matches!(self, Isa::Avx512 | Isa::Avx512Vnni)
     }
 
     /// Whether this machine can run the path.
@@ -42,12 +52,13 @@ impl Isa {
             Isa::Scalar => true,
             Isa::Avx2 => avx2_supported(),
             Isa::Avx512 => avx2_supported() && avx512_supported(),
+            Isa::Avx512Vnni => avx2_supported() && avx512_supported() && avx512_vnni_supported(),
         }
     }
 
     /// Every path this machine can run, the fastest last.
     pub fn supported() -> Vec<Isa> {
-        [Isa::Scalar, Isa::Avx2, Isa::Avx512].into_iter().filter(|isa| isa.is_supported()).collect()
+        [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni].into_iter().filter(|isa| isa.is_supported()).collect()
     }
 
     /// The fastest supported path, unless [`ISA_ENV`] asks for a slower one (an unknown or
@@ -61,9 +72,10 @@ impl Isa {
                 Some("scalar") => Isa::Scalar,
                 Some("avx2") if Isa::Avx2.is_supported() => Isa::Avx2,
                 Some("avx512") if Isa::Avx512.is_supported() => Isa::Avx512,
+                Some("avx512vnni") if Isa::Avx512Vnni.is_supported() => Isa::Avx512Vnni,
                 Some(other) => {
                     eprintln!(
-                        "warning: {ISA_ENV}={other} is not a path this CPU runs (scalar, avx2, avx512); using {}",
+                        "warning: {ISA_ENV}={other} is not a path this CPU runs (scalar, avx2, avx512, avx512vnni); using {}",
                         fastest.name()
                     );
                     fastest
@@ -92,5 +104,17 @@ fn avx512_supported() -> bool {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn avx512_supported() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_vnni_supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx512bw")
+        && std::arch::is_x86_feature_detected!("avx512vl")
+        && std::arch::is_x86_feature_detected!("avx512vnni")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_vnni_supported() -> bool {
     false
 }

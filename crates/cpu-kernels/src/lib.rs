@@ -38,6 +38,7 @@ pub mod pool;
 pub mod scalar;
 mod scratch;
 mod simd;
+mod vnni;
 
 pub use attention::{attention_causal, attention_decode, AttentionShape, CausalQueries};
 pub use isa::Isa;

@@ -3,6 +3,7 @@
 use crate::gemm::{self, gemm};
 use crate::pool::Pool;
 use crate::scratch::Scratch;
+use crate::vnni::{self, Prepared};
 use crate::{check_len, scalar, Isa, ShapeError};
 
 /// Weights per int4 group (ADR 0002).
@@ -126,7 +127,7 @@ pub fn matmul_f16(
             let value = match isa {
                 Isa::Scalar => scalar::dot_f16(xr, wr),
                 // SAFETY: the CPU supports the path (checked above).
-                Isa::Avx2 | Isa::Avx512 => unsafe { avx2::dot_f16(xr, wr) },
+                Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx2::dot_f16(xr, wr) },
             };
             put(t, value);
         }
@@ -203,6 +204,14 @@ pub fn matmul_int4(
             let (p, s, b) = row_of(&w, row, groups);
             // SAFETY: the AVX2 path, which the CPU supports (checked above).
             unsafe { avx2::dot_int4_block(p, s, b, xs, count) }
+        });
+        return Ok(());
+    }
+    if isa == Isa::Avx512Vnni {
+        vnni_rows::<{ vnni::INT4_CODES_PER_WORD }>(pool, x, tokens, k, n, out, &|row, prepared| {
+            let (p, s, b) = row_of(&w, row, groups);
+            // SAFETY: the CPU supports the path (checked above); `prepared` is for `k` inputs.
+            unsafe { vnni::x86::int4_dot(prepared, p, s, b) }
         });
         return Ok(());
     }
@@ -299,6 +308,14 @@ pub fn matmul_int8(
         });
         return Ok(());
     }
+    if isa == Isa::Avx512Vnni {
+        vnni_rows::<{ vnni::INT8_CODES_PER_WORD }>(pool, x, tokens, k, n, out, &|row, prepared| {
+            let (codes, scales) = row_of(row);
+            // SAFETY: the CPU supports the path (checked above); `prepared` is for `k` inputs.
+            unsafe { vnni::x86::int8_dot(prepared, codes, scales) }
+        });
+        return Ok(());
+    }
     for_each_row(pool, n, tokens, out, &|row, put| {
         let (codes, scales) = row_of(row);
         for t in 0..tokens {
@@ -306,13 +323,60 @@ pub fn matmul_int8(
             let value = match isa {
                 Isa::Scalar => scalar::dot_int8(xr, codes, scales, GROUP_SIZE),
                 // SAFETY: the CPU supports the path (checked above).
-                Isa::Avx2 | Isa::Avx512 => unsafe { avx2::dot_int8(xr, codes, scales) },
+                Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx2::dot_int8(xr, codes, scales) },
             };
             put(t, value);
         }
     });
     Ok(())
 }
+
+/// `out = x W^T` on the VNNI path (`E` codes per 16-bit word of the weights): each token's
+/// activations laid out once per call ([`vnni::x86::prepare`]), then `dot(row, token)` for every
+/// output row and token.
+fn vnni_rows<const E: usize>(
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    k: usize,
+    n: usize,
+    out: &mut [f32],
+    dot: &(dyn Fn(usize, &Prepared<'_>) -> f32 + Sync),
+) {
+    let (per_token, groups) = vnni::prepared_len(k, E);
+    INT4_SCRATCH.with(|scratch| {
+        let Int4Scratch { quantized, steps, sums } = scratch;
+        quantized.resize(tokens * per_token, 0);
+        steps.resize(tokens * groups, 0.0);
+        sums.resize(tokens * groups, 0.0);
+        for t in 0..tokens {
+            // SAFETY: only called on the VNNI path, which the CPU supports; the slices have the
+            // lengths `prepare` needs.
+            unsafe {
+                vnni::x86::prepare::<E>(
+                    &x[t * k..(t + 1) * k],
+                    &mut quantized[t * per_token..(t + 1) * per_token],
+                    &mut steps[t * groups..(t + 1) * groups],
+                    &mut sums[t * groups..(t + 1) * groups],
+                )
+            };
+        }
+        let (quantized, steps, sums) = (&*quantized, &*steps, &*sums);
+        for_each_row(pool, n, tokens, out, &|row, put| {
+            for t in 0..tokens {
+                let prepared = Prepared {
+                    quantized: &quantized[t * per_token..(t + 1) * per_token],
+                    steps: &steps[t * groups..(t + 1) * groups],
+                    sums: &sums[t * groups..(t + 1) * groups],
+                };
+                put(t, dot(row, &prepared));
+            }
+        });
+    });
+}
+
+/// How many bytes ahead of the weights being read the one-token products prefetch.
+pub(crate) const PREFETCH_AHEAD: usize = 1024;
 
 /// From this many tokens per call on (a batch of decodes, a short prefill), the fast paths take
 /// the tokens in blocks of [`TOKEN_BLOCK`]: each weight is read and converted to f32 in registers
@@ -537,6 +601,9 @@ pub(crate) mod avx2 {
         let mut acc = [_mm256_setzero_ps(); 4];
         let mut i = 0;
         while i + 32 <= k {
+            // Ask for the bytes a little ahead (into the next row near the end of this one): the
+            // hardware prefetchers alone leave the loads waiting on memory.
+            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(i + super::PREFETCH_AHEAD / 2) as *const i8);
             for (j, a) in acc.iter_mut().enumerate() {
                 let wv = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i + 8 * j) as *const __m128i));
                 *a = _mm256_fmadd_ps(_mm256_loadu_ps(xp.add(i + 8 * j)), wv, *a);
@@ -562,6 +629,10 @@ pub(crate) mod avx2 {
         let mut acc = [_mm256_setzero_ps(); 2];
         for (g, &scale) in scales.iter().enumerate() {
             let base = g * GROUP_SIZE;
+            if g % 2 == 0 {
+                // The next cache line of codes, a little ahead (see `dot_f16`).
+                _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(base + super::PREFETCH_AHEAD));
+            }
             let mut group = [_mm256_setzero_ps(); 2];
             for j in 0..4 {
                 let raw = _mm_loadl_epi64(cp.add(base + 8 * j) as *const __m128i);
@@ -615,6 +686,10 @@ pub(crate) mod avx2 {
         // Eight groups at a time: their scales widened at once and multiplied by the steps, each
         // group's factor then broadcast from its lane in registers.
         while g + 8 <= groups {
+            // The next two cache lines of nibbles, a little ahead (see `dot_f16`).
+            let ahead = pp.wrapping_add(g * 16 + super::PREFETCH_AHEAD) as *const i8;
+            _mm_prefetch::<_MM_HINT_T0>(ahead);
+            _mm_prefetch::<_MM_HINT_T0>(ahead.wrapping_add(64));
             let sv = _mm256_cvtph_ps(_mm_loadu_si128(scales.as_ptr().add(g) as *const __m128i));
             let fv = _mm256_mul_ps(sv, _mm256_loadu_ps(steps.as_ptr().add(g)));
             for j in (0..8).step_by(2) {

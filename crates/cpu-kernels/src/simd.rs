@@ -34,7 +34,9 @@ pub(crate) fn swiglu(isa: crate::Isa, gate: &[f32], up: &[f32], out: &mut [f32])
     match isa {
         // SAFETY: the CPU supports the path (the caller's `Isa` is a supported one).
         #[cfg(target_arch = "x86_64")]
-        crate::Isa::Avx2 | crate::Isa::Avx512 if isa.is_supported() => unsafe { swiglu_avx2(gate, up, out) },
+        crate::Isa::Avx2 | crate::Isa::Avx512 | crate::Isa::Avx512Vnni if isa.is_supported() => unsafe {
+            swiglu_avx2(gate, up, out)
+        },
         _ => swiglu_scalar(gate, up, out),
     }
 }

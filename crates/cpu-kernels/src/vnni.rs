@@ -1,0 +1,277 @@
+//! One-token int4 and int8 products as integer dot products in 512-bit registers ([`Isa::Avx512Vnni`]).
+//!
+//! The AVX2 path widens each group's nibbles to i16 with a cross-lane instruction and multiplies
+//! them in pairs (`vpmaddwd`), then adds; on a one-token product that is what bounds it, not the
+//! bytes read. Here the weights are never widened: 64 bytes of packed codes are loaded as 32
+//! 16-bit words, and each word's codes are isolated in place by a shift and a mask (four nibbles
+//! of int4, two bytes of int8), so that code `p` of every word sits in one register. The
+//! activations are laid out once per call to match: code `p` of word `w` is element `E * w + p`
+//! of the block (`E` codes per word), so the block's inputs are stored de-interleaved by `E`, as
+//! the same two i16 parts (coarse, then the remainder 2^15 finer) the AVX2 path uses. One
+//! `vpdpwssd` then multiplies 32 codes with their inputs and adds pairs into 16 i32 lanes, and
+//! every lane holds products of one group only, so each group's exact integer sums are scaled by
+//! that group's scale and step in f32, as on the AVX2 path.
+//!
+//! [`Isa::Avx512Vnni`]: crate::Isa::Avx512Vnni
+
+use crate::matmul::GROUP_SIZE;
+
+/// 16-bit words per 512-bit register: the weights a block covers are `WORDS * E`.
+const WORDS: usize = 32;
+
+/// Codes per 16-bit word: two nibbles per byte for int4, one byte for int8.
+pub(crate) const INT4_CODES_PER_WORD: usize = 4;
+pub(crate) const INT8_CODES_PER_WORD: usize = 2;
+
+/// Activations of one token laid out for [`int4_dot`] or [`int8_dot`] (`E` codes per word).
+///
+/// Per block of `WORDS * E` inputs (`E` groups of 32): the coarse i16 parts, code position by
+/// code position (`[E][WORDS]`), then the fine parts in the same order. Per group: the coarse
+/// step (largest magnitude / 32767) and the exact sum of its inputs. A last partial block is
+/// padded with zero inputs and zero steps.
+pub(crate) struct Prepared<'a> {
+    pub quantized: &'a [i16],
+    pub steps: &'a [f32],
+    pub sums: &'a [f32],
+}
+
+/// Lengths of a prepared token of `k` inputs: (quantized i16s, groups padded to whole blocks).
+pub(crate) fn prepared_len(k: usize, codes_per_word: usize) -> (usize, usize) {
+    let block = WORDS * codes_per_word;
+    let blocks = k.div_ceil(block);
+    (blocks * block * 2, blocks * codes_per_word)
+}
+
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod x86 {
+    use super::{Prepared, GROUP_SIZE, WORDS};
+    use std::arch::x86_64::*;
+
+    /// The largest magnitude of an activation as a coarse i16.
+    const I16_RANGE: f32 = 32767.0;
+    /// The fine part's steps per coarse step.
+    const FINE: f32 = 32768.0;
+
+    /// Writes one token's activations `x` (`k` values, a multiple of 32) in the layout of
+    /// [`Prepared`] for `E` codes per word; the slices have the lengths of
+    /// [`super::prepared_len`].
+    ///
+    /// # Safety
+    /// AVX-512F and AVX-512BW.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    pub unsafe fn prepare<const E: usize>(x: &[f32], quantized: &mut [i16], steps: &mut [f32], sums: &mut [f32]) {
+        let k = x.len();
+        let block = WORDS * E;
+        let groups = k / GROUP_SIZE;
+        debug_assert!(k.is_multiple_of(GROUP_SIZE));
+        debug_assert!((quantized.len(), steps.len()) == super::prepared_len(k, E));
+        debug_assert!(sums.len() == steps.len());
+        let abs_mask = _mm512_set1_ps(f32::from_bits(0x7fff_ffff));
+        let mut inv = [0f32; 16];
+        for g in 0..steps.len() {
+            if g < groups {
+                let lo = _mm512_loadu_ps(x.as_ptr().add(g * GROUP_SIZE));
+                let hi = _mm512_loadu_ps(x.as_ptr().add(g * GROUP_SIZE + 16));
+                let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, abs_mask), _mm512_and_ps(hi, abs_mask)));
+                let step = max / I16_RANGE;
+                steps[g] = step;
+                sums[g] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
+                inv[g % E] = if step > 0.0 { 1.0 / step } else { 0.0 };
+            } else {
+                // Padding of a last partial block.
+                steps[g] = 0.0;
+                sums[g] = 0.0;
+                inv[g % E] = 0.0;
+            }
+            if g % E != E - 1 {
+                continue;
+            }
+            // The block's groups are known: lay out its inputs. A last partial block reads from a
+            // zero-padded copy, so that no input past `k` is read.
+            let b = g / E;
+            let start = b * block;
+            let mut padded = [0f32; WORDS * 4];
+            let src = if start + block <= k {
+                x.as_ptr().add(start)
+            } else {
+                padded[..k - start].copy_from_slice(&x[start..]);
+                padded.as_ptr()
+            };
+            let dst = quantized.as_mut_ptr().add(b * block * 2);
+            let iota = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            let inv_v = _mm512_loadu_ps(inv.as_ptr());
+            for p in 0..E {
+                for half in 0..2 {
+                    // Lane i is word w = 16 * half + i, whose code p meets input E * w + p.
+                    let w = _mm512_add_epi32(iota, _mm512_set1_epi32(16 * half as i32));
+                    let index = _mm512_add_epi32(
+                        _mm512_mullo_epi32(w, _mm512_set1_epi32(E as i32)),
+                        _mm512_set1_epi32(p as i32),
+                    );
+                    let v = _mm512_i32gather_ps::<4>(index, src);
+                    let scaled = _mm512_mul_ps(v, _mm512_permutexvar_ps(_mm512_srli_epi32::<5>(index), inv_v));
+                    let coarse = _mm512_cvtps_epi32(scaled);
+                    let rest = _mm512_mul_ps(_mm512_sub_ps(scaled, _mm512_cvtepi32_ps(coarse)), _mm512_set1_ps(FINE));
+                    let at = p * WORDS + 16 * half;
+                    _mm256_storeu_si256(dst.add(at) as *mut __m256i, _mm512_cvtepi32_epi16(coarse));
+                    _mm256_storeu_si256(
+                        dst.add(E * WORDS + at) as *mut __m256i,
+                        _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(rest)),
+                    );
+                }
+            }
+        }
+    }
+
+    /// Each group's scale times its step, for the `E` groups of the block starting at group
+    /// `g0`, spread over the 16 i32 lanes of the block's sums (lane `l` holds products of group
+    /// `l * E / 16`). `steps` is padded to whole blocks; `scales` is not.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn factors<const E: usize>(scales: &[u16], g0: usize, steps: &[f32], spread: __m512i) -> __m512 {
+        let (sp, tp) = (scales.as_ptr().add(g0), steps.as_ptr().add(g0));
+        // A last partial block reads only the row's scales (the rest as zeros).
+        let present = scales.len().saturating_sub(g0).min(E);
+        let s = _mm_maskz_loadu_epi16(((1u32 << present) - 1) as __mmask8, sp as *const i16);
+        let t = if E == 4 { _mm_loadu_ps(tp) } else { _mm_castpd_ps(_mm_load_sd(tp as *const f64)) };
+        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(s), t)))
+    }
+
+    /// Adds one block's integer sums, `d = coarse + fine / 2^15`, times its factors into `acc`.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn scale_into(coarse: __m512i, fine: __m512i, factors: __m512, acc: __m512) -> __m512 {
+        let d = _mm512_fmadd_ps(_mm512_cvtepi32_ps(fine), _mm512_set1_ps(1.0 / FINE), _mm512_cvtepi32_ps(coarse));
+        _mm512_fmadd_ps(d, factors, acc)
+    }
+
+    /// A row's scaled group sums in 16 lanes: for each block of 64 bytes, `unpack` isolates code
+    /// `p` of every word in register `p`, each is multiplied with its inputs (coarse and fine
+    /// parts), and the block's integer sums are scaled by its groups' factors. Blocks alternate
+    /// between two accumulators (two independent chains of multiply-adds).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn row_sums<const E: usize>(
+        prepared: &Prepared<'_>,
+        bytes: &[u8],
+        scales: &[u16],
+        spread: __m512i,
+        unpack: impl Fn(__m512i) -> [__m512i; E],
+    ) -> __m512 {
+        let block = |b: usize, acc: __m512| -> __m512 {
+            let codes = unpack(load_block(bytes, b));
+            let x = prepared.quantized.as_ptr().add(b * WORDS * E * 2);
+            let mut coarse = _mm512_setzero_si512();
+            let mut fine = _mm512_setzero_si512();
+            for (p, &c) in codes.iter().enumerate() {
+                coarse = _mm512_dpwssd_epi32(coarse, c, _mm512_loadu_si512(x.add(p * WORDS) as *const _));
+                fine = _mm512_dpwssd_epi32(fine, c, _mm512_loadu_si512(x.add((E + p) * WORDS) as *const _));
+            }
+            scale_into(coarse, fine, factors::<E>(scales, b * E, prepared.steps, spread), acc)
+        };
+        let blocks = scales.len().div_ceil(E);
+        let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let mut b = 0;
+        while b + 2 <= blocks {
+            even = block(b, even);
+            odd = block(b + 1, odd);
+            b += 2;
+        }
+        if b < blocks {
+            even = block(b, even);
+        }
+        _mm512_add_ps(even, odd)
+    }
+
+    /// The 64 bytes of block `b` of a row of `len` bytes (a partial last block zero-filled).
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load_block(row: &[u8], b: usize) -> __m512i {
+        let start = b * 64;
+        let p = row.as_ptr().add(start) as *const i8;
+        // Ask for the bytes a little ahead: each thread streams one run of rows, and the hardware
+        // prefetchers alone left the loads waiting on memory. A prefetch past the row (into the
+        // next row of the run, or past the matrix) never faults.
+        _mm_prefetch::<_MM_HINT_T0>(p.wrapping_add(crate::matmul::PREFETCH_AHEAD));
+        if start + 64 <= row.len() {
+            _mm512_loadu_si512(p as *const _)
+        } else {
+            _mm512_maskz_loadu_epi8((1u64 << (row.len() - start)) - 1, p)
+        }
+    }
+
+    /// One int4 row (`packed`, `scales`, `biases` of seam's format) times a token prepared with
+    /// `E = 4`: `Σ_g scale_g · step_g · (x_g · q_g) + Σ_g bias_g · Σ x_g`.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX-512BW and AVX-512 VNNI; `prepared` made by [`prepare`] for this row's length.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn int4_dot(prepared: &Prepared<'_>, packed: &[u8], scales: &[u16], biases: &[u16]) -> f32 {
+        const E: usize = super::INT4_CODES_PER_WORD;
+        let groups = scales.len();
+        let blocks = groups.div_ceil(E);
+        debug_assert!(packed.len() == groups * GROUP_SIZE / 2 && biases.len() == groups);
+        debug_assert!(prepared.quantized.len() == blocks * WORDS * E * 2);
+        let nibble = _mm512_set1_epi16(0x0f);
+        // Lane l sums words 2l and 2l + 1, both of group l / 4 of the block.
+        let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
+        let acc = row_sums::<E>(prepared, packed, scales, spread, |w| {
+            [
+                _mm512_and_si512(w, nibble),
+                _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble),
+                _mm512_and_si512(_mm512_srli_epi16::<8>(w), nibble),
+                _mm512_srli_epi16::<12>(w),
+            ]
+        });
+        _mm512_reduce_add_ps(add_bias_term(biases, prepared.sums, acc))
+    }
+
+    /// One int8 row (`codes`, `scales` of seam's format) times a token prepared with `E = 2`:
+    /// `Σ_g scale_g · step_g · (x_g · q_g)`.
+    ///
+    /// # Safety
+    /// AVX-512F, AVX-512BW and AVX-512 VNNI; `prepared` made by [`prepare`] for this row's length.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn int8_dot(prepared: &Prepared<'_>, codes: &[i8], scales: &[u16]) -> f32 {
+        const E: usize = super::INT8_CODES_PER_WORD;
+        let groups = scales.len();
+        let blocks = groups.div_ceil(E);
+        debug_assert!(codes.len() == groups * GROUP_SIZE);
+        debug_assert!(prepared.quantized.len() == blocks * WORDS * E * 2);
+        let bytes = std::slice::from_raw_parts(codes.as_ptr() as *const u8, codes.len());
+        // Lane l sums words 2l and 2l + 1, both of group l / 8 of the block.
+        let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
+        // The low byte of each word sign-extended, then the high byte.
+        let acc = row_sums::<E>(prepared, bytes, scales, spread, |w| {
+            [_mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(w)), _mm512_srai_epi16::<8>(w)]
+        });
+        _mm512_reduce_add_ps(acc)
+    }
+
+    /// `acc + bias_g · Σ x_g` for each of a row's groups, in 16 lanes.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn add_bias_term(biases: &[u16], sums: &[f32], mut acc: __m512) -> __m512 {
+        for g in (0..biases.len()).step_by(16) {
+            let mask = if g + 16 <= biases.len() { !0 } else { ((1u32 << (biases.len() - g)) - 1) as __mmask16 };
+            let b = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, biases.as_ptr().add(g) as *const i16));
+            acc = _mm512_fmadd_ps(b, _mm512_maskz_loadu_ps(mask, sums.as_ptr().add(g)), acc);
+        }
+        acc
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+pub(crate) mod x86 {
+    use super::Prepared;
+
+    pub unsafe fn prepare<const E: usize>(_: &[f32], _: &mut [i16], _: &mut [f32], _: &mut [f32]) {
+        unreachable!("the VNNI path is never chosen off x86-64")
+    }
+    pub unsafe fn int4_dot(_: &Prepared<'_>, _: &[u8], _: &[u16], _: &[u16]) -> f32 {
+        unreachable!("the VNNI path is never chosen off x86-64")
+    }
+    pub unsafe fn int8_dot(_: &Prepared<'_>, _: &[i8], _: &[u16]) -> f32 {
+        unreachable!("the VNNI path is never chosen off x86-64")
+    }
+}
