@@ -197,6 +197,14 @@ pub fn matmul_int4(
         });
         return Ok(());
     }
+    if isa == Isa::Avx512Vnni && tokens <= VNNI_MAX_TOKENS {
+        vnni_rows::<{ vnni::INT4_CODES_PER_WORD }>(pool, x, tokens, k, n, out, &|row, prepared| {
+            let (p, s, b) = row_of(&w, row, groups);
+            // SAFETY: the CPU supports the path (checked above); `prepared` is for `k` inputs.
+            by_tokens!(prepared, ps => unsafe { vnni::x86::int4_dot(ps, p, s, b) })
+        });
+        return Ok(());
+    }
     if tokens >= BLOCK_FROM_TOKENS {
         // Each group dequantized in registers exactly as the format defines it (scale * q + bias
         // in f32), once for a block of tokens.
@@ -204,14 +212,6 @@ pub fn matmul_int4(
             let (p, s, b) = row_of(&w, row, groups);
             // SAFETY: the AVX2 path, which the CPU supports (checked above).
             unsafe { avx2::dot_int4_block(p, s, b, xs, count) }
-        });
-        return Ok(());
-    }
-    if isa == Isa::Avx512Vnni {
-        vnni_rows::<{ vnni::INT4_CODES_PER_WORD }>(pool, x, tokens, k, n, out, &|row, prepared| {
-            let (p, s, b) = row_of(&w, row, groups);
-            // SAFETY: the CPU supports the path (checked above); `prepared` is for `k` inputs.
-            unsafe { vnni::x86::int4_dot(prepared, p, s, b) }
         });
         return Ok(());
     }
@@ -298,6 +298,14 @@ pub fn matmul_int8(
         });
         return Ok(());
     }
+    if isa == Isa::Avx512Vnni && tokens <= VNNI_MAX_TOKENS {
+        vnni_rows::<{ vnni::INT8_CODES_PER_WORD }>(pool, x, tokens, k, n, out, &|row, prepared| {
+            let (codes, scales) = row_of(row);
+            // SAFETY: the CPU supports the path (checked above); `prepared` is for `k` inputs.
+            by_tokens!(prepared, ps => unsafe { vnni::x86::int8_dot(ps, codes, scales) })
+        });
+        return Ok(());
+    }
     if isa.has_avx2() && tokens >= BLOCK_FROM_TOKENS {
         // Each group dequantized in registers exactly as the format defines it (scale * q in
         // f32), once for a block of tokens.
@@ -305,14 +313,6 @@ pub fn matmul_int8(
             let (codes, scales) = row_of(row);
             // SAFETY: the AVX2 path, which the CPU supports (checked above).
             unsafe { avx2::dot_int8_block(codes, scales, xs, count) }
-        });
-        return Ok(());
-    }
-    if isa == Isa::Avx512Vnni {
-        vnni_rows::<{ vnni::INT8_CODES_PER_WORD }>(pool, x, tokens, k, n, out, &|row, prepared| {
-            let (codes, scales) = row_of(row);
-            // SAFETY: the CPU supports the path (checked above); `prepared` is for `k` inputs.
-            unsafe { vnni::x86::int8_dot(prepared, codes, scales) }
         });
         return Ok(());
     }
@@ -331,9 +331,39 @@ pub fn matmul_int8(
     Ok(())
 }
 
-/// `out = x W^T` on the VNNI path (`E` codes per 16-bit word of the weights): each token's
-/// activations laid out once per call ([`vnni::x86::prepare`]), then `dot(row, token)` for every
-/// output row and token.
+/// Calls of up to this many tokens take the VNNI path on [`Isa::Avx512Vnni`]; from three on the
+/// token blocks are faster. The integer dot product of one register costs about what two f32
+/// multiply-adds of 256 bits cost on this path's CPUs, so its advantage is converting the codes
+/// once for few multiply-adds: a call of one token reads memory at the machine's bandwidth, one
+/// of two gains, and beyond that the instructions per token decide, which the f32 blocks
+/// issue as cheaply (kernels bench, docs/performance.md).
+const VNNI_MAX_TOKENS: usize = 2;
+
+/// Runs `$body` with `$ps` bound to the prepared tokens of `$prepared` (one or two) as an array,
+/// so that the kernel's loops over them are unrolled; its sums padded to [`VNNI_MAX_TOKENS`].
+macro_rules! by_tokens {
+    ($prepared:expr, $ps:ident => $body:expr) => {{
+        let prepared: &[Prepared<'_>] = $prepared;
+        let mut sums = [0f32; VNNI_MAX_TOKENS];
+        macro_rules! run {
+            ($r:literal) => {{
+                let $ps: &[Prepared<'_>; $r] = prepared.try_into().expect("a call of $r tokens");
+                sums[..$r].copy_from_slice(&$body);
+            }};
+        }
+        match prepared.len() {
+            1 => run!(1),
+            _ => run!(2),
+        }
+        sums
+    }};
+}
+use by_tokens;
+
+/// `out = x W^T` on the VNNI path (`E` codes per 16-bit word of the weights) for up to
+/// [`VNNI_MAX_TOKENS`] tokens: each token's activations laid out once per call
+/// ([`vnni::x86::prepare`]), then `dot(row, tokens)` for every output row (the row's codes
+/// unpacked once for all the tokens).
 fn vnni_rows<const E: usize>(
     pool: &Pool,
     x: &[f32],
@@ -341,8 +371,9 @@ fn vnni_rows<const E: usize>(
     k: usize,
     n: usize,
     out: &mut [f32],
-    dot: &(dyn Fn(usize, &Prepared<'_>) -> f32 + Sync),
+    dot: &(dyn Fn(usize, &[Prepared<'_>]) -> [f32; VNNI_MAX_TOKENS] + Sync),
 ) {
+    debug_assert!((1..=VNNI_MAX_TOKENS).contains(&tokens));
     let (per_token, groups) = vnni::prepared_len(k, E);
     INT4_SCRATCH.with(|scratch| {
         let Int4Scratch { quantized, steps, sums } = scratch;
@@ -361,15 +392,16 @@ fn vnni_rows<const E: usize>(
                 )
             };
         }
-        let (quantized, steps, sums) = (&*quantized, &*steps, &*sums);
+        let token = |t: usize| Prepared {
+            quantized: &quantized[t * per_token..(t + 1) * per_token],
+            steps: &steps[t * groups..(t + 1) * groups],
+            sums: &sums[t * groups..(t + 1) * groups],
+        };
+        let block = [token(0), token(tokens - 1)];
+        let block = &block[..tokens];
         for_each_row(pool, n, tokens, out, &|row, put| {
-            for t in 0..tokens {
-                let prepared = Prepared {
-                    quantized: &quantized[t * per_token..(t + 1) * per_token],
-                    steps: &steps[t * groups..(t + 1) * groups],
-                    sums: &sums[t * groups..(t + 1) * groups],
-                };
-                put(t, dot(row, &prepared));
+            for (t, &value) in dot(row, block).iter().enumerate().take(tokens) {
+                put(t, value);
             }
         });
     });
@@ -500,6 +532,10 @@ pub(crate) mod avx2 {
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         let mut i = 0;
         while i + 16 <= k {
+            if i % 32 == 0 {
+                // The next cache line of weights, a little ahead (see `dot_f16`).
+                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(i + super::PREFETCH_AHEAD / 2) as *const i8);
+            }
             let w0 = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i) as *const __m128i));
             let w1 = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i + 8) as *const __m128i));
             for (j, [a, b]) in acc.iter_mut().enumerate() {
@@ -538,6 +574,10 @@ pub(crate) mod avx2 {
         let (pp, xp) = (packed.as_ptr(), xs.as_ptr());
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for g in 0..groups {
+            if g % 4 == 0 {
+                // The next cache line of nibbles, a little ahead (see `dot_f16`).
+                _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(g * 16 + super::PREFETCH_AHEAD) as *const i8);
+            }
             let w = int4_group(pp.add(g * 16), scales[g], biases[g]);
             group_into(&mut acc, &w, xp.add(g * GROUP_SIZE), k);
         }
@@ -587,6 +627,10 @@ pub(crate) mod avx2 {
         let (cp, xp) = (codes.as_ptr(), xs.as_ptr());
         let mut acc = [[_mm256_setzero_ps(); 2]; R];
         for (g, &scale) in scales.iter().enumerate() {
+            if g % 2 == 0 {
+                // The next cache line of codes, a little ahead (see `dot_f16`).
+                _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(g * GROUP_SIZE + super::PREFETCH_AHEAD));
+            }
             let w = int8_group(cp.add(g * GROUP_SIZE), scale);
             group_into(&mut acc, &w, xp.add(g * GROUP_SIZE), k);
         }

@@ -29,6 +29,7 @@ pub(crate) const INT8_CODES_PER_WORD: usize = 2;
 /// code position (`[E][WORDS]`), then the fine parts in the same order. Per group: the coarse
 /// step (largest magnitude / 32767) and the exact sum of its inputs. A last partial block is
 /// padded with zero inputs and zero steps.
+#[derive(Clone, Copy)]
 pub(crate) struct Prepared<'a> {
     pub quantized: &'a [i16],
     pub steps: &'a [f32],
@@ -123,18 +124,24 @@ pub(crate) mod x86 {
         }
     }
 
-    /// Each group's scale times its step, for the `E` groups of the block starting at group
-    /// `g0`, spread over the 16 i32 lanes of the block's sums (lane `l` holds products of group
-    /// `l * E / 16`). `steps` is padded to whole blocks; `scales` is not.
+    /// The scales of the `E` groups of the block starting at group `g0`, widened to f32 (a last
+    /// partial block reads only the row's scales, the rest as zeros).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     #[inline]
-    unsafe fn factors<const E: usize>(scales: &[u16], g0: usize, steps: &[f32], spread: __m512i) -> __m512 {
-        let (sp, tp) = (scales.as_ptr().add(g0), steps.as_ptr().add(g0));
-        // A last partial block reads only the row's scales (the rest as zeros).
+    unsafe fn block_scales<const E: usize>(scales: &[u16], g0: usize) -> __m128 {
         let present = scales.len().saturating_sub(g0).min(E);
-        let s = _mm_maskz_loadu_epi16(((1u32 << present) - 1) as __mmask8, sp as *const i16);
+        _mm_cvtph_ps(_mm_maskz_loadu_epi16(((1u32 << present) - 1) as __mmask8, scales.as_ptr().add(g0) as *const i16))
+    }
+
+    /// Each group's scale times one token's step, for the `E` groups of the block starting at
+    /// group `g0`, spread over the 16 i32 lanes of the block's sums (lane `l` holds products of
+    /// group `l * E / 16`). `steps` is padded to whole blocks.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn factors<const E: usize>(scales: __m128, steps: &[f32], g0: usize, spread: __m512i) -> __m512 {
+        let tp = steps.as_ptr().add(g0);
         let t = if E == 4 { _mm_loadu_ps(tp) } else { _mm_castpd_ps(_mm_load_sd(tp as *const f64)) };
-        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(_mm_cvtph_ps(s), t)))
+        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(_mm_mul_ps(scales, t)))
     }
 
     /// Adds one block's integer sums, `d = coarse + fine / 2^15`, times its factors into `acc`.
@@ -145,42 +152,46 @@ pub(crate) mod x86 {
         _mm512_fmadd_ps(d, factors, acc)
     }
 
-    /// A row's scaled group sums in 16 lanes: for each block of 64 bytes, `unpack` isolates code
-    /// `p` of every word in register `p`, each is multiplied with its inputs (coarse and fine
-    /// parts), and the block's integer sums are scaled by its groups' factors. Blocks alternate
-    /// between two accumulators (two independent chains of multiply-adds).
+    /// A row's scaled group sums in 16 lanes, for each of `R` tokens: for each block of 64 bytes,
+    /// `unpack` isolates code `p` of every word in register `p` (once for all the tokens), each
+    /// is multiplied with each token's inputs (coarse and fine parts), and the block's integer
+    /// sums are scaled by its groups' factors. Blocks alternate between two accumulators per
+    /// token (two independent chains of multiply-adds even for one token).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[inline]
-    unsafe fn row_sums<const E: usize>(
-        prepared: &Prepared<'_>,
+    unsafe fn row_sums<const E: usize, const R: usize>(
+        prepared: &[Prepared<'_>; R],
         bytes: &[u8],
         scales: &[u16],
         spread: __m512i,
         unpack: impl Fn(__m512i) -> [__m512i; E],
-    ) -> __m512 {
-        let block = |b: usize, acc: __m512| -> __m512 {
+    ) -> [__m512; R] {
+        let block = |b: usize, acc: &mut [__m512; R]| {
             let codes = unpack(load_block(bytes, b));
-            let x = prepared.quantized.as_ptr().add(b * WORDS * E * 2);
-            let mut coarse = _mm512_setzero_si512();
-            let mut fine = _mm512_setzero_si512();
-            for (p, &c) in codes.iter().enumerate() {
-                coarse = _mm512_dpwssd_epi32(coarse, c, _mm512_loadu_si512(x.add(p * WORDS) as *const _));
-                fine = _mm512_dpwssd_epi32(fine, c, _mm512_loadu_si512(x.add((E + p) * WORDS) as *const _));
+            let s = block_scales::<E>(scales, b * E);
+            for (token, acc) in prepared.iter().zip(acc) {
+                let x = token.quantized.as_ptr().add(b * WORDS * E * 2);
+                let mut coarse = _mm512_setzero_si512();
+                let mut fine = _mm512_setzero_si512();
+                for (p, &c) in codes.iter().enumerate() {
+                    coarse = _mm512_dpwssd_epi32(coarse, c, _mm512_loadu_si512(x.add(p * WORDS) as *const _));
+                    fine = _mm512_dpwssd_epi32(fine, c, _mm512_loadu_si512(x.add((E + p) * WORDS) as *const _));
+                }
+                *acc = scale_into(coarse, fine, factors::<E>(s, token.steps, b * E, spread), *acc);
             }
-            scale_into(coarse, fine, factors::<E>(scales, b * E, prepared.steps, spread), acc)
         };
         let blocks = scales.len().div_ceil(E);
-        let (mut even, mut odd) = (_mm512_setzero_ps(), _mm512_setzero_ps());
+        let (mut even, mut odd) = ([_mm512_setzero_ps(); R], [_mm512_setzero_ps(); R]);
         let mut b = 0;
         while b + 2 <= blocks {
-            even = block(b, even);
-            odd = block(b + 1, odd);
+            block(b, &mut even);
+            block(b + 1, &mut odd);
             b += 2;
         }
         if b < blocks {
-            even = block(b, even);
+            block(b, &mut even);
         }
-        _mm512_add_ps(even, odd)
+        std::array::from_fn(|t| _mm512_add_ps(even[t], odd[t]))
     }
 
     /// The 64 bytes of block `b` of a row of `len` bytes (a partial last block zero-filled).
@@ -200,22 +211,27 @@ pub(crate) mod x86 {
         }
     }
 
-    /// One int4 row (`packed`, `scales`, `biases` of seam's format) times a token prepared with
-    /// `E = 4`: `Σ_g scale_g · step_g · (x_g · q_g) + Σ_g bias_g · Σ x_g`.
+    /// One int4 row (`packed`, `scales`, `biases` of seam's format) times each of `R` tokens
+    /// prepared with `E = 4`: `Σ_g scale_g · step_g · (x_g · q_g) + Σ_g bias_g · Σ x_g`.
     ///
     /// # Safety
-    /// AVX-512F, AVX-512BW and AVX-512 VNNI; `prepared` made by [`prepare`] for this row's length.
+    /// AVX-512F, AVX-512BW, AVX-512VL and AVX-512 VNNI; `prepared` made by [`prepare`] for this
+    /// row's length.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn int4_dot(prepared: &Prepared<'_>, packed: &[u8], scales: &[u16], biases: &[u16]) -> f32 {
+    pub unsafe fn int4_dot<const R: usize>(
+        prepared: &[Prepared<'_>; R],
+        packed: &[u8],
+        scales: &[u16],
+        biases: &[u16],
+    ) -> [f32; R] {
         const E: usize = super::INT4_CODES_PER_WORD;
         let groups = scales.len();
-        let blocks = groups.div_ceil(E);
         debug_assert!(packed.len() == groups * GROUP_SIZE / 2 && biases.len() == groups);
-        debug_assert!(prepared.quantized.len() == blocks * WORDS * E * 2);
+        debug_assert!(prepared.iter().all(|p| p.quantized.len() == groups.div_ceil(E) * WORDS * E * 2));
         let nibble = _mm512_set1_epi16(0x0f);
         // Lane l sums words 2l and 2l + 1, both of group l / 4 of the block.
         let spread = _mm512_setr_epi32(0, 0, 0, 0, 1, 1, 1, 1, 2, 2, 2, 2, 3, 3, 3, 3);
-        let acc = row_sums::<E>(prepared, packed, scales, spread, |w| {
+        let acc = row_sums::<E, R>(prepared, packed, scales, spread, |w| {
             [
                 _mm512_and_si512(w, nibble),
                 _mm512_and_si512(_mm512_srli_epi16::<4>(w), nibble),
@@ -223,29 +239,29 @@ pub(crate) mod x86 {
                 _mm512_srli_epi16::<12>(w),
             ]
         });
-        _mm512_reduce_add_ps(add_bias_term(biases, prepared.sums, acc))
+        std::array::from_fn(|t| _mm512_reduce_add_ps(add_bias_term(biases, prepared[t].sums, acc[t])))
     }
 
-    /// One int8 row (`codes`, `scales` of seam's format) times a token prepared with `E = 2`:
-    /// `Σ_g scale_g · step_g · (x_g · q_g)`.
+    /// One int8 row (`codes`, `scales` of seam's format) times each of `R` tokens prepared with
+    /// `E = 2`: `Σ_g scale_g · step_g · (x_g · q_g)`.
     ///
     /// # Safety
-    /// AVX-512F, AVX-512BW and AVX-512 VNNI; `prepared` made by [`prepare`] for this row's length.
+    /// AVX-512F, AVX-512BW, AVX-512VL and AVX-512 VNNI; `prepared` made by [`prepare`] for this
+    /// row's length.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn int8_dot(prepared: &Prepared<'_>, codes: &[i8], scales: &[u16]) -> f32 {
+    pub unsafe fn int8_dot<const R: usize>(prepared: &[Prepared<'_>; R], codes: &[i8], scales: &[u16]) -> [f32; R] {
         const E: usize = super::INT8_CODES_PER_WORD;
         let groups = scales.len();
-        let blocks = groups.div_ceil(E);
         debug_assert!(codes.len() == groups * GROUP_SIZE);
-        debug_assert!(prepared.quantized.len() == blocks * WORDS * E * 2);
+        debug_assert!(prepared.iter().all(|p| p.quantized.len() == groups.div_ceil(E) * WORDS * E * 2));
         let bytes = std::slice::from_raw_parts(codes.as_ptr() as *const u8, codes.len());
         // Lane l sums words 2l and 2l + 1, both of group l / 8 of the block.
         let spread = _mm512_setr_epi32(0, 0, 0, 0, 0, 0, 0, 0, 1, 1, 1, 1, 1, 1, 1, 1);
         // The low byte of each word sign-extended, then the high byte.
-        let acc = row_sums::<E>(prepared, bytes, scales, spread, |w| {
+        let acc = row_sums::<E, R>(prepared, bytes, scales, spread, |w| {
             [_mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(w)), _mm512_srai_epi16::<8>(w)]
         });
-        _mm512_reduce_add_ps(acc)
+        std::array::from_fn(|t| _mm512_reduce_add_ps(acc[t]))
     }
 
     /// `acc + bias_g · Σ x_g` for each of a row's groups, in 16 lanes.
@@ -268,10 +284,10 @@ pub(crate) mod x86 {
     pub unsafe fn prepare<const E: usize>(_: &[f32], _: &mut [i16], _: &mut [f32], _: &mut [f32]) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
-    pub unsafe fn int4_dot(_: &Prepared<'_>, _: &[u8], _: &[u16], _: &[u16]) -> f32 {
+    pub unsafe fn int4_dot<const R: usize>(_: &[Prepared<'_>; R], _: &[u8], _: &[u16], _: &[u16]) -> [f32; R] {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
-    pub unsafe fn int8_dot(_: &Prepared<'_>, _: &[i8], _: &[u16]) -> f32 {
+    pub unsafe fn int8_dot<const R: usize>(_: &[Prepared<'_>; R], _: &[i8], _: &[u16]) -> [f32; R] {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
 }
