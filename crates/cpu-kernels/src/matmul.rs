@@ -120,16 +120,19 @@ pub fn matmul_f16(
         });
         return Ok(());
     }
+    if isa.has_avx2() {
+        debug_assert_eq!(tokens, 1);
+        // One token: each task's run of rows in one call of the kernel (no call per row).
+        for_each_row_run(pool, n, 1, MIN_ROWS_PER_TASK, out, &|run, out| {
+            // SAFETY: the CPU supports the path (checked above); `out` is `[1, n]` and these rows
+            // of it are the task's.
+            unsafe { avx2::f16_rows(x, w, run, out.0) }
+        });
+        return Ok(());
+    }
     for_each_row(pool, n, tokens, out, &|row, put| {
-        let wr = &w.data[row * k..(row + 1) * k];
         for t in 0..tokens {
-            let xr = &x[t * k..(t + 1) * k];
-            let value = match isa {
-                Isa::Scalar => scalar::dot_f16(xr, wr),
-                // SAFETY: the CPU supports the path (checked above).
-                Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => unsafe { avx2::dot_f16(xr, wr) },
-            };
-            put(t, value);
+            put(t, scalar::dot_f16(&x[t * k..(t + 1) * k], &w.data[row * k..(row + 1) * k]));
         }
     });
     Ok(())
@@ -198,10 +201,10 @@ pub fn matmul_int4(
         return Ok(());
     }
     if isa == Isa::Avx512Vnni && tokens <= VNNI_MAX_TOKENS {
-        vnni_rows::<{ vnni::INT4_CODES_PER_WORD }>(pool, x, tokens, k, n, out, &|row, prepared| {
-            let (p, s, b) = row_of(&w, row, groups);
-            // SAFETY: the CPU supports the path (checked above); `prepared` is for `k` inputs.
-            by_tokens!(prepared, ps => unsafe { vnni::x86::int4_dot(ps, p, s, b) })
+        vnni_rows::<{ vnni::INT4_CODES_PER_WORD }>(pool, x, tokens, k, n, out, &|prepared, rows, out| {
+            // SAFETY: the CPU supports the path (checked above); `prepared` is for `k` inputs, `out`
+            // is `[tokens, n]` and these rows' columns of it are the task's.
+            by_tokens!(prepared, ps => unsafe { vnni::x86::int4_rows(ps, &w, rows, out) })
         });
         return Ok(());
     }
@@ -299,10 +302,10 @@ pub fn matmul_int8(
         return Ok(());
     }
     if isa == Isa::Avx512Vnni && tokens <= VNNI_MAX_TOKENS {
-        vnni_rows::<{ vnni::INT8_CODES_PER_WORD }>(pool, x, tokens, k, n, out, &|row, prepared| {
-            let (codes, scales) = row_of(row);
-            // SAFETY: the CPU supports the path (checked above); `prepared` is for `k` inputs.
-            by_tokens!(prepared, ps => unsafe { vnni::x86::int8_dot(ps, codes, scales) })
+        vnni_rows::<{ vnni::INT8_CODES_PER_WORD }>(pool, x, tokens, k, n, out, &|prepared, rows, out| {
+            // SAFETY: the CPU supports the path (checked above); `prepared` is for `k` inputs, `out`
+            // is `[tokens, n]` and these rows' columns of it are the task's.
+            by_tokens!(prepared, ps => unsafe { vnni::x86::int8_rows(ps, &w, rows, out) })
         });
         return Ok(());
     }
@@ -340,30 +343,32 @@ pub fn matmul_int8(
 const VNNI_MAX_TOKENS: usize = 2;
 
 /// Runs `$body` with `$ps` bound to the prepared tokens of `$prepared` (one or two) as an array,
-/// so that the kernel's loops over them are unrolled; its sums padded to [`VNNI_MAX_TOKENS`].
+/// so that the kernel's loops over them are unrolled.
 macro_rules! by_tokens {
     ($prepared:expr, $ps:ident => $body:expr) => {{
         let prepared: &[Prepared<'_>] = $prepared;
-        let mut sums = [0f32; VNNI_MAX_TOKENS];
         macro_rules! run {
             ($r:literal) => {{
                 let $ps: &[Prepared<'_>; $r] = prepared.try_into().expect("a call of $r tokens");
-                sums[..$r].copy_from_slice(&$body);
+                $body
             }};
         }
         match prepared.len() {
             1 => run!(1),
             _ => run!(2),
         }
-        sums
     }};
 }
 use by_tokens;
 
+/// `rows(tokens, run, out)`: a run of output rows times the prepared tokens, written into `out`
+/// (`[tokens, rows]`).
+type VnniRowsFn<'a> = dyn Fn(&[Prepared<'_>], std::ops::Range<usize>, *mut f32) + Sync + 'a;
+
 /// `out = x W^T` on the VNNI path (`E` codes per 16-bit word of the weights) for up to
 /// [`VNNI_MAX_TOKENS`] tokens: each token's activations laid out once per call
-/// ([`vnni::x86::prepare`]), then `dot(row, tokens)` for every output row (the row's codes
-/// unpacked once for all the tokens).
+/// ([`vnni::x86::prepare`]), then `rows(tokens, run, out)` for runs of output rows split over the
+/// pool (a run's loop inside the kernel: one call per run, not per row).
 fn vnni_rows<const E: usize>(
     pool: &Pool,
     x: &[f32],
@@ -371,7 +376,7 @@ fn vnni_rows<const E: usize>(
     k: usize,
     n: usize,
     out: &mut [f32],
-    dot: &(dyn Fn(usize, &[Prepared<'_>]) -> [f32; VNNI_MAX_TOKENS] + Sync),
+    rows: &VnniRowsFn<'_>,
 ) {
     debug_assert!((1..=VNNI_MAX_TOKENS).contains(&tokens));
     let (per_token, groups) = vnni::prepared_len(k, E);
@@ -399,11 +404,7 @@ fn vnni_rows<const E: usize>(
         };
         let block = [token(0), token(tokens - 1)];
         let block = &block[..tokens];
-        for_each_row(pool, n, tokens, out, &|row, put| {
-            for (t, &value) in dot(row, block).iter().enumerate().take(tokens) {
-                put(t, value);
-            }
-        });
+        for_each_row_run(pool, n, 1, MIN_ROWS_PER_TASK, out, &|run, out| rows(block, run, out.0));
     });
 }
 
@@ -637,8 +638,22 @@ pub(crate) mod avx2 {
         sums(acc)
     }
 
+    /// Rows `rows` of `w` times one token's `x`, written to `out[row]`.
+    ///
+    /// # Safety
+    /// AVX2, FMA and F16C; `out` valid for `w.rows` values and these rows of it not written by
+    /// anyone else meanwhile.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    pub unsafe fn f16_rows(x: &[f32], w: super::F16Matrix<'_>, rows: std::ops::Range<usize>, out: *mut f32) {
+        let k = w.cols;
+        for row in rows {
+            *out.add(row) = dot_f16(x, &w.data[row * k..(row + 1) * k]);
+        }
+    }
+
     /// `x · w` for f16 `w`, 32 weights per iteration in four accumulators.
     #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
     pub unsafe fn dot_f16(x: &[f32], w: &[u16]) -> f32 {
         let k = x.len().min(w.len());
         let (xp, wp) = (x.as_ptr(), w.as_ptr());
@@ -768,6 +783,9 @@ pub(crate) mod avx2 {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod avx2 {
+    pub unsafe fn f16_rows(_: &[f32], _: super::F16Matrix<'_>, _: std::ops::Range<usize>, _: *mut f32) {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
     pub unsafe fn dot_f16(_: &[f32], _: &[u16]) -> f32 {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }

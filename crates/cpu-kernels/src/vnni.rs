@@ -14,7 +14,7 @@
 //!
 //! [`Isa::Avx512Vnni`]: crate::Isa::Avx512Vnni
 
-use crate::matmul::GROUP_SIZE;
+use crate::matmul::{Int4Matrix, Int8Matrix, GROUP_SIZE};
 
 /// 16-bit words per 512-bit register: the weights a block covers are `WORDS * E`.
 const WORDS: usize = 32;
@@ -45,8 +45,9 @@ pub(crate) fn prepared_len(k: usize, codes_per_word: usize) -> (usize, usize) {
 
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
-    use super::{Prepared, GROUP_SIZE, WORDS};
+    use super::{Int4Matrix, Int8Matrix, Prepared, GROUP_SIZE, WORDS};
     use std::arch::x86_64::*;
+    use std::ops::Range;
 
     /// The largest magnitude of an activation as a coarse i16.
     const I16_RANGE: f32 = 32767.0;
@@ -211,6 +212,54 @@ pub(crate) mod x86 {
         }
     }
 
+    /// Rows `rows` of `w` times each of `R` tokens, written to `out[t * w.rows + row]`.
+    ///
+    /// # Safety
+    /// As [`int4_dot`]; `out` valid for `[R, w.rows]` and these rows' columns of it not written
+    /// by anyone else meanwhile.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn int4_rows<const R: usize>(
+        prepared: &[Prepared<'_>; R],
+        w: &Int4Matrix<'_>,
+        rows: Range<usize>,
+        out: *mut f32,
+    ) {
+        let (groups, half) = (w.cols / GROUP_SIZE, w.cols / 2);
+        for row in rows {
+            let sums = int4_dot(
+                prepared,
+                &w.packed[row * half..(row + 1) * half],
+                &w.scales[row * groups..(row + 1) * groups],
+                &w.biases[row * groups..(row + 1) * groups],
+            );
+            for (t, value) in sums.into_iter().enumerate() {
+                *out.add(t * w.rows + row) = value;
+            }
+        }
+    }
+
+    /// Rows `rows` of `w` times each of `R` tokens, written to `out[t * w.rows + row]`.
+    ///
+    /// # Safety
+    /// As [`int8_dot`]; `out` valid for `[R, w.rows]` and these rows' columns of it not written
+    /// by anyone else meanwhile.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    pub unsafe fn int8_rows<const R: usize>(
+        prepared: &[Prepared<'_>; R],
+        w: &Int8Matrix<'_>,
+        rows: Range<usize>,
+        out: *mut f32,
+    ) {
+        let (groups, k) = (w.cols / GROUP_SIZE, w.cols);
+        for row in rows {
+            let sums =
+                int8_dot(prepared, &w.codes[row * k..(row + 1) * k], &w.scales[row * groups..(row + 1) * groups]);
+            for (t, value) in sums.into_iter().enumerate() {
+                *out.add(t * w.rows + row) = value;
+            }
+        }
+    }
+
     /// One int4 row (`packed`, `scales`, `biases` of seam's format) times each of `R` tokens
     /// prepared with `E = 4`: `Σ_g scale_g · step_g · (x_g · q_g) + Σ_g bias_g · Σ x_g`.
     ///
@@ -218,7 +267,8 @@ pub(crate) mod x86 {
     /// AVX-512F, AVX-512BW, AVX-512VL and AVX-512 VNNI; `prepared` made by [`prepare`] for this
     /// row's length.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn int4_dot<const R: usize>(
+    #[inline]
+    unsafe fn int4_dot<const R: usize>(
         prepared: &[Prepared<'_>; R],
         packed: &[u8],
         scales: &[u16],
@@ -249,7 +299,8 @@ pub(crate) mod x86 {
     /// AVX-512F, AVX-512BW, AVX-512VL and AVX-512 VNNI; `prepared` made by [`prepare`] for this
     /// row's length.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn int8_dot<const R: usize>(prepared: &[Prepared<'_>; R], codes: &[i8], scales: &[u16]) -> [f32; R] {
+    #[inline]
+    unsafe fn int8_dot<const R: usize>(prepared: &[Prepared<'_>; R], codes: &[i8], scales: &[u16]) -> [f32; R] {
         const E: usize = super::INT8_CODES_PER_WORD;
         let groups = scales.len();
         debug_assert!(codes.len() == groups * GROUP_SIZE);
@@ -279,15 +330,16 @@ pub(crate) mod x86 {
 
 #[cfg(not(target_arch = "x86_64"))]
 pub(crate) mod x86 {
-    use super::Prepared;
+    use super::{Int4Matrix, Int8Matrix, Prepared};
+    use std::ops::Range;
 
     pub unsafe fn prepare<const E: usize>(_: &[f32], _: &mut [i16], _: &mut [f32], _: &mut [f32]) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
-    pub unsafe fn int4_dot<const R: usize>(_: &[Prepared<'_>; R], _: &[u8], _: &[u16], _: &[u16]) -> [f32; R] {
+    pub unsafe fn int4_rows<const R: usize>(_: &[Prepared<'_>; R], _: &Int4Matrix<'_>, _: Range<usize>, _: *mut f32) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
-    pub unsafe fn int8_dot<const R: usize>(_: &[Prepared<'_>; R], _: &[i8], _: &[u16]) -> [f32; R] {
+    pub unsafe fn int8_rows<const R: usize>(_: &[Prepared<'_>; R], _: &Int8Matrix<'_>, _: Range<usize>, _: *mut f32) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
 }
