@@ -9,7 +9,6 @@
 
 use crate::compiler::LLVM_CPU_FLAGS;
 use crate::error::IreeError;
-use eerie::runtime::DeviceSpec;
 use session_api::{DeviceInfo, DeviceKind};
 use std::process::Command;
 
@@ -54,11 +53,11 @@ impl IreeDevice {
         }
     }
 
-    /// The runtime's device to create.
-    pub(crate) fn device_spec(self) -> Result<DeviceSpec, IreeError> {
+    /// The runtime driver whose default device to create.
+    pub(crate) fn driver(self) -> Result<&'static str, IreeError> {
         match self {
-            IreeDevice::Cpu => Ok(DeviceSpec::local_task()),
-            IreeDevice::Cuda if self.driver_built() => Ok(DeviceSpec::cuda()),
+            IreeDevice::Cpu => Ok("local-task"),
+            IreeDevice::Cuda if self.driver_built() => Ok("cuda"),
             IreeDevice::Cuda => Err(IreeError::Unavailable(
                 "this seam was built without the `cuda` feature (build with `--features cuda` after `source scripts/cuda-prereqs.sh`)".into(),
             )),
@@ -167,7 +166,7 @@ mod tests {
     #[test]
     fn cuda_driver_matches_the_feature() {
         assert_eq!(IreeDevice::Cuda.driver_built(), cfg!(feature = "cuda"));
-        assert!(IreeDevice::Cpu.device_spec().is_ok());
-        assert_eq!(IreeDevice::Cuda.device_spec().is_ok(), cfg!(feature = "cuda"));
+        assert!(IreeDevice::Cpu.driver().is_ok());
+        assert_eq!(IreeDevice::Cuda.driver().is_ok(), cfg!(feature = "cuda"));
     }
 }

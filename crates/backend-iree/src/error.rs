@@ -44,8 +44,8 @@ impl IreeError {
     }
 }
 
-impl From<eerie::runtime::RuntimeError> for IreeError {
-    fn from(e: eerie::runtime::RuntimeError) -> Self {
+impl From<iree_runtime::Error> for IreeError {
+    fn from(e: iree_runtime::Error) -> Self {
         IreeError::Runtime(e.to_string())
     }
 }

@@ -156,7 +156,7 @@ fn device_usable(device: IreeDevice) -> std::result::Result<(), String> {
     }
     // In this order: a build without the driver says so before anything asks for a GPU.
     device
-        .device_spec()
+        .driver()
         .and_then(|_| device.compile_flags())
         .and_then(|_| WorkerHandle::spawn(device, &TaskSettings::default()).map(drop))
         .map_err(|e| e.to_string())

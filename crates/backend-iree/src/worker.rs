@@ -1,9 +1,9 @@
 //! The runtime owner thread.
 //!
-//! eerie's `Runtime`, `Program`, `Function` and buffer views are neither `Send` nor `Sync`, while
-//! the session contract wants a `Send + Sync` engine and `Send` sessions. So one dedicated thread
-//! creates and owns everything IREE: the device, the loaded modules, the weight buffers (uploaded
-//! once, shared by every session) and each session's KV cache buffers. Engines and sessions hold a
+//! An IREE VM context is not safe for concurrent invocations, while the session contract wants a
+//! `Send + Sync` engine and `Send` sessions. So one dedicated thread creates and owns everything
+//! IREE: the device, the loaded modules, the weight buffers (imported or uploaded once, shared by
+//! every session) and each session's KV cache buffers. Engines and sessions hold a
 //! [`WorkerHandle`] and send it [`Request`]s over a channel; each request carries its own reply
 //! channel. The thread ends when the last handle is dropped, releasing the device memory.
 //!
@@ -16,10 +16,8 @@
 use crate::device::IreeDevice;
 use crate::error::IreeError;
 use crate::task_flags::{self, TaskSettings};
-use eerie::runtime::{BufferElement, BufferView, Value};
-use eerie::runtime::{Program, Runtime};
-use graph_engine::{BatchCall, GraphCall, GraphInput, GraphOutput, PreparedArg, PreparedWeights};
-use half::f16;
+use graph_engine::{BatchCall, GraphCall, GraphInput, GraphOutput, PreparedWeights};
+use iree_runtime::{BufferView, Device, ElementType, Program};
 use stablehlo_llama::ArgDtype;
 use stablehlo_llama::GraphSpec;
 use std::collections::HashMap;
@@ -54,17 +52,17 @@ impl WorkerHandle {
     /// the task system is set up as `task` says.
     pub fn spawn(device: IreeDevice, task: &TaskSettings) -> Result<WorkerHandle, IreeError> {
         let flags = (device == IreeDevice::Cpu).then(|| task.flags());
-        let spec = device.device_spec()?;
+        let driver = device.driver()?;
         let (sender, receiver) = channel::<Job>();
         let (ready_tx, ready_rx) = channel::<Result<(), IreeError>>();
         std::thread::Builder::new()
             .name("seam-iree-runtime".into())
             .spawn(move || {
                 let created = match &flags {
-                    Some(flags) => task_flags::set(flags).and_then(|_guard| Ok(Runtime::new(spec)?)),
-                    None => Runtime::new(spec).map_err(IreeError::from),
+                    Some(flags) => task_flags::set(flags).and_then(|_guard| Ok(Device::create(driver)?)),
+                    None => Device::create(driver).map_err(IreeError::from),
                 };
-                let runtime = match created {
+                let device = match created {
                     Ok(runtime) => runtime,
                     Err(e) => {
                         let _ = ready_tx.send(Err(e));
@@ -73,7 +71,7 @@ impl WorkerHandle {
                 };
                 let _ = ready_tx.send(Ok(()));
                 let mut state = WorkerState {
-                    runtime,
+                    device,
                     modules: HashMap::new(),
                     weights: Vec::new(),
                     caches: HashMap::new(),
@@ -106,13 +104,15 @@ impl WorkerHandle {
     pub fn load_module(&self, name: &str, vmfb: Vec<u8>) -> Result<(), IreeError> {
         let name = name.to_string();
         self.run(move |state| {
-            let program = state.runtime.load_vmfb(&vmfb)?;
+            let program = Program::load(&state.device, vmfb)?;
             state.modules.insert(name, program);
             Ok(())
         })
     }
 
-    /// Uploads the weights, in the graphs' argument order, once for every later step.
+    /// Hands the weights, in the graphs' argument order, to the device once for every later
+    /// step: on the CPU the buffers are the prepared weights' mapping itself (nothing copied,
+    /// pages read on first use); a GPU gets one copy.
     pub fn upload_weights(&self, weights: PreparedWeights) -> Result<(), IreeError> {
         self.run(move |state| state.upload(&weights))
     }
@@ -127,7 +127,7 @@ impl WorkerHandle {
     pub fn copy_cache(&self, from: CacheId) -> Result<CacheId, IreeError> {
         self.run(move |state| match state.caches.get(&from) {
             Some(Cache { shape, buffers: Some((k, v)) }) => {
-                let (shape, contents) = (*shape, (k.read()?, v.read()?));
+                let (shape, contents) = (*shape, (k.read_bytes()?, v.read_bytes()?));
                 state.new_cache(shape, Some(contents))
             }
             _ => Err(IreeError::Runtime(format!("no live KV cache {from} to copy"))),
@@ -161,79 +161,76 @@ impl WorkerHandle {
 /// and its reset allocates fresh ones through [`WorkerHandle::new_cache`]).
 struct Cache {
     shape: CacheShape,
-    buffers: Option<(BufferView<f16>, BufferView<f16>)>,
+    buffers: Option<(BufferView, BufferView)>,
 }
 
 struct WorkerState {
-    runtime: Runtime,
+    device: Device,
     modules: HashMap<String, Program>,
-    weights: Vec<Value>,
+    weights: Vec<BufferView>,
     caches: HashMap<CacheId, Cache>,
     next_cache: CacheId,
 }
 
 impl WorkerState {
     fn upload(&mut self, weights: &PreparedWeights) -> Result<(), IreeError> {
-        let view = |arg: &PreparedArg| {
-            let bytes = weights.bytes(arg);
-            match arg.spec.dtype {
-                ArgDtype::F32 => self.view::<f32>(&arg.spec.shape, bytes),
-                ArgDtype::F16 => self.view::<f16>(&arg.spec.shape, bytes),
-                ArgDtype::I32 => self.view::<i32>(&arg.spec.shape, bytes),
-                ArgDtype::I8 => self.view::<i8>(&arg.spec.shape, bytes),
-            }
-        };
-        self.weights = weights.args().iter().map(view).collect::<Result<_, _>>()?;
+        let memory = weights.memory();
+        self.weights = weights
+            .args()
+            .iter()
+            .map(|arg| {
+                let element = element_type(arg.spec.dtype);
+                Ok(self.device.import_host(memory.clone(), arg.range.clone(), element, &arg.spec.shape)?)
+            })
+            .collect::<Result<_, IreeError>>()?;
         Ok(())
     }
 
-    /// A device buffer of `T` from upload bytes, which are little-endian like every host seam
-    /// builds for (x86-64, aarch64), so they are the host's own layout of `T`. Aligned bytes (a
-    /// prepared-weights mapping) are read in place; others are copied into a `T` vector first.
-    fn view<T: BufferElement + bytemuck::Pod>(&self, shape: &[usize], bytes: &[u8]) -> Result<Value, IreeError>
-    where
-        Value: From<BufferView<T>>,
-    {
-        let values: std::borrow::Cow<'_, [T]> = match bytemuck::try_cast_slice(bytes) {
-            Ok(values) => std::borrow::Cow::Borrowed(values),
-            Err(_) => std::borrow::Cow::Owned(bytemuck::pod_collect_to_vec::<u8, T>(bytes)),
-        };
-        Ok(self.runtime.buffer_view(shape, &values)?.into())
-    }
-
-    fn new_cache(&mut self, shape: CacheShape, contents: Option<(Vec<f16>, Vec<f16>)>) -> Result<CacheId, IreeError> {
+    /// A new cache: zeros, or the bytes of an earlier one.
+    fn new_cache(&mut self, shape: CacheShape, contents: Option<(Vec<u8>, Vec<u8>)>) -> Result<CacheId, IreeError> {
+        let f16_bytes = |dims: &[usize; 4]| dims.iter().product::<usize>() * 2;
         let (k, v) = match contents {
             Some(kv) => kv,
-            None => (vec![f16::ZERO; shape.k.iter().product()], vec![f16::ZERO; shape.v.iter().product()]),
+            None => (vec![0u8; f16_bytes(&shape.k)], vec![0u8; f16_bytes(&shape.v)]),
         };
-        let k = self.runtime.buffer_view(&shape.k, &k)?;
-        let v = self.runtime.buffer_view(&shape.v, &v)?;
+        let k = self.device.upload(&k, ElementType::F16, &shape.k)?;
+        let v = self.device.upload(&v, ElementType::F16, &shape.v)?;
         let id = self.next_cache;
         self.next_cache += 1;
         self.caches.insert(id, Cache { shape, buffers: Some((k, v)) });
         Ok(id)
     }
 
+    /// A small host value (token ids, positions) as a buffer.
+    fn small<T: bytemuck::Pod>(
+        &self,
+        element: ElementType,
+        shape: &[usize],
+        values: &[T],
+    ) -> Result<BufferView, IreeError> {
+        Ok(self.device.upload(bytemuck::cast_slice(values), element, shape)?)
+    }
+
     fn step(&mut self, cache_id: CacheId, module: &str, call: GraphCall) -> Result<GraphOutput, IreeError> {
-        let mut leading: Vec<Value> = Vec::with_capacity(3);
+        let mut leading: Vec<BufferView> = Vec::with_capacity(3);
         leading.push(match &call.input {
-            GraphInput::Tokens(ids) => self.runtime.buffer_view(&[ids.len()], ids)?.into(),
+            GraphInput::Tokens(ids) => self.small(ElementType::I32, &[ids.len()], ids)?,
             GraphInput::Embeddings(values) => {
                 let rows = call.graph.kind.input_rows();
-                self.runtime.buffer_view(&[rows, values.len() / rows], values)?.into()
+                self.small(ElementType::F32, &[rows, values.len() / rows], values)?
             }
         });
-        leading.push(self.runtime.buffer_view::<i32>(&[], &[call.position as i32])?.into());
+        leading.push(self.small(ElementType::I32, &[], &[call.position as i32])?);
         if call.graph.kind.takes_count() {
-            leading.push(self.runtime.buffer_view::<i32>(&[], &[call.count as i32])?.into());
+            leading.push(self.small(ElementType::I32, &[], &[call.count as i32])?);
         }
         let mut outputs = self.invoke(&[cache_id], module, call.graph, leading, call.read_logits)?;
         Ok(outputs.remove(0))
     }
 
     fn step_batch(&mut self, caches: &[CacheId], module: &str, call: BatchCall) -> Result<Vec<GraphOutput>, IreeError> {
-        let tokens = self.runtime.buffer_view(&[call.tokens.len()], &call.tokens)?.into();
-        let positions = self.runtime.buffer_view(&[call.positions.len()], &call.positions)?.into();
+        let tokens = self.small(ElementType::I32, &[call.tokens.len()], &call.tokens)?;
+        let positions = self.small(ElementType::I32, &[call.positions.len()], &call.positions)?;
         self.invoke(caches, module, call.graph, vec![tokens, positions], call.read_logits)
     }
 
@@ -245,7 +242,7 @@ impl WorkerState {
         cache_ids: &[CacheId],
         module: &str,
         graph: GraphSpec,
-        leading: Vec<Value>,
+        leading: Vec<BufferView>,
         read_logits: bool,
     ) -> Result<Vec<GraphOutput>, IreeError> {
         let program =
@@ -262,33 +259,36 @@ impl WorkerState {
                 Some(_) => {}
             }
         }
-        let mut inputs: Vec<Value> = leading;
+        let mut taken: Vec<BufferView> = leading;
         for id in cache_ids {
             // Taken out: the function consumes these buffers and returns the updated ones.
             let cache = self.caches.get_mut(id).unwrap_or_else(|| unreachable!("checked above"));
             let (k, v) = cache.buffers.take().unwrap_or_else(|| unreachable!("checked above"));
-            inputs.push(k.into());
-            inputs.push(v.into());
+            taken.push(k);
+            taken.push(v);
         }
-        inputs.extend(self.weights.iter().cloned());
-        let mut outputs = function.invoke(inputs)?.into_iter();
+        let inputs: Vec<&BufferView> = taken.iter().chain(&self.weights).collect();
+        let outputs = function.invoke(&inputs);
+        drop(inputs);
+        drop(taken);
+        let mut outputs = outputs?.into_iter();
         // (tokens, k and v cache of each sequence, logits): every function of the module returns
         // the logits; they stay in device memory unless the call asks for them.
         let expected = 2 + 2 * cache_ids.len();
         if outputs.len() != expected {
             return Err(IreeError::Runtime(format!("{name} returned {} results, expected {expected}", outputs.len())));
         }
-        let tokens: BufferView<i32> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
+        let tokens = outputs.next().unwrap_or_else(|| unreachable!("counted above"));
         for id in cache_ids {
-            let k: BufferView<f16> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
-            let v: BufferView<f16> = outputs.next().unwrap_or_else(|| unreachable!()).try_into()?;
+            let k = outputs.next().unwrap_or_else(|| unreachable!("counted above"));
+            let v = outputs.next().unwrap_or_else(|| unreachable!("counted above"));
             if let Some(cache) = self.caches.get_mut(id) {
                 cache.buffers = Some((k, v));
             }
         }
-        let tokens = tokens.read()?;
+        let tokens = tokens.read::<i32>()?;
         let logits = match outputs.next() {
-            Some(value) if read_logits => Some(BufferView::<f32>::try_from(value)?.read()?),
+            Some(view) if read_logits => Some(view.read::<f32>()?),
             _ => None,
         };
         let sequences = cache_ids.len();
@@ -309,5 +309,15 @@ impl WorkerState {
                 Ok(GraphOutput { token, logits })
             })
             .collect()
+    }
+}
+
+/// The runtime's element type of a graph argument's.
+fn element_type(dtype: ArgDtype) -> ElementType {
+    match dtype {
+        ArgDtype::F32 => ElementType::F32,
+        ArgDtype::F16 => ElementType::F16,
+        ArgDtype::I32 => ElementType::I32,
+        ArgDtype::I8 => ElementType::I8,
     }
 }
