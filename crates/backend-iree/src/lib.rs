@@ -20,6 +20,7 @@
 pub mod compiler;
 pub mod device;
 pub mod error;
+pub mod kernel_plugin;
 pub mod runtime;
 pub mod task_flags;
 pub mod worker;
