@@ -16,10 +16,12 @@
 
 use crate::error::IreeError;
 use cpu_kernels::pool::Pool;
-use cpu_kernels::{matmul_f16, F16Matrix, Isa};
-use llama_model::home;
+use cpu_kernels::{F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights};
+use llama_model::{home, MatrixFormat};
 use sha2::{Digest, Sha256};
-use std::ffi::{c_char, c_int, c_void};
+use stablehlo_llama::KernelInput;
+use std::cell::RefCell;
+use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::PathBuf;
 use std::sync::OnceLock;
 
@@ -38,14 +40,29 @@ struct Entry {
 }
 
 /// The imports seam provides, by the names the executables declare.
-struct Table([Entry; 1]);
-// SAFETY: the table is immutable and its pointers are to static strings and functions.
+struct Table(Vec<Entry>);
+// SAFETY: the table is never changed once built, and its pointers are to leaked strings and to
+// functions.
 unsafe impl Sync for Table {}
+// SAFETY: as above.
+unsafe impl Send for Table {}
 
-static TABLE: Table = Table([Entry { name: c"seam_f16_rows".as_ptr(), function: seam_f16_rows }]);
-
-/// The import names, for the graphs that declare them.
-pub const F16_ROWS: &str = "seam_f16_rows";
+/// Every import: each linear target of `stablehlo_llama::linear_targets`.
+fn table() -> &'static Table {
+    static TABLE: OnceLock<Table> = OnceLock::new();
+    TABLE.get_or_init(|| {
+        let entry = |name: &str, function: ImportFn| Entry {
+            // Leaked once per process: the plugin keeps pointers to the names.
+            name: CString::new(name).expect("import names have no NUL").into_raw(),
+            function,
+        };
+        let entries = stablehlo_llama::linear_targets()
+            .into_iter()
+            .map(|(target, format, input, residual)| entry(&target, linear_import(format, input, residual)))
+            .collect();
+        Table(entries)
+    })
+}
 
 /// Writes the plugin into the cache folder (once per process; the file is named by its hash, so
 /// a seam of another version never loads this one's), loads it and hands it the import table.
@@ -58,13 +75,29 @@ pub fn install() -> Result<PathBuf, IreeError> {
 fn install_once() -> Result<PathBuf, IreeError> {
     let digest = Sha256::digest(PLUGIN_LIBRARY);
     let hash: String = digest.iter().take(8).map(|b| format!("{b:02x}")).collect();
-    let dir = home::iree_cache_dir();
-    let path = dir.join(format!("kernels-plugin-{hash}.so"));
-    let current = std::fs::read(&path).is_ok_and(|bytes| bytes == PLUGIN_LIBRARY);
-    if !current {
-        std::fs::create_dir_all(&dir).map_err(|e| IreeError::io(&dir, e))?;
-        atomic_write::write(&path, PLUGIN_LIBRARY).map_err(|e| IreeError::io(&path, e))?;
+    let name = format!("kernels-plugin-{hash}.so");
+    // The cache folder, or where it cannot be written (a read-only cache), the temporary folder.
+    let mut last_error = None;
+    let mut written = None;
+    for dir in [home::iree_cache_dir(), std::env::temp_dir()] {
+        let path = dir.join(&name);
+        if std::fs::read(&path).is_ok_and(|bytes| bytes == PLUGIN_LIBRARY) {
+            written = Some(path);
+            break;
+        }
+        match std::fs::create_dir_all(&dir).and_then(|()| atomic_write::write(&path, PLUGIN_LIBRARY)) {
+            Ok(()) => {
+                written = Some(path);
+                break;
+            }
+            Err(e) => last_error = Some(IreeError::io(&path, e)),
+        }
     }
+    let path = match (written, last_error) {
+        (Some(path), _) => path,
+        (None, Some(e)) => return Err(e),
+        (None, None) => unreachable!("two folders were tried"),
+    };
     // SAFETY: the library is seam's own plugin (checked byte for byte above); loading it runs no
     // initializers beyond the C runtime's.
     let library = unsafe { libloading::Library::new(&path) }
@@ -74,8 +107,9 @@ fn install_once() -> Result<PathBuf, IreeError> {
         let set_table: libloading::Symbol<'_, unsafe extern "C" fn(*const Entry, usize)> =
             unsafe { library.get(b"seam_kernels_plugin_set_table\0") }
                 .map_err(|e| IreeError::Runtime(format!("the kernels plugin {} is not seam's: {e}", path.display())))?;
-        // SAFETY: the table is static, as the plugin requires.
-        unsafe { set_table(TABLE.0.as_ptr(), TABLE.0.len()) };
+        let table = table();
+        // SAFETY: the table lives for the rest of the process, as the plugin requires.
+        unsafe { set_table(table.0.as_ptr(), table.0.len()) };
     }
     // Never unloaded: IREE's executables hold pointers into it for the life of the process.
     std::mem::forget(library);
@@ -93,45 +127,12 @@ thread_local! {
     static ONE_THREAD: Pool = Pool::new(1);
 }
 
-/// Arguments of `seam_f16_rows(x, x_off, w, w_off, out, out_off, k, row0, rows)`: rows
-/// `row0..row0 + rows` of `out = W x` for one token, `W` `[n, k]` row-major f16.
-#[repr(C)]
-struct F16Rows {
-    x: *const f32,
-    x_offset: usize,
-    w: *const u16,
-    w_offset: usize,
-    out: *mut f32,
-    out_offset: usize,
-    k: usize,
-    row0: usize,
-    rows: usize,
-}
-
 /// Runs `body`, turning a panic into a failed call (it must not unwind into IREE's C frames).
 fn guarded(body: impl FnOnce() -> bool) -> c_int {
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(body)) {
         Ok(true) => 0,
         _ => 1,
     }
-}
-
-unsafe extern "C" fn seam_f16_rows(params: *mut c_void, _context: *mut c_void, _reserved: *mut c_void) -> c_int {
-    // SAFETY: IREE passes the packed arguments the executable declared for this import.
-    let p = unsafe { &*(params as *const F16Rows) };
-    guarded(|| {
-        // SAFETY: the executable's bindings hold `k` inputs, `[n, k]` weights and `n` outputs,
-        // of which this workgroup's rows are `row0..row0 + rows` (written by it alone).
-        let (x, w, out) = unsafe {
-            (
-                std::slice::from_raw_parts(p.x.add(p.x_offset), p.k),
-                std::slice::from_raw_parts(p.w.add(p.w_offset + p.row0 * p.k), p.rows * p.k),
-                std::slice::from_raw_parts_mut(p.out.add(p.out_offset + p.row0), p.rows),
-            )
-        };
-        let w = F16Matrix { data: w, rows: p.rows, cols: p.k };
-        ONE_THREAD.with(|pool| matmul_f16(isa(), pool, x, 1, w, out).is_ok())
-    })
 }
 
 /// A `local-task` device whose executables can call seam's kernels: the plugin is installed and
@@ -141,11 +142,178 @@ pub fn cpu_device_with_kernels(task: &crate::task_flags::TaskSettings) -> Result
     static FLAGGED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
     let path = install()?;
     let mut flagged = FLAGGED.lock().unwrap_or_else(|p| p.into_inner());
-    let mut flags = task.flags();
+    // The kernels run on IREE's workers, whose stacks IREE sizes for its own generated code
+    // (128 KiB); Rust code gets the 2 MiB a Rust thread has. Given first so that the
+    // environment's flags can still override it.
+    let mut flags = vec![format!("--task_worker_stack_size={}", 2 << 20)];
+    flags.extend(task.flags());
     if !*flagged {
         flags.push(format!("--executable_plugin={}", path.display()));
     }
     let _guard = crate::task_flags::set(&flags)?;
     *flagged = true;
     Ok(iree_runtime::Device::create("local-task")?)
+}
+
+/// Weight formats of [`linear`]'s `FORMAT`.
+const F16: u8 = 0;
+const INT4: u8 = 1;
+const INT8: u8 = 2;
+
+/// The import of one linear target: `FORMAT` picks the weight format ([`F16`], [`INT4`],
+/// [`INT8`]), `INPUT` the [`KernelInput`] (0 rows, 1 RMSNorm, 2 SwiGLU), `RESIDUAL` whether a
+/// residual operand follows the weights.
+fn linear_import(format: MatrixFormat, input: KernelInput, residual: bool) -> ImportFn {
+    fn of<const FORMAT: u8>(input: KernelInput, residual: bool) -> ImportFn {
+        use KernelInput::{RmsNorm, Rows, SwiGlu};
+        match (input, residual) {
+            (Rows, false) => linear::<FORMAT, 0, false>,
+            (Rows, true) => linear::<FORMAT, 0, true>,
+            (RmsNorm, false) => linear::<FORMAT, 1, false>,
+            (RmsNorm, true) => linear::<FORMAT, 1, true>,
+            (SwiGlu, false) => linear::<FORMAT, 2, false>,
+            (SwiGlu, true) => linear::<FORMAT, 2, true>,
+        }
+    }
+    match format {
+        MatrixFormat::F16 => of::<F16>(input, residual),
+        MatrixFormat::Int4 => of::<INT4>(input, residual),
+        MatrixFormat::Int8 => of::<INT8>(input, residual),
+    }
+}
+
+thread_local! {
+    /// A workgroup's residual columns and result, when its rows are not contiguous in the
+    /// result (calls of several tokens).
+    static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// The packed arguments of a linear import (`stablehlo_llama::mlir::KernelDispatches`): a
+/// pointer and an element offset per operand and for the result, then `tokens, k, n, row0,
+/// rows`.
+struct Packed(*const usize);
+
+impl Packed {
+    /// Operand `i`'s elements from its offset on, as `T`, `len` of them.
+    ///
+    /// # Safety
+    /// Operand `i` is a buffer of at least `offset + len` elements of type `T`.
+    unsafe fn operand<'a, T>(&self, i: usize, len: usize) -> &'a [T] {
+        unsafe {
+            let base = *self.0.add(2 * i) as *const T;
+            std::slice::from_raw_parts(base.add(*self.0.add(2 * i + 1)), len)
+        }
+    }
+
+    /// Operand `i`'s pointer from its offset on, writable.
+    ///
+    /// # Safety
+    /// As [`Packed::operand`].
+    unsafe fn operand_mut<T>(&self, i: usize) -> *mut T {
+        unsafe { (*self.0.add(2 * i) as *mut T).add(*self.0.add(2 * i + 1)) }
+    }
+
+    /// Word `i` after the `pairs` pointer/offset pairs.
+    ///
+    /// # Safety
+    /// The struct has that many words.
+    unsafe fn word(&self, pairs: usize, i: usize) -> usize {
+        unsafe { *self.0.add(2 * pairs + i) }
+    }
+}
+
+/// One workgroup's share of a linear layer: output columns `row0..row0 + rows` of every token,
+/// through `cpu_kernels::linear` on the calling thread.
+unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>(
+    params: *mut c_void,
+    _context: *mut c_void,
+    _reserved: *mut c_void,
+) -> c_int {
+    let inputs = match INPUT {
+        0 => 1,
+        1 => 3,
+        _ => 2,
+    };
+    let weight_operands = match FORMAT {
+        F16 => 1,
+        INT4 => 3,
+        _ => 2,
+    };
+    let rows_operand = inputs + weight_operands + usize::from(RESIDUAL);
+    let result = rows_operand + 1;
+    let p = Packed(params as *const usize);
+    guarded(|| {
+        // SAFETY: the executable passes `result + 1` pointer/offset pairs and five words, over
+        // buffers of the shapes the graph emitter gave the dispatch: inputs `[tokens, k]`
+        // (RMSNorm: norm `[k]`, eps `[]`), weights of `n` rows, residual and result
+        // `[tokens, n]`, rows `[]`; this workgroup alone writes its columns of the result.
+        unsafe {
+            let (tokens, k, n, row0, count) = (
+                p.word(result + 1, 0),
+                p.word(result + 1, 1),
+                p.word(result + 1, 2),
+                p.word(result + 1, 3),
+                p.word(result + 1, 4),
+            );
+            let real = usize::try_from(p.operand::<i32>(rows_operand, 1)[0]).unwrap_or(0).min(tokens);
+            let x = p.operand::<f32>(0, tokens * k);
+            let input = match INPUT {
+                0 => LinearInput::Rows(&x[..real * k]),
+                1 => LinearInput::RmsNorm {
+                    x: &x[..real * k],
+                    weight: p.operand::<f32>(1, k),
+                    eps: p.operand::<f32>(2, 1)[0],
+                },
+                _ => LinearInput::SwiGlu { gate: &x[..real * k], up: &p.operand::<f32>(1, tokens * k)[..real * k] },
+            };
+            let groups = k / cpu_kernels::GROUP_SIZE;
+            let w = inputs;
+            let weights = match FORMAT {
+                F16 => LinearWeights::F16(F16Matrix {
+                    rows: count,
+                    cols: k,
+                    data: &p.operand::<u16>(w, n * k)[row0 * k..(row0 + count) * k],
+                }),
+                INT4 => LinearWeights::Int4(Int4Matrix {
+                    rows: count,
+                    cols: k,
+                    packed: &p.operand::<u8>(w, n * k / 2)[row0 * k / 2..(row0 + count) * k / 2],
+                    scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
+                    biases: &p.operand::<u16>(w + 2, n * groups)[row0 * groups..(row0 + count) * groups],
+                }),
+                _ => LinearWeights::Int8(Int8Matrix {
+                    rows: count,
+                    cols: k,
+                    codes: &p.operand::<i8>(w, n * k)[row0 * k..(row0 + count) * k],
+                    scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
+                }),
+            };
+            let residual = RESIDUAL.then(|| p.operand::<f32>(w + weight_operands, tokens * n));
+            let out = p.operand_mut::<f32>(result);
+            SCRATCH.with(|scratch| {
+                let (res_cols, out_cols) = &mut *scratch.borrow_mut();
+                // This workgroup's columns of the residual, token by token.
+                let residual = residual.map(|r| {
+                    res_cols.clear();
+                    for t in 0..real {
+                        res_cols.extend_from_slice(&r[t * n + row0..t * n + row0 + count]);
+                    }
+                    &res_cols[..]
+                });
+                out_cols.resize(real * count, 0.0);
+                let ok = ONE_THREAD
+                    .with(|pool| cpu_kernels::linear(isa(), pool, input, real, weights, residual, out_cols).is_ok());
+                for t in 0..tokens {
+                    let dst = std::slice::from_raw_parts_mut(out.add(t * n + row0), count);
+                    if t < real {
+                        dst.copy_from_slice(&out_cols[t * count..(t + 1) * count]);
+                    } else {
+                        // Padding rows of a bucket: zero, as the XLA form gives them.
+                        dst.fill(0.0);
+                    }
+                }
+                ok
+            })
+        }
+    })
 }

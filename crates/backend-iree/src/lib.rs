@@ -50,11 +50,12 @@ session_api::register_backend_alias!("iree-cuda", BACKEND_NAME, "cuda:0");
 /// Referenced by binaries so the linker keeps this crate's registration.
 pub fn link() {}
 
-/// The defaults of the graph settings (`LoadRequest::settings`, environment `SEAM_IREE_*`):
-/// layers in a loop, which compiles 3-5x faster than unrolled at the same step time
-/// (docs/backends/iree.md); f16 matrices and cache; int4 dequantized in the graph from
+/// The graph settings without seam's kernels (`kernels=none`; `LoadRequest::settings`,
+/// environment `SEAM_IREE_*`): every product an IREE-compiled dot; layers in a loop, which
+/// compiles 3-5x faster than unrolled at the same step time (docs/backends/iree.md); f16
+/// matrices and cache; int4 dequantized in the graph from
 /// [`stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS`] rows on.
-pub const DEFAULT_SETTINGS: GraphSettings = GraphSettings {
+pub const STABLEHLO_SETTINGS: GraphSettings = GraphSettings {
     layers: LayerMode::Loop,
     dense: StorageDtype::F16,
     cache: StorageDtype::F16,
@@ -62,17 +63,30 @@ pub const DEFAULT_SETTINGS: GraphSettings = GraphSettings {
     host_kernels: None,
 };
 
+/// The CPU defaults (`kernels=seam`): every product is a dispatch of seam's kernels
+/// ([`kernel_plugin`], ADR 0021), the fp16 matrices row-major as the kernels read them; layers
+/// unrolled (in a loop, IREE copies each layer's weights out of the stacked arguments for the
+/// dispatches, which costs more than the kernels save).
+pub const KERNEL_SETTINGS: GraphSettings = GraphSettings {
+    layers: LayerMode::Unrolled,
+    host_kernels: Some(stablehlo_llama::HostKernels {
+        max_tokens: usize::MAX,
+        calls: stablehlo_llama::KernelCalls::IreeDispatch,
+    }),
+    ..STABLEHLO_SETTINGS
+};
+
 /// The defaults on a GPU: layers unrolled, no device-side loop around the layers (as pjrt does on
 /// a GPU). Measured on an H100, the loop was not where iree-cuda's time goes, but it gains nothing
 /// there (docs/performance.md), and the longer compile of unrolled layers is paid once, ahead of
 /// time (`seam compile`).
-pub const CUDA_SETTINGS: GraphSettings = GraphSettings { layers: LayerMode::Unrolled, ..DEFAULT_SETTINGS };
+pub const CUDA_SETTINGS: GraphSettings = GraphSettings { layers: LayerMode::Unrolled, ..STABLEHLO_SETTINGS };
 
 impl IreeDevice {
     /// The graph settings a load on this device starts from.
     pub fn default_settings(self) -> GraphSettings {
         match self {
-            IreeDevice::Cpu => DEFAULT_SETTINGS,
+            IreeDevice::Cpu => KERNEL_SETTINGS,
             IreeDevice::Cuda => CUDA_SETTINGS,
         }
     }
@@ -159,7 +173,7 @@ fn device_usable(device: IreeDevice) -> std::result::Result<(), String> {
     device
         .driver()
         .and_then(|_| device.compile_flags())
-        .and_then(|_| WorkerHandle::spawn(device, &TaskSettings::default()).map(drop))
+        .and_then(|_| WorkerHandle::spawn(device, &TaskSettings::default(), false).map(drop))
         .map_err(|e| e.to_string())
 }
 
@@ -181,7 +195,11 @@ fn load_engine(request: &LoadRequest) -> Result<IreeEngine> {
 /// The graph settings of `request` on `device` and the compiler flags of its modules: the same for
 /// a load and for compiling ahead, so that both key the module cache alike.
 fn settings_and_flags(device: IreeDevice, request: &LoadRequest) -> Result<(GraphSettings, Vec<String>)> {
-    let settings = device.default_settings().with_request(BACKEND_NAME, request, "SEAM_IREE")?;
+    // `kernels=none` starts from the settings that suit the pure-StableHLO graphs (layers in a
+    // loop), not from the kernels' defaults with the kernels taken out.
+    let none = GraphSettings::kernels_requested(request, "SEAM_IREE")? == Some(false);
+    let base = if none { STABLEHLO_SETTINGS } else { device.default_settings() };
+    let settings = base.with_request(BACKEND_NAME, request, "SEAM_IREE")?;
     Ok((settings, device.compile_flags()?))
 }
 

@@ -50,7 +50,7 @@ impl IreeRuntime {
             v: [c.num_hidden_layers, c.num_key_value_heads, max_context, c.head_dim],
         };
         Ok(IreeRuntime {
-            worker: WorkerHandle::spawn(device, task)?,
+            worker: WorkerHandle::spawn(device, task, model.options.host_kernels.is_some())?,
             compiler,
             flags,
             config: c.clone(),

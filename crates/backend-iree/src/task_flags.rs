@@ -56,11 +56,14 @@ pub(crate) fn set(flags: &[String]) -> Result<MutexGuard<'static, ()>, IreeError
         .chain(flags.iter().cloned())
         .map(|f| CString::new(f).map_err(|_| IreeError::Runtime("an IREE flag holds a NUL byte".into())))
         .collect::<Result<_, _>>()?;
+    // IREE keeps string flags (`--executable_plugin=PATH`) as views of argv's strings, as a
+    // program's argv lives as long as the process: so do these (a few short strings per load).
+    let owned: &'static [CString] = Vec::leak(owned);
     // The parser reorders and shortens argv in place; it only reads the strings.
     let mut argv: Vec<*mut c_char> = owned.iter().map(|s| s.as_ptr() as *mut c_char).collect();
     let mut argc = argv.len() as c_int;
     let mut argv_ptr = argv.as_mut_ptr();
-    // SAFETY: argc/argv describe `argv`, whose strings live in `owned` for the whole call.
+    // SAFETY: argc/argv describe `argv`, whose strings live for the rest of the process.
     let status = unsafe { iree_flags_parse(CONTINUE_AFTER_HELP, &mut argc, &mut argv_ptr) };
     if !status.is_null() {
         // SAFETY: a non-OK status is owned by the caller and freed exactly once.

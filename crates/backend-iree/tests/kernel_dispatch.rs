@@ -1,5 +1,8 @@
-//! seam's kernels inside an IREE dispatch: a module whose executable calls the `seam_f16_rows`
-//! import (split over several workgroups) computes what the plain definition of `W x` computes.
+//! seam's kernels inside IREE dispatches: what the graph emitter writes for a kernel call
+//! (`KernelCalls::IreeDispatch`: a `stream.executable` whose workgroups call the target as an
+//! import, for a share of the output rows each), compiled by IREE and run with seam's executable
+//! plugin, equals the kernel called directly. The graphs' own use of it is the conformance
+//! suite's (`tests/conformance.rs`).
 
 use backend_iree::compiler::{ensure_compiler_library, load_compiler, LLVM_CPU_FLAGS};
 use backend_iree::kernel_plugin::cpu_device_with_kernels;
@@ -7,66 +10,65 @@ use backend_iree::task_flags::TaskSettings;
 use half::f16;
 use iree_runtime::{ElementType, Program};
 
-/// `out = W x` for `W` `[n, k]` f16 through one custom dispatch of `n / rows_per_group`
-/// workgroups (the last one shorter when `rows_per_group` does not divide `n`).
-fn module(n: usize, k: usize, rows_per_group: usize) -> String {
-    format!(
-        r#"module @seam_kernel_test {{
-  stream.executable private @seam_kernels {{
-    stream.executable.export public @f16_rows workgroups(%workload: index) -> (index, index, index) {{
-      %groups = affine.apply affine_map<()[s0] -> (s0 ceildiv {rows_per_group})>()[%workload]
-      %c1 = arith.constant 1 : index
-      stream.return %groups, %c1, %c1 : index, index, index
-    }}
-    builtin.module {{
-      func.func private @seam_f16_rows(memref<f32>, index, memref<f16>, index, memref<f32>, index, index, index, index)
-          attributes {{llvm.bareptr = true}}
-      func.func @f16_rows(%bx: !stream.binding, %bw: !stream.binding, %bo: !stream.binding) {{
-        %c0 = arith.constant 0 : index
-        %k = arith.constant {k} : index
-        %id = stream.dispatch.workgroup.id[0] : index
-        %row0 = affine.apply affine_map<()[s0] -> (s0 * {rows_per_group})>()[%id]
-        %rows = affine.min affine_map<()[s0] -> ({rows_per_group}, {n} - s0 * {rows_per_group})>()[%id]
-        %x = stream.binding.subspan %bx[%c0] : !stream.binding -> memref<{k}xf32>
-        %w = stream.binding.subspan %bw[%c0] : !stream.binding -> memref<{n}x{k}xf16>
-        %o = stream.binding.subspan %bo[%c0] : !stream.binding -> memref<{n}xf32>
-        %xb, %xo, %xs, %xt = memref.extract_strided_metadata %x : memref<{k}xf32> -> memref<f32>, index, index, index
-        %wb, %wo, %ws:2, %wt:2 = memref.extract_strided_metadata %w : memref<{n}x{k}xf16> -> memref<f16>, index, index, index, index, index
-        %ob, %oo, %os, %ot = memref.extract_strided_metadata %o : memref<{n}xf32> -> memref<f32>, index, index, index
-        func.call @seam_f16_rows(%xb, %xo, %wb, %wo, %ob, %oo, %k, %row0, %rows)
-            : (memref<f32>, index, memref<f16>, index, memref<f32>, index, index, index, index) -> ()
-        return
-      }}
-    }}
-  }}
-  func.func @main(%x: tensor<{k}xf32>, %w: tensor<{n}x{k}xf16>) -> tensor<{n}xf32> {{
-    %n = arith.constant {n} : index
-    %out = flow.dispatch @seam_kernels::@f16_rows[%n](%x, %w) : (tensor<{k}xf32>, tensor<{n}x{k}xf16>) -> tensor<{n}xf32>
-    return %out : tensor<{n}xf32>
-  }}
-}}
-"#
-    )
-}
-
+/// `seam_linear_*` targets as the graph emitter dispatches them (`KernelCalls::IreeDispatch`),
+/// against `cpu_kernels::linear` called directly: RMSNorm input, f16 weights, two tokens with
+/// one real (the padding row must come back zero), and a residual.
 #[test]
-fn an_iree_dispatch_runs_the_f16_kernel() {
-    let (n, k, rows_per_group) = (100, 96, 24);
+fn emitted_linear_dispatches_equal_the_kernels() {
+    use stablehlo_llama::mlir::{arg, Elem, FnArg, FnBuilder, Ty};
+    let (t, k, n) = (2, 64, 200);
+    let args = [
+        Ty::new(&[t, k], Elem::F32),
+        Ty::new(&[k], Elem::F32),
+        Ty::new(&[n, k], Elem::F16),
+        Ty::new(&[t, n], Elem::F32),
+    ];
+    let vals: Vec<_> = args.iter().enumerate().map(|(i, ty)| arg(i, ty.clone())).collect();
+    let mut b = FnBuilder::new();
+    b.dispatch_kernels_into(Default::default());
+    let eps = b.const_f32(1e-5, &[]);
+    let rows = b.const_int(1, Elem::I32, &[]);
+    let target = "seam_linear_f16_rmsnorm_residual";
+    let y = b.custom_call(target, &[&vals[0], &vals[1], &eps, &vals[2], &vals[3], &rows], Ty::new(&[t, n], Elem::F32));
+    let executable = b.take_dispatches().expect("dispatch mode").executable();
+    let fn_args: Vec<FnArg> =
+        vals.iter().map(|v| FnArg { val: v.clone(), attrs: String::new(), doc: String::new() }).collect();
+    let text = format!("module @m {{\n{}{executable}}}\n", b.finish("main", &fn_args, &[&y]));
+
     let library = ensure_compiler_library().expect("the IREE compiler");
     let (compiler, _) = load_compiler(&library).expect("loading the compiler");
-    let vmfb = compiler.compile_str(&module(n, k, rows_per_group), &LLVM_CPU_FLAGS).expect("compiling");
-
+    let vmfb = compiler.compile_str(&text, LLVM_CPU_FLAGS).unwrap_or_else(|e| panic!("{e}\n{text}"));
     let device = cpu_device_with_kernels(&TaskSettings::default()).expect("the device");
     let program = Program::load(&device, vmfb).expect("loading the module");
-    let x: Vec<f32> = (0..k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.25).collect();
+
+    let x: Vec<f32> = (0..t * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.25).collect();
+    let norm: Vec<f32> = (0..k).map(|i| 0.5 + (i % 5) as f32 * 0.1).collect();
     let w: Vec<f16> = (0..n * k).map(|i| f16::from_f32(((i * 5 % 17) as f32 - 8.0) * 0.125)).collect();
-    let xv = device.upload(bytemuck::cast_slice(&x), ElementType::F32, &[k]).unwrap();
-    let wv = device.upload(bytemuck::cast_slice(&w), ElementType::F16, &[n, k]).unwrap();
-    let out = program.function("seam_kernel_test.main").unwrap().invoke(&[&xv, &wv]).expect("the call");
-    let got = out[0].read::<f32>().unwrap();
-    let want: Vec<f32> = (0..n).map(|r| (0..k).map(|c| x[c] * w[r * k + c].to_f32()).sum()).collect();
-    assert_eq!(got.len(), n);
-    for (r, (g, e)) in got.iter().zip(&want).enumerate() {
-        assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "row {r}: {g} vs {e}");
+    let residual: Vec<f32> = (0..t * n).map(|i| (i % 7) as f32 - 3.0).collect();
+    let views = [
+        device.upload(bytemuck::cast_slice(&x), ElementType::F32, &[t, k]).unwrap(),
+        device.upload(bytemuck::cast_slice(&norm), ElementType::F32, &[k]).unwrap(),
+        device.upload(bytemuck::cast_slice(&w), ElementType::F16, &[n, k]).unwrap(),
+        device.upload(bytemuck::cast_slice(&residual), ElementType::F32, &[t, n]).unwrap(),
+    ];
+    let inputs: Vec<_> = views.iter().collect();
+    let got = program.function("m.main").unwrap().invoke(&inputs).expect("the call")[0].read::<f32>().unwrap();
+
+    let bits: Vec<u16> = w.iter().map(|v| v.to_bits()).collect();
+    let mut want = vec![0f32; n];
+    cpu_kernels::linear(
+        cpu_kernels::Isa::best(),
+        &cpu_kernels::pool::Pool::new(1),
+        cpu_kernels::LinearInput::RmsNorm { x: &x[..k], weight: &norm, eps: 1e-5 },
+        1,
+        cpu_kernels::LinearWeights::F16(cpu_kernels::F16Matrix { rows: n, cols: k, data: &bits }),
+        Some(&residual[..n]),
+        &mut want,
+    )
+    .unwrap();
+    assert_eq!(got.len(), t * n);
+    for (c, (g, e)) in got[..n].iter().zip(&want).enumerate() {
+        assert!((g - e).abs() <= 1e-4 * (1.0 + e.abs()), "column {c}: {g} vs {e}");
     }
+    assert!(got[n..].iter().all(|&v| v == 0.0), "the padding row is zero");
 }

@@ -299,20 +299,27 @@ pub fn run_targets(targets: &[Target], options: &SuiteOptions) -> Result<Report,
 /// when the suite cannot run, or the backend is unavailable: a test of a backend that did not run
 /// must not pass).
 pub fn test_main(target: Target) {
-    let options = SuiteOptions::from_env();
     let name = target.name().to_string();
-    match run_targets(&[target], &options) {
+    check_target(&name, target, &SuiteOptions::from_env());
+    println!("conformance: {name} passed");
+}
+
+/// Runs the suite on `target` with `options`, prints its matrix under `what`, and exits the
+/// process non-zero on any failure or when the target is unavailable: one pass of a
+/// `harness = false` conformance test (see [`test_main`]).
+pub fn check_target(what: &str, target: Target, options: &SuiteOptions) {
+    match run_targets(&[target], options) {
         Ok(report) => {
+            println!("{what}:");
             report.print_matrix();
             let unavailable = report.backends.iter().any(|b| !b.availability.is_available());
             if report.has_failures() || unavailable {
-                eprintln!("conformance: {name} {}", if unavailable { "is unavailable" } else { "FAILED" });
+                eprintln!("conformance: {what} {}", if unavailable { "is unavailable" } else { "FAILED" });
                 std::process::exit(1);
             }
-            println!("conformance: {name} passed");
         }
         Err(e) => {
-            eprintln!("conformance: {e}");
+            eprintln!("conformance: {what}: {e}");
             std::process::exit(1);
         }
     }

@@ -123,6 +123,9 @@ fn f32_literal(x: f32) -> String {
 pub struct FnBuilder {
     body: String,
     next: usize,
+    /// When set, [`FnBuilder::custom_call`] emits IREE dispatches and records their executables
+    /// here ([`FnBuilder::dispatch_kernels_into`]).
+    dispatches: Option<KernelDispatches>,
 }
 
 impl FnBuilder {
@@ -158,8 +161,44 @@ impl FnBuilder {
     /// calling convention, `api_version = 4`, no attributes): `target` reads `operands` and
     /// returns one array of type `ty`. Only a runtime that registered `target` can compile it.
     pub fn custom_call(&mut self, target: &str, operands: &[&Val], ty: Ty) -> Val {
+        if let Some(dispatches) = &mut self.dispatches {
+            let export = dispatches.export_for(target, operands, &ty);
+            return self.flow_dispatch(&export, operands, ty);
+        }
         let attrs = format!("api_version = 4 : i32, backend_config = {{}}, call_target_name = \"{target}\"");
         self.op("custom_call", operands, &attrs, ty)
+    }
+
+    /// From now on, [`FnBuilder::custom_call`] emits IREE dispatches of kernel executables,
+    /// adding the executables it needs to `dispatches` (see [`KernelDispatches`]).
+    pub fn dispatch_kernels_into(&mut self, dispatches: KernelDispatches) {
+        self.dispatches = Some(dispatches);
+    }
+
+    /// The kernel executables this function's dispatches need (with those it was given).
+    pub fn take_dispatches(&mut self) -> Option<KernelDispatches> {
+        self.dispatches.take()
+    }
+
+    /// `flow.dispatch @seam_kernels::@export[rows](operands) -> ty`: the workload is the result's
+    /// last dimension (the output rows the workgroups share).
+    fn flow_dispatch(&mut self, export: &str, operands: &[&Val], ty: Ty) -> Val {
+        let workload = format!("%{}", self.next);
+        self.next += 1;
+        writeln!(self.body, "    {workload} = arith.constant {} : index", ty.dims[ty.dims.len() - 1]).unwrap();
+        let result = format!("%{}", self.next);
+        self.next += 1;
+        let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
+        let types: Vec<String> = operands.iter().map(|v| v.ty.mlir()).collect();
+        writeln!(
+            self.body,
+            "    {result} = flow.dispatch @{KERNEL_EXECUTABLE}::@{export}[{workload}]({}) : ({}) -> {}",
+            names.join(", "),
+            types.join(", "),
+            ty.mlir()
+        )
+        .unwrap();
+        Val { name: result, ty }
     }
 
     /// A splat f32 constant of shape `dims`.
@@ -548,4 +587,153 @@ pub struct FnArg {
 /// A function argument `%argN` of type `ty`.
 pub fn arg(index: usize, ty: Ty) -> Val {
     Val { name: format!("%arg{index}"), ty }
+}
+
+/// The name of the module-level executable holding the kernel dispatch exports.
+pub const KERNEL_EXECUTABLE: &str = "seam_kernels";
+
+/// Most workgroups one kernel dispatch is cut into: a few per core of the machines seam runs
+/// on, so that IREE's workers share the rows evenly without paying for many tiny calls.
+const MAX_WORKGROUPS: usize = 8;
+
+/// Fewest output rows a workgroup computes.
+const MIN_ROWS_PER_WORKGROUP: usize = 64;
+
+/// The kernel calls of a module in IREE's form ([`crate::KernelCalls::IreeDispatch`]): one
+/// export of the `stream.executable @seam_kernels` per distinct target and operand shapes.
+///
+/// An export's workgroups each call the executable import named like the target with the
+/// operands' buffers and one share of the output rows, in this calling convention (the
+/// runtime's import reads it as a packed struct of pointer-sized words): for each operand, then
+/// the result, a bare pointer and its element offset; then `tokens` (the result's rows), `k`
+/// (the first operand's columns), `n` (the result's columns), `row0` and `rows` (this
+/// workgroup's output columns `row0..row0 + rows`).
+#[derive(Debug, Default, Clone)]
+pub struct KernelDispatches {
+    /// (export name, target, operand types, result type), in first-use order.
+    exports: Vec<(String, String, Vec<Ty>, Ty)>,
+}
+
+impl KernelDispatches {
+    /// The export for `target` over these operands (made on first use).
+    fn export_for(&mut self, target: &str, operands: &[&Val], result: &Ty) -> String {
+        let types: Vec<Ty> = operands.iter().map(|v| v.ty.clone()).collect();
+        if let Some((name, ..)) = self.exports.iter().find(|(_, t, o, r)| t == target && *o == types && r == result) {
+            return name.clone();
+        }
+        let name = format!("{target}_{}", self.exports.len());
+        self.exports.push((name.clone(), target.to_string(), types, result.clone()));
+        name
+    }
+
+    /// The `stream.executable` defining every export (empty when the module dispatches none).
+    pub fn executable(&self) -> String {
+        if self.exports.is_empty() {
+            return String::new();
+        }
+        let mut s = String::new();
+        writeln!(s, "  stream.executable private @{KERNEL_EXECUTABLE} {{").unwrap();
+        for (name, _, _, result) in &self.exports {
+            let rows = rows_per_workgroup(result.dims[result.dims.len() - 1]);
+            writeln!(
+                s,
+                "    stream.executable.export public @{name} workgroups(%workload: index) -> (index, index, index) {{"
+            )
+            .unwrap();
+            writeln!(s, "      %groups = affine.apply affine_map<()[s0] -> (s0 ceildiv {rows})>()[%workload]").unwrap();
+            writeln!(s, "      %one = arith.constant 1 : index").unwrap();
+            writeln!(s, "      stream.return %groups, %one, %one : index, index, index").unwrap();
+            writeln!(s, "    }}").unwrap();
+        }
+        writeln!(s, "    builtin.module {{").unwrap();
+        let mut declared: Vec<&str> = Vec::new();
+        for (_, target, operands, _) in &self.exports {
+            if declared.contains(&target.as_str()) {
+                continue;
+            }
+            declared.push(target);
+            let mut params: Vec<String> =
+                operands.iter().map(|t| format!("memref<{}>, index", t.elem.mlir())).collect();
+            params.push("memref<f32>, index".to_string());
+            params.push("index, index, index, index, index".to_string());
+            writeln!(s, "      func.func private @{target}({}) attributes {{llvm.bareptr = true}}", params.join(", "))
+                .unwrap();
+        }
+        for (name, target, operands, result) in &self.exports {
+            s.push_str(&export_function(name, target, operands, result));
+        }
+        writeln!(s, "    }}").unwrap();
+        writeln!(s, "  }}").unwrap();
+        s
+    }
+}
+
+/// Output rows per workgroup for `n` rows: at most [`MAX_WORKGROUPS`] groups of at least
+/// [`MIN_ROWS_PER_WORKGROUP`] rows (a multiple of 16), or all of them in one.
+fn rows_per_workgroup(n: usize) -> usize {
+    let groups = n.div_ceil(MIN_ROWS_PER_WORKGROUP).clamp(1, MAX_WORKGROUPS);
+    n.div_ceil(groups).next_multiple_of(16).min(n.max(1))
+}
+
+/// `memref<d0xd1x...xelem, strided<[...], offset: ?>>`: dense row-major at an offset known only
+/// at run time, because IREE may place several operands in one buffer and pass each one's
+/// offset to the dispatch (a static offset-0 type would drop it).
+fn memref(ty: &Ty) -> String {
+    let mut s = String::from("memref<");
+    for d in &ty.dims {
+        write!(s, "{d}x").unwrap();
+    }
+    s.push_str(ty.elem.mlir());
+    let strides: Vec<String> =
+        (0..ty.dims.len()).map(|i| ty.dims[i + 1..].iter().product::<usize>().to_string()).collect();
+    write!(s, ", strided<[{}], offset: ?>>", strides.join(", ")).unwrap();
+    s
+}
+
+/// The function of one export: its bindings as memrefs, their base pointers and offsets, and
+/// the import call for this workgroup's rows.
+fn export_function(name: &str, target: &str, operands: &[Ty], result: &Ty) -> String {
+    let n = result.dims[result.dims.len() - 1];
+    let tokens: usize = result.dims[..result.dims.len() - 1].iter().product();
+    let k = operands[0].dims[operands[0].dims.len() - 1];
+    let rows = rows_per_workgroup(n);
+    let all: Vec<&Ty> = operands.iter().chain(std::iter::once(result)).collect();
+    let mut s = String::new();
+    let bindings: Vec<String> = (0..all.len()).map(|i| format!("%b{i}: !stream.binding")).collect();
+    writeln!(s, "      func.func @{name}({}) {{", bindings.join(", ")).unwrap();
+    writeln!(s, "        %c0 = arith.constant 0 : index").unwrap();
+    writeln!(s, "        %id = stream.dispatch.workgroup.id[0] : index").unwrap();
+    writeln!(s, "        %row0 = affine.apply affine_map<()[s0] -> (s0 * {rows})>()[%id]").unwrap();
+    writeln!(s, "        %rows = affine.min affine_map<()[s0] -> ({rows}, {n} - s0 * {rows})>()[%id]").unwrap();
+    writeln!(s, "        %tokens = arith.constant {tokens} : index").unwrap();
+    writeln!(s, "        %k = arith.constant {k} : index").unwrap();
+    writeln!(s, "        %n = arith.constant {n} : index").unwrap();
+    let mut args = Vec::new();
+    let mut arg_types = Vec::new();
+    for (i, ty) in all.iter().enumerate() {
+        let m = memref(ty);
+        writeln!(s, "        %m{i} = stream.binding.subspan %b{i}[%c0] : !stream.binding -> {m}").unwrap();
+        let rank = ty.dims.len();
+        let mut outs = vec![format!("%p{i}"), format!("%o{i}")];
+        let mut out_types = vec![format!("memref<{}>", ty.elem.mlir()), "index".to_string()];
+        for j in 0..2 * rank {
+            outs.push(format!("%x{i}_{j}"));
+            out_types.push("index".to_string());
+        }
+        writeln!(
+            s,
+            "        {} = memref.extract_strided_metadata %m{i} : {m} -> {}",
+            outs.join(", "),
+            out_types.join(", ")
+        )
+        .unwrap();
+        args.push(format!("%p{i}, %o{i}"));
+        arg_types.push(format!("memref<{}>, index", ty.elem.mlir()));
+    }
+    args.push("%tokens, %k, %n, %row0, %rows".to_string());
+    arg_types.push("index, index, index, index, index".to_string());
+    writeln!(s, "        func.call @{target}({}) : ({}) -> ()", args.join(", "), arg_types.join(", ")).unwrap();
+    writeln!(s, "        return").unwrap();
+    writeln!(s, "      }}").unwrap();
+    s
 }
