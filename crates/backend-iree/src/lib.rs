@@ -65,8 +65,8 @@ pub const STABLEHLO_SETTINGS: GraphSettings = GraphSettings {
 
 /// The CPU defaults (`kernels=seam`): every product is a dispatch of seam's kernels
 /// ([`kernel_plugin`], ADR 0021), the fp16 matrices row-major as the kernels read them; layers
-/// unrolled (in a loop, IREE copies each layer's weights out of the stacked arguments for the
-/// dispatches, which costs more than the kernels save).
+/// unrolled (with the kernels inside a loop over stacked weights, decode was no faster than
+/// without them: ADR 0021).
 pub const KERNEL_SETTINGS: GraphSettings = GraphSettings {
     layers: LayerMode::Unrolled,
     host_kernels: Some(stablehlo_llama::HostKernels {
