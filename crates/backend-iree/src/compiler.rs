@@ -52,8 +52,52 @@ pub fn choose_compiler() -> Result<CompilerChoice, IreeError> {
         return Ok(CompilerChoice::CachedOnly);
     }
     let library = ensure_compiler_library()?;
-    load_compiler(&library)?;
+    compiler_version(&library)?;
     Ok(CompilerChoice::Library(library))
+}
+
+/// Where the identity of the last compiler library loaded is recorded, in the module cache's
+/// folder: the library's fingerprint ([`fingerprint`]) and its version string, one per line.
+const IDENTITY_FILE: &str = "compiler-identity.txt";
+
+/// A library file as it is now: its path, length and modification time. A replaced or
+/// reinstalled library has another.
+fn fingerprint(library: &Path) -> Option<String> {
+    let meta = std::fs::metadata(library).ok()?;
+    let modified = meta.modified().ok()?.duration_since(std::time::UNIX_EPOCH).ok()?.as_nanos();
+    Some(format!("{} {} {modified}", library.canonicalize().ok()?.display(), meta.len()))
+}
+
+/// The version string of the compiler library at `library` (part of every module's cache key),
+/// without loading the library when this same file was loaded before: loading it maps a large
+/// shared library (tens of MB resident) into a process that, with every module in the cache,
+/// never compiles. A library not seen before is loaded, which also checks that it loads.
+pub fn compiler_version(library: &Path) -> Result<String, IreeError> {
+    version_recorded_in(&home::iree_cache_dir(), library, |library| Ok(load_compiler(library)?.1))
+}
+
+/// [`compiler_version`] with the identity recorded in `dir` and the library loaded by `load`.
+fn version_recorded_in(
+    dir: &Path,
+    library: &Path,
+    load: impl FnOnce(&Path) -> Result<String, IreeError>,
+) -> Result<String, IreeError> {
+    let path = dir.join(IDENTITY_FILE);
+    let current = fingerprint(library);
+    if let (Some(current), Ok(recorded)) = (&current, std::fs::read_to_string(&path)) {
+        if let Some((recorded_fingerprint, version)) = recorded.trim_end().split_once('\n') {
+            if recorded_fingerprint == current && !version.is_empty() {
+                return Ok(version.to_string());
+            }
+        }
+    }
+    let version = load(library)?;
+    if let Some(current) = current {
+        // Best effort, like the module cache: a process that cannot write it loads the library.
+        let _ = std::fs::create_dir_all(dir)
+            .and_then(|()| atomic_write::write(&path, format!("{current}\n{version}\n").as_bytes()));
+    }
+    Ok(version)
 }
 
 /// Flags of every llvm-cpu compilation. `O3` made the f16 decode gemv 1.5x faster on IREE 3.13
@@ -250,8 +294,10 @@ pub fn compile_cached(
             return Ok(outcome);
         }
     };
-    let (compiler, version) = load_compiler(library)?;
+    // The library is loaded only when a module must be compiled.
+    let version = compiler_version(library)?;
     let build = || {
+        let (compiler, _) = load_compiler(library)?;
         let vmfb = {
             let _serial = COMPILE_LOCK.lock().unwrap_or_else(|p| p.into_inner());
             compiler
@@ -264,4 +310,32 @@ pub fn compile_cached(
     let ((), outcome) = module_cache().load_or_build(&cache_key(mlir, flags, &version), &load, build)?;
     record_revision(&version);
     Ok(outcome)
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    #[test]
+    fn a_library_seen_before_is_not_loaded_again_and_a_changed_one_is() {
+        let dir = tempfile::tempdir().unwrap();
+        let library = dir.path().join("libIREECompiler.so");
+        std::fs::write(&library, b"first").unwrap();
+        let loads = std::cell::Cell::new(0);
+        let load = |_: &Path| {
+            loads.set(loads.get() + 1);
+            Ok(format!("version {}", loads.get()))
+        };
+        assert_eq!(version_recorded_in(dir.path(), &library, load).unwrap(), "version 1");
+        assert_eq!(version_recorded_in(dir.path(), &library, load).unwrap(), "version 1");
+        assert_eq!(loads.get(), 1, "the recorded identity answered the second call");
+        // A reinstalled library (another length) is loaded again.
+        std::fs::write(&library, b"second build").unwrap();
+        assert_eq!(version_recorded_in(dir.path(), &library, load).unwrap(), "version 2");
+        // A library that fails to load is an error, and nothing is recorded for it.
+        std::fs::write(&library, b"third, broken").unwrap();
+        let failing = |_: &Path| Err(IreeError::Runtime("does not load".into()));
+        assert!(version_recorded_in(dir.path(), &library, failing).is_err());
+        assert_eq!(version_recorded_in(dir.path(), &library, load).unwrap(), "version 3");
+    }
 }

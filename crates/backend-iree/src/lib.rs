@@ -149,16 +149,17 @@ impl Backend for IreeBackend {
 
 /// Whether the compiler can be used here.
 ///
-/// The compiler library counts as usable when it loads, or when it is not installed yet: `load`
-/// installs the pinned wheel first (as `scripts/setup.sh` does) and reports the backend
-/// unavailable if that fails. An explicit `SEAM_IREE_COMPILER` that holds no library, or a
-/// library that does not load, makes it unusable now.
+/// The compiler library counts as usable when it loads (or loaded before, unchanged:
+/// [`compiler::compiler_version`]), or when it is not installed yet: `load` installs the pinned
+/// wheel first (as `scripts/setup.sh` does) and reports the backend unavailable if that fails. An
+/// explicit `SEAM_IREE_COMPILER` that holds no library, or a library that does not load, makes it
+/// unusable now.
 fn compiler_usable() -> std::result::Result<(), String> {
     if compiler::compiling_disabled() {
         return Ok(());
     }
     match compiler::find_compiler_library() {
-        Ok(library) => compiler::load_compiler(&library).map(drop).map_err(|e| e.to_string()),
+        Ok(library) => compiler::compiler_version(&library).map(drop).map_err(|e| e.to_string()),
         Err(e) if compiler::explicit_compiler_path().is_some() => Err(e.to_string()),
         Err(_) => Ok(()),
     }
