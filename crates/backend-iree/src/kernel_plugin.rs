@@ -17,9 +17,11 @@
 use crate::error::IreeError;
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights};
-use llama_model::{home, MatrixFormat};
+use graph_engine::linear_kernels::format::{F16, INT4};
+use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
+use graph_engine::linear_kernels::{linear_entry, LinearEntry};
+use llama_model::home;
 use sha2::{Digest, Sha256};
-use stablehlo_llama::KernelInput;
 use std::cell::RefCell;
 use std::ffi::{c_char, c_int, c_void, CString};
 use std::path::PathBuf;
@@ -58,7 +60,9 @@ fn table() -> &'static Table {
         };
         let entries = stablehlo_llama::linear_targets()
             .into_iter()
-            .map(|(target, format, input, residual)| entry(&target, linear_import(format, input, residual)))
+            .map(|(target, format, input, residual)| {
+                entry(&target, linear_entry::<LinearImports>(format, input, residual))
+            })
             .collect();
         Table(entries)
     })
@@ -155,30 +159,13 @@ pub fn cpu_device_with_kernels(task: &crate::task_flags::TaskSettings) -> Result
     Ok(iree_runtime::Device::create("local-task")?)
 }
 
-/// Weight formats of [`linear`]'s `FORMAT`.
-const F16: u8 = 0;
-const INT4: u8 = 1;
-const INT8: u8 = 2;
+/// The imports of the linear targets, as [`graph_engine::linear_kernels`] picks them.
+struct LinearImports;
 
-/// The import of one linear target: `FORMAT` picks the weight format ([`F16`], [`INT4`],
-/// [`INT8`]), `INPUT` the [`KernelInput`] (0 rows, 1 RMSNorm, 2 SwiGLU), `RESIDUAL` whether a
-/// residual operand follows the weights.
-fn linear_import(format: MatrixFormat, input: KernelInput, residual: bool) -> ImportFn {
-    fn of<const FORMAT: u8>(input: KernelInput, residual: bool) -> ImportFn {
-        use KernelInput::{RmsNorm, Rows, SwiGlu};
-        match (input, residual) {
-            (Rows, false) => linear::<FORMAT, 0, false>,
-            (Rows, true) => linear::<FORMAT, 0, true>,
-            (RmsNorm, false) => linear::<FORMAT, 1, false>,
-            (RmsNorm, true) => linear::<FORMAT, 1, true>,
-            (SwiGlu, false) => linear::<FORMAT, 2, false>,
-            (SwiGlu, true) => linear::<FORMAT, 2, true>,
-        }
-    }
-    match format {
-        MatrixFormat::F16 => of::<F16>(input, residual),
-        MatrixFormat::Int4 => of::<INT4>(input, residual),
-        MatrixFormat::Int8 => of::<INT8>(input, residual),
+impl LinearEntry for LinearImports {
+    type Entry = ImportFn;
+    fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>() -> ImportFn {
+        linear::<FORMAT, INPUT, RESIDUAL>
     }
 }
 
@@ -222,7 +209,8 @@ impl Packed {
     }
 }
 
-/// One workgroup's share of a linear layer: output columns `row0..row0 + rows` of every token,
+/// One workgroup's share of a linear layer (`FORMAT` and `INPUT` as
+/// [`graph_engine::linear_kernels`] numbers them): output columns `row0..row0 + rows` of every token,
 /// through `cpu_kernels::linear` on the calling thread.
 unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>(
     params: *mut c_void,
@@ -230,8 +218,8 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
     _reserved: *mut c_void,
 ) -> c_int {
     let inputs = match INPUT {
-        0 => 1,
-        1 => 3,
+        ROWS => 1,
+        RMS_NORM => 3,
         _ => 2,
     };
     let weight_operands = match FORMAT {
@@ -258,8 +246,8 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
             let real = usize::try_from(p.operand::<i32>(rows_operand, 1)[0]).unwrap_or(0).min(tokens);
             let x = p.operand::<f32>(0, tokens * k);
             let input = match INPUT {
-                0 => LinearInput::Rows(&x[..real * k]),
-                1 => LinearInput::RmsNorm {
+                ROWS => LinearInput::Rows(&x[..real * k]),
+                RMS_NORM => LinearInput::RmsNorm {
                     x: &x[..real * k],
                     weight: p.operand::<f32>(1, k),
                     eps: p.operand::<f32>(2, 1)[0],

@@ -10,10 +10,11 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights};
-use llama_model::MatrixFormat;
+use graph_engine::linear_kernels::format::{INT4, INT8};
+use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
+use graph_engine::linear_kernels::{linear_entry, LinearEntry};
 use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError};
 use pjrt_runtime::Plugin;
-use stablehlo_llama::KernelInput;
 use std::collections::HashMap;
 use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
@@ -31,7 +32,9 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
         .or_insert_with(|| {
             let mut handlers: Vec<(String, Handler)> = stablehlo_llama::linear_targets()
                 .into_iter()
-                .map(|(target, format, input, residual)| (target, linear_handler(format, input, residual)))
+                .map(|(target, format, input, residual)| {
+                    (target, linear_entry::<LinearHandlers>(format, input, residual))
+                })
                 .collect();
             handlers.push((stablehlo_llama::ATTENTION_DECODE_TARGET.to_string(), attention_decode));
             handlers.push((stablehlo_llama::ATTENTION_CAUSAL_TARGET.to_string(), attention_causal));
@@ -108,14 +111,9 @@ fn rows_cols(buffer: &Buffer, what: &str) -> Result<(usize, usize), String> {
     }
 }
 
-/// Weight formats of [`linear`]'s `FORMAT`.
-const F16: u8 = 0;
-const INT4: u8 = 1;
-const INT8: u8 = 2;
-
-/// The handler of one [`stablehlo_llama::linear_target`]: `FORMAT` picks the weight format
-/// ([`F16`], [`INT4`], [`INT8`]), `INPUT` the [`KernelInput`] (0 rows, 1 RMSNorm, 2 SwiGLU),
-/// `RESIDUAL` whether a residual operand follows the weights.
+/// The handler of one [`stablehlo_llama::linear_target`]: `FORMAT` picks the weight format and
+/// `INPUT` what the kernel reads ([`graph_engine::linear_kernels`]'s constants), `RESIDUAL`
+/// whether a residual operand follows the weights.
 unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>(
     frame: *mut CallFrame,
 ) -> *mut XlaError {
@@ -126,8 +124,8 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
             let (tokens, k) = rows_cols(first, "input")?;
             let x = elements::<f32>(first, dtype::F32, &[tokens, k], "input")?;
             let (input, mut next) = match INPUT {
-                0 => (LinearInput::Rows(x), 1),
-                1 => {
+                ROWS => (LinearInput::Rows(x), 1),
+                RMS_NORM => {
                     let weight = elements::<f32>(frame.arg(1)?, dtype::F32, &[k], "norm weight")?;
                     let eps = elements::<f32>(frame.arg(2)?, dtype::F32, &[], "eps")?;
                     (LinearInput::RmsNorm { x, weight, eps: eps[0] }, 3)
@@ -186,24 +184,13 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
     }
 }
 
-/// The handler of a linear target.
-fn linear_handler(format: MatrixFormat, input: KernelInput, residual: bool) -> Handler {
-    /// The handler for one format, by input and residual.
-    fn of<const FORMAT: u8>(input: KernelInput, residual: bool) -> Handler {
-        use KernelInput::{RmsNorm, Rows, SwiGlu};
-        match (input, residual) {
-            (Rows, false) => linear::<FORMAT, 0, false>,
-            (Rows, true) => linear::<FORMAT, 0, true>,
-            (RmsNorm, false) => linear::<FORMAT, 1, false>,
-            (RmsNorm, true) => linear::<FORMAT, 1, true>,
-            (SwiGlu, false) => linear::<FORMAT, 2, false>,
-            (SwiGlu, true) => linear::<FORMAT, 2, true>,
-        }
-    }
-    match format {
-        MatrixFormat::F16 => of::<F16>(input, residual),
-        MatrixFormat::Int4 => of::<INT4>(input, residual),
-        MatrixFormat::Int8 => of::<INT8>(input, residual),
+/// The handlers of the linear targets, as [`graph_engine::linear_kernels`] picks them.
+struct LinearHandlers;
+
+impl LinearEntry for LinearHandlers {
+    type Entry = Handler;
+    fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>() -> Handler {
+        linear::<FORMAT, INPUT, RESIDUAL>
     }
 }
 

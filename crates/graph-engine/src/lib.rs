@@ -20,6 +20,7 @@
 
 pub mod artifact_cache;
 mod engine;
+pub mod linear_kernels;
 mod load;
 pub mod prepared_weights;
 pub mod runtime;
