@@ -274,6 +274,8 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let engine = loaded?;
     bar.finish();
     let info = engine.info();
+    // What the tokenizer's parse and the load freed goes back to the system before generating.
+    session_api::stats::release_freed_memory();
     let after_load = session_api::stats::ProcessMemory::now();
 
     let mut session =

@@ -62,6 +62,8 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let request = args.load.request(&args.target, &model_dir, &bar)?;
     let engine = args.target.load(backend.as_ref(), &request)?;
     bar.finish();
+    // A server keeps running: what the load freed goes back to the system now.
+    session_api::stats::release_freed_memory();
     let info = engine.info();
     let served = ServedModel {
         engine,
