@@ -647,17 +647,13 @@ impl KernelDispatches {
         }
         writeln!(s, "    builtin.module {{").unwrap();
         let mut declared: Vec<&str> = Vec::new();
-        for (_, target, operands, _) in &self.exports {
+        for (_, target, operands, result) in &self.exports {
             if declared.contains(&target.as_str()) {
                 continue;
             }
             declared.push(target);
-            let mut params: Vec<String> =
-                operands.iter().map(|t| format!("memref<{}>, index", t.elem.mlir())).collect();
-            params.push("memref<f32>, index".to_string());
-            params.push("index, index, index, index, index".to_string());
-            writeln!(s, "      func.func private @{target}({}) attributes {{llvm.bareptr = true}}", params.join(", "))
-                .unwrap();
+            let params = import_params(operands, result);
+            writeln!(s, "      func.func private @{target}({params}) attributes {{llvm.bareptr = true}}").unwrap();
         }
         for (name, target, operands, result) in &self.exports {
             s.push_str(&export_function(name, target, operands, result));
@@ -673,6 +669,15 @@ impl KernelDispatches {
 fn rows_per_workgroup(n: usize) -> usize {
     let groups = n.div_ceil(MIN_ROWS_PER_WORKGROUP).clamp(1, MAX_WORKGROUPS);
     n.div_ceil(groups).next_multiple_of(16).min(n.max(1))
+}
+
+/// The parameter types of a target's import, in the calling convention of [`KernelDispatches`]:
+/// a bare pointer and an element offset for each operand and the result, then five `index`es.
+fn import_params(operands: &[Ty], result: &Ty) -> String {
+    let mut params: Vec<String> =
+        operands.iter().chain(std::iter::once(result)).map(|t| format!("memref<{}>, index", t.elem.mlir())).collect();
+    params.push("index, index, index, index, index".to_string());
+    params.join(", ")
 }
 
 /// `memref<d0xd1x...xelem, strided<[...], offset: ?>>`: dense row-major at an offset known only
@@ -709,7 +714,6 @@ fn export_function(name: &str, target: &str, operands: &[Ty], result: &Ty) -> St
     writeln!(s, "        %k = arith.constant {k} : index").unwrap();
     writeln!(s, "        %n = arith.constant {n} : index").unwrap();
     let mut args = Vec::new();
-    let mut arg_types = Vec::new();
     for (i, ty) in all.iter().enumerate() {
         let m = memref(ty);
         writeln!(s, "        %m{i} = stream.binding.subspan %b{i}[%c0] : !stream.binding -> {m}").unwrap();
@@ -728,11 +732,10 @@ fn export_function(name: &str, target: &str, operands: &[Ty], result: &Ty) -> St
         )
         .unwrap();
         args.push(format!("%p{i}, %o{i}"));
-        arg_types.push(format!("memref<{}>, index", ty.elem.mlir()));
     }
     args.push("%tokens, %k, %n, %row0, %rows".to_string());
-    arg_types.push("index, index, index, index, index".to_string());
-    writeln!(s, "        func.call @{target}({}) : ({}) -> ()", args.join(", "), arg_types.join(", ")).unwrap();
+    let params = import_params(operands, result);
+    writeln!(s, "        func.call @{target}({}) : ({params}) -> ()", args.join(", ")).unwrap();
     writeln!(s, "        return").unwrap();
     writeln!(s, "      }}").unwrap();
     s
