@@ -139,26 +139,6 @@ fn guarded(body: impl FnOnce() -> bool) -> c_int {
     }
 }
 
-/// A `local-task` device whose executables can call seam's kernels: the plugin is installed and
-/// named in IREE's flags (once per process: IREE's plugin list only grows) before the device is
-/// created, with the task system set as `task` says.
-pub fn cpu_device_with_kernels(task: &crate::task_flags::TaskSettings) -> Result<iree_runtime::Device, IreeError> {
-    static FLAGGED: std::sync::Mutex<bool> = std::sync::Mutex::new(false);
-    let path = install()?;
-    let mut flagged = FLAGGED.lock().unwrap_or_else(|p| p.into_inner());
-    // The kernels run on IREE's workers, whose stacks IREE sizes for its own generated code
-    // (128 KiB); Rust code gets the 2 MiB a Rust thread has. Given first so that the
-    // environment's flags can still override it.
-    let mut flags = vec![format!("--task_worker_stack_size={}", 2 << 20)];
-    flags.extend(task.flags());
-    if !*flagged {
-        flags.push(format!("--executable_plugin={}", path.display()));
-    }
-    let _guard = crate::task_flags::set(&flags)?;
-    *flagged = true;
-    Ok(iree_runtime::Device::create("local-task")?)
-}
-
 /// The imports of the linear targets, as [`graph_engine::linear_kernels`] picks them.
 struct LinearImports;
 

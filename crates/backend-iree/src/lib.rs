@@ -185,7 +185,7 @@ fn load_engine(request: &LoadRequest) -> Result<IreeEngine> {
     if request.threads == Some(0) {
         return Err(session_api::SeamError::InvalidInput("--threads must be at least 1".into()));
     }
-    let task = TaskSettings { workers: request.threads };
+    let task = TaskSettings { workers: request.threads, plugin: None };
     let (settings, flags) = settings_and_flags(device, request)?;
     let compiler = compiler::choose_compiler()?;
     graph_engine::load_engine(BACKEND_NAME, device.id(), request, settings, |model| {

@@ -14,11 +14,23 @@ use std::sync::{Mutex, MutexGuard};
 /// seam's own: for measuring the runtime's settings without a rebuild.
 pub const RUNTIME_FLAGS_ENV: &str = "SEAM_IREE_RUNTIME_FLAGS";
 
+/// IREE's own worker stack size (`--task_worker_stack_size`), sized for its generated code.
+const IREE_WORKER_STACK: usize = 128 << 10;
+
+/// The worker stack size where seam's kernels run on IREE's workers: what a Rust thread gets.
+const KERNEL_WORKER_STACK: usize = 2 << 20;
+
+/// The flag naming an executable plugin; IREE's list of them only grows (see [`set`]).
+const PLUGIN_FLAG: &str = "--executable_plugin=";
+
 /// The task system's settings for one runtime.
 #[derive(Debug, Clone, Default, PartialEq, Eq)]
 pub struct TaskSettings {
     /// Worker threads; `None` leaves IREE's choice (one per physical core).
     pub workers: Option<usize>,
+    /// An executable plugin resolving the executables' imports (seam's kernels:
+    /// [`crate::kernel_plugin::install`]); the workers then get a Rust thread's stack.
+    pub plugin: Option<std::path::PathBuf>,
 }
 
 impl TaskSettings {
@@ -27,7 +39,12 @@ impl TaskSettings {
     pub fn flags(&self) -> Vec<String> {
         // Workers that spin before sleeping (`--task_worker_spin_us`) were measured and left at
         // IREE's default, no spinning: decode did not change (docs/performance.md).
-        let mut flags = vec![format!("--task_topology_group_count={}", self.workers.unwrap_or(0))];
+        let stack = if self.plugin.is_some() { KERNEL_WORKER_STACK } else { IREE_WORKER_STACK };
+        let mut flags = vec![
+            format!("--task_topology_group_count={}", self.workers.unwrap_or(0)),
+            format!("--task_worker_stack_size={stack}"),
+        ];
+        flags.extend(self.plugin.iter().map(|path| format!("{PLUGIN_FLAG}{}", path.display())));
         if let Ok(extra) = std::env::var(RUNTIME_FLAGS_ENV) {
             flags.extend(extra.split_whitespace().map(str::to_string));
         }
@@ -35,8 +52,9 @@ impl TaskSettings {
     }
 }
 
-/// Held while flags are set and the runtime that reads them is created.
-static FLAGS_LOCK: Mutex<()> = Mutex::new(());
+/// Held while flags are set and the runtime that reads them is created; holds the plugin flags
+/// given so far.
+static FLAGS_LOCK: Mutex<Vec<String>> = Mutex::new(Vec::new());
 
 extern "C" {
     // iree/base/tooling/flags.h; part of the runtime library eerie links (its drivers define
@@ -49,11 +67,16 @@ extern "C" {
 const CONTINUE_AFTER_HELP: u32 = 1 << 1;
 
 /// Sets IREE's flags to `flags`; the returned guard keeps other threads from changing them until
-/// the runtime that should see them exists.
-pub(crate) fn set(flags: &[String]) -> Result<MutexGuard<'static, ()>, IreeError> {
-    let guard = FLAGS_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+/// the runtime that should see them exists. IREE appends each `--executable_plugin` to a list
+/// that no later parse clears, so a plugin already given is not given again (a plugin stays
+/// registered for every later runtime of the process, where it resolves only the imports of
+/// executables that have them).
+pub(crate) fn set(flags: &[String]) -> Result<MutexGuard<'static, Vec<String>>, IreeError> {
+    let mut guard = FLAGS_LOCK.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+    let new: Vec<String> =
+        flags.iter().filter(|f| !(f.starts_with(PLUGIN_FLAG) && guard.contains(f))).cloned().collect();
     let owned: Vec<CString> = std::iter::once("seam".to_string())
-        .chain(flags.iter().cloned())
+        .chain(new.iter().cloned())
         .map(|f| CString::new(f).map_err(|_| IreeError::Runtime("an IREE flag holds a NUL byte".into())))
         .collect::<Result<_, _>>()?;
     // IREE keeps string flags (`--executable_plugin=PATH`) as views of argv's strings, as a
@@ -73,7 +96,14 @@ pub(crate) fn set(flags: &[String]) -> Result<MutexGuard<'static, ()>, IreeError
             flags.join(" ")
         )));
     }
+    guard.extend(new.into_iter().filter(|f| f.starts_with(PLUGIN_FLAG)));
     Ok(guard)
+}
+
+/// The `local-task` device of a runtime, created under `task`'s flags.
+pub fn create_cpu_device(task: &TaskSettings) -> Result<iree_runtime::Device, IreeError> {
+    let _guard = set(&task.flags())?;
+    Ok(iree_runtime::Device::create("local-task")?)
 }
 
 #[cfg(test)]
@@ -82,8 +112,9 @@ mod tests {
 
     #[test]
     fn every_flag_is_given_and_an_unknown_one_is_refused() {
-        let flags = TaskSettings { workers: Some(2) }.flags();
+        let flags = TaskSettings { workers: Some(2), plugin: None }.flags();
         assert_eq!(flags[0], "--task_topology_group_count=2");
+        assert_eq!(flags[1], "--task_worker_stack_size=131072");
         assert!(set(&flags).is_ok());
         let err = set(&["--no_such_iree_flag=1".to_string()]).unwrap_err();
         assert!(err.to_string().contains("--no_such_iree_flag=1"), "{err}");

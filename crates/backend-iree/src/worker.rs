@@ -52,18 +52,17 @@ impl WorkerHandle {
     /// the task system is set up as `task` says, and with `kernels` the device's executables can
     /// call seam's kernels ([`crate::kernel_plugin`]).
     pub fn spawn(device: IreeDevice, task: &TaskSettings, kernels: bool) -> Result<WorkerHandle, IreeError> {
-        let flags = (device == IreeDevice::Cpu).then(|| task.flags());
         let driver = device.driver()?;
-        let task = task.clone();
+        let plugin = if kernels { Some(crate::kernel_plugin::install()?) } else { None };
+        let task = TaskSettings { plugin, ..task.clone() };
         let (sender, receiver) = channel::<Job>();
         let (ready_tx, ready_rx) = channel::<Result<(), IreeError>>();
         std::thread::Builder::new()
             .name("seam-iree-runtime".into())
             .spawn(move || {
-                let created = match &flags {
-                    Some(_) if kernels => crate::kernel_plugin::cpu_device_with_kernels(&task),
-                    Some(flags) => task_flags::set(flags).and_then(|_guard| Ok(Device::create(driver)?)),
-                    None => Device::create(driver).map_err(IreeError::from),
+                let created = match device {
+                    IreeDevice::Cpu => task_flags::create_cpu_device(&task),
+                    IreeDevice::Cuda => Device::create(driver).map_err(IreeError::from),
                 };
                 let device = match created {
                     Ok(runtime) => runtime,

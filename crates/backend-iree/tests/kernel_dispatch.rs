@@ -5,8 +5,8 @@
 //! suite's (`tests/conformance.rs`).
 
 use backend_iree::compiler::{ensure_compiler_library, load_compiler, LLVM_CPU_FLAGS};
-use backend_iree::kernel_plugin::cpu_device_with_kernels;
-use backend_iree::task_flags::TaskSettings;
+use backend_iree::kernel_plugin::install;
+use backend_iree::task_flags::{create_cpu_device, TaskSettings};
 use half::f16;
 use iree_runtime::{ElementType, Program};
 
@@ -38,7 +38,8 @@ fn emitted_linear_dispatches_equal_the_kernels() {
     let library = ensure_compiler_library().expect("the IREE compiler");
     let (compiler, _) = load_compiler(&library).expect("loading the compiler");
     let vmfb = compiler.compile_str(&text, LLVM_CPU_FLAGS).unwrap_or_else(|e| panic!("{e}\n{text}"));
-    let device = cpu_device_with_kernels(&TaskSettings::default()).expect("the device");
+    let task = TaskSettings { plugin: Some(install().expect("the kernels plugin")), ..TaskSettings::default() };
+    let device = create_cpu_device(&task).expect("the device");
     let program = Program::load(&device, vmfb).expect("loading the module");
 
     let x: Vec<f32> = (0..t * k).map(|i| ((i * 7 % 13) as f32 - 6.0) * 0.25).collect();
