@@ -16,7 +16,7 @@
 //! Tolerances are the f16 ones: the KV cache is f16 and int4 scales are f16 on every device, and
 //! on a GPU the matrices are f16 too. Compiled executables are cached in `.seam/cache/pjrt`.
 
-use conformance::{ComputePrecision, SuiteOptions, Target};
+use conformance::{check_target, ComputePrecision, SuiteOptions, Target};
 
 fn main() {
     backend_pjrt::link();
@@ -47,18 +47,6 @@ fn main() {
         ..SuiteOptions::from_env()
     };
     let target = Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::F16);
-    let report = match conformance::run_targets(&[target], &options) {
-        Ok(report) => report,
-        Err(e) => {
-            eprintln!("conformance (kernels=none): {e}");
-            std::process::exit(1);
-        }
-    };
-    println!("pjrt-cpu with kernels=none (pure-StableHLO graphs):");
-    report.print_matrix();
-    if report.has_failures() {
-        eprintln!("conformance: FAILED with kernels=none");
-        std::process::exit(1);
-    }
+    check_target("pjrt-cpu with kernels=none (pure-StableHLO graphs)", target, &options);
     println!("conformance: pjrt passed");
 }
