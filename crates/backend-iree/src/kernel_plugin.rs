@@ -11,12 +11,12 @@
 //! An import receives one pointer to a packed struct of its arguments, in the order the
 //! executable's `func.call` passes them (memrefs as bare pointers, `llvm.bareptr`, each followed
 //! by its element offset; `index` values as `usize`). Each call is one IREE workgroup's share of
-//! the output rows, run on the calling IREE worker thread (the kernels' own pool is not used:
+//! the output rows (of a linear layer) or of the query heads (of attention), run on the calling IREE worker thread (the kernels' own pool is not used:
 //! IREE's workgroups are the split over the cores).
 
 use crate::error::IreeError;
 use cpu_kernels::pool::Pool;
-use cpu_kernels::{F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights};
+use cpu_kernels::{AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights};
 use graph_engine::linear_kernels::format::{F16, INT4};
 use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
 use graph_engine::linear_kernels::{linear_entry, LinearEntry};
@@ -49,7 +49,8 @@ unsafe impl Sync for Table {}
 // SAFETY: as above.
 unsafe impl Send for Table {}
 
-/// Every import: each linear target of `stablehlo_llama::linear_targets`.
+/// Every import: each linear target of `stablehlo_llama::linear_targets`, and the two attention
+/// targets.
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
@@ -63,6 +64,10 @@ fn table() -> &'static Table {
             .map(|(target, format, input, residual)| {
                 entry(&target, linear_entry::<LinearImports>(format, input, residual))
             })
+            .chain([
+                entry(stablehlo_llama::ATTENTION_DECODE_TARGET, attention::<false>),
+                entry(stablehlo_llama::ATTENTION_CAUSAL_TARGET, attention::<true>),
+            ])
             .collect();
         Table(entries)
     })
@@ -155,9 +160,9 @@ thread_local! {
     static SCRATCH: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// The packed arguments of a linear import (`stablehlo_llama::mlir::KernelDispatches`): a
-/// pointer and an element offset per operand and for the result, then `tokens, k, n, row0,
-/// rows`.
+/// The packed arguments of an import (`stablehlo_llama::mlir::KernelDispatches`): a pointer
+/// and an element offset per operand and for the result, then the call's shape words, then this
+/// workgroup's `first` and `count`.
 struct Packed(*const usize);
 
 impl Packed {
@@ -281,6 +286,80 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                     }
                 }
                 ok
+            })
+        }
+    })
+}
+
+thread_local! {
+    /// One query head's rows and attention output, gathered from and scattered to the call's
+    /// `[tokens, heads, head_dim]` arrays.
+    static HEAD_ROWS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
+}
+
+/// One workgroup's query heads of an attention call: `(q f32[T, H, D] (decode: [H, D]), keys
+/// f32[KVH, D, C], values f32[KVH, C, D], position i32[] [, rows i32[]]) -> f32[T, H, D]`, row
+/// `t` over cache positions `0..=position + t` and zero from `rows` on (decode: one row), as
+/// `cpu_kernels::attention_causal` on the calling thread, one head at a time.
+unsafe extern "C" fn attention<const CAUSAL: bool>(
+    params: *mut c_void,
+    _context: *mut c_void,
+    _reserved: *mut c_void,
+) -> c_int {
+    let result = if CAUSAL { 5 } else { 4 };
+    let p = Packed(params as *const usize);
+    guarded(|| {
+        // SAFETY: the executable passes `result + 1` pointer/offset pairs and seven words, over
+        // buffers of the shapes the graph emitter gave the dispatch (its words); this workgroup
+        // alone writes its heads' rows of the result.
+        unsafe {
+            let word = |i| p.word(result + 1, i);
+            let (tokens, heads, kv_heads, d, capacity, first, count) =
+                (word(0), word(1), word(2), word(3), word(4), word(5), word(6));
+            if kv_heads == 0 || heads % kv_heads != 0 || first + count > heads {
+                return false;
+            }
+            let position = p.operand::<i32>(3, 1)[0];
+            let rows = if CAUSAL { p.operand::<i32>(4, 1)[0] } else { 1 };
+            let (Ok(position), Ok(rows)) = (usize::try_from(position), usize::try_from(rows)) else {
+                return false;
+            };
+            let q = p.operand::<f32>(0, tokens * heads * d);
+            let keys = p.operand::<f32>(1, kv_heads * d * capacity);
+            let values = p.operand::<f32>(2, kv_heads * capacity * d);
+            let out = p.operand_mut::<f32>(result);
+            let group = heads / kv_heads;
+            let shape = AttentionShape { heads: 1, kv_heads: 1, head_dim: d, capacity };
+            let queries = CausalQueries { tokens, position, rows };
+            HEAD_ROWS.with(|rows_buffers| {
+                let (q_head, out_head) = &mut *rows_buffers.borrow_mut();
+                (first..first + count).all(|h| {
+                    let kvh = h / group;
+                    q_head.clear();
+                    for t in 0..tokens {
+                        q_head.extend_from_slice(&q[(t * heads + h) * d..(t * heads + h + 1) * d]);
+                    }
+                    out_head.resize(tokens * d, 0.0);
+                    let span = d * capacity;
+                    let ok = ONE_THREAD.with(|pool| {
+                        cpu_kernels::attention_causal(
+                            isa(),
+                            pool,
+                            shape,
+                            q_head,
+                            queries,
+                            &keys[kvh * span..(kvh + 1) * span],
+                            &values[kvh * span..(kvh + 1) * span],
+                            out_head,
+                        )
+                        .is_ok()
+                    });
+                    for t in 0..tokens {
+                        let dst = std::slice::from_raw_parts_mut(out.add((t * heads + h) * d), d);
+                        dst.copy_from_slice(&out_head[t * d..(t + 1) * d]);
+                    }
+                    ok
+                })
             })
         }
     })

@@ -44,10 +44,10 @@ impl IreeRuntime {
         flags: Vec<String>,
         model: LoadedModel<'_>,
     ) -> Result<Self> {
-        let (c, max_context) = (model.config, model.options.max_context);
+        let c = model.config;
         let cache_shape = CacheShape {
-            k: [c.num_hidden_layers, c.num_key_value_heads, c.head_dim, max_context],
-            v: [c.num_hidden_layers, c.num_key_value_heads, max_context, c.head_dim],
+            element: crate::worker::element_type(model.options.cache.arg_dtype()),
+            shapes: stablehlo_llama::cache_arg_shapes(c, model.options),
         };
         Ok(IreeRuntime {
             worker: WorkerHandle::spawn(device, task, model.options.host_kernels.is_some())?,
@@ -115,7 +115,7 @@ impl GraphRuntime for IreeRuntime {
     }
 
     fn new_cache(&self) -> Result<IreeCache> {
-        Ok(IreeCache { id: self.worker.new_cache(self.cache_shape)?, worker: self.worker.clone() })
+        Ok(IreeCache { id: self.worker.new_cache(self.cache_shape.clone())?, worker: self.worker.clone() })
     }
 
     fn copy_cache(&self, cache: &IreeCache) -> Result<IreeCache> {

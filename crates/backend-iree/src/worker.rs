@@ -26,12 +26,19 @@ use std::sync::mpsc::{channel, Sender};
 /// A session's KV cache on the worker.
 pub type CacheId = u64;
 
-/// Shapes of a session's two f16 cache tensors, as the graphs declare them (keys
-/// `[layers, kv_heads, head_dim, max_context]`, values `[layers, kv_heads, max_context, head_dim]`).
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// A session's cache tensors, as the graphs declare them (`stablehlo_llama::cache_arg_shapes`:
+/// stacked keys and values, or a pair per layer), all of one element type.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct CacheShape {
-    pub k: [usize; 4],
-    pub v: [usize; 4],
+    pub element: ElementType,
+    pub shapes: Vec<Vec<usize>>,
+}
+
+impl CacheShape {
+    /// Bytes of tensor `i`.
+    fn bytes(&self, i: usize) -> usize {
+        self.shapes[i].iter().product::<usize>() * self.element.size()
+    }
 }
 
 /// The VM module name of the emitted graphs (`module @seam_llama`): functions are resolved as
@@ -119,7 +126,7 @@ impl WorkerHandle {
         self.run(move |state| state.upload(&weights))
     }
 
-    /// Allocates a zeroed KV cache (keys and values) of `shape`.
+    /// Allocates a zeroed KV cache of `shape`.
     pub fn new_cache(&self, shape: CacheShape) -> Result<CacheId, IreeError> {
         self.run(move |state| state.new_cache(shape, None))
     }
@@ -128,8 +135,9 @@ impl WorkerHandle {
     /// has no device-to-device copy, and a fork is rare next to the steps).
     pub fn copy_cache(&self, from: CacheId) -> Result<CacheId, IreeError> {
         self.run(move |state| match state.caches.get(&from) {
-            Some(Cache { shape, buffers: Some((k, v)) }) => {
-                let (shape, contents) = (*shape, (k.read_bytes()?, v.read_bytes()?));
+            Some(Cache { shape, buffers: Some(buffers) }) => {
+                let contents = buffers.iter().map(BufferView::read_bytes).collect::<Result<Vec<_>, _>>()?;
+                let shape = shape.clone();
                 state.new_cache(shape, Some(contents))
             }
             _ => Err(IreeError::Runtime(format!("no live KV cache {from} to copy"))),
@@ -159,11 +167,11 @@ impl WorkerHandle {
     }
 }
 
-/// A cache's two buffers; `None` after a failed step consumed them (the session is then poisoned
-/// and its reset allocates fresh ones through [`WorkerHandle::new_cache`]).
+/// A cache's buffers, in argument order; `None` after a failed step consumed them (the session
+/// is then poisoned and its reset allocates fresh ones through [`WorkerHandle::new_cache`]).
 struct Cache {
     shape: CacheShape,
-    buffers: Option<(BufferView, BufferView)>,
+    buffers: Option<Vec<BufferView>>,
 }
 
 struct WorkerState {
@@ -189,17 +197,19 @@ impl WorkerState {
     }
 
     /// A new cache: zeros, or the bytes of an earlier one.
-    fn new_cache(&mut self, shape: CacheShape, contents: Option<(Vec<u8>, Vec<u8>)>) -> Result<CacheId, IreeError> {
-        let f16_bytes = |dims: &[usize; 4]| dims.iter().product::<usize>() * 2;
-        let (k, v) = match contents {
-            Some(kv) => kv,
-            None => (vec![0u8; f16_bytes(&shape.k)], vec![0u8; f16_bytes(&shape.v)]),
-        };
-        let k = self.device.upload(&k, ElementType::F16, &shape.k)?;
-        let v = self.device.upload(&v, ElementType::F16, &shape.v)?;
+    fn new_cache(&mut self, shape: CacheShape, contents: Option<Vec<Vec<u8>>>) -> Result<CacheId, IreeError> {
+        let mut buffers = Vec::with_capacity(shape.shapes.len());
+        let zeros = vec![0u8; (0..shape.shapes.len()).map(|i| shape.bytes(i)).max().unwrap_or(0)];
+        for (i, dims) in shape.shapes.iter().enumerate() {
+            let bytes = match &contents {
+                Some(contents) => &contents[i][..],
+                None => &zeros[..shape.bytes(i)],
+            };
+            buffers.push(self.device.upload(bytes, shape.element, dims)?);
+        }
         let id = self.next_cache;
         self.next_cache += 1;
-        self.caches.insert(id, Cache { shape, buffers: Some((k, v)) });
+        self.caches.insert(id, Cache { shape, buffers: Some(buffers) });
         Ok(id)
     }
 
@@ -261,31 +271,31 @@ impl WorkerState {
                 Some(_) => {}
             }
         }
+        let leading_count = leading.len();
         let mut taken: Vec<BufferView> = leading;
         for id in cache_ids {
             // Taken out: the function consumes these buffers and returns the updated ones.
             let cache = self.caches.get_mut(id).unwrap_or_else(|| unreachable!("checked above"));
-            let (k, v) = cache.buffers.take().unwrap_or_else(|| unreachable!("checked above"));
-            taken.push(k);
-            taken.push(v);
+            taken.extend(cache.buffers.take().unwrap_or_else(|| unreachable!("checked above")));
         }
+        let per_cache = taken.len() - leading_count;
         let inputs: Vec<&BufferView> = taken.iter().chain(&self.weights).collect();
         let outputs = function.invoke(&inputs);
         drop(inputs);
         drop(taken);
         let mut outputs = outputs?.into_iter();
-        // (tokens, k and v cache of each sequence, logits): every function of the module returns
-        // the logits; they stay in device memory unless the call asks for them.
-        let expected = 2 + 2 * cache_ids.len();
+        // (tokens, the cache tensors of each sequence, logits): every function of the module
+        // returns the logits; they stay in device memory unless the call asks for them.
+        let per_cache = per_cache / cache_ids.len().max(1);
+        let expected = 2 + per_cache * cache_ids.len();
         if outputs.len() != expected {
             return Err(IreeError::Runtime(format!("{name} returned {} results, expected {expected}", outputs.len())));
         }
         let tokens = outputs.next().unwrap_or_else(|| unreachable!("counted above"));
         for id in cache_ids {
-            let k = outputs.next().unwrap_or_else(|| unreachable!("counted above"));
-            let v = outputs.next().unwrap_or_else(|| unreachable!("counted above"));
+            let buffers: Vec<BufferView> = outputs.by_ref().take(per_cache).collect();
             if let Some(cache) = self.caches.get_mut(id) {
-                cache.buffers = Some((k, v));
+                cache.buffers = Some(buffers);
             }
         }
         let tokens = tokens.read::<i32>()?;
@@ -315,7 +325,7 @@ impl WorkerState {
 }
 
 /// The runtime's element type of a graph argument's.
-fn element_type(dtype: ArgDtype) -> ElementType {
+pub(crate) fn element_type(dtype: ArgDtype) -> ElementType {
     match dtype {
         ArgDtype::F32 => ElementType::F32,
         ArgDtype::F16 => ElementType::F16,

@@ -62,6 +62,17 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
     let request = args.load.request(&args.target, &model_dir, &bar)?;
     let engine = args.target.load(backend.as_ref(), &request)?;
     bar.finish();
+    // Graphs a runtime would otherwise compile on first use (a batch size first reached under
+    // load) would stall every running stream for as long as the compile takes.
+    let started = std::time::Instant::now();
+    engine.prepare_for_serving(args.parallel as usize)?;
+    if started.elapsed() > Duration::from_secs(1) {
+        say!(
+            "prepared the graphs for up to {} parallel sequences in {:.1} s",
+            args.parallel,
+            started.elapsed().as_secs_f64()
+        );
+    }
     // A server keeps running: what the load freed goes back to the system now.
     session_api::stats::release_freed_memory();
     let info = engine.info();

@@ -197,6 +197,19 @@ impl<R: GraphRuntime> Engine for GraphEngine<R> {
         capabilities_with(self.shared.max_context, self.shared.runtime.decodes_batches())
     }
 
+    fn prepare_for_serving(&self, sequences: usize) -> Result<()> {
+        let shared = &self.shared;
+        for graph in token_graphs(&shared.buckets) {
+            shared.ensure_token_graph(graph)?;
+        }
+        if shared.runtime.decodes_batches() {
+            for &batch in DECODE_BATCHES.iter().rev().filter(|&&batch| batch <= sequences) {
+                shared.ensure_token_graph(batch_graph(batch))?;
+            }
+        }
+        Ok(())
+    }
+
     fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
         self.shared.runtime.measure_memory_bandwidth()
     }

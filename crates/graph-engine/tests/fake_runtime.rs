@@ -18,8 +18,8 @@ use graph_engine::{
     GraphSettings, LoadedModel, PreparedWeights, DEFAULT_MAX_CONTEXT,
 };
 use session_api::{
-    Availability, Backend, Capabilities, Engine, LoadRequest, Result, SeamError, SessionOptions, SessionSteps,
-    StepInput,
+    Availability, Backend, BatchEntry, Capabilities, Engine, LoadRequest, Result, SeamError, Session, SessionOptions,
+    SessionSteps, StepInput, WeightFormat,
 };
 use stablehlo_llama::{
     buckets_for_context, emit_entry_module, graph_weight_args, GraphKind, GraphOptions, GraphSpec, LayerMode,
@@ -37,6 +37,8 @@ struct FakeRuntime {
     options: GraphOptions,
     loaded: Mutex<Vec<String>>,
     uploaded: AtomicBool,
+    /// Set once the engine was prepared for serving: from then on a load is refused.
+    sealed: AtomicBool,
 }
 
 impl FakeRuntime {
@@ -50,6 +52,7 @@ impl FakeRuntime {
             options: model.options.clone(),
             loaded: Mutex::new(Vec::new()),
             uploaded: AtomicBool::new(false),
+            sealed: AtomicBool::new(false),
         })
     }
 }
@@ -64,6 +67,9 @@ impl GraphRuntime for FakeRuntime {
     type Cache = FakeCache;
 
     fn load_graphs(&self, graphs: &[GraphSpec]) -> Result<CompileReport> {
+        if self.sealed.load(Ordering::SeqCst) {
+            return Err(SeamError::Backend(format!("{graphs:?} loaded after the engine was prepared for serving")));
+        }
         // A group the plan does not list is one that compiling ahead (`seam compile`) would miss.
         let planned = graph_groups(&buckets_for_context(self.options.max_context));
         if !planned.iter().any(|group| group == graphs) {
@@ -184,6 +190,12 @@ impl Backend for FakeBackend {
         capabilities_with(DEFAULT_MAX_CONTEXT, true)
     }
     fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {
+        Ok(Arc::new(load_fake(request)?))
+    }
+}
+
+fn load_fake(request: &LoadRequest) -> Result<graph_engine::GraphEngine<FakeRuntime>> {
+    {
         let settings = GraphSettings {
             layers: LayerMode::UnrolledCachePerLayer,
             dense: StorageDtype::F32,
@@ -202,8 +214,31 @@ impl Backend for FakeBackend {
                 info.decode_bytes_per_token, info.weight_bytes
             )));
         }
-        Ok(Arc::new(engine))
+        Ok(engine)
     }
+}
+
+/// After `prepare_for_serving(5)` the engine decodes batches of up to five sequences (a call of
+/// four and a lone one) without loading any graph: a server never compiles while serving.
+fn prepared_engine_loads_nothing_while_serving() -> std::result::Result<(), String> {
+    let models = conformance::models::tiny_models(&conformance::models::default_cache_dir())?;
+    let request = LoadRequest::new(&models[0].dir, WeightFormat::F16);
+    let engine = load_fake(&request).map_err(|e| e.to_string())?;
+    engine.prepare_for_serving(5).map_err(|e| e.to_string())?;
+    engine.runtime().sealed.store(true, Ordering::SeqCst);
+    let engine: Arc<dyn Engine> = Arc::new(engine);
+    let mut sessions = Vec::new();
+    for i in 0..5u32 {
+        let mut session = engine.new_checked_session(SessionOptions::default()).map_err(|e| e.to_string())?;
+        session.prefill(&[1 + i, 2, 3]).map_err(|e| e.to_string())?;
+        sessions.push(session);
+    }
+    let mut entries: Vec<BatchEntry<'_>> =
+        sessions.iter_mut().map(|session| BatchEntry { session, token: 4 }).collect();
+    for result in engine.decode_batch(&mut entries) {
+        result.map_err(|e| format!("a batched decode after prepare_for_serving: {e}"))?;
+    }
+    Ok(())
 }
 
 fn main() {
@@ -228,5 +263,9 @@ fn main() {
         );
         std::process::exit(1);
     }
-    println!("conformance: {NAME} passed");
+    if let Err(e) = prepared_engine_loads_nothing_while_serving() {
+        eprintln!("{NAME}: {e}");
+        std::process::exit(1);
+    }
+    println!("conformance: {NAME} passed; a prepared engine served batches without loading a graph");
 }

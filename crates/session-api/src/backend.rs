@@ -252,6 +252,15 @@ pub trait Engine: Send + Sync {
         Ok(None)
     }
 
+    /// Makes ready now what serving up to `sequences` sequences at once would otherwise make on
+    /// first use (a compiling backend's graphs for each prompt chunk and batch size), so that a
+    /// server pays for it before it accepts requests instead of stalling every running stream
+    /// in the middle of serving. The default has nothing to prepare.
+    fn prepare_for_serving(&self, sequences: usize) -> Result<()> {
+        let _ = sequences;
+        Ok(())
+    }
+
     /// The raw steps of a new, empty sequence. `options` have already been checked against
     /// [`Engine::capabilities`]; sampling happens above the backend, so most backends ignore them.
     fn open_steps(&self, options: &SessionOptions) -> Result<Box<dyn SessionSteps>>;

@@ -173,7 +173,7 @@ pub enum KernelCalls {
     /// IREE: each call is a `flow.dispatch` of a `stream.executable` whose workgroups each call
     /// the target as an executable import for a share of the output rows
     /// ([`crate::mlir::KernelDispatches`]); the runtime provides the imports through an
-    /// executable plugin. Only the linear targets exist in this form (attention stays in the graph).
+    /// executable plugin.
     IreeDispatch,
 }
 
@@ -205,7 +205,7 @@ impl GraphOptions {
     /// position, [`ATTENTION_CAUSAL_TARGET`] for a run of them), each query reading only the cache
     /// positions it may see: host kernels, per-layer caches, an f32 cache (what the kernels read).
     pub fn attention_kernel(&self) -> bool {
-        self.host_kernels.is_some_and(|k| k.calls == KernelCalls::XlaCustomCall)
+        self.host_kernels.is_some()
             && self.layers == LayerMode::UnrolledCachePerLayer
             && self.cache == StorageDtype::F32
     }
@@ -1701,7 +1701,7 @@ mod tests {
         let text = emit_module(&c, &options, &[DECODE, prefill]).unwrap();
         assert!(!text.contains("custom_call"), "no XLA custom call in IREE's form");
         // Seven products per layer and the LM head, in both functions; attention stays in the
-        // graph (the kernels' attention reads f32 per-layer caches, which IREE's graphs do not have).
+        // graph (the kernels' attention reads f32 per-layer caches, which these options lack).
         assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (7 * layers + 1));
         assert_eq!(text.matches("stream.executable private @seam_kernels").count(), 1);
         // One export per target and shape: the layers' same-shaped products share theirs.
@@ -1714,6 +1714,25 @@ mod tests {
             assert_eq!(text.matches(&format!("func.func private @{name}(")).count(), 1, "{name}");
         }
         assert!(text.contains("stablehlo.dot_general"), "attention is the graph's own");
+
+        // With per-layer f32 caches each layer's attention is a dispatch too, one query head per
+        // workgroup: the workload is the heads.
+        let options = GraphOptions { layers: LayerMode::UnrolledCachePerLayer, cache: StorageDtype::F32, ..options };
+        assert!(options.attention_kernel());
+        let text = emit_module(&c, &options, &[DECODE, prefill]).unwrap();
+        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (8 * layers + 1));
+        assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{ATTENTION_DECODE_TARGET}_")).count(), layers);
+        assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{ATTENTION_CAUSAL_TARGET}_")).count(), layers);
+        assert!(!text.contains("stablehlo.dot_general"), "every product and attention is a kernel");
+        let heads = c.num_attention_heads;
+        assert!(text.contains(&format!("= arith.constant {heads} : index\n    %")), "workload of the heads");
+        for target in [ATTENTION_DECODE_TARGET, ATTENTION_CAUSAL_TARGET] {
+            let line = text.lines().find(|l| l.contains(&format!("func.func private @{target}("))).unwrap();
+            // q, keys, values, position (and rows), result: pointer and offset each; five shape
+            // words, first and count.
+            let pairs = if target == ATTENTION_DECODE_TARGET { 5 } else { 6 };
+            assert_eq!(line.matches("index").count(), pairs + 7, "{line}");
+        }
     }
 
     #[test]

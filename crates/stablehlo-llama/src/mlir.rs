@@ -162,8 +162,8 @@ impl FnBuilder {
     /// returns one array of type `ty`. Only a runtime that registered `target` can compile it.
     pub fn custom_call(&mut self, target: &str, operands: &[&Val], ty: Ty) -> Val {
         if let Some(dispatches) = &mut self.dispatches {
-            let export = dispatches.export_for(target, operands, &ty);
-            return self.flow_dispatch(&export, operands, ty);
+            let (export, workload) = dispatches.export_for(target, operands, &ty);
+            return self.flow_dispatch(&export, workload, operands, ty);
         }
         let attrs = format!("api_version = 4 : i32, backend_config = {{}}, call_target_name = \"{target}\"");
         self.op("custom_call", operands, &attrs, ty)
@@ -180,12 +180,12 @@ impl FnBuilder {
         self.dispatches.take()
     }
 
-    /// `flow.dispatch @seam_kernels::@export[rows](operands) -> ty`: the workload is the result's
-    /// last dimension (the output rows the workgroups share).
-    fn flow_dispatch(&mut self, export: &str, operands: &[&Val], ty: Ty) -> Val {
+    /// `flow.dispatch @seam_kernels::@export[workload](operands) -> ty`: the workload is what the
+    /// export's workgroups share (see [`KernelDispatches`]).
+    fn flow_dispatch(&mut self, export: &str, extent: usize, operands: &[&Val], ty: Ty) -> Val {
         let workload = format!("%{}", self.next);
         self.next += 1;
-        writeln!(self.body, "    {workload} = arith.constant {} : index", ty.dims[ty.dims.len() - 1]).unwrap();
+        writeln!(self.body, "    {workload} = arith.constant {extent} : index").unwrap();
         let result = format!("%{}", self.next);
         self.next += 1;
         let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
@@ -603,27 +603,63 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 /// export of the `stream.executable @seam_kernels` per distinct target and operand shapes.
 ///
 /// An export's workgroups each call the executable import named like the target with the
-/// operands' buffers and one share of the output rows, in this calling convention (the
-/// runtime's import reads it as a packed struct of pointer-sized words): for each operand, then
-/// the result, a bare pointer and its element offset; then `tokens` (the result's rows), `k`
-/// (the first operand's columns), `n` (the result's columns), `row0` and `rows` (this
-/// workgroup's output columns `row0..row0 + rows`).
+/// operands' buffers and one share of the work, in this calling convention (the runtime's
+/// import reads it as a packed struct of pointer-sized words): for each operand, then the
+/// result, a bare pointer and its element offset; then the call's shape words ([`Split`]); then
+/// `first` and `count`, this workgroup's share.
+///
+/// - A linear target's shape words are `tokens` (the result's rows), `k` (the first operand's
+///   columns) and `n` (the result's columns); a workgroup computes output columns
+///   `first..first + count` of every token.
+/// - An attention target's ([`crate::ATTENTION_DECODE_TARGET`], [`crate::ATTENTION_CAUSAL_TARGET`])
+///   are `tokens`, `heads`, `kv_heads`, `head_dim` and `capacity` (the cache's positions); a
+///   workgroup computes query heads `first..first + count` of every token.
 #[derive(Debug, Default, Clone)]
 pub struct KernelDispatches {
     /// (export name, target, operand types, result type), in first-use order.
     exports: Vec<(String, String, Vec<Ty>, Ty)>,
 }
 
+/// How one kernel call is shared among workgroups, and the shape words its import receives.
+struct Split {
+    /// The extent the workgroups share (output columns, or query heads), the dispatch's workload.
+    extent: usize,
+    /// Most of it one workgroup takes.
+    per_group: usize,
+    /// The call's shape words (see [`KernelDispatches`]).
+    words: Vec<usize>,
+}
+
+impl Split {
+    fn of(target: &str, operands: &[Ty], result: &Ty) -> Split {
+        let dims = &result.dims;
+        if target == crate::ATTENTION_DECODE_TARGET || target == crate::ATTENTION_CAUSAL_TARGET {
+            // result [T, H, D] (causal) or [H, D] (decode); keys [KVH, D, C]. One query head per
+            // workgroup: a head's work is small, and the heads of one KV head are few.
+            let (heads, head_dim) = (dims[dims.len() - 2], dims[dims.len() - 1]);
+            let tokens = if dims.len() == 3 { dims[0] } else { 1 };
+            let keys = &operands[1].dims;
+            return Split { extent: heads, per_group: 1, words: vec![tokens, heads, keys[0], head_dim, keys[2]] };
+        }
+        let n = dims[dims.len() - 1];
+        let tokens: usize = dims[..dims.len() - 1].iter().product();
+        let k = operands[0].dims[operands[0].dims.len() - 1];
+        Split { extent: n, per_group: rows_per_workgroup(n), words: vec![tokens, k, n] }
+    }
+}
+
 impl KernelDispatches {
-    /// The export for `target` over these operands (made on first use).
-    fn export_for(&mut self, target: &str, operands: &[&Val], result: &Ty) -> String {
+    /// The export for `target` over these operands (made on first use), and the workload of a
+    /// dispatch of it.
+    fn export_for(&mut self, target: &str, operands: &[&Val], result: &Ty) -> (String, usize) {
         let types: Vec<Ty> = operands.iter().map(|v| v.ty.clone()).collect();
+        let extent = Split::of(target, &types, result).extent;
         if let Some((name, ..)) = self.exports.iter().find(|(_, t, o, r)| t == target && *o == types && r == result) {
-            return name.clone();
+            return (name.clone(), extent);
         }
         let name = format!("{target}_{}", self.exports.len());
         self.exports.push((name.clone(), target.to_string(), types, result.clone()));
-        name
+        (name, extent)
     }
 
     /// The `stream.executable` defining every export (empty when the module dispatches none).
@@ -633,14 +669,15 @@ impl KernelDispatches {
         }
         let mut s = String::new();
         writeln!(s, "  stream.executable private @{KERNEL_EXECUTABLE} {{").unwrap();
-        for (name, _, _, result) in &self.exports {
-            let rows = rows_per_workgroup(result.dims[result.dims.len() - 1]);
+        for (name, target, operands, result) in &self.exports {
+            let per_group = Split::of(target, operands, result).per_group;
             writeln!(
                 s,
                 "    stream.executable.export public @{name} workgroups(%workload: index) -> (index, index, index) {{"
             )
             .unwrap();
-            writeln!(s, "      %groups = affine.apply affine_map<()[s0] -> (s0 ceildiv {rows})>()[%workload]").unwrap();
+            writeln!(s, "      %groups = affine.apply affine_map<()[s0] -> (s0 ceildiv {per_group})>()[%workload]")
+                .unwrap();
             writeln!(s, "      %one = arith.constant 1 : index").unwrap();
             writeln!(s, "      stream.return %groups, %one, %one : index, index, index").unwrap();
             writeln!(s, "    }}").unwrap();
@@ -652,7 +689,7 @@ impl KernelDispatches {
                 continue;
             }
             declared.push(target);
-            let params = import_params(operands, result);
+            let params = import_params(target, operands, result);
             writeln!(s, "      func.func private @{target}({params}) attributes {{llvm.bareptr = true}}").unwrap();
         }
         for (name, target, operands, result) in &self.exports {
@@ -672,11 +709,13 @@ fn rows_per_workgroup(n: usize) -> usize {
 }
 
 /// The parameter types of a target's import, in the calling convention of [`KernelDispatches`]:
-/// a bare pointer and an element offset for each operand and the result, then five `index`es.
-fn import_params(operands: &[Ty], result: &Ty) -> String {
+/// a bare pointer and an element offset for each operand and the result, then the shape words,
+/// `first` and `count`, each an `index`.
+fn import_params(target: &str, operands: &[Ty], result: &Ty) -> String {
+    let words = Split::of(target, operands, result).words.len() + 2;
     let mut params: Vec<String> =
         operands.iter().chain(std::iter::once(result)).map(|t| format!("memref<{}>, index", t.elem.mlir())).collect();
-    params.push("index, index, index, index, index".to_string());
+    params.extend(std::iter::repeat_n("index".to_string(), words));
     params.join(", ")
 }
 
@@ -696,23 +735,21 @@ fn memref(ty: &Ty) -> String {
 }
 
 /// The function of one export: its bindings as memrefs, their base pointers and offsets, and
-/// the import call for this workgroup's rows.
+/// the import call for this workgroup's share.
 fn export_function(name: &str, target: &str, operands: &[Ty], result: &Ty) -> String {
-    let n = result.dims[result.dims.len() - 1];
-    let tokens: usize = result.dims[..result.dims.len() - 1].iter().product();
-    let k = operands[0].dims[operands[0].dims.len() - 1];
-    let rows = rows_per_workgroup(n);
+    let Split { extent, per_group, words } = Split::of(target, operands, result);
     let all: Vec<&Ty> = operands.iter().chain(std::iter::once(result)).collect();
     let mut s = String::new();
     let bindings: Vec<String> = (0..all.len()).map(|i| format!("%b{i}: !stream.binding")).collect();
     writeln!(s, "      func.func @{name}({}) {{", bindings.join(", ")).unwrap();
     writeln!(s, "        %c0 = arith.constant 0 : index").unwrap();
     writeln!(s, "        %id = stream.dispatch.workgroup.id[0] : index").unwrap();
-    writeln!(s, "        %row0 = affine.apply affine_map<()[s0] -> (s0 * {rows})>()[%id]").unwrap();
-    writeln!(s, "        %rows = affine.min affine_map<()[s0] -> ({rows}, {n} - s0 * {rows})>()[%id]").unwrap();
-    writeln!(s, "        %tokens = arith.constant {tokens} : index").unwrap();
-    writeln!(s, "        %k = arith.constant {k} : index").unwrap();
-    writeln!(s, "        %n = arith.constant {n} : index").unwrap();
+    writeln!(s, "        %first = affine.apply affine_map<()[s0] -> (s0 * {per_group})>()[%id]").unwrap();
+    writeln!(s, "        %count = affine.min affine_map<()[s0] -> ({per_group}, {extent} - s0 * {per_group})>()[%id]")
+        .unwrap();
+    for (i, word) in words.iter().enumerate() {
+        writeln!(s, "        %w{i} = arith.constant {word} : index").unwrap();
+    }
     let mut args = Vec::new();
     for (i, ty) in all.iter().enumerate() {
         let m = memref(ty);
@@ -733,8 +770,9 @@ fn export_function(name: &str, target: &str, operands: &[Ty], result: &Ty) -> St
         .unwrap();
         args.push(format!("%p{i}, %o{i}"));
     }
-    args.push("%tokens, %k, %n, %row0, %rows".to_string());
-    let params = import_params(operands, result);
+    args.extend((0..words.len()).map(|i| format!("%w{i}")));
+    args.push("%first, %count".to_string());
+    let params = import_params(target, operands, result);
     writeln!(s, "        func.call @{target}({}) : ({params}) -> ()", args.join(", ")).unwrap();
     writeln!(s, "        return").unwrap();
     writeln!(s, "      }}").unwrap();
