@@ -22,6 +22,7 @@ use std::sync::Mutex;
 
 /// One model's graphs on IREE.
 pub struct IreeRuntime {
+    device: IreeDevice,
     worker: WorkerHandle,
     compiler: CompilerChoice,
     flags: Vec<String>,
@@ -50,6 +51,7 @@ impl IreeRuntime {
             shapes: stablehlo_llama::cache_arg_shapes(c, model.options),
         };
         Ok(IreeRuntime {
+            device,
             worker: WorkerHandle::spawn(device, task, model.options.host_kernels.is_some())?,
             compiler,
             flags,
@@ -124,6 +126,16 @@ impl GraphRuntime for IreeRuntime {
 
     fn execute(&self, cache: &mut IreeCache, call: &GraphCall) -> Result<GraphOutput> {
         Ok(self.worker.step(cache.id, self.module_of(call.graph)?, call.clone())?)
+    }
+
+    /// On the CPU, the kernels' read probe (every core summing a buffer larger than the
+    /// last-level cache, as decode streams the weights through the same kernels); no probe on a
+    /// GPU yet.
+    fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
+        Ok((self.device == IreeDevice::Cpu).then(|| {
+            let pool = cpu_kernels::pool::Pool::global();
+            cpu_kernels::bandwidth::measure_read_bandwidth(pool, cpu_kernels::bandwidth::DEFAULT_PROBE_BYTES)
+        }))
     }
 
     fn decodes_batches(&self) -> bool {

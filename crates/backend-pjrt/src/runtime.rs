@@ -193,13 +193,22 @@ impl GraphRuntime for PjrtRuntime {
         self.weights.set(buffers).map_err(|_| SeamError::Backend("the weights were uploaded twice".into()))
     }
 
-    /// The better of two probes over a large f32 array on the device, each a warm-up run then the
-    /// best of five: `y = x + 1` (a copy: every element read once and written once) and the sum
-    /// of `x` (reads only, like decode). XLA's elementwise kernel alone stays well below what the
-    /// memory delivers, which would overstate the fraction decode reaches.
+    /// In host memory, the kernels' read probe (every core summing a buffer larger than the
+    /// last-level cache, as decode streams the weights through the same kernels); XLA's CPU
+    /// reduce reads well below what the memory delivers, which overstated the fraction decode
+    /// reaches. On a device, the better of two probes over a large f32 array, each a warm-up run
+    /// then the best of five: `y = x + 1` (a copy: every element read once and written once) and
+    /// the sum of `x` (reads only, like decode).
     fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
-        // Large enough that launch overhead is noise: 1 GiB in on a device, 256 MiB in host memory.
-        let n: usize = if self.host_memory { 64 << 20 } else { 256 << 20 };
+        if self.host_memory {
+            let pool = cpu_kernels::pool::Pool::global();
+            return Ok(Some(cpu_kernels::bandwidth::measure_read_bandwidth(
+                pool,
+                cpu_kernels::bandwidth::DEFAULT_PROBE_BYTES,
+            )));
+        }
+        // Large enough that launch overhead is noise: 1 GiB in.
+        let n: usize = 256 << 20;
         let copy = format!(
             "module @bandwidth_copy {{\n  func.func public @main(%x: tensor<{n}xf32>) -> tensor<{n}xf32> {{\n    \
              %one = stablehlo.constant dense<1.0> : tensor<{n}xf32>\n    \

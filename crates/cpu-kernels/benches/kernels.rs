@@ -3,42 +3,20 @@
 //! `cargo bench -p cpu-kernels [-- --quick]`. For each matrix shape it cycles through enough
 //! copies of the matrix to exceed the last-level cache (so the weights come from memory, as in a
 //! decode step), times one-token products, and prints bytes read per second and the fraction of a
-//! read probe: the best of several parallel sums over a 512 MiB buffer on the same pool.
+//! read probe (`cpu_kernels::bandwidth::measure_read_bandwidth`, on the same pool).
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
     attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int8, AttentionShape, CausalQueries, F16Matrix,
     Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
 };
-use std::hint::black_box;
 use std::time::Instant;
 
-const WORKING_SET: usize = 512 << 20;
+/// What the matrix copies a timing cycles through add up to: as much as the probe reads.
+const WORKING_SET: usize = cpu_kernels::bandwidth::DEFAULT_PROBE_BYTES;
 
 fn probe(pool: &Pool) -> f64 {
-    let data = vec![1.0f32; WORKING_SET / 4];
-    let tasks = pool.threads() * 8;
-    let chunk = data.len().div_ceil(tasks);
-    let mut best = 0.0f64;
-    for _ in 0..5 {
-        let start = Instant::now();
-        let sums: Vec<std::sync::atomic::AtomicU32> = (0..tasks).map(|_| Default::default()).collect();
-        pool.run(tasks, &|t| {
-            let part = &data[(t * chunk).min(data.len())..((t + 1) * chunk).min(data.len())];
-            // Eight independent sums so the adds do not serialize on one register.
-            let mut acc = [0.0f32; 8];
-            for c in part.chunks_exact(8) {
-                for i in 0..8 {
-                    acc[i] += c[i];
-                }
-            }
-            sums[t].store(acc.iter().sum::<f32>().to_bits(), std::sync::atomic::Ordering::Relaxed);
-        });
-        let secs = start.elapsed().as_secs_f64();
-        black_box(&sums);
-        best = best.max(WORKING_SET as f64 / secs);
-    }
-    best
+    cpu_kernels::bandwidth::measure_read_bandwidth(pool, cpu_kernels::bandwidth::DEFAULT_PROBE_BYTES)
 }
 
 fn time<F: FnMut(usize)>(copies: usize, mut f: F) -> f64 {

@@ -30,6 +30,7 @@
 //! against (through the backends that call them).
 
 mod attention;
+pub mod bandwidth;
 mod gemm;
 mod isa;
 mod linear;
