@@ -46,7 +46,8 @@ cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
 wait_healthy() {
-  for _ in $(seq 1 600); do
+  # seam serve compiles every graph it may use before it listens (minutes on a cold cache).
+  for _ in $(seq 1 2400); do
     curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
     sleep 0.5
   done

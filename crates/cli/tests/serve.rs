@@ -294,6 +294,21 @@ fn concurrent_requests_equal_their_solo_output_and_a_hang_up_frees_its_slot() {
 }
 
 #[test]
+fn a_prompt_that_extends_an_earlier_one_reuses_its_cache_and_gets_seam_runs_text() {
+    let served = Served::start(&["--parallel", "1"]);
+    let first = "The lighthouse keeper opened the door and";
+    let answer = served.post("/v1/completions", &completion_body(first, 6, false));
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    // The conversation so far and one more turn, as a chat client resends it.
+    let longer = format!("{first}{} Then the keeper", answer.json()["choices"][0]["text"].as_str().unwrap());
+    let again = served.post("/v1/completions", &completion_body(&longer, 6, false));
+    assert_eq!(again.status, 200, "{}", again.body);
+    assert_eq!(again.json()["choices"][0]["text"], seam_run(&longer, false, 6), "reused prefix changed the text");
+    let reused = served.metric("seam_prompt_tokens_reused_total");
+    assert!(reused >= 8.0, "{reused} prompt tokens reused");
+}
+
+#[test]
 fn mistakes_get_openai_errors_and_a_full_queue_gets_429() {
     let served = Served::start(&["--parallel", "1", "--max-queue", "1"]);
     let error = |answer: &Response| answer.json()["error"].clone();

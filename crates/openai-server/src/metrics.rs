@@ -28,8 +28,10 @@ pub struct Metrics {
     pub cancelled: Counter,
     /// Generations the backend failed.
     pub failed: Counter,
-    /// Prompt tokens prefilled.
+    /// Prompt tokens of the requests whose prompt was read in.
     pub prompt_tokens: Counter,
+    /// Of those, the tokens a kept session already held (a shared prefix), not prefilled again.
+    pub prompt_tokens_reused: Counter,
     /// Tokens generated.
     pub generation_tokens: Counter,
     /// Requests waiting for a slot.
@@ -55,6 +57,7 @@ impl Metrics {
         let cancelled = Counter::default();
         let failed = Counter::default();
         let prompt_tokens = Counter::default();
+        let prompt_tokens_reused = Counter::default();
         let generation_tokens = Counter::default();
         let queue_depth = Gauge::default();
         let running = Gauge::default();
@@ -67,7 +70,12 @@ impl Metrics {
         registry.register("requests_completed", "Generations that ran to their end", completed.clone());
         registry.register("requests_cancelled", "Generations whose client went away", cancelled.clone());
         registry.register("requests_failed", "Generations the backend failed", failed.clone());
-        registry.register("prompt_tokens", "Prompt tokens prefilled", prompt_tokens.clone());
+        registry.register("prompt_tokens", "Prompt tokens of requests whose prompt was read in", prompt_tokens.clone());
+        registry.register(
+            "prompt_tokens_reused",
+            "Prompt tokens a kept session already held (a shared prefix), not prefilled again",
+            prompt_tokens_reused.clone(),
+        );
         registry.register("generation_tokens", "Tokens generated", generation_tokens.clone());
         registry.register("queue_depth", "Requests waiting for a slot", queue_depth.clone());
         registry.register("running_requests", "Requests holding a slot", running.clone());
@@ -90,6 +98,7 @@ impl Metrics {
             cancelled,
             failed,
             prompt_tokens,
+            prompt_tokens_reused,
             generation_tokens,
             queue_depth,
             running,

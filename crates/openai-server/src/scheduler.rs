@@ -163,8 +163,12 @@ struct Running {
     session: CheckedSession,
     generation: Generation,
     arrived: Instant,
-    /// Prompt tokens prefilled so far.
+    /// Prompt tokens in the session so far (prefilled, or kept from an earlier request).
     prefilled: usize,
+    /// Prompt tokens kept from an earlier request.
+    reused: usize,
+    /// Every token in the session's cache, in order: what a later request may reuse.
+    cached: Vec<u32>,
     /// The token to feed back next (set once the prompt is in).
     next: Option<u32>,
     /// When the last token was produced, for per-token latency.
@@ -180,8 +184,9 @@ struct EngineThread {
     queued: Arc<AtomicUsize>,
     waiting: VecDeque<Waiting>,
     running: Vec<Running>,
-    /// Sessions of finished requests, kept for the next ones.
-    free: Vec<CheckedSession>,
+    /// Sessions of finished requests, kept for the next ones, each with the tokens its cache
+    /// holds.
+    free: Vec<(CheckedSession, Vec<u32>)>,
 }
 
 impl EngineThread {
@@ -231,7 +236,7 @@ impl EngineThread {
             if running.job.events.is_closed() {
                 self.metrics.cancelled.inc();
                 let running = self.running.swap_remove(i);
-                self.release(running.session);
+                self.release(running.session, running.cached);
             } else if running.arrived.elapsed() >= limit {
                 self.end(i, End::TimeLimit);
             } else {
@@ -240,23 +245,35 @@ impl EngineThread {
         }
     }
 
-    /// Gives free slots to waiting requests, in arrival order.
+    /// Gives free slots to waiting requests, in arrival order. A request takes the kept session
+    /// whose cache shares the longest prefix with its prompt and prefills only the rest (a chat
+    /// resending its conversation, many requests with one system prompt), as llama-server's
+    /// prompt cache does; its last prompt token is always prefilled, for the first token's logits.
     fn admit(&mut self) {
         while self.running.len() < self.config.slots {
             let Some(Waiting { mut job, arrived }) = self.waiting.pop_front() else { return };
             self.queued.fetch_sub(1, Ordering::SeqCst);
-            let session = match self.free.pop() {
-                Some(session) => Ok(session),
-                None => self.engine.new_checked_session(SessionOptions::default()),
+            let prompt_len = job.prompt.len();
+            let best = (0..self.free.len()).max_by_key(|&i| shared_prefix(&self.free[i].1, &job.prompt));
+            let started = match best.map(|i| self.free.swap_remove(i)) {
+                Some((mut session, cached)) => {
+                    let shared = shared_prefix(&cached, &job.prompt).min(prompt_len.saturating_sub(1));
+                    session.restart_keeping(shared, job.sampling).map(|kept| (session, kept))
+                }
+                None => self
+                    .engine
+                    .new_checked_session(SessionOptions::default())
+                    .and_then(|mut session| session.restart(job.sampling).map(|()| (session, 0))),
             };
-            let started = session.and_then(|mut session| session.restart(job.sampling).map(|_| session));
             match started {
-                Ok(session) => self.running.push(Running {
+                Ok((session, kept)) => self.running.push(Running {
                     generation: Generation::new(std::mem::take(&mut job.generation)),
+                    cached: job.prompt[..kept].to_vec(),
                     job,
                     session,
                     arrived,
-                    prefilled: 0,
+                    prefilled: kept,
+                    reused: kept,
                     next: None,
                     last_token_at: None,
                 }),
@@ -276,9 +293,11 @@ impl EngineThread {
         let step = running.session.prefill(&running.job.prompt[running.prefilled..end]);
         match step {
             Ok(output) => {
+                running.cached.extend_from_slice(&running.job.prompt[running.prefilled..end]);
                 running.prefilled = end;
                 if end == running.job.prompt.len() {
                     self.metrics.prompt_tokens.inc_by(end as u64);
+                    self.metrics.prompt_tokens_reused.inc_by(running.reused as u64);
                     self.metrics.time_to_first_token.observe(running.arrived.elapsed().as_secs_f64());
                     self.take_token(i, output.token);
                 }
@@ -305,7 +324,12 @@ impl EngineThread {
         // Handled from the last so that removing a finished request keeps earlier indices valid.
         for (&i, result) in decoding.iter().zip(results).rev() {
             match result {
-                Ok(output) => self.take_token(i, output.token),
+                Ok(output) => {
+                    if let Some(fed) = self.running[i].next {
+                        self.running[i].cached.push(fed);
+                    }
+                    self.take_token(i, output.token)
+                }
                 Err(error) => self.fail(i, error),
             }
         }
@@ -354,7 +378,7 @@ impl EngineThread {
                 let _ = running.job.events.send(JobEvent::Failed(error));
             }
         }
-        self.release(running.session);
+        self.release(running.session, running.cached);
     }
 
     /// Ends request `i` with a backend failure.
@@ -362,14 +386,20 @@ impl EngineThread {
         let running = self.running.swap_remove(i);
         self.metrics.failed.inc();
         let _ = running.job.events.send(JobEvent::Failed(error));
-        self.release(running.session);
+        // A failed step poisoned the session: nothing in its cache is kept.
+        self.release(running.session, Vec::new());
     }
 
-    /// Keeps a finished request's session for the next one (restarted when it is taken, which
-    /// also rebuilds a poisoned one's state).
-    fn release(&mut self, session: CheckedSession) {
+    /// Keeps a finished request's session, with the tokens its cache holds, for the next one
+    /// (restarted when it is taken, which also rebuilds a poisoned one's state).
+    fn release(&mut self, session: CheckedSession, cached: Vec<u32>) {
         if self.free.len() < self.config.slots {
-            self.free.push(session);
+            self.free.push((session, cached));
         }
     }
+}
+
+/// How many leading tokens `a` and `b` share.
+fn shared_prefix(a: &[u32], b: &[u32]) -> usize {
+    a.iter().zip(b).take_while(|(x, y)| x == y).count()
 }

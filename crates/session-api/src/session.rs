@@ -239,6 +239,15 @@ impl CheckedSession {
     /// Refuses sampling the backend cannot run with the same errors as `new_session`, leaving the
     /// session as it was.
     pub fn restart(&mut self, sampling: SamplingConfig) -> Result<()> {
+        self.restart_keeping(0, sampling).map(|_| ())
+    }
+
+    /// As [`restart`](Self::restart), but keeps the first `keep` positions (a server reusing the
+    /// prefix a new request shares with what this session holds): the sequence is truncated to
+    /// `keep` instead of emptied. Where it cannot be kept (`keep` is 0 or past the filled
+    /// positions, the session is poisoned, the backend cannot truncate, or the truncate fails)
+    /// the sequence is emptied as by `restart`. Returns the positions kept.
+    pub fn restart_keeping(&mut self, keep: usize, sampling: SamplingConfig) -> Result<usize> {
         let options = SessionOptions {
             sampling,
             return_logits: self.return_logits,
@@ -246,8 +255,12 @@ impl CheckedSession {
         };
         options.check_against(&self.limits.backend, &self.limits.capabilities)?;
         self.sampler = Sampler::new(sampling);
+        let keepable = keep > 0 && keep <= self.position && self.limits.capabilities.kv_ops.truncate;
+        if keepable && self.truncate(keep).is_ok() {
+            return Ok(keep);
+        }
         self.reset();
-        Ok(())
+        Ok(0)
     }
 
     /// Checks a decode of `token` as [`Session::decode`] does, changing nothing.
