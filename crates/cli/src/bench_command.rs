@@ -25,10 +25,13 @@ use crate::run_command::resolve_model_dir;
 use clap::Args;
 use serde::Serialize;
 use session_api::stats::StepTimeSummary;
-use session_api::{find_backend, Availability, Engine, LoadRequest, SessionOptions, WeightFormat};
+use session_api::{find_backend, Availability, BatchEntry, Engine, LoadRequest, Session, SessionOptions, WeightFormat};
 use std::path::PathBuf;
 use std::sync::Arc;
 use std::time::Instant;
+
+/// The largest `--batches` size.
+const MAX_BENCH_BATCH: usize = 64;
 
 #[derive(Args)]
 pub struct BenchArgs {
@@ -59,6 +62,11 @@ pub struct BenchArgs {
     /// Skip the new-process runs (`seam run --max-tokens 1`, timed end to end).
     #[arg(long)]
     no_process: bool,
+    /// Also time batched decode at these batch sizes (comma-separated, e.g. 4,8,16): that many
+    /// sequences decoding together, one batched call per step as `seam serve` makes it, each
+    /// after its own 16-token prompt; aggregate tokens/s per size.
+    #[arg(long, value_delimiter = ',')]
+    batches: Vec<usize>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -142,7 +150,19 @@ struct BenchResult {
     rss_after_load_bytes: Option<u64>,
     prefill: Vec<PrefillResult>,
     decode: DecodeResult,
+    /// Batched decode, one entry per `--batches` size.
+    batched: Vec<BatchedResult>,
     process: Option<ProcessResult>,
+}
+
+/// `sequences` sequences decoding together, one batched call per step.
+#[derive(Debug, Serialize)]
+struct BatchedResult {
+    sequences: usize,
+    /// Tokens of all sequences per second.
+    tokens_per_s: Spread,
+    /// Per-step times (every sequence's token) of the run with the median throughput.
+    step_ms: StepTimeSummary,
 }
 
 #[derive(Debug, Serialize)]
@@ -217,6 +237,49 @@ fn measure_decode(
     runs.sort_by(|a, b| a.0.total_cmp(&b.0));
     let median_run = &runs[runs.len() / 2].1;
     Ok(DecodeResult { steps, tokens_per_s: spread, step_ms: StepTimeSummary::from_steps(median_run), memory: None })
+}
+
+/// `sequences` sessions, each prefilled with its own prompt of `prompt_len` tokens, then `steps`
+/// batched decode calls over all of them (`decode_batch` on `dyn Engine`, the call `seam serve`
+/// makes), `repeats` times.
+fn measure_batched(
+    engine: &Arc<dyn Engine>,
+    vocab: usize,
+    prompt_len: usize,
+    sequences: usize,
+    steps: usize,
+    repeats: usize,
+) -> Result<BatchedResult, CliError> {
+    let mut runs: Vec<(f64, Vec<f64>)> = Vec::new();
+    for _ in 0..repeats {
+        let mut sessions = Vec::with_capacity(sequences);
+        let mut next = Vec::with_capacity(sequences);
+        for s in 0..sequences {
+            let mut session = engine.new_checked_session(SessionOptions::default())?;
+            // Each sequence its own prompt, so no two run the same rows.
+            let prompt: Vec<u32> = prompt_ids(prompt_len + s, vocab)[s..].to_vec();
+            next.push(session.prefill(&prompt)?.token);
+            sessions.push(session);
+        }
+        let mut step_ms = Vec::with_capacity(steps);
+        for _ in 0..steps {
+            let mut entries: Vec<BatchEntry<'_>> =
+                sessions.iter_mut().zip(&next).map(|(session, &token)| BatchEntry { session, token }).collect();
+            let started = Instant::now();
+            let outputs = engine.decode_batch(&mut entries);
+            step_ms.push(ms_since(started));
+            for (token, output) in next.iter_mut().zip(outputs) {
+                *token = output?.token;
+            }
+        }
+        let total: f64 = step_ms.iter().sum();
+        runs.push(((steps * sequences) as f64 / (total / 1000.0), step_ms));
+    }
+    let rates: Vec<f64> = runs.iter().map(|r| r.0).collect();
+    let tokens_per_s = Spread::of(&rates);
+    runs.sort_by(|a, b| a.0.total_cmp(&b.0));
+    let step_ms = StepTimeSummary::from_steps(&runs[runs.len() / 2].1);
+    Ok(BatchedResult { sequences, tokens_per_s, step_ms })
 }
 
 /// The warm engine of [`load_cold_and_warm`] and what its loads measured.
@@ -326,8 +389,17 @@ fn measure_process(
 }
 
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
-    if args.repeats == 0 || args.decode_tokens == 0 || args.prompt_lengths.contains(&0) {
-        return Err(CliError::Usage("--repeats, --decode-tokens and every prompt length must be at least 1".into()));
+    if args.repeats == 0 || args.decode_tokens == 0 || args.prompt_lengths.contains(&0) || args.batches.contains(&0) {
+        return Err(CliError::Usage(
+            "--repeats, --decode-tokens, every prompt length and every batch size must be at least 1".into(),
+        ));
+    }
+    if let Some(&largest) = args.batches.iter().max() {
+        // Each sequence holds a cache of the whole context: far more than a machine's memory
+        // holds is refused before anything is allocated.
+        if largest > MAX_BENCH_BATCH {
+            return Err(CliError::Usage(format!("--batches {largest}: at most {MAX_BENCH_BATCH} sequences")));
+        }
     }
     let longest = args.prompt_lengths.iter().copied().max().unwrap_or(16).max(args.decode_tokens.saturating_add(16));
     if let Some(max) = args.max_context {
@@ -403,6 +475,14 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                     fraction: probe.map(|p| achieved / p.0),
                 });
             }
+            let mut batched = Vec::new();
+            if let Some(&largest) = args.batches.iter().max() {
+                // What serving would compile on first use is ready before anything is timed.
+                engine.prepare_for_serving(largest)?;
+                for &sequences in &args.batches {
+                    batched.push(measure_batched(&engine, vocab, 16, sequences, args.decode_tokens, args.repeats)?);
+                }
+            }
             // The engine goes first: the new processes should not share the machine with it.
             drop(engine);
             // `seam run` needs the model's tokenizer, which benchmarks of token ids do not.
@@ -421,12 +501,14 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                 rss_after_load_bytes: resident,
                 prefill,
                 decode,
+                batched,
                 process,
             });
         }
     }
 
     print_table(&results);
+    print_batched(&results);
     let mut probed: Vec<_> = probes.iter().collect();
     probed.sort_by_key(|(device, _)| device.as_str());
     for (device, (bandwidth, by)) in probed {
@@ -446,6 +528,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                 "prompt_lengths": args.prompt_lengths,
                 "decode_tokens": args.decode_tokens,
                 "decode_prompt_tokens": 16,
+                "batches": args.batches,
                 "repeats": args.repeats,
                 "max_context": request_context(&args, longest),
                 "profile": if cfg!(debug_assertions) { "debug (dependencies at opt-level 3)" } else { "release" },
@@ -456,6 +539,32 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         std::fs::write(path, text).map_err(CliError::Output)?;
     }
     Ok(())
+}
+
+/// The batched decode rows, each against the same backend's one-sequence decode.
+fn print_batched(results: &[BenchResult]) {
+    if results.iter().all(|r| r.batched.is_empty()) {
+        return;
+    }
+    println!(
+        "{:<12} {:<5} {:>9} {:>12} {:>10} {:>10} {:>12}",
+        "backend", "wts", "sequences", "tokens/s", "step p50", "step p90", "x 1 sequence"
+    );
+    for r in results {
+        for b in &r.batched {
+            println!(
+                "{:<12} {:<5} {:>9} {:>12.1} {:>7.1} ms {:>7.1} ms {:>11.2}x",
+                r.backend,
+                r.weights.to_string(),
+                b.sequences,
+                b.tokens_per_s.median,
+                b.step_ms.p50_ms,
+                b.step_ms.p90_ms,
+                b.tokens_per_s.median / r.decode.tokens_per_s.median
+            );
+        }
+    }
+    println!("(batched decode: aggregate tokens/s of all sequences, one batched call per step as seam serve makes it)");
 }
 
 fn request_context(args: &BenchArgs, longest: usize) -> usize {

@@ -116,7 +116,7 @@ fn main() {
     let f16_bytes: usize = f16_layers.iter().map(|(n, k, _)| n * k * 2).sum();
     // One token (decode), then a batch of decodes (continuous batching): the per-call time, and
     // per token in the last column.
-    let batches: &[usize] = if quick { &[1, 4] } else { &[1, 2, 4, 8, 16] };
+    let batches: &[usize] = if quick { &[1, 4, 8] } else { &[1, 2, 4, 8, 16] };
     for &tokens in batches {
         let x = vec![0.1f32; 1536 * tokens];
         let mut out = vec![0.0f32; 49152 * tokens];

@@ -114,9 +114,16 @@ pub fn matmul_f16(
         return Ok(());
     }
     if isa.has_avx2() && tokens >= BLOCK_FROM_TOKENS {
-        token_blocks(pool, x, tokens, k, n, out, &|row, xs, count| {
-            // SAFETY: the AVX2 path, which the CPU supports (checked above).
-            unsafe { avx2::dot_f16_block(&w.data[row * k..(row + 1) * k], xs, count) }
+        let wide = isa.has_avx512();
+        token_blocks(pool, x, tokens, k, n, out, token_block(isa), &|row, xs, count| {
+            let row = &w.data[row * k..(row + 1) * k];
+            // SAFETY: the CPU supports the path taken (checked above).
+            unsafe {
+                match wide {
+                    true => avx512::dot_f16_block(row, xs, count),
+                    false => widened(avx2::dot_f16_block(row, xs, count)),
+                }
+            }
         });
         return Ok(());
     }
@@ -211,10 +218,16 @@ pub fn matmul_int4(
     if tokens >= BLOCK_FROM_TOKENS {
         // Each group dequantized in registers exactly as the format defines it (scale * q + bias
         // in f32), once for a block of tokens.
-        token_blocks(pool, x, tokens, k, n, out, &|row, xs, count| {
+        let wide = isa.has_avx512();
+        token_blocks(pool, x, tokens, k, n, out, token_block(isa), &|row, xs, count| {
             let (p, s, b) = row_of(&w, row, groups);
-            // SAFETY: the AVX2 path, which the CPU supports (checked above).
-            unsafe { avx2::dot_int4_block(p, s, b, xs, count) }
+            // SAFETY: the CPU supports the path taken (checked above).
+            unsafe {
+                match wide {
+                    true => avx512::dot_int4_block(p, s, b, xs, count),
+                    false => widened(avx2::dot_int4_block(p, s, b, xs, count)),
+                }
+            }
         });
         return Ok(());
     }
@@ -312,10 +325,16 @@ pub fn matmul_int8(
     if isa.has_avx2() && tokens >= BLOCK_FROM_TOKENS {
         // Each group dequantized in registers exactly as the format defines it (scale * q in
         // f32), once for a block of tokens.
-        token_blocks(pool, x, tokens, k, n, out, &|row, xs, count| {
+        let wide = isa.has_avx512();
+        token_blocks(pool, x, tokens, k, n, out, token_block(isa), &|row, xs, count| {
             let (codes, scales) = row_of(row);
-            // SAFETY: the AVX2 path, which the CPU supports (checked above).
-            unsafe { avx2::dot_int8_block(codes, scales, xs, count) }
+            // SAFETY: the CPU supports the path taken (checked above).
+            unsafe {
+                match wide {
+                    true => avx512::dot_int8_block(codes, scales, xs, count),
+                    false => widened(avx2::dot_int8_block(codes, scales, xs, count)),
+                }
+            }
         });
         return Ok(());
     }
@@ -423,19 +442,48 @@ const BLOCK_FROM_TOKENS: usize = 2;
 /// once per block of tokens and are faster for it.
 const GEMM_FROM_TOKENS: usize = 12;
 
-/// Tokens per block: one f32 accumulator per token, beside the converted weights, in AVX2's 16
-/// registers.
+/// Tokens per block on AVX2: two f32 accumulators per token, beside the converted weights, in
+/// AVX2's 16 registers.
 const TOKEN_BLOCK: usize = 4;
 
-/// `dot(row, xs, count)`: the dot products of weight row `row` with `count` (1..=4) tokens'
-/// activations, laid out one after another in `xs`.
-type BlockFn<'a> = dyn Fn(usize, &[f32], usize) -> [f32; TOKEN_BLOCK] + Sync + 'a;
+/// Tokens per block on AVX-512: the same in its 32 registers, each twice as wide, so a converted
+/// weight feeds twice the tokens (the conversion is what a block of four spends most of its
+/// instructions on).
+const WIDE_TOKEN_BLOCK: usize = 8;
 
-/// `out = x W^T`, each row's dot products taken a block of tokens at a time by `dot`.
-fn token_blocks(pool: &Pool, x: &[f32], tokens: usize, k: usize, n: usize, out: &mut [f32], dot: &BlockFn<'_>) {
+/// `dot(row, xs, count)`: the dot products of weight row `row` with `count` (1..=the block)
+/// tokens' activations, laid out one after another in `xs`; entries past `count` are unused.
+type BlockFn<'a> = dyn Fn(usize, &[f32], usize) -> [f32; WIDE_TOKEN_BLOCK] + Sync + 'a;
+
+/// The block of tokens `token_blocks` takes on `isa`.
+fn token_block(isa: Isa) -> usize {
+    if isa.has_avx512() {
+        WIDE_TOKEN_BLOCK
+    } else {
+        TOKEN_BLOCK
+    }
+}
+
+/// Four sums as the first four of a block's.
+fn widened(sums: [f32; TOKEN_BLOCK]) -> [f32; WIDE_TOKEN_BLOCK] {
+    std::array::from_fn(|i| if i < TOKEN_BLOCK { sums[i] } else { 0.0 })
+}
+
+/// `out = x W^T`, each row's dot products taken `block` tokens at a time by `dot`.
+#[allow(clippy::too_many_arguments)] // the product's shape, and how its rows are taken
+fn token_blocks(
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    k: usize,
+    n: usize,
+    out: &mut [f32],
+    block: usize,
+    dot: &BlockFn<'_>,
+) {
     for_each_row(pool, n, tokens, out, &|row, put| {
-        for start in (0..tokens).step_by(TOKEN_BLOCK) {
-            let count = TOKEN_BLOCK.min(tokens - start);
+        for start in (0..tokens).step_by(block) {
+            let count = block.min(tokens - start);
             let sums = dot(row, &x[start * k..(start + count) * k], count);
             for (j, &value) in sums.iter().enumerate().take(count) {
                 put(start + j, value);
@@ -453,6 +501,162 @@ fn row_of<'a>(w: &Int4Matrix<'a>, row: usize, groups: usize) -> (&'a [u8], &'a [
     )
 }
 
+/// Runs `$body` with `$count` (a runtime value, one of the listed sizes) as the const `$n`, so
+/// that a token block's loops over its tokens are unrolled with their accumulators in registers.
+#[cfg(target_arch = "x86_64")]
+macro_rules! for_count {
+    ($count:expr, $n:ident in [$($k:literal),+] => $body:expr) => {
+        match $count {
+            $($k => {
+                const $n: usize = $k;
+                $body
+            })+
+            other => unreachable!("a token block of {other} tokens"),
+        }
+    };
+}
+
+/// The token blocks on AVX-512F: as [`avx2`]'s, with 16 weights per register and blocks of up
+/// to [`WIDE_TOKEN_BLOCK`] tokens, so that each weight converted in registers feeds twice the
+/// tokens with half the instructions.
+#[cfg(target_arch = "x86_64")]
+pub(crate) mod avx512 {
+    use super::{GROUP_SIZE, WIDE_TOKEN_BLOCK};
+    use std::arch::x86_64::*;
+
+    /// The sums of a block's accumulators, two per token (alternating chains, as on AVX2).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn sums<const R: usize>(acc: [[__m512; 2]; R]) -> [f32; WIDE_TOKEN_BLOCK] {
+        let mut sums = [0f32; WIDE_TOKEN_BLOCK];
+        for (sum, [a, b]) in sums.iter_mut().zip(acc) {
+            *sum = _mm512_reduce_add_ps(_mm512_add_ps(a, b));
+        }
+        sums
+    }
+
+    /// Adds one group's 32 weights (`w`, two vectors of 16) times each token's 32 activations
+    /// (token `j`'s at `x + j * k`) into the token's two accumulators.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn group_into<const R: usize>(acc: &mut [[__m512; 2]; R], w: &[__m512; 2], x: *const f32, k: usize) {
+        for (j, [a, b]) in acc.iter_mut().enumerate() {
+            let x = x.add(j * k);
+            *a = _mm512_fmadd_ps(w[0], _mm512_loadu_ps(x), *a);
+            *b = _mm512_fmadd_ps(w[1], _mm512_loadu_ps(x.add(16)), *b);
+        }
+    }
+
+    /// An f16 value broadcast to 16 f32 lanes.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn broadcast_f16(value: u16) -> __m512 {
+        _mm512_cvtph_ps(_mm256_set1_epi16(value as i16))
+    }
+
+    /// One f16 row times `count` (1..=8) tokens' activations (`xs`, `count * w.len()` values).
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn dot_f16_block(w: &[u16], xs: &[f32], count: usize) -> [f32; WIDE_TOKEN_BLOCK] {
+        for_count!(count, R in [1, 2, 3, 4, 5, 6, 7, 8] => dot_f16_rows::<R>(w, xs))
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn dot_f16_rows<const R: usize>(w: &[u16], xs: &[f32]) -> [f32; WIDE_TOKEN_BLOCK] {
+        let k = w.len();
+        debug_assert!(xs.len() >= R * k);
+        let (wp, xp) = (w.as_ptr(), xs.as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        let mut i = 0;
+        while i + 32 <= k {
+            // The next cache line of weights, a little ahead (see `avx2::dot_f16`).
+            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(i + super::PREFETCH_AHEAD / 2) as *const i8);
+            let pair = [
+                _mm512_cvtph_ps(_mm256_loadu_si256(wp.add(i) as *const __m256i)),
+                _mm512_cvtph_ps(_mm256_loadu_si256(wp.add(i + 16) as *const __m256i)),
+            ];
+            group_into(&mut acc, &pair, xp.add(i), k);
+            i += 32;
+        }
+        let mut out = sums(acc);
+        for (j, sum) in out.iter_mut().enumerate().take(R) {
+            *sum += crate::scalar::dot_f16(&xs[j * k + i..(j + 1) * k], &w[i..k]);
+        }
+        out
+    }
+
+    /// One int4 row times `count` (1..=8) tokens' activations (`xs`, `count * k` values): each
+    /// group's 32 weights dequantized in registers (scale * q + bias, as the format defines them)
+    /// and multiplied with every token.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn dot_int4_block(
+        packed: &[u8],
+        scales: &[u16],
+        biases: &[u16],
+        xs: &[f32],
+        count: usize,
+    ) -> [f32; WIDE_TOKEN_BLOCK] {
+        for_count!(count, R in [1, 2, 3, 4, 5, 6, 7, 8] => dot_int4_rows::<R>(packed, scales, biases, xs))
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn dot_int4_rows<const R: usize>(
+        packed: &[u8],
+        scales: &[u16],
+        biases: &[u16],
+        xs: &[f32],
+    ) -> [f32; WIDE_TOKEN_BLOCK] {
+        let groups = scales.len();
+        let k = groups * GROUP_SIZE;
+        debug_assert!(packed.len() == k / 2 && biases.len() == groups && xs.len() >= R * k);
+        let (pp, xp) = (packed.as_ptr(), xs.as_ptr());
+        let low4 = _mm_set1_epi8(0x0f);
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for g in 0..groups {
+            if g % 4 == 0 {
+                // The next cache line of nibbles, a little ahead (see `avx2::dot_f16`).
+                _mm_prefetch::<_MM_HINT_T0>(pp.wrapping_add(g * 16 + super::PREFETCH_AHEAD) as *const i8);
+            }
+            let bytes = _mm_loadu_si128(pp.add(g * 16) as *const __m128i);
+            let lo = _mm_and_si128(bytes, low4);
+            let hi = _mm_and_si128(_mm_srli_epi16::<4>(bytes), low4);
+            // Element 2i is byte i's low nibble, 2i + 1 its high one: interleaved, in order.
+            let (scale, bias) = (broadcast_f16(scales[g]), broadcast_f16(biases[g]));
+            let widen = |v: __m128i| _mm512_fmadd_ps(_mm512_cvtepi32_ps(_mm512_cvtepu8_epi32(v)), scale, bias);
+            let w = [widen(_mm_unpacklo_epi8(lo, hi)), widen(_mm_unpackhi_epi8(lo, hi))];
+            group_into(&mut acc, &w, xp.add(g * GROUP_SIZE), k);
+        }
+        sums(acc)
+    }
+
+    /// One int8 row times `count` (1..=8) tokens' activations (`xs`, `count * k` values): each
+    /// group's 32 codes dequantized in registers (scale * q) and multiplied with every token.
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    pub unsafe fn dot_int8_block(codes: &[i8], scales: &[u16], xs: &[f32], count: usize) -> [f32; WIDE_TOKEN_BLOCK] {
+        for_count!(count, R in [1, 2, 3, 4, 5, 6, 7, 8] => dot_int8_rows::<R>(codes, scales, xs))
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
+    unsafe fn dot_int8_rows<const R: usize>(codes: &[i8], scales: &[u16], xs: &[f32]) -> [f32; WIDE_TOKEN_BLOCK] {
+        let k = scales.len() * GROUP_SIZE;
+        debug_assert!(codes.len() == k && xs.len() >= R * k);
+        let (cp, xp) = (codes.as_ptr(), xs.as_ptr());
+        let mut acc = [[_mm512_setzero_ps(); 2]; R];
+        for (g, &scale) in scales.iter().enumerate() {
+            if g % 2 == 0 {
+                // The next cache line of codes, a little ahead (see `avx2::dot_f16`).
+                _mm_prefetch::<_MM_HINT_T0>(cp.wrapping_add(g * GROUP_SIZE + super::PREFETCH_AHEAD));
+            }
+            let scale = broadcast_f16(scale);
+            let widen = |at: usize| {
+                let raw = _mm_loadu_si128(cp.add(g * GROUP_SIZE + at) as *const __m128i);
+                _mm512_mul_ps(_mm512_cvtepi32_ps(_mm512_cvtepi8_epi32(raw)), scale)
+            };
+            let w = [widen(0), widen(16)];
+            group_into(&mut acc, &w, xp.add(g * GROUP_SIZE), k);
+        }
+        sums(acc)
+    }
+}
+
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod avx2 {
     use super::GROUP_SIZE;
@@ -466,31 +670,6 @@ pub(crate) mod avx2 {
         let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
         let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
         _mm_cvtss_f32(s)
-    }
-
-    /// Runs `$body` with `$count` (1..=4, a runtime value) as the const `$n`, so that the loops
-    /// over a block's tokens are unrolled with their accumulators in registers.
-    macro_rules! for_count {
-        ($count:expr, $n:ident => $body:expr) => {
-            match $count {
-                1 => {
-                    const $n: usize = 1;
-                    $body
-                }
-                2 => {
-                    const $n: usize = 2;
-                    $body
-                }
-                3 => {
-                    const $n: usize = 3;
-                    $body
-                }
-                _ => {
-                    const $n: usize = 4;
-                    $body
-                }
-            }
-        };
     }
 
     /// The horizontal sums of a block's accumulators, two per token: a token's multiply-adds
@@ -522,7 +701,7 @@ pub(crate) mod avx2 {
     /// 8 weights converted per step and multiplied with every token.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_f16_block(w: &[u16], xs: &[f32], count: usize) -> [f32; 4] {
-        for_count!(count, R => dot_f16_rows::<R>(w, xs))
+        for_count!(count, R in [1, 2, 3, 4] => dot_f16_rows::<R>(w, xs))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -564,7 +743,7 @@ pub(crate) mod avx2 {
     /// and multiplied with every token.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_int4_block(packed: &[u8], scales: &[u16], biases: &[u16], xs: &[f32], count: usize) -> [f32; 4] {
-        for_count!(count, R => dot_int4_rows::<R>(packed, scales, biases, xs))
+        for_count!(count, R in [1, 2, 3, 4] => dot_int4_rows::<R>(packed, scales, biases, xs))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -618,7 +797,7 @@ pub(crate) mod avx2 {
     /// group's 32 codes dequantized in registers (scale * q) and multiplied with every token.
     #[target_feature(enable = "avx2,fma,f16c")]
     pub unsafe fn dot_int8_block(codes: &[i8], scales: &[u16], xs: &[f32], count: usize) -> [f32; 4] {
-        for_count!(count, R => dot_int8_rows::<R>(codes, scales, xs))
+        for_count!(count, R in [1, 2, 3, 4] => dot_int8_rows::<R>(codes, scales, xs))
     }
 
     #[target_feature(enable = "avx2,fma,f16c")]
@@ -803,5 +982,19 @@ mod avx2 {
     }
     pub unsafe fn dot_int8(_: &[f32], _: &[i8], _: &[u16]) -> f32 {
         unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod avx512 {
+    use super::WIDE_TOKEN_BLOCK;
+    pub unsafe fn dot_f16_block(_: &[u16], _: &[f32], _: usize) -> [f32; WIDE_TOKEN_BLOCK] {
+        unreachable!("the AVX-512 path is never chosen off x86-64")
+    }
+    pub unsafe fn dot_int4_block(_: &[u8], _: &[u16], _: &[u16], _: &[f32], _: usize) -> [f32; WIDE_TOKEN_BLOCK] {
+        unreachable!("the AVX-512 path is never chosen off x86-64")
+    }
+    pub unsafe fn dot_int8_block(_: &[i8], _: &[u16], _: &[f32], _: usize) -> [f32; WIDE_TOKEN_BLOCK] {
+        unreachable!("the AVX-512 path is never chosen off x86-64")
     }
 }

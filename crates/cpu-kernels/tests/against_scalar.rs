@@ -87,6 +87,7 @@ fn matmul_int4_matches_scalar_on_every_path() {
             (5, 96, 3),
             (11, 160, 7),
             (4, 64, 9),
+            (8, 64, 8),
             (38, 544, 37),
             (29, 800, 10),
             (27, 64, 25),
@@ -146,6 +147,8 @@ fn matmul_int8_matches_scalar_on_every_path() {
             (17, 576, 16),
             (5, 96, 3),
             (9, 64, 7),
+            // A full 512-bit token block of eight, then one of two.
+            (6, 96, 10),
             (31, 544, 23),
         ] {
             let groups = k / GROUP_SIZE;
