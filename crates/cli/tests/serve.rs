@@ -306,6 +306,13 @@ fn a_prompt_that_extends_an_earlier_one_reuses_its_cache_and_gets_seam_runs_text
     assert_eq!(again.json()["choices"][0]["text"], seam_run(&longer, false, 6), "reused prefix changed the text");
     let reused = served.metric("seam_prompt_tokens_reused_total");
     assert!(reused >= 8.0, "{reused} prompt tokens reused");
+    // The first prompt again: all of it but its last token is reused, and that token goes in
+    // as a decode step.
+    let repeat = served.post("/v1/completions", &completion_body(first, 6, false));
+    assert_eq!(repeat.json()["choices"][0]["text"], answer.json()["choices"][0]["text"], "a repeated prompt");
+    assert_eq!(repeat.json()["usage"]["prompt_tokens"], answer.json()["usage"]["prompt_tokens"]);
+    let prompt_tokens = answer.json()["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(served.metric("seam_prompt_tokens_reused_total") >= reused + prompt_tokens - 1.0);
 }
 
 #[test]

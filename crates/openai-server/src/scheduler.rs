@@ -175,6 +175,21 @@ struct Running {
     last_token_at: Option<Instant>,
 }
 
+impl Running {
+    /// The token this request feeds to the next batched decode: the last token it got, or, when
+    /// all of its prompt but the last token is in its session already (a reused prefix), that
+    /// last prompt token: a one-token prefill is a decode step, so it joins the others' batch
+    /// instead of taking a step of its own between theirs.
+    fn batch_token(&self) -> Option<u32> {
+        let prompt = &self.job.prompt;
+        match self.next {
+            Some(token) => Some(token),
+            None if self.prefilled > 0 && self.prefilled + 1 == prompt.len() => Some(prompt[self.prefilled]),
+            None => None,
+        }
+    }
+}
+
 struct EngineThread {
     engine: Arc<dyn Engine>,
     detokenizer: Arc<dyn Detokenizer>,
@@ -287,7 +302,9 @@ impl EngineThread {
 
     /// Prefills the next chunk of the earliest request still reading its prompt.
     fn prefill_one_chunk(&mut self) {
-        let Some(i) = self.running.iter().position(|r| r.next.is_none()) else { return };
+        let Some(i) = self.running.iter().position(|r| r.next.is_none() && r.batch_token().is_none()) else {
+            return;
+        };
         let running = &mut self.running[i];
         let end = (running.prefilled + self.config.prefill_chunk.max(1)).min(running.job.prompt.len());
         let step = running.session.prefill(&running.job.prompt[running.prefilled..end]);
@@ -296,9 +313,7 @@ impl EngineThread {
                 running.cached.extend_from_slice(&running.job.prompt[running.prefilled..end]);
                 running.prefilled = end;
                 if end == running.job.prompt.len() {
-                    self.metrics.prompt_tokens.inc_by(end as u64);
-                    self.metrics.prompt_tokens_reused.inc_by(running.reused as u64);
-                    self.metrics.time_to_first_token.observe(running.arrived.elapsed().as_secs_f64());
+                    self.prompt_done(i);
                     self.take_token(i, output.token);
                 }
             }
@@ -306,9 +321,19 @@ impl EngineThread {
         }
     }
 
-    /// Decodes one token for every request past its prompt, in one batched call.
+    /// Counts request `i`'s prompt as read in.
+    fn prompt_done(&mut self, i: usize) {
+        let running = &self.running[i];
+        self.metrics.prompt_tokens.inc_by(running.job.prompt.len() as u64);
+        self.metrics.prompt_tokens_reused.inc_by(running.reused as u64);
+        self.metrics.time_to_first_token.observe(running.arrived.elapsed().as_secs_f64());
+    }
+
+    /// Decodes one token for every request past its prompt, and for every one whose prompt
+    /// lacks only its last token ([`Running::batch_token`]), in one batched call.
     fn decode_step(&mut self) {
-        let decoding: Vec<usize> = (0..self.running.len()).filter(|&i| self.running[i].next.is_some()).collect();
+        let decoding: Vec<(usize, u32)> =
+            (0..self.running.len()).filter_map(|i| self.running[i].batch_token().map(|token| (i, token))).collect();
         if decoding.is_empty() {
             return;
         }
@@ -317,16 +342,20 @@ impl EngineThread {
             let mut entries: Vec<BatchEntry<'_>> = self
                 .running
                 .iter_mut()
-                .filter_map(|r| r.next.map(|token| BatchEntry { token, session: &mut r.session }))
+                .filter_map(|r| r.batch_token().map(|token| BatchEntry { token, session: &mut r.session }))
                 .collect();
             self.engine.decode_batch(&mut entries)
         };
         // Handled from the last so that removing a finished request keeps earlier indices valid.
-        for (&i, result) in decoding.iter().zip(results).rev() {
+        for (&(i, fed), result) in decoding.iter().zip(results).rev() {
             match result {
                 Ok(output) => {
-                    if let Some(fed) = self.running[i].next {
-                        self.running[i].cached.push(fed);
+                    let running = &mut self.running[i];
+                    running.cached.push(fed);
+                    if running.next.is_none() {
+                        // The prompt's last token: the prompt is in, and this is its first token.
+                        running.prefilled += 1;
+                        self.prompt_done(i);
                     }
                     self.take_token(i, output.token)
                 }
