@@ -26,6 +26,14 @@ pub fn measure_read_bandwidth(pool: &Pool, bytes: usize) -> f64 {
             let part = &data[(t * chunk).min(words)..((t + 1) * chunk).min(words)];
             let mut acc = [0u64; LANES];
             for c in part.chunks_exact(LANES) {
+                // Ask for the memory ahead as the kernels do (`matmul::PREFETCH_AHEAD`): without
+                // it the probe read less than the kernels' own decode products.
+                #[cfg(target_arch = "x86_64")]
+                // SAFETY: a prefetch never faults, whatever the address.
+                unsafe {
+                    use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+                    _mm_prefetch::<_MM_HINT_T0>((c.as_ptr() as *const i8).wrapping_add(crate::matmul::PREFETCH_AHEAD));
+                }
                 for i in 0..LANES {
                     acc[i] = acc[i].wrapping_add(c[i]);
                 }
