@@ -132,10 +132,7 @@ impl GraphRuntime for IreeRuntime {
     /// last-level cache, as decode streams the weights through the same kernels); no probe on a
     /// GPU yet.
     fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
-        Ok((self.device == IreeDevice::Cpu).then(|| {
-            let pool = cpu_kernels::pool::Pool::global();
-            cpu_kernels::bandwidth::measure_read_bandwidth(pool, cpu_kernels::bandwidth::DEFAULT_PROBE_BYTES)
-        }))
+        Ok((self.device == IreeDevice::Cpu).then(cpu_kernels::bandwidth::measure_host_read_bandwidth))
     }
 
     fn decodes_batches(&self) -> bool {

@@ -271,14 +271,16 @@ impl WorkerState {
                 Some(_) => {}
             }
         }
-        let leading_count = leading.len();
         let mut taken: Vec<BufferView> = leading;
+        // Each cache's tensor count, in order: the results come back the same way.
+        let mut counts = Vec::with_capacity(cache_ids.len());
         for id in cache_ids {
             // Taken out: the function consumes these buffers and returns the updated ones.
             let cache = self.caches.get_mut(id).unwrap_or_else(|| unreachable!("checked above"));
-            taken.extend(cache.buffers.take().unwrap_or_else(|| unreachable!("checked above")));
+            let buffers = cache.buffers.take().unwrap_or_else(|| unreachable!("checked above"));
+            counts.push(buffers.len());
+            taken.extend(buffers);
         }
-        let per_cache = taken.len() - leading_count;
         let inputs: Vec<&BufferView> = taken.iter().chain(&self.weights).collect();
         let outputs = function.invoke(&inputs);
         drop(inputs);
@@ -286,14 +288,13 @@ impl WorkerState {
         let mut outputs = outputs?.into_iter();
         // (tokens, the cache tensors of each sequence, logits): every function of the module
         // returns the logits; they stay in device memory unless the call asks for them.
-        let per_cache = per_cache / cache_ids.len().max(1);
-        let expected = 2 + per_cache * cache_ids.len();
+        let expected = 2 + counts.iter().sum::<usize>();
         if outputs.len() != expected {
             return Err(IreeError::Runtime(format!("{name} returned {} results, expected {expected}", outputs.len())));
         }
         let tokens = outputs.next().unwrap_or_else(|| unreachable!("counted above"));
-        for id in cache_ids {
-            let buffers: Vec<BufferView> = outputs.by_ref().take(per_cache).collect();
+        for (id, &count) in cache_ids.iter().zip(&counts) {
+            let buffers: Vec<BufferView> = outputs.by_ref().take(count).collect();
             if let Some(cache) = self.caches.get_mut(id) {
                 cache.buffers = Some(buffers);
             }

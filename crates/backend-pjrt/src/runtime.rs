@@ -201,11 +201,7 @@ impl GraphRuntime for PjrtRuntime {
     /// the sum of `x` (reads only, like decode).
     fn measure_memory_bandwidth(&self) -> Result<Option<f64>> {
         if self.host_memory {
-            let pool = cpu_kernels::pool::Pool::global();
-            return Ok(Some(cpu_kernels::bandwidth::measure_read_bandwidth(
-                pool,
-                cpu_kernels::bandwidth::DEFAULT_PROBE_BYTES,
-            )));
+            return Ok(Some(cpu_kernels::bandwidth::measure_host_read_bandwidth()));
         }
         // Large enough that launch overhead is noise: 1 GiB in.
         let n: usize = 256 << 20;

@@ -53,6 +53,12 @@ pub fn measure_read_bandwidth(pool: &Pool, bytes: usize) -> f64 {
     (words * 8) as f64 / best
 }
 
+/// The probe as a backend running these kernels reports it: the process's kernel pool
+/// ([`Pool::global`], the threads decode runs on) reading [`DEFAULT_PROBE_BYTES`].
+pub fn measure_host_read_bandwidth() -> f64 {
+    measure_read_bandwidth(Pool::global(), DEFAULT_PROBE_BYTES)
+}
+
 #[cfg(test)]
 mod tests {
     use super::*;

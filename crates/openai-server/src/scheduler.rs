@@ -268,12 +268,14 @@ impl EngineThread {
         while self.running.len() < self.config.slots {
             let Some(Waiting { mut job, arrived }) = self.waiting.pop_front() else { return };
             self.queued.fetch_sub(1, Ordering::SeqCst);
-            let prompt_len = job.prompt.len();
-            let best = (0..self.free.len()).max_by_key(|&i| shared_prefix(&self.free[i].1, &job.prompt));
-            let started = match best.map(|i| self.free.swap_remove(i)) {
-                Some((mut session, cached)) => {
-                    let shared = shared_prefix(&cached, &job.prompt).min(prompt_len.saturating_sub(1));
-                    session.restart_keeping(shared, job.sampling).map(|kept| (session, kept))
+            // (shared prefix, index) of the kept session sharing the most.
+            let best =
+                self.free.iter().enumerate().map(|(i, (_, cached))| (shared_prefix(cached, &job.prompt), i)).max();
+            let started = match best {
+                Some((shared, i)) => {
+                    let (mut session, _) = self.free.swap_remove(i);
+                    let keep = shared.min(job.prompt.len().saturating_sub(1));
+                    session.restart_keeping(keep, job.sampling).map(|kept| (session, kept))
                 }
                 None => self
                     .engine
