@@ -3,6 +3,7 @@
 #
 #   scripts/compare-llama-cpp.sh [--model smollm2|llama-3.2-1b] [--backends iree-cpu,pjrt-cpu]
 #                                [--threads N] [--repeats N] [--quick] [--out FILE]
+#                                [--set KEY=VALUE ...]
 #
 # Builds llama.cpp's llama-bench from the pinned llama-cpp-python source tarball
 # (scripts/build-llama-bench.sh), makes the GGUFs llama.cpp reads (`seam export-gguf`), runs
@@ -10,6 +11,8 @@
 # ratios (scripts/compare_llama_cpp.py), writing everything to one JSON file. seam bench runs
 # every backend on every core (pjrt-cpu's XLA client cannot be given fewer), so llama-bench gets
 # -t $(nproc) unless --threads says otherwise. Idempotent: built binaries, GGUFs and models are reused.
+# --set passes a backend setting to seam bench (e.g. activations=int8, ADR 0024: the kernels'
+# int4 products over activations rounded to int8, as llama.cpp's Q4_1 x Q8_1).
 #
 # Models:
 #   smollm2       the default model: llama.cpp runs the original Q4_1 GGUF (which seam's int4
@@ -25,6 +28,7 @@ backends=""
 repeats=3
 quick=0
 out=""
+settings=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model="$2"; shift 2 ;;
@@ -33,6 +37,7 @@ while [ $# -gt 0 ]; do
     --repeats) repeats="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
     --out) out="$2"; shift 2 ;;
+    --set) settings+=(--set "$2"); shift 2 ;;
     -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
@@ -119,7 +124,7 @@ json.dump({"command": command, "wall_ms": times}, open(out, "w"))
 PY
 done
 
-bench_args=(bench --model "$model_dir" --prompt-lengths "$prompt_lengths" --decode-tokens "$decode_tokens" --repeats "$repeats" --json "$tmp/seam.json")
+bench_args=(bench --model "$model_dir" --prompt-lengths "$prompt_lengths" --decode-tokens "$decode_tokens" --repeats "$repeats" --json "$tmp/seam.json" ${settings[@]+"${settings[@]}"})
 IFS=',' read -r -a names <<< "$backends"
 for b in "${names[@]}"; do bench_args+=(--backend "$b"); done
 step "$seam ${bench_args[*]}"

@@ -16,7 +16,9 @@
 
 use crate::error::IreeError;
 use cpu_kernels::pool::Pool;
-use cpu_kernels::{AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights};
+use cpu_kernels::{
+    Activations, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights,
+};
 use graph_engine::linear_kernels::format::{F16, INT4};
 use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
 use graph_engine::linear_kernels::{linear_entry, LinearEntry};
@@ -61,9 +63,7 @@ fn table() -> &'static Table {
         };
         let entries = stablehlo_llama::linear_targets()
             .into_iter()
-            .map(|(target, format, input, residual)| {
-                entry(&target, linear_entry::<LinearImports>(format, input, residual))
-            })
+            .map(|target| entry(&target.name, linear_entry::<LinearImports>(&target)))
             .chain([
                 entry(stablehlo_llama::ATTENTION_DECODE_TARGET, attention::<false>),
                 entry(stablehlo_llama::ATTENTION_CAUSAL_TARGET, attention::<true>),
@@ -149,8 +149,8 @@ struct LinearImports;
 
 impl LinearEntry for LinearImports {
     type Entry = ImportFn;
-    fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>() -> ImportFn {
-        linear::<FORMAT, INPUT, RESIDUAL>
+    fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>() -> ImportFn {
+        linear::<FORMAT, INPUT, RESIDUAL, Q8>
     }
 }
 
@@ -197,7 +197,7 @@ impl Packed {
 /// One workgroup's share of a linear layer (`FORMAT` and `INPUT` as
 /// [`graph_engine::linear_kernels`] numbers them): output columns `row0..row0 + rows` of every token,
 /// through `cpu_kernels::linear` on the calling thread.
-unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>(
+unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>(
     params: *mut c_void,
     _context: *mut c_void,
     _reserved: *mut c_void,
@@ -247,19 +247,25 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                     cols: k,
                     data: &p.operand::<u16>(w, n * k)[row0 * k..(row0 + count) * k],
                 }),
-                INT4 => LinearWeights::Int4(Int4Matrix {
-                    rows: count,
-                    cols: k,
-                    packed: &p.operand::<u8>(w, n * k / 2)[row0 * k / 2..(row0 + count) * k / 2],
-                    scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
-                    biases: &p.operand::<u16>(w + 2, n * groups)[row0 * groups..(row0 + count) * groups],
-                }),
-                _ => LinearWeights::Int8(Int8Matrix {
-                    rows: count,
-                    cols: k,
-                    codes: &p.operand::<i8>(w, n * k)[row0 * k..(row0 + count) * k],
-                    scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
-                }),
+                INT4 => LinearWeights::Int4(
+                    Int4Matrix {
+                        rows: count,
+                        cols: k,
+                        packed: &p.operand::<u8>(w, n * k / 2)[row0 * k / 2..(row0 + count) * k / 2],
+                        scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
+                        biases: &p.operand::<u16>(w + 2, n * groups)[row0 * groups..(row0 + count) * groups],
+                    },
+                    Activations::int8_when(Q8),
+                ),
+                _ => LinearWeights::Int8(
+                    Int8Matrix {
+                        rows: count,
+                        cols: k,
+                        codes: &p.operand::<i8>(w, n * k)[row0 * k..(row0 + count) * k],
+                        scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
+                    },
+                    Activations::int8_when(Q8),
+                ),
             };
             let residual = RESIDUAL.then(|| p.operand::<f32>(w + weight_operands, tokens * n));
             let out = p.operand_mut::<f32>(result);

@@ -74,6 +74,7 @@ pub const KERNEL_SETTINGS: GraphSettings = GraphSettings {
     host_kernels: Some(stablehlo_llama::HostKernels {
         max_tokens: usize::MAX,
         calls: stablehlo_llama::KernelCalls::IreeDispatch,
+        activations: stablehlo_llama::KernelActivations::Exact,
     }),
     ..STABLEHLO_SETTINGS
 };

@@ -9,7 +9,9 @@
 //! The suite runs the default graphs, whose products are dispatches of seam's kernels
 //! (`kernels=seam`, ADR 0021); a second, shorter pass runs the greedy-parity cases on the tiny
 //! models with `SEAM_IREE_KERNELS=none`, so the pure-StableHLO graphs (every product compiled by
-//! IREE, as on a GPU) stay proven on the CPU too.
+//! IREE, as on a GPU) stay proven on the CPU too. A third pass runs the whole suite on int4 with
+//! `SEAM_IREE_ACTIVATIONS=int8` (the kernels' products over activations rounded to int8, ADR
+//! 0024) under the int8 preset.
 //!
 //! Cost on 2 cores: the suite compiles one module per model, context and format it loads (and
 //! one more for the logits variants), cached in `.seam/cache/iree`; cold, that is most of this
@@ -17,6 +19,7 @@
 
 use backend_iree::compiler::ensure_compiler_library;
 use conformance::{check_target, ComputePrecision, SuiteOptions, Target};
+use session_api::WeightFormat;
 
 fn main() {
     if let Err(e) = ensure_compiler_library() {
@@ -37,5 +40,18 @@ fn main() {
         ..SuiteOptions::from_env()
     };
     check_target("iree-cpu with kernels=none (pure-StableHLO graphs)", target(), &options);
+
+    // The kernels again, int4 products over activations rounded to int8 (`activations=int8`, ADR
+    // 0024), held to that precision's preset: the whole suite, the real model included.
+    std::env::remove_var("SEAM_IREE_KERNELS");
+    std::env::set_var("SEAM_IREE_ACTIVATIONS", "int8");
+    let from_env = SuiteOptions::from_env();
+    let formats: Vec<WeightFormat> = from_env.formats.iter().copied().filter(|&f| f == WeightFormat::Int4).collect();
+    if !formats.is_empty() {
+        let options = SuiteOptions { formats, ..from_env };
+        let target =
+            Target::registered("iree-cpu").expect("iree-cpu is registered").with_precision(ComputePrecision::Int8);
+        check_target("iree-cpu with activations=int8", target, &options);
+    }
     println!("conformance: iree-cpu passed");
 }

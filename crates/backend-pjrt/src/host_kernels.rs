@@ -9,7 +9,9 @@
 //! disagrees.
 
 use cpu_kernels::pool::Pool;
-use cpu_kernels::{AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights};
+use cpu_kernels::{
+    Activations, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights,
+};
 use graph_engine::linear_kernels::format::{INT4, INT8};
 use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
 use graph_engine::linear_kernels::{linear_entry, LinearEntry};
@@ -32,8 +34,9 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
         .or_insert_with(|| {
             let mut handlers: Vec<(String, Handler)> = stablehlo_llama::linear_targets()
                 .into_iter()
-                .map(|(target, format, input, residual)| {
-                    (target, linear_entry::<LinearHandlers>(format, input, residual))
+                .map(|target| {
+                    let handler = linear_entry::<LinearHandlers>(&target);
+                    (target.name, handler)
                 })
                 .collect();
             handlers.push((stablehlo_llama::ATTENTION_DECODE_TARGET.to_string(), attention_decode));
@@ -114,7 +117,7 @@ fn rows_cols(buffer: &Buffer, what: &str) -> Result<(usize, usize), String> {
 /// The handler of one [`stablehlo_llama::linear_target`]: `FORMAT` picks the weight format and
 /// `INPUT` what the kernel reads ([`graph_engine::linear_kernels`]'s constants), `RESIDUAL`
 /// whether a residual operand follows the weights.
-unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>(
+unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>(
     frame: *mut CallFrame,
 ) -> *mut XlaError {
     // SAFETY: called by XLA with its call frame; the arrays are host memory of the CPU plugin.
@@ -142,14 +145,14 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                 let codes = elements::<i8>(first_weight, dtype::S8, &[n, k], "int8 codes")?;
                 let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
                 next += 2;
-                LinearWeights::Int8(Int8Matrix { rows: n, cols: k, codes, scales })
+                LinearWeights::Int8(Int8Matrix { rows: n, cols: k, codes, scales }, Activations::int8_when(Q8))
             } else if FORMAT == INT4 {
                 let packed_ty = if first_weight.dtype == dtype::U8 { dtype::U8 } else { dtype::S8 };
                 let packed = elements::<u8>(first_weight, packed_ty, &[n, k / 2], "packed weights")?;
                 let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
                 let biases = elements::<u16>(frame.arg(next + 2)?, dtype::F16, &[n, groups], "biases")?;
                 next += 3;
-                LinearWeights::Int4(Int4Matrix { rows: n, cols: k, packed, scales, biases })
+                LinearWeights::Int4(Int4Matrix { rows: n, cols: k, packed, scales, biases }, Activations::int8_when(Q8))
             } else {
                 let data = elements::<u16>(first_weight, dtype::F16, &[n, k], "weights")?;
                 next += 1;
@@ -189,8 +192,8 @@ struct LinearHandlers;
 
 impl LinearEntry for LinearHandlers {
     type Entry = Handler;
-    fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>() -> Handler {
-        linear::<FORMAT, INPUT, RESIDUAL>
+    fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>() -> Handler {
+        linear::<FORMAT, INPUT, RESIDUAL, Q8>
     }
 }
 

@@ -34,7 +34,7 @@ use plugin_search::FoundPlugin;
 use session_api::{
     Availability, Backend, Capabilities, DeviceInfo, DeviceKind, Engine, LoadRequest, Result, SeamError,
 };
-use stablehlo_llama::{HostKernels, KernelCalls, LayerMode, StorageDtype};
+use stablehlo_llama::{HostKernels, KernelActivations, KernelCalls, LayerMode, StorageDtype};
 use std::collections::BTreeMap;
 use std::path::PathBuf;
 use std::sync::Arc;
@@ -64,7 +64,11 @@ pub fn link() {}
 /// - Layers unrolled with per-layer f32 caches: as [`CPU_SETTINGS`].
 pub const CPU_KERNEL_SETTINGS: GraphSettings = GraphSettings {
     dense: StorageDtype::F16,
-    host_kernels: Some(HostKernels { max_tokens: usize::MAX, calls: KernelCalls::XlaCustomCall }),
+    host_kernels: Some(HostKernels {
+        max_tokens: usize::MAX,
+        calls: KernelCalls::XlaCustomCall,
+        activations: KernelActivations::Exact,
+    }),
     ..CPU_SETTINGS
 };
 

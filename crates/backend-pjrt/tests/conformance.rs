@@ -11,12 +11,14 @@
 //! On the CPU the suite runs the default graphs, which call seam's kernels as custom calls
 //! (`kernels=seam`); a second, shorter pass runs the greedy-parity cases on the tiny models with
 //! `SEAM_PJRT_KERNELS=none`, so the pure-StableHLO graphs XLA's CPU plugin falls back to stay
-//! proven too.
+//! proven too. A third pass runs the whole suite on int4 with `SEAM_PJRT_ACTIVATIONS=int8` (the
+//! kernels' products over activations rounded to int8, ADR 0024) under the int8 preset.
 //!
 //! Tolerances are the f16 ones: the KV cache is f16 and int4 scales are f16 on every device, and
 //! on a GPU the matrices are f16 too. Compiled executables are cached in `.seam/cache/pjrt`.
 
 use conformance::{check_target, ComputePrecision, SuiteOptions, Target};
+use session_api::WeightFormat;
 
 fn main() {
     backend_pjrt::link();
@@ -48,5 +50,18 @@ fn main() {
     };
     let target = Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::F16);
     check_target("pjrt-cpu with kernels=none (pure-StableHLO graphs)", target, &options);
+
+    // The kernels again, int4 products over activations rounded to int8 (`activations=int8`, ADR
+    // 0024), held to that precision's preset: the whole suite, the real model included.
+    std::env::remove_var("SEAM_PJRT_KERNELS");
+    std::env::set_var("SEAM_PJRT_ACTIVATIONS", "int8");
+    let from_env = SuiteOptions::from_env();
+    let formats: Vec<WeightFormat> = from_env.formats.iter().copied().filter(|&f| f == WeightFormat::Int4).collect();
+    if !formats.is_empty() {
+        let options = SuiteOptions { formats, ..from_env };
+        let target =
+            Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::Int8);
+        check_target("pjrt-cpu with activations=int8", target, &options);
+    }
     println!("conformance: pjrt passed");
 }

@@ -67,6 +67,10 @@ pub struct BenchArgs {
     /// after its own 16-token prompt; aggregate tokens/s per size.
     #[arg(long, value_delimiter = ',')]
     batches: Vec<usize>,
+    /// A backend setting of every load, KEY=VALUE (repeatable; e.g. `activations=int8`; see the
+    /// backend's documentation), the new-process runs included.
+    #[arg(long = "set", value_name = "KEY=VALUE")]
+    settings: Vec<String>,
     /// Also write the results as JSON to this file.
     #[arg(long)]
     json: Option<PathBuf>,
@@ -330,10 +334,11 @@ fn measure_process(
     backend: &str,
     format: WeightFormat,
     model_dir: &std::path::Path,
+    settings: &[String],
     repeats: usize,
 ) -> Result<ProcessResult, CliError> {
     let program = std::env::current_exe().map_err(CliError::Output)?;
-    let args: Vec<String> = [
+    let mut args: Vec<String> = [
         "run",
         "--backend",
         backend,
@@ -350,6 +355,9 @@ fn measure_process(
     .iter()
     .map(|a| a.to_string())
     .collect();
+    for setting in settings {
+        args.extend(["--set".to_string(), setting.clone()]);
+    }
     let (mut wall, mut load, mut first, mut after_load) = (Vec::new(), Vec::new(), Vec::new(), Vec::new());
     let mut peak_rss = None;
     for _ in 0..repeats {
@@ -446,6 +454,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             say!("bench: {name} {format} ...");
             let mut request = LoadRequest::new(&model_dir, format);
             request.max_context = Some(args.max_context.unwrap_or(longest.max(2048)));
+            request.settings = crate::run_command::parse_settings(&args.settings)?;
             let Loaded { engine, cold_ms: load_cold_ms, warm_ms: load_warm_ms, rss: resident } =
                 load_cold_and_warm(backend.as_ref(), &request, !args.no_cold)?;
             let info = engine.info();
@@ -489,7 +498,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             let process = if args.no_process || !has_tokenizer {
                 None
             } else {
-                Some(measure_process(name, format, &model_dir, args.repeats)?)
+                Some(measure_process(name, format, &model_dir, &args.settings, args.repeats)?)
             };
             results.push(BenchResult {
                 backend: name.clone(),
@@ -530,6 +539,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                 "decode_prompt_tokens": 16,
                 "batches": args.batches,
                 "repeats": args.repeats,
+                "backend_settings": args.settings,
                 "max_context": request_context(&args, longest),
                 "profile": if cfg!(debug_assertions) { "debug (dependencies at opt-level 3)" } else { "release" },
             }),

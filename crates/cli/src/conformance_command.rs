@@ -28,7 +28,8 @@ pub struct ConformanceArgs {
     /// Weight format to test (repeatable); both when absent.
     #[arg(long = "weights")]
     formats: Vec<WeightFormat>,
-    /// Compute precision of the backend, which selects the tolerances: f32, f16 or bf16.
+    /// Compute precision of the backend, which selects the tolerances: f32, f16, bf16 or int8
+    /// (activations rounded to int8 before quantized products, `SEAM_PJRT_ACTIVATIONS=int8`).
     #[arg(long, default_value = "f32")]
     precision: ComputePrecision,
     /// How much greedy parity to run on the real default model (SmolLM2-135M-Instruct).

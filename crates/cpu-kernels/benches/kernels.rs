@@ -3,12 +3,13 @@
 //! `cargo bench -p cpu-kernels [-- --quick]`. For each matrix shape it cycles through enough
 //! copies of the matrix to exceed the last-level cache (so the weights come from memory, as in a
 //! decode step), times one-token products, and prints bytes read per second and the fraction of a
-//! read probe (`cpu_kernels::bandwidth::measure_read_bandwidth`, on the same pool).
+//! read probe (`cpu_kernels::bandwidth::measure_read_bandwidth`, on the same pool). Rows named
+//! `int4q8` and `int8q8` take the activations rounded to int8 (`matmul_int4_q8`, ADR 0024).
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int8, AttentionShape, CausalQueries, F16Matrix,
-    Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
+    attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int4_q8, matmul_int8, matmul_int8_q8,
+    AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
 };
 use std::time::Instant;
 
@@ -80,6 +81,12 @@ fn main() {
             });
             report(name, n, k, &format!("int4 {}", short(isa)), secs, int4_bytes, bandwidth);
         }
+        let secs = time(copies, |i| {
+            let (p, s, b) = &mats[i];
+            let w = Int4Matrix { rows: n, cols: k, packed: p, scales: s, biases: b };
+            matmul_int4_q8(Isa::best(), pool, &x, 1, w, &mut out).unwrap();
+        });
+        report(name, n, k, &format!("int4q8 {}", short(Isa::best())), secs, int4_bytes, bandwidth);
         drop(mats);
         let int8_bytes = n * k + 2 * n * groups;
         let copies = (WORKING_SET / int8_bytes).max(2);
@@ -92,6 +99,11 @@ fn main() {
             });
             report(name, n, k, &format!("int8 {}", short(isa)), secs, int8_bytes, bandwidth);
         }
+        let secs = time(copies, |i| {
+            let (codes, scales) = &mats[i];
+            matmul_int8_q8(Isa::best(), pool, &x, 1, Int8Matrix { rows: n, cols: k, codes, scales }, &mut out).unwrap();
+        });
+        report(name, n, k, &format!("int8q8 {}", short(Isa::best())), secs, int8_bytes, bandwidth);
     }
     // A whole SmolLM2 decode step's products, each layer with its own weights (as in a model):
     // what the kernels alone cost per token.
@@ -130,6 +142,17 @@ fn main() {
         });
         let name = format!("smollm2 step x{tokens}");
         report(&name, int4_layers.len() + 1, 0, &format!("int4 {}", short(Isa::best())), secs, int4_bytes, bandwidth);
+        println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
+        // The same products over activations rounded to int8 (`activations=int8`, ADR 0024).
+        let secs = time(1, |_| {
+            for (n, k, p, s, b) in &int4_layers {
+                let w = Int4Matrix { rows: *n, cols: *k, packed: p, scales: s, biases: b };
+                matmul_int4_q8(Isa::best(), pool, &x[..*k * tokens], tokens, w, &mut out[..*n * tokens]).unwrap();
+            }
+            let w = Int8Matrix { rows: head.0, cols: head.1, codes: &int8_head.0, scales: &int8_head.1 };
+            matmul_int8_q8(Isa::best(), pool, &x[..head.1 * tokens], tokens, w, &mut out[..head.0 * tokens]).unwrap();
+        });
+        report(&name, int4_layers.len() + 1, 0, &format!("int4q8 {}", short(Isa::best())), secs, int4_bytes, bandwidth);
         println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
         let secs = time(1, |_| {
             for (n, k, d) in &f16_layers {

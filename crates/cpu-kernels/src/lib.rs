@@ -12,7 +12,10 @@
 //! - [`matmul_int8`]: the same for seam's int8 format (ADR 0013: groups of 32 along `K`, an f16
 //!   scale per group; an int4 model's embedding and output head);
 //!
-//!   each of the three converts the weights in registers as it reads them, for a few tokens once
+//! - [`matmul_int4_q8`], [`matmul_int8_q8`]: the same over activations rounded to int8 per group
+//!   ([`Activations::Int8`]), in integer dot products of four;
+//!
+//!   each of the exact three converts the weights in registers as it reads them, for a few tokens once
 //!   per block of four, and from a dozen tokens on (a prefill chunk, a large batch) runs as a
 //!   blocked matrix-matrix product over weights converted once per call;
 //! - [`linear`]: any of these products with the RMSNorm or SwiGLU before it and the residual add after
@@ -36,6 +39,7 @@ mod isa;
 mod linear;
 mod matmul;
 pub mod pool;
+mod q8;
 pub mod scalar;
 mod scratch;
 mod simd;
@@ -44,7 +48,36 @@ mod vnni;
 pub use attention::{attention_causal, attention_decode, AttentionShape, CausalQueries};
 pub use isa::Isa;
 pub use linear::{linear, LinearInput, LinearWeights};
-pub use matmul::{matmul_f16, matmul_int4, matmul_int8, F16Matrix, Int4Matrix, Int8Matrix, GROUP_SIZE};
+pub use matmul::{
+    matmul_f16, matmul_int4, matmul_int4_q8, matmul_int8, matmul_int8_q8, F16Matrix, Int4Matrix, Int8Matrix, GROUP_SIZE,
+};
+pub use q8::round_int8;
+
+/// How an int4 or int8 product takes its activations.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]
+pub enum Activations {
+    /// As they are, to f32's precision: the product of the f32 activations and the weights as the
+    /// format defines them.
+    #[default]
+    Exact,
+    /// Rounded per group of 32 to int8 multiples of the group's largest magnitude / 127
+    /// ([`round_int8`]) before the product, as llama.cpp's quantized products round theirs:
+    /// a quarter of the instructions per weight on AVX-512 VNNI, at a rounding error of up to
+    /// 1/254 of each group's largest activation (ADR 0024).
+    Int8,
+}
+
+impl Activations {
+    /// [`Activations::Int8`] when `int8`, else [`Activations::Exact`] (for a runtime's entry point
+    /// that has the choice as a const parameter).
+    pub const fn int8_when(int8: bool) -> Activations {
+        if int8 {
+            Activations::Int8
+        } else {
+            Activations::Exact
+        }
+    }
+}
 
 use std::fmt;
 

@@ -5,7 +5,10 @@
 
 use crate::pool::Pool;
 use crate::scratch::Scratch;
-use crate::{check_len, matmul_f16, matmul_int4, matmul_int8, F16Matrix, Int4Matrix, Int8Matrix, Isa, ShapeError};
+use crate::{
+    check_len, matmul_f16, matmul_int4, matmul_int4_q8, matmul_int8, matmul_int8_q8, Activations, F16Matrix,
+    Int4Matrix, Int8Matrix, Isa, ShapeError,
+};
 
 /// What the product reads, `[tokens, cols]` once prepared.
 #[derive(Debug, Clone, Copy)]
@@ -18,20 +21,21 @@ pub enum LinearInput<'a> {
     SwiGlu { gate: &'a [f32], up: &'a [f32] },
 }
 
-/// The weights of a linear layer.
+/// The weights of a linear layer; int4 and int8 weights with how the product takes its
+/// activations.
 #[derive(Debug, Clone, Copy)]
 pub enum LinearWeights<'a> {
     F16(F16Matrix<'a>),
-    Int4(Int4Matrix<'a>),
-    Int8(Int8Matrix<'a>),
+    Int4(Int4Matrix<'a>, Activations),
+    Int8(Int8Matrix<'a>, Activations),
 }
 
 impl LinearWeights<'_> {
     fn shape(&self) -> (usize, usize) {
         match self {
             LinearWeights::F16(w) => (w.rows, w.cols),
-            LinearWeights::Int4(w) => (w.rows, w.cols),
-            LinearWeights::Int8(w) => (w.rows, w.cols),
+            LinearWeights::Int4(w, _) => (w.rows, w.cols),
+            LinearWeights::Int8(w, _) => (w.rows, w.cols),
         }
     }
 }
@@ -57,8 +61,10 @@ pub fn linear(
     }
     let run = |x: &[f32], out: &mut [f32]| match w {
         LinearWeights::F16(w) => matmul_f16(isa, pool, x, tokens, w, out),
-        LinearWeights::Int4(w) => matmul_int4(isa, pool, x, tokens, w, out),
-        LinearWeights::Int8(w) => matmul_int8(isa, pool, x, tokens, w, out),
+        LinearWeights::Int4(w, Activations::Exact) => matmul_int4(isa, pool, x, tokens, w, out),
+        LinearWeights::Int4(w, Activations::Int8) => matmul_int4_q8(isa, pool, x, tokens, w, out),
+        LinearWeights::Int8(w, Activations::Exact) => matmul_int8(isa, pool, x, tokens, w, out),
+        LinearWeights::Int8(w, Activations::Int8) => matmul_int8_q8(isa, pool, x, tokens, w, out),
     };
     match input {
         LinearInput::Rows(x) => run(x, out)?,

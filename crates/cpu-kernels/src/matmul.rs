@@ -2,6 +2,7 @@
 
 use crate::gemm::{self, gemm};
 use crate::pool::Pool;
+use crate::q8;
 use crate::scratch::Scratch;
 use crate::vnni::{self, Prepared};
 use crate::{check_len, scalar, Isa, ShapeError};
@@ -16,7 +17,7 @@ pub const GROUP_SIZE: usize = 32;
 const TASKS_PER_THREAD: usize = 4;
 
 /// The fewest rows of a task: below this, waking another thread costs more than it saves.
-const MIN_ROWS_PER_TASK: usize = 16;
+pub(crate) const MIN_ROWS_PER_TASK: usize = 16;
 
 /// An f16 matrix `[rows, cols]`, row-major, as raw f16 bits.
 #[derive(Debug, Clone, Copy)]
@@ -178,16 +179,7 @@ pub fn matmul_int4(
     w: Int4Matrix<'_>,
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
-    let (n, k) = (w.rows, w.cols);
-    if k % GROUP_SIZE != 0 {
-        return Err(ShapeError(format!("int4 columns {k} are not a multiple of {GROUP_SIZE}")));
-    }
-    let groups = k / GROUP_SIZE;
-    check_len("x", x.len(), tokens * k)?;
-    check_len("int4 packed weights", w.packed.len(), n * k / 2)?;
-    check_len("int4 scales", w.scales.len(), n * groups)?;
-    check_len("int4 biases", w.biases.len(), n * groups)?;
-    check_len("output", out.len(), tokens * n)?;
+    let (n, k, groups) = check_int4(&w, x.len(), tokens, out.len())?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
     if isa == Isa::Scalar {
         for_each_row(pool, n, tokens, out, &|row, put| {
@@ -294,15 +286,7 @@ pub fn matmul_int8(
     w: Int8Matrix<'_>,
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
-    let (n, k) = (w.rows, w.cols);
-    if k % GROUP_SIZE != 0 {
-        return Err(ShapeError(format!("int8 columns {k} are not a multiple of {GROUP_SIZE}")));
-    }
-    let groups = k / GROUP_SIZE;
-    check_len("x", x.len(), tokens * k)?;
-    check_len("int8 codes", w.codes.len(), n * k)?;
-    check_len("int8 scales", w.scales.len(), n * groups)?;
-    check_len("output", out.len(), tokens * n)?;
+    let (n, k, groups) = check_int8(&w, x.len(), tokens, out.len())?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
     let row_of = |row: usize| (&w.codes[row * k..(row + 1) * k], &w.scales[row * groups..(row + 1) * groups]);
     if isa.has_avx2() && tokens >= GEMM_FROM_TOKENS {
@@ -351,6 +335,101 @@ pub fn matmul_int8(
         }
     });
     Ok(())
+}
+
+/// The shape of an int4 product, checked: `(rows, cols, groups per row)`.
+fn check_int4(w: &Int4Matrix<'_>, x: usize, tokens: usize, out: usize) -> Result<(usize, usize, usize), ShapeError> {
+    let (n, k) = (w.rows, w.cols);
+    if k % GROUP_SIZE != 0 {
+        return Err(ShapeError(format!("int4 columns {k} are not a multiple of {GROUP_SIZE}")));
+    }
+    let groups = k / GROUP_SIZE;
+    check_len("x", x, tokens * k)?;
+    check_len("int4 packed weights", w.packed.len(), n * k / 2)?;
+    check_len("int4 scales", w.scales.len(), n * groups)?;
+    check_len("int4 biases", w.biases.len(), n * groups)?;
+    check_len("output", out, tokens * n)?;
+    Ok((n, k, groups))
+}
+
+/// The shape of an int8 product, checked: `(rows, cols, groups per row)`.
+fn check_int8(w: &Int8Matrix<'_>, x: usize, tokens: usize, out: usize) -> Result<(usize, usize, usize), ShapeError> {
+    let (n, k) = (w.rows, w.cols);
+    if k % GROUP_SIZE != 0 {
+        return Err(ShapeError(format!("int8 columns {k} are not a multiple of {GROUP_SIZE}")));
+    }
+    let groups = k / GROUP_SIZE;
+    check_len("x", x, tokens * k)?;
+    check_len("int8 codes", w.codes.len(), n * k)?;
+    check_len("int8 scales", w.scales.len(), n * groups)?;
+    check_len("output", out, tokens * n)?;
+    Ok((n, k, groups))
+}
+
+/// `out = round_int8(x) W^T` for int4 `W` ([`Activations::Int8`]): the activations rounded per
+/// group to int8 steps ([`crate::round_int8`]) before the product. On [`Isa::Avx512Vnni`] the
+/// rounded codes meet the nibbles in integer dot products of four; elsewhere the exact product
+/// runs over a rounded copy.
+///
+/// [`Activations::Int8`]: crate::Activations::Int8
+pub fn matmul_int4_q8(
+    isa: Isa,
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    w: Int4Matrix<'_>,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    check_int4(&w, x.len(), tokens, out.len())?;
+    q8_product(isa, pool, x, tokens, q8::Weights::Int4(&w), out, |x, out| matmul_int4(isa, pool, x, tokens, w, out))
+}
+
+/// `out = round_int8(x) W^T` for int8 `W`, as [`matmul_int4_q8`] for int4.
+pub fn matmul_int8_q8(
+    isa: Isa,
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    w: Int8Matrix<'_>,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    check_int8(&w, x.len(), tokens, out.len())?;
+    q8_product(isa, pool, x, tokens, q8::Weights::Int8(&w), out, |x, out| matmul_int8(isa, pool, x, tokens, w, out))
+}
+
+/// `out = round_int8(x) W^T` (shapes checked): the VNNI rows where the CPU has them and the call
+/// is short enough, else `exact(round_int8(x), out)`.
+fn q8_product(
+    isa: Isa,
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    w: q8::Weights<'_>,
+    out: &mut [f32],
+    exact: impl FnOnce(&[f32], &mut [f32]) -> Result<(), ShapeError>,
+) -> Result<(), ShapeError> {
+    if isa == Isa::Avx512Vnni && isa.is_supported() && tokens <= Q8_VNNI_MAX_TOKENS {
+        q8::vnni_product(pool, x, tokens, w, out);
+        return Ok(());
+    }
+    over_rounded(x, |x| exact(x, out))
+}
+
+/// The most tokens per call that the int8-activation products take on the VNNI path; from there
+/// on the blocked product over the rounded activations is faster.
+const Q8_VNNI_MAX_TOKENS: usize = 24;
+
+/// Rounded copies of activations, reused across calls.
+static ROUNDED: Scratch<Vec<f32>> = Scratch::new();
+
+/// `product(round_int8(x))`.
+fn over_rounded<R>(x: &[f32], product: impl FnOnce(&[f32]) -> R) -> R {
+    ROUNDED.with(|buf| {
+        buf.clear();
+        buf.resize(x.len(), 0.0);
+        q8::round_int8(x, buf);
+        product(buf)
+    })
 }
 
 /// Calls of up to this many tokens take the VNNI path on [`Isa::Avx512Vnni`]; from three on the

@@ -198,7 +198,7 @@ pub(crate) mod x86 {
     /// The 64 bytes of block `b` of a row of `len` bytes (a partial last block zero-filled).
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     #[inline]
-    unsafe fn load_block(row: &[u8], b: usize) -> __m512i {
+    pub(crate) unsafe fn load_block(row: &[u8], b: usize) -> __m512i {
         let start = b * 64;
         let p = row.as_ptr().add(start) as *const i8;
         // Ask for the bytes a little ahead: each thread streams one run of rows, and the hardware
@@ -318,7 +318,7 @@ pub(crate) mod x86 {
     /// `acc + bias_g · Σ x_g` for each of a row's groups, in 16 lanes.
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     #[inline]
-    unsafe fn add_bias_term(biases: &[u16], sums: &[f32], mut acc: __m512) -> __m512 {
+    pub(crate) unsafe fn add_bias_term(biases: &[u16], sums: &[f32], mut acc: __m512) -> __m512 {
         for g in (0..biases.len()).step_by(16) {
             let mask = if g + 16 <= biases.len() { !0 } else { ((1u32 << (biases.len() - g)) - 1) as __mmask16 };
             let b = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(mask, biases.as_ptr().add(g) as *const i16));

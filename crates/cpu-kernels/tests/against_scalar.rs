@@ -322,3 +322,96 @@ fn causal_attention_matches_scalar_row_by_row_and_reads_only_visible_positions()
         assert!(attention_causal(Isa::Scalar, &pool, shape, &q, too_far, &keys, &values, &mut out).is_err());
     }
 }
+
+/// The int8-activation products equal the exact scalar products over the rounded activations
+/// (`round_int8`) on every path, up to the order of f32 operations: the VNNI rows with every
+/// token block (one to eight, then a remainder), partial 64-byte blocks (576 and 544 columns),
+/// and the exact kernels over a rounded copy elsewhere.
+#[test]
+fn int8_activation_products_match_scalar_over_rounded_activations() {
+    let mut rng = Rng(19);
+    for pool in [Pool::new(1), Pool::new(2)] {
+        for &(n, k, tokens) in &[
+            (1, 32, 1),
+            (19, 288, 1),
+            (50, 576, 1),
+            (7, 1536, 2),
+            (17, 576, 8),
+            (11, 160, 5),
+            (38, 544, 19),
+            (9, 64, 12),
+        ] {
+            let groups = k / GROUP_SIZE;
+            let packed: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
+            let codes: Vec<i8> = (0..n * k).map(|_| rng.next() as i8).collect();
+            let scales: Vec<u16> = (0..n * groups).map(|_| rng.f16_bits(0.1)).collect();
+            let biases: Vec<u16> = (0..n * groups).map(|_| rng.f16_bits(0.5)).collect();
+            // Groups of very different magnitudes, one of zeros, as activations have.
+            let x: Vec<f32> = (0..tokens * k)
+                .map(|i| match (i / GROUP_SIZE) % 4 {
+                    0 => rng.f32() * 40.0,
+                    1 => rng.f32() * 0.01,
+                    2 if i % (3 * GROUP_SIZE) < GROUP_SIZE => 0.0,
+                    _ => rng.f32(),
+                })
+                .collect();
+            let mut rounded = vec![0.0; x.len()];
+            cpu_kernels::round_int8(&x, &mut rounded);
+            let w4 = Int4Matrix { rows: n, cols: k, packed: &packed, scales: &scales, biases: &biases };
+            let w8 = Int8Matrix { rows: n, cols: k, codes: &codes, scales: &scales };
+            for isa in Isa::supported() {
+                let mut out4 = vec![f32::NAN; tokens * n];
+                cpu_kernels::matmul_int4_q8(isa, &pool, &x, tokens, w4, &mut out4).unwrap();
+                let mut out8 = vec![f32::NAN; tokens * n];
+                cpu_kernels::matmul_int8_q8(isa, &pool, &x, tokens, w8, &mut out8).unwrap();
+                for t in 0..tokens {
+                    let xr = &rounded[t * k..(t + 1) * k];
+                    for row in 0..n {
+                        let (s, b) =
+                            (&scales[row * groups..(row + 1) * groups], &biases[row * groups..(row + 1) * groups]);
+                        let p = &packed[row * k / 2..(row + 1) * k / 2];
+                        let c = &codes[row * k..(row + 1) * k];
+                        let want4 = scalar::dot_int4(xr, p, s, b, GROUP_SIZE);
+                        let want8 = scalar::dot_int8(xr, c, s, GROUP_SIZE);
+                        let magnitude4: f32 = (0..k)
+                            .map(|i| {
+                                let byte = p[i / 2];
+                                let q = if i % 2 == 0 { byte & 15 } else { byte >> 4 } as f32;
+                                let g = i / GROUP_SIZE;
+                                (xr[i] * (f16::from_bits(s[g]).to_f32() * q + f16::from_bits(b[g]).to_f32())).abs()
+                            })
+                            .sum();
+                        let magnitude8: f32 = (0..k)
+                            .map(|i| (xr[i] * f16::from_bits(s[i / GROUP_SIZE]).to_f32() * c[i] as f32).abs())
+                            .sum();
+                        for (kind, got, want, magnitude) in [
+                            ("int4", out4[t * n + row], want4, magnitude4),
+                            ("int8", out8[t * n + row], want8, magnitude8),
+                        ] {
+                            assert!(
+                                (got - want).abs() <= magnitude / 1048576.0 + 1e-6,
+                                "{isa:?} {kind} q8 [{n}x{k}] t{t} row {row}: {got} vs {want} (magnitude {magnitude})"
+                            );
+                        }
+                    }
+                }
+            }
+        }
+    }
+}
+
+/// `round_int8` is its definition: per group, the nearest multiple (ties to even) of the
+/// largest magnitude / 127; a group of zeros stays zeros.
+#[test]
+fn round_int8_is_its_definition() {
+    let mut x = [0.0f32; 64];
+    x[0] = 127.0;
+    x[1] = -2.5;
+    x[2] = 3.5;
+    x[3] = 0.49;
+    x[4] = -127.0;
+    let mut out = [f32::NAN; 64];
+    cpu_kernels::round_int8(&x, &mut out);
+    assert_eq!(&out[..5], &[127.0, -2.0, 4.0, 0.0, -127.0]);
+    assert!(out[5..].iter().all(|&v| v == 0.0));
+}

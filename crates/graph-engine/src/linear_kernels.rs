@@ -7,7 +7,7 @@
 //! runtime says what an instance is through [`LinearEntry`].
 
 use llama_model::MatrixFormat;
-use stablehlo_llama::KernelInput;
+use stablehlo_llama::{KernelActivations, KernelInput, LinearTarget};
 
 /// `FORMAT` of an instance: the weight format.
 pub mod format {
@@ -29,29 +29,33 @@ pub trait LinearEntry {
     /// What the runtime registers for a target (a function pointer of its calling convention).
     type Entry;
 
-    /// The instance for weight format `FORMAT` ([`format`]), input `INPUT` ([`input`]) and a
-    /// residual operand when `RESIDUAL`.
-    fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>() -> Self::Entry;
+    /// The instance for weight format `FORMAT` ([`format`]), input `INPUT` ([`input`]), a
+    /// residual operand when `RESIDUAL`, and activations rounded to int8 when `INT8_ACTIVATIONS`
+    /// ([`KernelActivations::Int8`]; never for f16 weights).
+    fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const INT8_ACTIVATIONS: bool>() -> Self::Entry;
 }
 
-/// The instance of `E` for the target that reads `format` weights, takes `input` and, when
-/// `residual`, adds a residual.
-pub fn linear_entry<E: LinearEntry>(format: MatrixFormat, input: KernelInput, residual: bool) -> E::Entry {
-    fn of<E: LinearEntry, const FORMAT: u8>(input: KernelInput, residual: bool) -> E::Entry {
+/// The instance of `E` for `target`.
+pub fn linear_entry<E: LinearEntry>(target: &LinearTarget) -> E::Entry {
+    let LinearTarget { format, input, residual, activations, .. } = *target;
+    fn of<E: LinearEntry, const FORMAT: u8, const Q8: bool>(input: KernelInput, residual: bool) -> E::Entry {
         use self::input::{RMS_NORM, ROWS, SWIGLU};
         match (input, residual) {
-            (KernelInput::Rows, false) => E::instance::<FORMAT, ROWS, false>(),
-            (KernelInput::Rows, true) => E::instance::<FORMAT, ROWS, true>(),
-            (KernelInput::RmsNorm, false) => E::instance::<FORMAT, RMS_NORM, false>(),
-            (KernelInput::RmsNorm, true) => E::instance::<FORMAT, RMS_NORM, true>(),
-            (KernelInput::SwiGlu, false) => E::instance::<FORMAT, SWIGLU, false>(),
-            (KernelInput::SwiGlu, true) => E::instance::<FORMAT, SWIGLU, true>(),
+            (KernelInput::Rows, false) => E::instance::<FORMAT, ROWS, false, Q8>(),
+            (KernelInput::Rows, true) => E::instance::<FORMAT, ROWS, true, Q8>(),
+            (KernelInput::RmsNorm, false) => E::instance::<FORMAT, RMS_NORM, false, Q8>(),
+            (KernelInput::RmsNorm, true) => E::instance::<FORMAT, RMS_NORM, true, Q8>(),
+            (KernelInput::SwiGlu, false) => E::instance::<FORMAT, SWIGLU, false, Q8>(),
+            (KernelInput::SwiGlu, true) => E::instance::<FORMAT, SWIGLU, true, Q8>(),
         }
     }
-    match format {
-        MatrixFormat::F16 => of::<E, { format::F16 }>(input, residual),
-        MatrixFormat::Int4 => of::<E, { format::INT4 }>(input, residual),
-        MatrixFormat::Int8 => of::<E, { format::INT8 }>(input, residual),
+    use KernelActivations::{Exact, Int8};
+    match (format, activations) {
+        (MatrixFormat::F16, _) => of::<E, { format::F16 }, false>(input, residual),
+        (MatrixFormat::Int4, Exact) => of::<E, { format::INT4 }, false>(input, residual),
+        (MatrixFormat::Int4, Int8) => of::<E, { format::INT4 }, true>(input, residual),
+        (MatrixFormat::Int8, Exact) => of::<E, { format::INT8 }, false>(input, residual),
+        (MatrixFormat::Int8, Int8) => of::<E, { format::INT8 }, true>(input, residual),
     }
 }
 
@@ -62,25 +66,26 @@ mod tests {
     /// An entry that names its instance.
     struct Names;
     impl LinearEntry for Names {
-        type Entry = (u8, u8, bool);
-        fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool>() -> (u8, u8, bool) {
-            (FORMAT, INPUT, RESIDUAL)
+        type Entry = (u8, u8, bool, bool);
+        fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>() -> (u8, u8, bool, bool) {
+            (FORMAT, INPUT, RESIDUAL, Q8)
         }
     }
 
     #[test]
     fn every_target_gets_its_own_instance() {
         let mut seen = std::collections::HashSet::new();
-        for (_, matrix, kernel_input, residual) in stablehlo_llama::linear_targets() {
-            let (f, i, r) = linear_entry::<Names>(matrix, kernel_input, residual);
-            let want = match matrix {
+        for target in stablehlo_llama::linear_targets() {
+            let (f, i, r, q8) = linear_entry::<Names>(&target);
+            let want = match target.format {
                 MatrixFormat::F16 => format::F16,
                 MatrixFormat::Int4 => format::INT4,
                 MatrixFormat::Int8 => format::INT8,
             };
-            assert_eq!((f, r), (want, residual), "{matrix:?}");
-            assert!(seen.insert((f, i, r)), "{matrix:?} {kernel_input:?} {residual}");
+            let rounds = target.activations == KernelActivations::Int8;
+            assert_eq!((f, r, q8), (want, target.residual, rounds), "{target:?}");
+            assert!(seen.insert((f, i, r, q8)), "{target:?}");
         }
-        assert_eq!(seen.len(), 18);
+        assert_eq!(seen.len(), 30);
     }
 }

@@ -11,7 +11,7 @@ use llama_model::{Int4Layout, LlamaConfig};
 use session_api::{EngineInfo, LoadRequest, Result, SeamError, WeightFormat};
 use stablehlo_llama::{
     buckets_for_context, for_each_graph_host_arg, graph_weight_args, GraphError, GraphOptions, GraphSpec, HostKernels,
-    LayerMode, StorageDtype, WeightArg,
+    KernelActivations, LayerMode, StorageDtype, WeightArg,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -38,8 +38,11 @@ impl GraphSettings {
     /// `unrolled`, `per-layer-cache`), `dense` and `kv_cache` (`f16`, `f32`),
     /// `int4_dequantize_from` (a row count, at least 1), `kernels` (`seam` or `none`: whether
     /// the graphs call seam's CPU kernels; only a backend that registered them accepts `seam`,
-    /// see [`GraphSettings::kernels_requested`]).
-    pub const KEYS: [&'static str; 5] = ["layers", "dense", "kv_cache", "int4_dequantize_from", "kernels"];
+    /// see [`GraphSettings::kernels_requested`]), `activations` (`exact` or `int8`: how the
+    /// kernels' int4 and int8 products take their activations, ADR 0024; `int8` only with the
+    /// kernels).
+    pub const KEYS: [&'static str; 6] =
+        ["layers", "dense", "kv_cache", "int4_dequantize_from", "kernels", "activations"];
 
     /// What `request` (or `{env_prefix}_KERNELS`) says of seam's CPU kernels: `Some(true)` for
     /// `seam`, `Some(false)` for `none`, `None` when it says nothing. A backend reads this first
@@ -96,6 +99,22 @@ impl GraphSettings {
             }
             Some(false) => settings.host_kernels = None,
             _ => {}
+        }
+        if let Some((what, value)) = get("activations") {
+            let activations = match value.as_str() {
+                "exact" => KernelActivations::Exact,
+                "int8" => KernelActivations::Int8,
+                _ => return Err(SeamError::InvalidInput(format!("{what}: expected exact or int8"))),
+            };
+            match &mut settings.host_kernels {
+                Some(kernels) => kernels.activations = activations,
+                None if activations == KernelActivations::Exact => {}
+                None => {
+                    return Err(SeamError::InvalidInput(format!(
+                        "{what}: only seam's CPU kernels round activations, and this load runs without them"
+                    )))
+                }
+            }
         }
         if let Some((what, value)) = get("int4_dequantize_from") {
             settings.int4_dequantize_from = value

@@ -117,23 +117,54 @@ pub enum KernelInput {
 /// 0013), the residual, when present, added to the product, and
 /// `rows` the real rows of a padded call: only those are computed, the rest of the result is
 /// zero (a 2-token prompt in the 16-row bucket costs 2 rows of work, not 16).
-pub fn linear_target(format: MatrixFormat, input: KernelInput, residual: bool) -> String {
+pub fn linear_target(
+    format: MatrixFormat,
+    input: KernelInput,
+    residual: bool,
+    activations: KernelActivations,
+) -> String {
     let input = match input {
         KernelInput::Rows => "",
         KernelInput::RmsNorm => "_rmsnorm",
         KernelInput::SwiGlu => "_swiglu",
     };
     let residual = if residual { "_residual" } else { "" };
-    format!("seam_linear_{format}{input}{residual}")
+    let activations = match (format, activations) {
+        (MatrixFormat::Int4 | MatrixFormat::Int8, KernelActivations::Int8) => "_q8",
+        _ => "",
+    };
+    format!("seam_linear_{format}{activations}{input}{residual}")
 }
 
-/// Every linear target a runtime registers, with what it computes.
-pub fn linear_targets() -> Vec<(String, MatrixFormat, KernelInput, bool)> {
+/// One linear target a runtime registers, with what it computes ([`linear_target`]).
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct LinearTarget {
+    /// The custom-call target or executable import name.
+    pub name: String,
+    /// The weights' format.
+    pub format: MatrixFormat,
+    /// What the kernel reads before its product.
+    pub input: KernelInput,
+    /// Whether a residual operand is added to the product.
+    pub residual: bool,
+    /// How an int4 or int8 product takes its activations (always exact for f16 weights).
+    pub activations: KernelActivations,
+}
+
+/// Every linear target a runtime registers.
+pub fn linear_targets() -> Vec<LinearTarget> {
     let mut out = Vec::new();
-    for format in [MatrixFormat::F16, MatrixFormat::Int4, MatrixFormat::Int8] {
+    for (format, activations) in [
+        (MatrixFormat::F16, KernelActivations::Exact),
+        (MatrixFormat::Int4, KernelActivations::Exact),
+        (MatrixFormat::Int4, KernelActivations::Int8),
+        (MatrixFormat::Int8, KernelActivations::Exact),
+        (MatrixFormat::Int8, KernelActivations::Int8),
+    ] {
         for input in [KernelInput::Rows, KernelInput::RmsNorm, KernelInput::SwiGlu] {
             for residual in [false, true] {
-                out.push((linear_target(format, input, residual), format, input, residual));
+                let name = linear_target(format, input, residual, activations);
+                out.push(LinearTarget { name, format, input, residual, activations });
             }
         }
     }
@@ -162,6 +193,19 @@ pub struct HostKernels {
     pub max_tokens: usize,
     /// How the graphs call them.
     pub calls: KernelCalls,
+    /// How the int4 and int8 products take their activations.
+    pub activations: KernelActivations,
+}
+
+/// How the kernels' int4 and int8 products take their activations (`cpu_kernels::Activations`):
+/// as they are, or rounded per group of 32 to int8 steps (ADR 0024).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum KernelActivations {
+    /// f32 activations, the reference's numbers up to summation order.
+    #[default]
+    Exact,
+    /// Activations rounded to int8 per group of 32: faster, further from the reference.
+    Int8,
 }
 
 /// How a graph calls seam's kernels.
@@ -394,13 +438,15 @@ struct Weights {
     dequantize_from: usize,
     /// Whether this function's products go through the host kernels.
     kernels: bool,
+    /// How the kernels' int4 and int8 products take their activations.
+    activations: KernelActivations,
 }
 
 /// A matrix as the graph sees it.
 enum MatrixArg {
     Dense { w: Val, transposed: bool, kernel: bool },
-    Int4 { packed: Val, scales: Val, biases: Val, dequantize_from: usize, kernel: bool },
-    Int8 { codes: Val, scales: Val, dequantize_from: usize, kernel: bool },
+    Int4 { packed: Val, scales: Val, biases: Val, dequantize_from: usize, kernel: bool, activations: KernelActivations },
+    Int8 { codes: Val, scales: Val, dequantize_from: usize, kernel: bool, activations: KernelActivations },
 }
 
 impl Weights {
@@ -431,6 +477,7 @@ impl Weights {
                     biases: self.vals[i + 2].clone(),
                     dequantize_from: self.dequantize_from,
                     kernel: self.kernels,
+                    activations: self.activations,
                 }
             }
             WeightPart::Int8Codes => {
@@ -440,6 +487,7 @@ impl Weights {
                     scales: self.vals[i + 1].clone(),
                     dequantize_from: self.dequantize_from,
                     kernel: self.kernels,
+                    activations: self.activations,
                 }
             }
             other => unreachable!("argument order of weight_args: {other:?} where a matrix starts"),
@@ -570,12 +618,16 @@ fn kernel_linear(
     residual: Option<&Val>,
 ) -> Val {
     let t = inputs[0].dims()[0];
-    let (format, mut operands, m) = match w {
-        MatrixArg::Dense { w, transposed: false, .. } => (MatrixFormat::F16, vec![w], w.dims()[0]),
-        MatrixArg::Int4 { packed, scales, biases, .. } => {
-            (MatrixFormat::Int4, vec![packed, scales, biases], packed.dims()[0])
+    let (format, activations, mut operands, m) = match w {
+        MatrixArg::Dense { w, transposed: false, .. } => {
+            (MatrixFormat::F16, KernelActivations::Exact, vec![w], w.dims()[0])
         }
-        MatrixArg::Int8 { codes, scales, .. } => (MatrixFormat::Int8, vec![codes, scales], codes.dims()[0]),
+        MatrixArg::Int4 { packed, scales, biases, activations, .. } => {
+            (MatrixFormat::Int4, *activations, vec![packed, scales, biases], packed.dims()[0])
+        }
+        MatrixArg::Int8 { codes, scales, activations, .. } => {
+            (MatrixFormat::Int8, *activations, vec![codes, scales], codes.dims()[0])
+        }
         MatrixArg::Dense { transposed: true, .. } => unreachable!("the kernels read row-major matrices"),
     };
     let all_rows = rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
@@ -583,7 +635,7 @@ fn kernel_linear(
     all.append(&mut operands);
     all.extend(residual);
     all.extend(rows.or(all_rows.as_ref()));
-    let target = linear_target(format, input, residual.is_some());
+    let target = linear_target(format, input, residual.is_some(), activations);
     b.custom_call(&target, &all, Ty::new(&[t, m], Elem::F32))
 }
 
@@ -1072,7 +1124,8 @@ fn forward(
     let vals: Vec<Val> =
         specs.iter().map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone())).collect();
     let kernels = options.kernel_rows(t);
-    let mut w = Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels };
+    let activations = options.host_kernels.map(|h| h.activations).unwrap_or_default();
+    let mut w = Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels, activations };
 
     let mut b = FnBuilder::new();
     if let Some(HostKernels { calls: KernelCalls::IreeDispatch, .. }) = options.host_kernels {
@@ -1243,8 +1296,14 @@ fn forward(
                         vals.push(b.reshape(&one, &dims[1..]));
                         specs.push(WeightArg { shape: dims[1..].to_vec(), ..spec.clone() });
                     }
-                    let mut layer_weights =
-                        Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels };
+                    let mut layer_weights = Weights {
+                        vals,
+                        specs,
+                        next: 0,
+                        dequantize_from: options.int4_dequantize_from,
+                        kernels,
+                        activations,
+                    };
                     let kv = carried[2..]
                         .chunks(2)
                         .map(|kv| LayerKv::Stacked(NewKv { k: kv[0].clone(), v: kv[1].clone() }))
@@ -1627,14 +1686,18 @@ mod tests {
             let base =
                 GraphOptions { layers: LayerMode::UnrolledCachePerLayer, cache: StorageDtype::F32, ..options(format) };
             let with = GraphOptions {
-                host_kernels: Some(HostKernels { max_tokens: 1, calls: KernelCalls::XlaCustomCall }),
+                host_kernels: Some(HostKernels {
+                    max_tokens: 1,
+                    calls: KernelCalls::XlaCustomCall,
+                    activations: KernelActivations::Exact,
+                }),
                 ..base.clone()
             };
             let matrices = match format {
                 WeightFormat::F16 => MatrixFormat::F16,
                 WeightFormat::Int4 => MatrixFormat::Int4,
             };
-            let target = linear_target(matrices, KernelInput::Rows, false);
+            let target = linear_target(matrices, KernelInput::Rows, false, KernelActivations::Exact);
             let target = target.as_str();
             // Every linear target starts with the plain one's name.
             let calls = |o: &GraphOptions, spec: GraphSpec, target: &str| {
@@ -1645,7 +1708,7 @@ mod tests {
             let head = match format {
                 WeightFormat::F16 => 1,
                 WeightFormat::Int4 => {
-                    let int8 = linear_target(MatrixFormat::Int8, KernelInput::Rows, false);
+                    let int8 = linear_target(MatrixFormat::Int8, KernelInput::Rows, false, KernelActivations::Exact);
                     assert_eq!(calls(&with, DECODE, &int8), 1, "the int8 head goes through its kernel");
                     0
                 }
@@ -1661,10 +1724,45 @@ mod tests {
             let q = args.iter().find(|a| a.name.starts_with("model.layers.0.self_attn.q_proj")).unwrap();
             assert_eq!(q.shape[0], c.q_dim(), "{format}");
         }
+        // Int8 activations: every int4 and int8 product calls its `_q8` target, an fp16 one its
+        // exact target (the kernels round only what multiplies quantized weights).
+        for format in [WeightFormat::F16, WeightFormat::Int4] {
+            let q8 = GraphOptions {
+                layers: LayerMode::UnrolledCachePerLayer,
+                cache: StorageDtype::F32,
+                host_kernels: Some(HostKernels {
+                    max_tokens: 1,
+                    calls: KernelCalls::XlaCustomCall,
+                    activations: KernelActivations::Int8,
+                }),
+                ..options(format)
+            };
+            let text = emit_module(&c, &q8, &[DECODE]).unwrap();
+            let count = |prefix: &str| text.matches(&format!("call_target_name = \"{prefix}")).count();
+            match format {
+                WeightFormat::F16 => {
+                    assert_eq!(count("seam_linear_f16"), 7 * layers + 1);
+                    assert_eq!(count("seam_linear_f16_q8"), 0);
+                }
+                WeightFormat::Int4 => {
+                    assert_eq!(count("seam_linear_int4_q8"), 7 * layers);
+                    assert_eq!(count("seam_linear_int4"), 7 * layers);
+                    assert_eq!(count("seam_linear_int8_q8"), 1);
+                }
+            }
+        }
+        let names: std::collections::HashSet<String> = linear_targets().into_iter().map(|t| t.name).collect();
+        assert_eq!(names.len(), 30, "every target its own name");
+        assert!(names.contains("seam_linear_int4_q8_rmsnorm_residual"));
+
         // An f16 cache keeps the attention in the graph (the kernel reads f32).
         let f16_cache = GraphOptions {
             layers: LayerMode::UnrolledCachePerLayer,
-            host_kernels: Some(HostKernels { max_tokens: 1, calls: KernelCalls::XlaCustomCall }),
+            host_kernels: Some(HostKernels {
+                max_tokens: 1,
+                calls: KernelCalls::XlaCustomCall,
+                activations: KernelActivations::Exact,
+            }),
             ..options(WeightFormat::F16)
         };
         assert!(!emit_module(&c, &f16_cache, &[DECODE]).unwrap().contains(ATTENTION_DECODE_TARGET));
@@ -1676,7 +1774,11 @@ mod tests {
         let kernels = GraphOptions {
             layers: LayerMode::UnrolledCachePerLayer,
             cache: StorageDtype::F32,
-            host_kernels: Some(HostKernels { max_tokens: 4, calls: KernelCalls::XlaCustomCall }),
+            host_kernels: Some(HostKernels {
+                max_tokens: 4,
+                calls: KernelCalls::XlaCustomCall,
+                activations: KernelActivations::Exact,
+            }),
             ..options(WeightFormat::Int4)
         };
         let text = emit_module(&c, &kernels, &[prefill]).unwrap();
@@ -1694,7 +1796,11 @@ mod tests {
         let c = tiny_llama32_config();
         let layers = c.num_hidden_layers;
         let options = GraphOptions {
-            host_kernels: Some(HostKernels { max_tokens: usize::MAX, calls: KernelCalls::IreeDispatch }),
+            host_kernels: Some(HostKernels {
+                max_tokens: usize::MAX,
+                calls: KernelCalls::IreeDispatch,
+                activations: KernelActivations::Exact,
+            }),
             ..options(WeightFormat::Int4)
         };
         let prefill = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: false };
