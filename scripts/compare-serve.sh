@@ -3,7 +3,7 @@
 # model's Q4_1 GGUF, which seam's int4 carries exactly), at several concurrencies.
 #
 #   scripts/compare-serve.sh [--backends iree-cpu,pjrt-cpu] [--concurrency "1 4 8 16"]
-#                            [--requests N] [--max-tokens N] [--out FILE]
+#                            [--requests N] [--max-tokens N] [--out FILE] [--set KEY=VALUE ...]
 #
 # Builds llama-server from the pinned llama-cpp-python source tarball (scripts/build-llama-bench.sh)
 # and starts it with --parallel (the largest concurrency) and continuous batching; starts `seam
@@ -11,6 +11,7 @@
 # scripts/serve_load.py (N clients, each sending --requests streamed completions of exactly
 # --max-tokens tokens) against both, and prints aggregate tokens/s, time to first token and
 # inter-token latency side by side, with seam/llama-server ratios. Results: one JSON file.
+# --set passes a backend setting to seam serve (e.g. activations=int8, ADR 0024).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -19,6 +20,7 @@ levels="1 4 8 16"
 requests=3
 max_tokens=64
 out=""
+settings=()
 while [ $# -gt 0 ]; do
   case "$1" in
     --backends) backends="$2"; shift 2 ;;
@@ -26,7 +28,8 @@ while [ $# -gt 0 ]; do
     --requests) requests="$2"; shift 2 ;;
     --max-tokens) max_tokens="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
-    -h|--help) sed -n '2,15p' "$0"; exit 0 ;;
+    --set) settings+=(--set "$2"); shift 2 ;;
+    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -86,7 +89,7 @@ for backend in "${backend_list[@]}"; do
   port=$((port + 1))
   step "seam serve --backend $backend --weights int4"
   "$seam" serve --backend "$backend" --weights int4 --model "$model_dir" --port "$port" \
-    --parallel "$parallel" --max-context 512 >"$work/results/seam-serve-$backend.log" 2>&1 &
+    --parallel "$parallel" --max-context 512 ${settings[@]+"${settings[@]}"} >"$work/results/seam-serve-$backend.log" 2>&1 &
   pids+=($!)
   wait_healthy "$port"
   measure "$backend" "$port" "${pids[-1]}"

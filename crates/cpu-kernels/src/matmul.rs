@@ -412,7 +412,7 @@ fn q8_product(
         q8::vnni_product(pool, x, tokens, w, out);
         return Ok(());
     }
-    over_rounded(x, |x| exact(x, out))
+    over_rounded(isa, x, |x| exact(x, out))
 }
 
 /// The most tokens per call that the int8-activation products take on the VNNI path; from there
@@ -423,11 +423,10 @@ const Q8_VNNI_MAX_TOKENS: usize = 24;
 static ROUNDED: Scratch<Vec<f32>> = Scratch::new();
 
 /// `product(round_int8(x))`.
-fn over_rounded<R>(x: &[f32], product: impl FnOnce(&[f32]) -> R) -> R {
+fn over_rounded<R>(isa: Isa, x: &[f32], product: impl FnOnce(&[f32]) -> R) -> R {
     ROUNDED.with(|buf| {
-        buf.clear();
         buf.resize(x.len(), 0.0);
-        q8::round_int8(x, buf);
+        q8::round_int8_on(isa, x, buf);
         product(buf)
     })
 }
