@@ -118,13 +118,15 @@ impl Prepared {
     fn fill(&mut self, x: &[f32], tokens: usize, k: usize, block: usize) {
         let len = Lengths::of(k, block);
         let Prepared { codes, lane_steps, starts, sums } = self;
-        codes.clear();
+        // Not cleared: every element is written below (the groups' own, then a partial last
+        // block's padding), so zero-filling the whole buffer first would be repeated work (each
+        // of iree-cpu's workgroups lays out the whole call).
         codes.resize(tokens * len.codes, 0);
-        lane_steps.clear();
         lane_steps.resize(tokens * len.lanes, 0.0);
-        starts.clear();
         starts.resize(if block == INT8_BLOCK { tokens * len.lanes } else { 0 }, 0);
         sums.resize(tokens * len.groups, 0.0);
+        // A partial last block: its elements from `used` on, and the lanes holding them.
+        let (last, used) = (k / block, k % block);
         let lanes_per_group = 16 * GROUP_SIZE / block;
         for t in 0..tokens {
             let codes = &mut codes[t * len.codes..(t + 1) * len.codes];
@@ -144,6 +146,18 @@ impl Prepared {
                 sums[t * len.groups + g] = step * total as f32;
                 let first = b * 16 + within / GROUP_SIZE * lanes_per_group;
                 lane_steps[first..first + lanes_per_group].fill(step);
+            }
+            if used > 0 {
+                let dst = &mut codes[last * block..(last + 1) * block];
+                if block == INT4_BLOCK {
+                    // Elements `used..128` are the upper halves of both nibbles' runs.
+                    dst[used / 2..64].fill(0);
+                    dst[64 + used / 2..].fill(0);
+                } else {
+                    dst[used..].fill(0);
+                    starts[t * len.lanes + last * 16 + used / 4..t * len.lanes + (last + 1) * 16].fill(0);
+                }
+                lane_steps[last * 16 + used / GROUP_SIZE * lanes_per_group..(last + 1) * 16].fill(0.0);
             }
         }
     }
