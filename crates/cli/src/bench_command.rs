@@ -445,6 +445,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let mut results = Vec::new();
     // Device id -> (bandwidth from a probe on the device, the backend that measured it).
     let mut probes: std::collections::HashMap<String, (f64, String)> = Default::default();
+    // Checked before any backend loads: a malformed setting fails at once.
+    let settings = crate::run_command::parse_settings(&args.settings)?;
     for name in &backends {
         let backend = find_backend(name)?;
         if let Availability::Unavailable { reason } = backend.availability() {
@@ -454,7 +456,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             say!("bench: {name} {format} ...");
             let mut request = LoadRequest::new(&model_dir, format);
             request.max_context = Some(args.max_context.unwrap_or(longest.max(2048)));
-            request.settings = crate::run_command::parse_settings(&args.settings)?;
+            request.settings = settings.clone();
             let Loaded { engine, cold_ms: load_cold_ms, warm_ms: load_warm_ms, rss: resident } =
                 load_cold_and_warm(backend.as_ref(), &request, !args.no_cold)?;
             let info = engine.info();

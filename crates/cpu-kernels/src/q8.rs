@@ -8,9 +8,9 @@
 //! of the instructions per weight.
 //!
 //! The product is defined as the exact one over the rounded activations ([`round_int8`]), so
-//! every path computes the same numbers up to the order of f32 operations: the VNNI rows here,
-//! and on any other CPU (or from [`GEMM_FROM_TOKENS`](crate::matmul) tokens on, where the blocked
-//! product is as fast) the exact kernels over a rounded copy. A prefill and a decode of one
+//! every path computes the same numbers up to the order of f32 operations: the VNNI rows here
+//! (up to 24 tokens per call), and on any other CPU or for longer calls (where the blocked
+//! product is faster) the exact kernels over a rounded copy. A prefill and a decode of one
 //! backend therefore agree as closely as with exact activations; only the distance to the
 //! reference grows (docs/adr/0024).
 //!
@@ -78,8 +78,8 @@ const INT8_BLOCK: usize = 64;
 /// row: the int8 codes of the activations in the order the weights' bytes meet them (for int4
 /// the activations of the low nibbles, then of the high ones); each i32 lane's step (16 per
 /// block: lane `l` sums the products of one group); for int8 weights the accumulator's start per
-/// lane (their bytes are read offset by 128, whose products the start takes back). Per group:
-/// `step * Σ codes`, the rounded activations' sum (the int4 bias term's factor).
+/// lane (their bytes are read offset by 128, whose products the start takes back). For int4
+/// weights, per group: `step * Σ codes`, the rounded activations' sum (the bias term's factor).
 #[derive(Default)]
 pub(crate) struct Prepared {
     codes: Vec<i8>,
@@ -124,7 +124,7 @@ impl Prepared {
         codes.resize(tokens * len.codes, 0);
         lane_steps.resize(tokens * len.lanes, 0.0);
         starts.resize(if block == INT8_BLOCK { tokens * len.lanes } else { 0 }, 0);
-        sums.resize(tokens * len.groups, 0.0);
+        sums.resize(if block == INT4_BLOCK { tokens * len.groups } else { 0 }, 0.0);
         // A partial last block: its elements from `used` on, and the lanes holding them.
         let (last, used) = (k / block, k % block);
         let lanes_per_group = 16 * GROUP_SIZE / block;
@@ -135,15 +135,16 @@ impl Prepared {
                 let (b, within) = (g * GROUP_SIZE / block, g * GROUP_SIZE % block);
                 let dst = &mut codes[b * block..(b + 1) * block];
                 // SAFETY: only called on the VNNI path, which the CPU supports.
-                let (step, total) = unsafe {
+                let step = unsafe {
                     if block == INT4_BLOCK {
-                        x86::round_group_int4(src, dst, within)
+                        let (step, total) = x86::round_group_int4(src, dst, within);
+                        sums[t * len.groups + g] = step * total as f32;
+                        step
                     } else {
                         let at = t * len.lanes + b * 16 + within / 4;
                         x86::round_group_int8(src, &mut dst[within..within + GROUP_SIZE], &mut starts[at..at + 8])
                     }
                 };
-                sums[t * len.groups + g] = step * total as f32;
                 let first = b * 16 + within / GROUP_SIZE * lanes_per_group;
                 lane_steps[first..first + lanes_per_group].fill(step);
             }
@@ -169,7 +170,7 @@ impl Prepared {
             codes: &self.codes[t * len.codes..(t + 1) * len.codes],
             lane_steps: &self.lane_steps[t * len.lanes..(t + 1) * len.lanes],
             starts,
-            sums: &self.sums[t * len.groups..(t + 1) * len.groups],
+            sums: if self.sums.is_empty() { &[][..] } else { &self.sums[t * len.groups..(t + 1) * len.groups] },
         }
     }
 }
@@ -215,7 +216,7 @@ pub(crate) fn vnni_product(pool: &crate::pool::Pool, x: &[f32], tokens: usize, w
 #[cfg(target_arch = "x86_64")]
 pub(crate) mod x86 {
     use super::{Token, Weights, GROUP_SIZE, TOKEN_BLOCK};
-    use crate::vnni::x86::{add_bias_term, load_block};
+    use crate::vnni::x86::{add_bias_term, block_scales, load_block};
     use std::arch::x86_64::*;
     use std::ops::Range;
 
@@ -272,10 +273,10 @@ pub(crate) mod x86 {
     }
 
     /// One group's step (largest magnitude / 127) and its activations rounded to that step, as
-    /// int8 codes and their sum.
+    /// int8 codes (in i32 lanes).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     #[inline]
-    unsafe fn round_group(src: &[f32]) -> (f32, __m512i, __m512i, i32) {
+    unsafe fn round_group(src: &[f32]) -> (f32, __m512i, __m512i) {
         debug_assert_eq!(src.len(), GROUP_SIZE);
         let abs_mask = _mm512_set1_ps(f32::from_bits(0x7fff_ffff));
         let lo = _mm512_loadu_ps(src.as_ptr());
@@ -285,7 +286,7 @@ pub(crate) mod x86 {
         let inv = _mm512_set1_ps(if step > 0.0 { 1.0 / step } else { 0.0 });
         // Rounded to nearest, ties to even (the default rounding mode), as `round_int8`.
         let (qlo, qhi) = (_mm512_cvtps_epi32(_mm512_mul_ps(lo, inv)), _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv)));
-        (step, qlo, qhi, _mm512_reduce_add_epi32(_mm512_add_epi32(qlo, qhi)))
+        (step, qlo, qhi)
     }
 
     /// Rounds one group (`src`, 32 values) into an int4 block's codes (`block`, 128 bytes), whose
@@ -297,45 +298,39 @@ pub(crate) mod x86 {
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     pub unsafe fn round_group_int4(src: &[f32], block: &mut [i8], within: usize) -> (f32, i32) {
         debug_assert!(block.len() == 128 && within.is_multiple_of(GROUP_SIZE) && within < 128);
-        let (step, lo, hi, total) = round_group(src);
+        let (step, lo, hi) = round_group(src);
         let even = _mm512_setr_epi32(0, 2, 4, 6, 8, 10, 12, 14, 16, 18, 20, 22, 24, 26, 28, 30);
         let odd = _mm512_add_epi32(even, _mm512_set1_epi32(1));
         let p = block.as_mut_ptr().add(within / 2);
         _mm_storeu_si128(p as *mut __m128i, _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(lo, even, hi)));
         _mm_storeu_si128(p.add(64) as *mut __m128i, _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(lo, odd, hi)));
-        (step, total)
+        (step, _mm512_reduce_add_epi32(_mm512_add_epi32(lo, hi)))
     }
 
     /// Rounds one group (`src`, 32 values) into an int8 block's codes (`codes`, its 32 bytes) and
-    /// the starts of its 8 lanes (-128 times each lane's four codes' sum). Returns the step and
-    /// the codes' sum.
+    /// the starts of its 8 lanes (-128 times each lane's four codes' sum). Returns the step.
     ///
     /// # Safety
     /// AVX-512F, BW, VL and VNNI.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    pub unsafe fn round_group_int8(src: &[f32], codes: &mut [i8], starts: &mut [i32]) -> (f32, i32) {
+    pub unsafe fn round_group_int8(src: &[f32], codes: &mut [i8], starts: &mut [i32]) -> f32 {
         debug_assert!(codes.len() == GROUP_SIZE && starts.len() == 8);
-        let (step, lo, hi, total) = round_group(src);
+        let (step, lo, hi) = round_group(src);
         _mm_storeu_si128(codes.as_mut_ptr() as *mut __m128i, _mm512_cvtepi32_epi8(lo));
         _mm_storeu_si128(codes.as_mut_ptr().add(16) as *mut __m128i, _mm512_cvtepi32_epi8(hi));
         // Each lane's four codes summed: a dot product with ones.
         let codes = _mm256_loadu_si256(codes.as_ptr() as *const __m256i);
         let sums = _mm256_dpbusd_epi32(_mm256_setzero_si256(), _mm256_set1_epi8(1), codes);
         _mm256_storeu_si256(starts.as_mut_ptr() as *mut __m256i, _mm256_mullo_epi32(sums, _mm256_set1_epi32(-128)));
-        (step, total)
+        step
     }
 
-    /// The row's scales of the groups of the block starting at group `g0` (`count` of them, fewer
-    /// past the row's end), widened and spread over the 16 lanes by `spread`.
+    /// The row's scales of the `E` groups of the block starting at group `g0` (fewer past the
+    /// row's end), widened and spread over the 16 lanes by `spread`.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     #[inline]
-    unsafe fn lane_scales(scales: &[u16], g0: usize, count: usize, spread: __m512i) -> __m512 {
-        let present = scales.len().saturating_sub(g0).min(count);
-        let s = _mm_cvtph_ps(_mm_maskz_loadu_epi16(
-            ((1u32 << present) - 1) as __mmask8,
-            scales.as_ptr().add(g0) as *const i16,
-        ));
-        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(s))
+    unsafe fn lane_scales<const E: usize>(scales: &[u16], g0: usize, spread: __m512i) -> __m512 {
+        _mm512_permutexvar_ps(spread, _mm512_castps128_ps512(block_scales::<E>(scales, g0)))
     }
 
     /// `acc + (sums · lane scale · lane step)` in f32.
@@ -381,7 +376,7 @@ pub(crate) mod x86 {
                 let v = load_block(bytes, b);
                 let lo = _mm512_and_si512(v, nibble);
                 let hi = _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble);
-                let s = lane_scales(scales, 4 * b, 4, spread);
+                let s = lane_scales::<4>(scales, 4 * b, spread);
                 for (t, acc) in tokens.iter().zip(acc.iter_mut()) {
                     let x = t.codes.as_ptr().add(b * 128) as *const __m512i;
                     let sums = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo, _mm512_loadu_si512(x));
@@ -415,7 +410,7 @@ pub(crate) mod x86 {
                 // The codes as unsigned bytes, code + 128; each lane starts at -128 times its
                 // activations' sum, so that it ends at the signed product.
                 let v = _mm512_xor_si512(load_block(bytes, b), offset);
-                let s = lane_scales(scales, 2 * b, 2, spread);
+                let s = lane_scales::<2>(scales, 2 * b, spread);
                 for (t, acc) in tokens.iter().zip(acc.iter_mut()) {
                     let x = _mm512_loadu_si512(t.codes.as_ptr().add(b * 64) as *const __m512i);
                     let start = _mm512_loadu_si512(t.starts.as_ptr().add(16 * b) as *const __m512i);
@@ -439,7 +434,7 @@ pub(crate) mod x86 {
     pub unsafe fn round_group_int4(_: &[f32], _: &mut [i8], _: usize) -> (f32, i32) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
-    pub unsafe fn round_group_int8(_: &[f32], _: &mut [i8], _: &mut [i32]) -> (f32, i32) {
+    pub unsafe fn round_group_int8(_: &[f32], _: &mut [i8], _: &mut [i32]) -> f32 {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
     pub unsafe fn round_int8(_: &[f32], _: &mut [f32]) {

@@ -129,7 +129,7 @@ pub(crate) mod x86 {
     /// partial block reads only the row's scales, the rest as zeros).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     #[inline]
-    unsafe fn block_scales<const E: usize>(scales: &[u16], g0: usize) -> __m128 {
+    pub(crate) unsafe fn block_scales<const E: usize>(scales: &[u16], g0: usize) -> __m128 {
         let present = scales.len().saturating_sub(g0).min(E);
         _mm_cvtph_ps(_mm_maskz_loadu_epi16(((1u32 << present) - 1) as __mmask8, scales.as_ptr().add(g0) as *const i16))
     }
