@@ -73,8 +73,10 @@ impl ComputePrecision {
             // largest magnitude (a uniform error of half a step of max/127): a relative nmse of
             // about 2e-5 per product on normally distributed groups, more on groups with an
             // outlier, adding up over the seven products of each layer to about 1e-2 on the logits
-            // of a 30-layer model (SmolLM2's measured 9e-3, docs/adr/0024). Five times that, and
-            // ties as wide as the largest logit differences seen.
+            // of a 30-layer model, more over a long prompt (SmolLM2 measured 9e-3 on the suite's
+            // short prompts, 3.8e-2 with max|Δ| 2.6 on its 300-token one, docs/adr/0024). The
+            // threshold leaves little room above the long prompt's figure; ties as wide as the
+            // largest logit differences seen.
             ComputePrecision::Int8 => Tolerances { margin_epsilon: 2.0, max_nmse: 5e-2, max_abs: 4.0 },
         }
     }
