@@ -13,7 +13,8 @@
 //!   scale per group; an int4 model's embedding and output head);
 //!
 //! - [`matmul_int4_q8`], [`matmul_int8_q8`]: the same over activations rounded to int8 per group
-//!   ([`Activations::Int8`]), in integer dot products of four;
+//!   ([`Activations::Int8`]), in integer dot products of four; [`matmul_int4_panels_q8`] the
+//!   int4 one over weights laid out in panels of 16 rows ([`int4_to_panels`], ADR 0025);
 //!
 //!   each of the exact three converts the weights in registers as it reads them, for a few tokens once
 //!   per block of four, and from a dozen tokens on (a prefill chunk, a large batch) runs as a
@@ -38,6 +39,7 @@ mod gemm;
 mod isa;
 mod linear;
 mod matmul;
+mod panels;
 pub mod pool;
 mod q8;
 pub mod scalar;
@@ -51,6 +53,7 @@ pub use linear::{linear, LinearInput, LinearWeights};
 pub use matmul::{
     matmul_f16, matmul_int4, matmul_int4_q8, matmul_int8, matmul_int8_q8, F16Matrix, Int4Matrix, Int8Matrix, GROUP_SIZE,
 };
+pub use panels::{int4_from_panels, int4_to_panels, matmul_int4_panels_q8, PANEL_ROWS};
 pub use q8::round_int8;
 
 /// How an int4 or int8 product takes its activations.

@@ -423,7 +423,7 @@ const Q8_VNNI_MAX_TOKENS: usize = 24;
 static ROUNDED: Scratch<Vec<f32>> = Scratch::new();
 
 /// `product(round_int8(x))`.
-fn over_rounded<R>(isa: Isa, x: &[f32], product: impl FnOnce(&[f32]) -> R) -> R {
+pub(crate) fn over_rounded<R>(isa: Isa, x: &[f32], product: impl FnOnce(&[f32]) -> R) -> R {
     ROUNDED.with(|buf| {
         buf.resize(x.len(), 0.0);
         q8::round_int8_on(isa, x, buf);

@@ -276,7 +276,7 @@ pub(crate) mod x86 {
     /// int8 codes (in i32 lanes).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     #[inline]
-    unsafe fn round_group(src: &[f32]) -> (f32, __m512i, __m512i) {
+    pub(crate) unsafe fn round_group(src: &[f32]) -> (f32, __m512i, __m512i) {
         debug_assert_eq!(src.len(), GROUP_SIZE);
         let abs_mask = _mm512_set1_ps(f32::from_bits(0x7fff_ffff));
         let lo = _mm512_loadu_ps(src.as_ptr());

@@ -340,6 +340,8 @@ fn int8_activation_products_match_scalar_over_rounded_activations() {
             (11, 160, 5),
             (38, 544, 19),
             (9, 64, 12),
+            (48, 576, 8),
+            (37, 96, 30),
         ] {
             let groups = k / GROUP_SIZE;
             let packed: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
@@ -359,9 +361,14 @@ fn int8_activation_products_match_scalar_over_rounded_activations() {
             cpu_kernels::round_int8(&x, &mut rounded);
             let w4 = Int4Matrix { rows: n, cols: k, packed: &packed, scales: &scales, biases: &biases };
             let w8 = Int8Matrix { rows: n, cols: k, codes: &codes, scales: &scales };
+            let (mut pp, mut ps, mut pb) = (vec![0u8; packed.len()], vec![0u16; scales.len()], vec![0u16; biases.len()]);
+            cpu_kernels::int4_to_panels(w4, &mut pp, &mut ps, &mut pb).unwrap();
+            let panels = Int4Matrix { rows: n, cols: k, packed: &pp, scales: &ps, biases: &pb };
             for isa in Isa::supported() {
                 let mut out4 = vec![f32::NAN; tokens * n];
                 cpu_kernels::matmul_int4_q8(isa, &pool, &x, tokens, w4, &mut out4).unwrap();
+                let mut outp = vec![f32::NAN; tokens * n];
+                cpu_kernels::matmul_int4_panels_q8(isa, &pool, &x, tokens, panels, &mut outp).unwrap();
                 let mut out8 = vec![f32::NAN; tokens * n];
                 cpu_kernels::matmul_int8_q8(isa, &pool, &x, tokens, w8, &mut out8).unwrap();
                 for t in 0..tokens {
@@ -386,6 +393,7 @@ fn int8_activation_products_match_scalar_over_rounded_activations() {
                             .sum();
                         for (kind, got, want, magnitude) in [
                             ("int4", out4[t * n + row], want4, magnitude4),
+                            ("int4 panels", outp[t * n + row], want4, magnitude4),
                             ("int8", out8[t * n + row], want8, magnitude8),
                         ] {
                             assert!(
@@ -397,6 +405,39 @@ fn int8_activation_products_match_scalar_over_rounded_activations() {
                 }
             }
         }
+    }
+}
+
+/// The panel layout is the documented one, and laying it back out gives the row-major matrix.
+#[test]
+fn int4_panels_are_their_layout_and_round_trip() {
+    let mut rng = Rng(23);
+    for &(n, k) in &[(16, 64), (35, 96), (5, 32)] {
+        let groups = k / GROUP_SIZE;
+        let packed: Vec<u8> = (0..n * k / 2).map(|_| rng.next() as u8).collect();
+        let scales: Vec<u16> = (0..n * groups).map(|_| rng.next() as u16).collect();
+        let biases: Vec<u16> = (0..n * groups).map(|_| rng.next() as u16).collect();
+        let w = Int4Matrix { rows: n, cols: k, packed: &packed, scales: &scales, biases: &biases };
+        let (mut pp, mut ps, mut pb) = (vec![0u8; packed.len()], vec![0u16; scales.len()], vec![0u16; biases.len()]);
+        cpu_kernels::int4_to_panels(w, &mut pp, &mut ps, &mut pb).unwrap();
+        // Row r of panel p, group g, chunk c: 16 p k / 2 + 16 w g + 4 w c + 4 r.
+        for row in 0..n {
+            let (p, r) = (row / 16, row % 16);
+            let width = 16.min(n - 16 * p);
+            for byte in 0..k / 2 {
+                let (g, c, j) = (byte / 16, byte % 16 / 4, byte % 4);
+                let at = 16 * p * k / 2 + 16 * width * g + 4 * width * c + 4 * r + j;
+                assert_eq!(pp[at], packed[row * k / 2 + byte], "[{n}x{k}] row {row} byte {byte}");
+            }
+            for g in 0..groups {
+                assert_eq!(ps[16 * p * groups + width * g + r], scales[row * groups + g]);
+                assert_eq!(pb[16 * p * groups + width * g + r], biases[row * groups + g]);
+            }
+        }
+        let panels = Int4Matrix { rows: n, cols: k, packed: &pp, scales: &ps, biases: &pb };
+        let (mut rp, mut rs, mut rb) = (vec![0u8; packed.len()], vec![0u16; scales.len()], vec![0u16; biases.len()]);
+        cpu_kernels::int4_from_panels(panels, &mut rp, &mut rs, &mut rb).unwrap();
+        assert_eq!((rp, rs, rb), (packed, scales, biases));
     }
 }
 
