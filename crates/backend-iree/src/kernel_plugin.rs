@@ -19,7 +19,7 @@ use cpu_kernels::pool::Pool;
 use cpu_kernels::{
     Activations, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights,
 };
-use graph_engine::linear_kernels::format::{F16, INT4};
+use graph_engine::linear_kernels::format::{F16, INT4, INT4_PANELS};
 use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
 use graph_engine::linear_kernels::{linear_entry, LinearEntry};
 use llama_model::home;
@@ -209,7 +209,7 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
     };
     let weight_operands = match FORMAT {
         F16 => 1,
-        INT4 => 3,
+        INT4 | INT4_PANELS => 3,
         _ => 2,
     };
     let rows_operand = inputs + weight_operands + usize::from(RESIDUAL);
@@ -228,6 +228,10 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                 p.word(result + 1, 3),
                 p.word(result + 1, 4),
             );
+            if FORMAT == INT4_PANELS && row0 % cpu_kernels::PANEL_ROWS != 0 {
+                // A share that starts inside a panel cannot be sliced out of it.
+                return false;
+            }
             let real = usize::try_from(p.operand::<i32>(rows_operand, 1)[0]).unwrap_or(0).min(tokens);
             let x = p.operand::<f32>(0, tokens * k);
             let input = match INPUT {
@@ -247,16 +251,21 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                     cols: k,
                     data: &p.operand::<u16>(w, n * k)[row0 * k..(row0 + count) * k],
                 }),
-                INT4 => LinearWeights::Int4(
-                    Int4Matrix {
+                INT4 | INT4_PANELS => {
+                    // A workgroup's rows start on a panel (`rows_per_workgroup` gives multiples
+                    // of 16), so its share of a matrix in panels is the same slice as row-major.
+                    let m = Int4Matrix {
                         rows: count,
                         cols: k,
                         packed: &p.operand::<u8>(w, n * k / 2)[row0 * k / 2..(row0 + count) * k / 2],
                         scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
                         biases: &p.operand::<u16>(w + 2, n * groups)[row0 * groups..(row0 + count) * groups],
-                    },
-                    Activations::int8_when(Q8),
-                ),
+                    };
+                    match FORMAT {
+                        INT4_PANELS => LinearWeights::Int4Panels(m),
+                        _ => LinearWeights::Int4(m, Activations::int8_when(Q8)),
+                    }
+                }
                 _ => LinearWeights::Int8(
                     Int8Matrix {
                         rows: count,

@@ -12,7 +12,7 @@ use cpu_kernels::pool::Pool;
 use cpu_kernels::{
     Activations, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights,
 };
-use graph_engine::linear_kernels::format::{INT4, INT8};
+use graph_engine::linear_kernels::format::{INT4, INT4_PANELS, INT8};
 use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
 use graph_engine::linear_kernels::{linear_entry, LinearEntry};
 use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError};
@@ -146,13 +146,17 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                 let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
                 next += 2;
                 LinearWeights::Int8(Int8Matrix { rows: n, cols: k, codes, scales }, Activations::int8_when(Q8))
-            } else if FORMAT == INT4 {
+            } else if FORMAT == INT4 || FORMAT == INT4_PANELS {
                 let packed_ty = if first_weight.dtype == dtype::U8 { dtype::U8 } else { dtype::S8 };
                 let packed = elements::<u8>(first_weight, packed_ty, &[n, k / 2], "packed weights")?;
                 let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
                 let biases = elements::<u16>(frame.arg(next + 2)?, dtype::F16, &[n, groups], "biases")?;
                 next += 3;
-                LinearWeights::Int4(Int4Matrix { rows: n, cols: k, packed, scales, biases }, Activations::int8_when(Q8))
+                let w = Int4Matrix { rows: n, cols: k, packed, scales, biases };
+                match FORMAT {
+                    INT4_PANELS => LinearWeights::Int4Panels(w),
+                    _ => LinearWeights::Int4(w, Activations::int8_when(Q8)),
+                }
             } else {
                 let data = elements::<u16>(first_weight, dtype::F16, &[n, k], "weights")?;
                 next += 1;

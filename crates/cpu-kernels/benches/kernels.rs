@@ -9,8 +9,8 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int4_panels_q8, matmul_int4_q8, matmul_int8, matmul_int8_q8,
-    AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
+    attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int4_panels_q8, matmul_int4_q8, matmul_int8,
+    matmul_int8_q8, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
 };
 use std::time::Instant;
 

@@ -6,8 +6,8 @@
 use crate::pool::Pool;
 use crate::scratch::Scratch;
 use crate::{
-    check_len, matmul_f16, matmul_int4, matmul_int4_panels_q8, matmul_int4_q8, matmul_int8, matmul_int8_q8, Activations, F16Matrix,
-    Int4Matrix, Int8Matrix, Isa, ShapeError,
+    check_len, matmul_f16, matmul_int4, matmul_int4_panels_q8, matmul_int4_q8, matmul_int8, matmul_int8_q8,
+    Activations, F16Matrix, Int4Matrix, Int8Matrix, Isa, ShapeError,
 };
 
 /// What the product reads, `[tokens, cols]` once prepared.

@@ -346,7 +346,8 @@ mod x86 {
             _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD + 64));
             _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD + 128));
             _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD + 192));
-            let v: [__m512i; 4] = std::array::from_fn(|c| _mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * CHUNK * width)));
+            let v: [__m512i; 4] =
+                std::array::from_fn(|c| _mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * CHUNK * width)));
             let lo: [__m512i; 4] = std::array::from_fn(|c| _mm512_and_si512(v[c], nibble));
             let hi: [__m512i; 4] = std::array::from_fn(|c| _mm512_and_si512(_mm512_srli_epi16::<4>(v[c]), nibble));
             let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, scales.add(g * width)));
@@ -354,8 +355,10 @@ mod x86 {
             for (t, acc) in acc.iter_mut().enumerate() {
                 let a = block.codes.add(t * block.cols + g * GROUP_SIZE) as *const i32;
                 // Two chains of four: the even elements' products and the odd ones'.
-                let mut even = _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(a.read_unaligned()));
-                let mut odd = _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], _mm512_set1_epi32(a.add(1).read_unaligned()));
+                let mut even =
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(a.read_unaligned()));
+                let mut odd =
+                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], _mm512_set1_epi32(a.add(1).read_unaligned()));
                 for c in 1..4 {
                     even = _mm512_dpbusd_epi32(even, lo[c], _mm512_set1_epi32(a.add(2 * c).read_unaligned()));
                     odd = _mm512_dpbusd_epi32(odd, hi[c], _mm512_set1_epi32(a.add(2 * c + 1).read_unaligned()));

@@ -361,7 +361,8 @@ fn int8_activation_products_match_scalar_over_rounded_activations() {
             cpu_kernels::round_int8(&x, &mut rounded);
             let w4 = Int4Matrix { rows: n, cols: k, packed: &packed, scales: &scales, biases: &biases };
             let w8 = Int8Matrix { rows: n, cols: k, codes: &codes, scales: &scales };
-            let (mut pp, mut ps, mut pb) = (vec![0u8; packed.len()], vec![0u16; scales.len()], vec![0u16; biases.len()]);
+            let (mut pp, mut ps, mut pb) =
+                (vec![0u8; packed.len()], vec![0u16; scales.len()], vec![0u16; biases.len()]);
             cpu_kernels::int4_to_panels(w4, &mut pp, &mut ps, &mut pb).unwrap();
             let panels = Int4Matrix { rows: n, cols: k, packed: &pp, scales: &ps, biases: &pb };
             for isa in Isa::supported() {

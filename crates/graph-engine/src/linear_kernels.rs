@@ -7,13 +7,16 @@
 //! runtime says what an instance is through [`LinearEntry`].
 
 use llama_model::MatrixFormat;
-use stablehlo_llama::{KernelActivations, KernelInput, LinearTarget};
+use stablehlo_llama::{Int4Order, KernelActivations, KernelInput, LinearTarget};
 
 /// `FORMAT` of an instance: the weight format.
 pub mod format {
     pub const F16: u8 = 0;
     pub const INT4: u8 = 1;
     pub const INT8: u8 = 2;
+    /// int4 in panels of 16 rows (`stablehlo_llama::Int4Order::Panels`): always with int8
+    /// activations.
+    pub const INT4_PANELS: u8 = 3;
 }
 
 /// `INPUT` of an instance: what the kernel reads before its product
@@ -37,7 +40,7 @@ pub trait LinearEntry {
 
 /// The instance of `E` for `target`.
 pub fn linear_entry<E: LinearEntry>(target: &LinearTarget) -> E::Entry {
-    let LinearTarget { format, input, residual, activations, .. } = *target;
+    let LinearTarget { format, input, residual, activations, order, .. } = *target;
     fn of<E: LinearEntry, const FORMAT: u8, const Q8: bool>(input: KernelInput, residual: bool) -> E::Entry {
         use self::input::{RMS_NORM, ROWS, SWIGLU};
         match (input, residual) {
@@ -50,12 +53,13 @@ pub fn linear_entry<E: LinearEntry>(target: &LinearTarget) -> E::Entry {
         }
     }
     use KernelActivations::{Exact, Int8};
-    match (format, activations) {
-        (MatrixFormat::F16, _) => of::<E, { format::F16 }, false>(input, residual),
-        (MatrixFormat::Int4, Exact) => of::<E, { format::INT4 }, false>(input, residual),
-        (MatrixFormat::Int4, Int8) => of::<E, { format::INT4 }, true>(input, residual),
-        (MatrixFormat::Int8, Exact) => of::<E, { format::INT8 }, false>(input, residual),
-        (MatrixFormat::Int8, Int8) => of::<E, { format::INT8 }, true>(input, residual),
+    match (format, activations, order) {
+        (MatrixFormat::F16, ..) => of::<E, { format::F16 }, false>(input, residual),
+        (MatrixFormat::Int4, Int8, Int4Order::Panels) => of::<E, { format::INT4_PANELS }, true>(input, residual),
+        (MatrixFormat::Int4, Exact, _) => of::<E, { format::INT4 }, false>(input, residual),
+        (MatrixFormat::Int4, Int8, Int4Order::RowMajor) => of::<E, { format::INT4 }, true>(input, residual),
+        (MatrixFormat::Int8, Exact, _) => of::<E, { format::INT8 }, false>(input, residual),
+        (MatrixFormat::Int8, Int8, _) => of::<E, { format::INT8 }, true>(input, residual),
     }
 }
 
@@ -77,15 +81,16 @@ mod tests {
         let mut seen = std::collections::HashSet::new();
         for target in stablehlo_llama::linear_targets() {
             let (f, i, r, q8) = linear_entry::<Names>(&target);
-            let want = match target.format {
-                MatrixFormat::F16 => format::F16,
-                MatrixFormat::Int4 => format::INT4,
-                MatrixFormat::Int8 => format::INT8,
+            let want = match (target.format, target.order) {
+                (MatrixFormat::F16, _) => format::F16,
+                (MatrixFormat::Int4, Int4Order::Panels) => format::INT4_PANELS,
+                (MatrixFormat::Int4, Int4Order::RowMajor) => format::INT4,
+                (MatrixFormat::Int8, _) => format::INT8,
             };
             let rounds = target.activations == KernelActivations::Int8;
             assert_eq!((f, r, q8), (want, target.residual, rounds), "{target:?}");
             assert!(seen.insert((f, i, r, q8)), "{target:?}");
         }
-        assert_eq!(seen.len(), 30);
+        assert_eq!(seen.len(), 36);
     }
 }

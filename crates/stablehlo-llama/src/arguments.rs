@@ -58,16 +58,49 @@ pub enum WeightPart {
     DenseRowMajor,
     /// A dense matrix transposed to `[cols, rows]` (linear weights, and a tied embedding table).
     DenseTransposed,
-    /// int4 packed nibbles `[rows, cols / 2]`.
-    Int4Packed,
-    /// int4 scales `[rows, cols / 32]`.
-    Int4Scales,
-    /// int4 biases `[rows, cols / 32]`.
-    Int4Biases,
+    /// int4 packed nibbles `[rows, cols / 2]`, in the given order.
+    Int4Packed(Int4Order),
+    /// int4 scales `[rows, cols / 32]`, in the given order.
+    Int4Scales(Int4Order),
+    /// int4 biases `[rows, cols / 32]`, in the given order.
+    Int4Biases(Int4Order),
     /// int8 codes `[rows, cols]`.
     Int8Codes,
     /// int8 scales `[rows, cols / 32]`.
     Int8Scales,
+}
+
+/// How an int4 matrix's bytes, scales and biases are ordered (their shapes are the same).
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum Int4Order {
+    /// seam's format as stored: row after row.
+    #[default]
+    RowMajor,
+    /// Panels of 16 rows (`cpu_kernels::int4_to_panels`, ADR 0025): what the kernels' products
+    /// over int8 activations read fastest; only seam's kernels read it, never a graph's own ops.
+    Panels,
+}
+
+/// How the graphs' weight arguments are laid out: which matrices of an int4 model are int8, how
+/// the fp16 format's matrices are stored and ordered, and how the layers' int4 matrices are
+/// ordered. The default is the pure-StableHLO graphs' ([`weight_args`]).
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ArgLayout {
+    pub int4: Int4Layout,
+    pub dense: StorageDtype,
+    pub dense_layout: DenseLayout,
+    pub int4_order: Int4Order,
+}
+
+impl Default for ArgLayout {
+    fn default() -> ArgLayout {
+        ArgLayout {
+            int4: Int4Layout::DEFAULT,
+            dense: StorageDtype::F16,
+            dense_layout: DenseLayout::Transposed,
+            int4_order: Int4Order::RowMajor,
+        }
+    }
 }
 
 /// One weight argument of the graphs, in argument order.
@@ -110,7 +143,7 @@ impl StorageDtype {
 /// int8 one as two. Dense matrices are f16 and transposed, an int4 model's matrices as
 /// [`Int4Layout::DEFAULT`]; [`weight_args_with`] chooses.
 pub fn weight_args(config: &LlamaConfig, format: WeightFormat) -> Vec<WeightArg> {
-    weight_args_with(config, format, Int4Layout::DEFAULT, StorageDtype::F16, DenseLayout::Transposed)
+    weight_args_with(config, format, ArgLayout::default())
 }
 
 /// How the fp16 format's linear weights are laid out on the device.
@@ -124,15 +157,12 @@ pub enum DenseLayout {
     RowMajor,
 }
 
-/// [`weight_args`] with an int4 model's matrices as `int4`, and the fp16 format's matrices
-/// uploaded as `dense`, laid out as `layout`.
-pub fn weight_args_with(
-    config: &LlamaConfig,
-    format: WeightFormat,
-    int4: Int4Layout,
-    dense: StorageDtype,
-    layout: DenseLayout,
-) -> Vec<WeightArg> {
+/// [`weight_args`] laid out as `layout`: an int4 model's matrices as `layout.int4`, the fp16
+/// format's matrices uploaded as `layout.dense` in `layout.dense_layout`, and the decoder layers'
+/// int4 matrices ordered as `layout.int4_order` (the embedding and the head stay row-major: the
+/// graphs gather the embedding's rows).
+pub fn weight_args_with(config: &LlamaConfig, format: WeightFormat, layout: ArgLayout) -> Vec<WeightArg> {
+    let ArgLayout { int4, dense, dense_layout: layout, int4_order: order } = layout;
     let int4 = int4.normalized(config.tie_word_embeddings);
     let mut out = Vec::new();
     for spec in expected_tensors(config) {
@@ -182,23 +212,24 @@ pub fn weight_args_with(
                     }
                     WeightFormat::Int4 => {
                         let groups = cols / GROUP_SIZE;
+                        let order = if layer_of(&spec.name).is_some() { order } else { Int4Order::RowMajor };
                         out.push(WeightArg {
                             name: format!("{}.qweight", spec.name),
                             shape: vec![rows, cols / 2],
                             dtype: ArgDtype::I8,
-                            part: WeightPart::Int4Packed,
+                            part: WeightPart::Int4Packed(order),
                         });
                         out.push(WeightArg {
                             name: format!("{}.scales", spec.name),
                             shape: vec![rows, groups],
                             dtype: ArgDtype::F16,
-                            part: WeightPart::Int4Scales,
+                            part: WeightPart::Int4Scales(order),
                         });
                         out.push(WeightArg {
                             name: format!("{}.biases", spec.name),
                             shape: vec![rows, groups],
                             dtype: ArgDtype::F16,
-                            part: WeightPart::Int4Biases,
+                            part: WeightPart::Int4Biases(order),
                         });
                     }
                 }
@@ -312,19 +343,17 @@ fn dense_bytes(values: &[f16], dense: StorageDtype) -> Vec<u8> {
 /// The bytes to upload for every argument of [`weight_args`], from weights in one format.
 /// Fails if a matrix is in another format than `format` or a shape disagrees with the config.
 pub fn host_args(weights: &LlamaWeights, format: WeightFormat) -> Result<Vec<HostArg>, GraphError> {
-    host_args_with(weights, format, Int4Layout::DEFAULT, StorageDtype::F16, DenseLayout::Transposed)
+    host_args_with(weights, format, ArgLayout::default())
 }
 
 /// [`host_args`] for the arguments of [`weight_args_with`].
 pub fn host_args_with(
     weights: &LlamaWeights,
     format: WeightFormat,
-    int4: Int4Layout,
-    dense: StorageDtype,
-    layout: DenseLayout,
+    layout: ArgLayout,
 ) -> Result<Vec<HostArg>, GraphError> {
     let mut out = Vec::new();
-    visit_host_args(weights, format, int4, dense, layout, &mut |arg| {
+    visit_host_args(weights, format, layout, &mut |arg| {
         out.push(arg);
         Ok(())
     })?;
@@ -336,12 +365,11 @@ pub fn host_args_with(
 fn visit_host_args(
     weights: &LlamaWeights,
     format: WeightFormat,
-    int4: Int4Layout,
-    dense: StorageDtype,
-    layout: DenseLayout,
+    layout: ArgLayout,
     each: &mut dyn FnMut(HostArg) -> Result<(), GraphError>,
 ) -> Result<(), GraphError> {
-    let specs = weight_args_with(&weights.config, format, int4, dense, layout);
+    let specs = weight_args_with(&weights.config, format, layout);
+    let ArgLayout { int4, dense, .. } = layout;
     let int4 = int4.normalized(weights.config.tie_word_embeddings);
     let mut specs = specs.into_iter();
     let mut next = |name: &str| {
@@ -406,8 +434,6 @@ fn visit_host_args(
                             message: format!("int4 [{}, {}] does not fit argument {:?}", q.rows, q.cols, packed.shape),
                         });
                     }
-                    each(HostArg { spec: packed, bytes: q.packed.clone() })?;
-                    let scales = next(&name)?;
                     let groups = q.rows * q.cols / GROUP_SIZE;
                     if q.scales.len() != groups || q.biases.len() != groups {
                         return Err(GraphError::Weight {
@@ -415,9 +441,28 @@ fn visit_host_args(
                             message: "scale or bias count does not match the shape".into(),
                         });
                     }
-                    each(HostArg { spec: scales, bytes: f16_slice_bytes(&q.scales) })?;
-                    let biases = next(&name)?;
-                    each(HostArg { spec: biases, bytes: f16_slice_bytes(&q.biases) })?;
+                    let (scales, biases) = (next(&name)?, next(&name)?);
+                    if packed.part == WeightPart::Int4Packed(Int4Order::Panels) {
+                        let (mut p, mut s, mut b) = (vec![0u8; q.packed.len()], vec![0u16; groups], vec![0u16; groups]);
+                        let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
+                        let (qs, qb) = (bits(&q.scales), bits(&q.biases));
+                        let w = cpu_kernels::Int4Matrix {
+                            rows: q.rows,
+                            cols: q.cols,
+                            packed: &q.packed,
+                            scales: &qs,
+                            biases: &qb,
+                        };
+                        cpu_kernels::int4_to_panels(w, &mut p, &mut s, &mut b)
+                            .map_err(|e| GraphError::Weight { name: name.clone(), message: e.to_string() })?;
+                        each(HostArg { spec: packed, bytes: p })?;
+                        each(HostArg { spec: scales, bytes: bytemuck::cast_slice(&s).to_vec() })?;
+                        each(HostArg { spec: biases, bytes: bytemuck::cast_slice(&b).to_vec() })?;
+                    } else {
+                        each(HostArg { spec: packed, bytes: q.packed.clone() })?;
+                        each(HostArg { spec: scales, bytes: f16_slice_bytes(&q.scales) })?;
+                        each(HostArg { spec: biases, bytes: f16_slice_bytes(&q.biases) })?;
+                    }
                 }
                 (m, _) => {
                     let asked = int4.of(&name);
@@ -501,7 +546,7 @@ pub fn stack_host_args(args: Vec<HostArg>) -> Result<Vec<HostArg>, GraphError> {
 
 /// The weight arguments of graphs emitted with `options` (stacked when they loop over layers).
 pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) -> Vec<WeightArg> {
-    let args = weight_args_with(config, options.format, options.int4_layout, options.dense, options.dense_layout());
+    let args = weight_args_with(config, options.format, options.arg_layout());
     match options.layers {
         crate::LayerMode::Unrolled | crate::LayerMode::UnrolledCachePerLayer => args,
         crate::LayerMode::Loop => stack_weight_args(args),
@@ -510,7 +555,7 @@ pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) ->
 
 /// The bytes to upload for [`graph_weight_args`].
 pub fn graph_host_args(weights: &LlamaWeights, options: &crate::GraphOptions) -> Result<Vec<HostArg>, GraphError> {
-    let args = host_args_with(weights, options.format, options.int4_layout, options.dense, options.dense_layout())?;
+    let args = host_args_with(weights, options.format, options.arg_layout())?;
     match options.layers {
         crate::LayerMode::Unrolled | crate::LayerMode::UnrolledCachePerLayer => Ok(args),
         crate::LayerMode::Loop => stack_host_args(args),
@@ -533,7 +578,7 @@ pub fn for_each_graph_host_arg(
     // of a stacked argument, to `model.layers.*.{rest}` at that layer's offset.
     let index_of: std::collections::HashMap<&str, usize> =
         graph_args.iter().enumerate().map(|(i, a)| (a.name.as_str(), i)).collect();
-    visit_host_args(weights, options.format, options.int4_layout, options.dense, options.dense_layout(), &mut |piece| {
+    visit_host_args(weights, options.format, options.arg_layout(), &mut |piece| {
         let (name, offset) = match layer_of(&piece.spec.name).filter(|_| stacked) {
             Some((layer, rest)) => (format!("model.layers.*.{rest}"), layer * piece.bytes.len()),
             None => (piece.spec.name.clone(), 0),
@@ -575,12 +620,12 @@ mod tests {
         );
         assert_eq!(f16.last().unwrap().shape, vec![64, 256]);
         let int4 =
-            weight_args_with(&c, WeightFormat::Int4, Int4Layout::ALL_INT4, StorageDtype::F16, DenseLayout::Transposed);
+            weight_args_with(&c, WeightFormat::Int4, ArgLayout { int4: Int4Layout::ALL_INT4, ..ArgLayout::default() });
         assert_eq!(int4.len(), 3 * (1 + 7 * c.num_hidden_layers + 1) + 2 * c.num_hidden_layers + 1);
         assert_eq!(int4[0].name, "model.embed_tokens.weight.qweight");
         assert_eq!((int4[0].shape.clone(), int4[0].dtype), (vec![256, 32], ArgDtype::I8));
         assert_eq!((int4[1].shape.clone(), int4[1].dtype), (vec![256, 2], ArgDtype::F16));
-        assert_eq!(int4[2].part, WeightPart::Int4Biases);
+        assert_eq!(int4[2].part, WeightPart::Int4Biases(Int4Order::RowMajor));
         // The default layout: the embedding and the head as int8 codes and scales.
         let default = weight_args(&c, WeightFormat::Int4);
         assert_eq!(default.len(), int4.len() - 2);
@@ -616,7 +661,7 @@ mod tests {
         // Widened to f32 (what pjrt-cpu holds): the same positions, each value exact, for a matrix
         // whose sides are not multiples of the conversion's tile.
         let wide =
-            host_args_with(&w, WeightFormat::F16, Int4Layout::DEFAULT, StorageDtype::F32, DenseLayout::Transposed)
+            host_args_with(&w, WeightFormat::F16, ArgLayout { dense: StorageDtype::F32, ..ArgLayout::default() })
                 .unwrap();
         for (narrow, wide) in args.iter().zip(&wide) {
             let narrow_len = narrow.bytes.len();
@@ -689,7 +734,7 @@ mod tests {
         assert_eq!(stacked[3].name, "model.layers.*.self_attn.q_proj.weight.qweight");
         assert_eq!(stacked[3].shape[0], c.num_hidden_layers);
         let all_int4 =
-            weight_args_with(&c, WeightFormat::Int4, Int4Layout::ALL_INT4, StorageDtype::F16, DenseLayout::Transposed);
+            weight_args_with(&c, WeightFormat::Int4, ArgLayout { int4: Int4Layout::ALL_INT4, ..ArgLayout::default() });
         assert_eq!(stack_weight_args(all_int4).len(), 3 + 2 + 7 * 3 + 1 + 3);
 
         let w = random_weights(&c, 5).unwrap();

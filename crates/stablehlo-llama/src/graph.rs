@@ -28,7 +28,7 @@
 //! arguments (`k_cache_l f16[KVH, D, C], v_cache_l f16[KVH, C, D]` for `l` in `0..L`, in place of
 //! the two stacked ones, returned in the same order after the token).
 
-use crate::arguments::{graph_weight_args, StorageDtype, WeightArg, WeightPart};
+use crate::arguments::{graph_weight_args, Int4Order, StorageDtype, WeightArg, WeightPart};
 use crate::error::GraphError;
 use crate::mlir::{arg, Cmp, Elem, FnArg, FnBuilder, Reduction, Ty, Val};
 use llama_model::int4::GROUP_SIZE;
@@ -122,6 +122,7 @@ pub fn linear_target(
     input: KernelInput,
     residual: bool,
     activations: KernelActivations,
+    order: Int4Order,
 ) -> String {
     let input = match input {
         KernelInput::Rows => "",
@@ -133,7 +134,11 @@ pub fn linear_target(
         (MatrixFormat::Int4 | MatrixFormat::Int8, KernelActivations::Int8) => "_q8",
         _ => "",
     };
-    format!("seam_linear_{format}{activations}{input}{residual}")
+    let panels = match (format, order) {
+        (MatrixFormat::Int4, Int4Order::Panels) => "p",
+        _ => "",
+    };
+    format!("seam_linear_{format}{panels}{activations}{input}{residual}")
 }
 
 /// One linear target a runtime registers, with what it computes ([`linear_target`]).
@@ -149,22 +154,25 @@ pub struct LinearTarget {
     pub residual: bool,
     /// How an int4 or int8 product takes its activations (always exact for f16 weights).
     pub activations: KernelActivations,
+    /// How an int4 matrix is ordered (panels only with int8 activations; row-major otherwise).
+    pub order: Int4Order,
 }
 
 /// Every linear target a runtime registers.
 pub fn linear_targets() -> Vec<LinearTarget> {
     let mut out = Vec::new();
-    for (format, activations) in [
-        (MatrixFormat::F16, KernelActivations::Exact),
-        (MatrixFormat::Int4, KernelActivations::Exact),
-        (MatrixFormat::Int4, KernelActivations::Int8),
-        (MatrixFormat::Int8, KernelActivations::Exact),
-        (MatrixFormat::Int8, KernelActivations::Int8),
+    for (format, activations, order) in [
+        (MatrixFormat::F16, KernelActivations::Exact, Int4Order::RowMajor),
+        (MatrixFormat::Int4, KernelActivations::Exact, Int4Order::RowMajor),
+        (MatrixFormat::Int4, KernelActivations::Int8, Int4Order::RowMajor),
+        (MatrixFormat::Int4, KernelActivations::Int8, Int4Order::Panels),
+        (MatrixFormat::Int8, KernelActivations::Exact, Int4Order::RowMajor),
+        (MatrixFormat::Int8, KernelActivations::Int8, Int4Order::RowMajor),
     ] {
         for input in [KernelInput::Rows, KernelInput::RmsNorm, KernelInput::SwiGlu] {
             for residual in [false, true] {
-                let name = linear_target(format, input, residual, activations);
-                out.push(LinearTarget { name, format, input, residual, activations });
+                let name = linear_target(format, input, residual, activations, order);
+                out.push(LinearTarget { name, format, input, residual, activations, order });
             }
         }
     }
@@ -252,6 +260,25 @@ impl GraphOptions {
         self.host_kernels.is_some()
             && self.layers == LayerMode::UnrolledCachePerLayer
             && self.cache == StorageDtype::F32
+    }
+
+    /// The layout of the graphs' weight arguments under these options.
+    pub fn arg_layout(&self) -> crate::ArgLayout {
+        crate::ArgLayout {
+            int4: self.int4_layout,
+            dense: self.dense,
+            dense_layout: self.dense_layout(),
+            int4_order: self.int4_order(),
+        }
+    }
+
+    /// How the decoder layers' int4 matrices are ordered: in panels of 16 rows when the kernels
+    /// take every call with int8 activations (the only reader of that order), else row-major.
+    pub fn int4_order(&self) -> Int4Order {
+        match self.host_kernels {
+            Some(k) if k.activations == KernelActivations::Int8 && k.max_tokens == usize::MAX => Int4Order::Panels,
+            _ => Int4Order::RowMajor,
+        }
     }
 
     /// Whether calls of `rows` rows multiply through the host kernels.
@@ -444,9 +471,27 @@ struct Weights {
 
 /// A matrix as the graph sees it.
 enum MatrixArg {
-    Dense { w: Val, transposed: bool, kernel: bool },
-    Int4 { packed: Val, scales: Val, biases: Val, dequantize_from: usize, kernel: bool, activations: KernelActivations },
-    Int8 { codes: Val, scales: Val, dequantize_from: usize, kernel: bool, activations: KernelActivations },
+    Dense {
+        w: Val,
+        transposed: bool,
+        kernel: bool,
+    },
+    Int4 {
+        packed: Val,
+        scales: Val,
+        biases: Val,
+        dequantize_from: usize,
+        kernel: bool,
+        activations: KernelActivations,
+        order: Int4Order,
+    },
+    Int8 {
+        codes: Val,
+        scales: Val,
+        dequantize_from: usize,
+        kernel: bool,
+        activations: KernelActivations,
+    },
 }
 
 impl Weights {
@@ -469,7 +514,7 @@ impl Weights {
                     kernel: self.kernels && self.specs[i].dtype == crate::ArgDtype::F16,
                 }
             }
-            WeightPart::Int4Packed => {
+            WeightPart::Int4Packed(order) => {
                 self.next += 3;
                 MatrixArg::Int4 {
                     packed: self.vals[i].clone(),
@@ -478,6 +523,7 @@ impl Weights {
                     dequantize_from: self.dequantize_from,
                     kernel: self.kernels,
                     activations: self.activations,
+                    order,
                 }
             }
             WeightPart::Int8Codes => {
@@ -535,7 +581,8 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
                 b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
             }
         }
-        MatrixArg::Int4 { packed, scales, biases, dequantize_from, .. } if x.dims()[0] >= *dequantize_from => {
+        MatrixArg::Int4 { packed, scales, biases, dequantize_from, order, .. } if x.dims()[0] >= *dequantize_from => {
+            assert_eq!(*order, Int4Order::RowMajor, "only the kernels read int4 panels (GraphOptions::int4_order)");
             // Many tokens: form the f32 matrix once (scale * q + bias, exactly the format's values)
             // and run one matmul; the dequantization is amortized over the tokens, while the
             // per-group form below runs a batched dot of inner length 16 per group and token.
@@ -561,7 +608,8 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             debug_assert_eq!(t, x.dims()[0]);
             b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
         }
-        MatrixArg::Int4 { packed, scales, biases, .. } => {
+        MatrixArg::Int4 { packed, scales, biases, order, .. } => {
+            assert_eq!(*order, Int4Order::RowMajor, "only the kernels read int4 panels (GraphOptions::int4_order)");
             // Per group g of 32 inputs: y_m = sum_g s_mg (x_g . q_mg) + b_mg sum(x_g). The
             // dequantized matrix is never formed (FACTS.md: 10x faster on IREE than dequantize-then-dot
             // for one token).
@@ -618,15 +666,15 @@ fn kernel_linear(
     residual: Option<&Val>,
 ) -> Val {
     let t = inputs[0].dims()[0];
-    let (format, activations, mut operands, m) = match w {
+    let (format, activations, order, mut operands, m) = match w {
         MatrixArg::Dense { w, transposed: false, .. } => {
-            (MatrixFormat::F16, KernelActivations::Exact, vec![w], w.dims()[0])
+            (MatrixFormat::F16, KernelActivations::Exact, Int4Order::RowMajor, vec![w], w.dims()[0])
         }
-        MatrixArg::Int4 { packed, scales, biases, activations, .. } => {
-            (MatrixFormat::Int4, *activations, vec![packed, scales, biases], packed.dims()[0])
+        MatrixArg::Int4 { packed, scales, biases, activations, order, .. } => {
+            (MatrixFormat::Int4, *activations, *order, vec![packed, scales, biases], packed.dims()[0])
         }
         MatrixArg::Int8 { codes, scales, activations, .. } => {
-            (MatrixFormat::Int8, *activations, vec![codes, scales], codes.dims()[0])
+            (MatrixFormat::Int8, *activations, Int4Order::RowMajor, vec![codes, scales], codes.dims()[0])
         }
         MatrixArg::Dense { transposed: true, .. } => unreachable!("the kernels read row-major matrices"),
     };
@@ -635,7 +683,7 @@ fn kernel_linear(
     all.append(&mut operands);
     all.extend(residual);
     all.extend(rows.or(all_rows.as_ref()));
-    let target = linear_target(format, input, residual.is_some(), activations);
+    let target = linear_target(format, input, residual.is_some(), activations, order);
     b.custom_call(&target, &all, Ty::new(&[t, m], Elem::F32))
 }
 
@@ -680,7 +728,8 @@ fn embed_rows(b: &mut FnBuilder, table: &MatrixArg, ids: &Val) -> Val {
             let rows = b.gather_columns(w, ids);
             b.convert(&rows, Elem::F32)
         }
-        MatrixArg::Int4 { packed, scales, biases, .. } => {
+        MatrixArg::Int4 { packed, scales, biases, order, .. } => {
+            assert_eq!(*order, Int4Order::RowMajor, "only the kernels read int4 panels (GraphOptions::int4_order)");
             // Dequantized exactly as the format defines it: scale * q + bias in f32.
             let t = ids.dims()[0];
             let half = packed.dims()[1];
@@ -1697,7 +1746,8 @@ mod tests {
                 WeightFormat::F16 => MatrixFormat::F16,
                 WeightFormat::Int4 => MatrixFormat::Int4,
             };
-            let target = linear_target(matrices, KernelInput::Rows, false, KernelActivations::Exact);
+            let target =
+                linear_target(matrices, KernelInput::Rows, false, KernelActivations::Exact, Int4Order::RowMajor);
             let target = target.as_str();
             // Every linear target starts with the plain one's name.
             let calls = |o: &GraphOptions, spec: GraphSpec, target: &str| {
@@ -1708,7 +1758,13 @@ mod tests {
             let head = match format {
                 WeightFormat::F16 => 1,
                 WeightFormat::Int4 => {
-                    let int8 = linear_target(MatrixFormat::Int8, KernelInput::Rows, false, KernelActivations::Exact);
+                    let int8 = linear_target(
+                        MatrixFormat::Int8,
+                        KernelInput::Rows,
+                        false,
+                        KernelActivations::Exact,
+                        Int4Order::RowMajor,
+                    );
                     assert_eq!(calls(&with, DECODE, &int8), 1, "the int8 head goes through its kernel");
                     0
                 }
@@ -1750,9 +1806,35 @@ mod tests {
                     assert_eq!(count("seam_linear_int8_q8"), 1);
                 }
             }
+            // Kernels that take every call read the layers' int4 matrices in panels (ADR 0025);
+            // the embedding and the head stay row-major.
+            let every_call = GraphOptions {
+                host_kernels: Some(HostKernels { max_tokens: usize::MAX, ..q8.host_kernels.unwrap() }),
+                ..q8.clone()
+            };
+            let args = graph_weight_args(&c, &every_call);
+            let panels = args.iter().filter(|a| matches!(a.part, WeightPart::Int4Packed(Int4Order::Panels))).count();
+            let text = emit_module(
+                &c,
+                &every_call,
+                &[DECODE, GraphSpec { kind: GraphKind::Prefill { bucket: 16 }, logits: false }],
+            )
+            .unwrap();
+            let count = |prefix: &str| text.matches(&format!("call_target_name = \"{prefix}")).count();
+            match format {
+                WeightFormat::F16 => assert_eq!((every_call.int4_order(), panels), (Int4Order::Panels, 0)),
+                WeightFormat::Int4 => {
+                    assert_eq!(panels, 7 * layers);
+                    assert_eq!(count("seam_linear_int4p_q8"), 2 * 7 * layers);
+                    assert_eq!(count("seam_linear_int4_q8"), 0);
+                    assert!(count("seam_linear_int8_q8") >= 1);
+                }
+            }
+            assert_eq!(q8.int4_order(), Int4Order::RowMajor, "calls above max_tokens keep the graph's dots");
         }
         let names: std::collections::HashSet<String> = linear_targets().into_iter().map(|t| t.name).collect();
-        assert_eq!(names.len(), 30, "every target its own name");
+        assert_eq!(names.len(), 36, "every target its own name");
+        assert!(names.contains("seam_linear_int4p_q8_swiglu_residual"));
         assert!(names.contains("seam_linear_int4_q8_rmsnorm_residual"));
 
         // An f16 cache keeps the attention in the graph (the kernel reads f32).
