@@ -102,7 +102,8 @@ pub fn attention_causal(
         let vh = &values[kvh * c * d..(kvh + 1) * c * d];
         SCORES.with(|scores| {
             let mut scores = scores.borrow_mut();
-            let longest = position + rows.min((block + 1) * ROWS_PER_TASK);
+            // Rounded up to whole registers: the 512-bit path stores its last scores whole.
+            let longest = (position + rows.min((block + 1) * ROWS_PER_TASK)).next_multiple_of(16);
             if scores.len() < longest {
                 scores.resize(longest, 0.0);
             }
@@ -114,6 +115,10 @@ pub fn attention_causal(
                 let len = position + t + 1;
                 match isa {
                     // SAFETY: the CPU supports the path (checked above).
+                    Isa::Avx512 | Isa::Avx512Vnni if wide::fits(d) => unsafe {
+                        wide::attend(qh, kh, vh, c, len, scale, &mut scores, oh)
+                    },
+                    // SAFETY: as above.
                     Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => unsafe {
                         attend_avx2(qh, kh, vh, c, len, scale, &mut scores, oh)
                     },
@@ -159,6 +164,136 @@ unsafe fn attend_avx2(
     out: &mut [f32],
 ) {
     scalar::attend_one(q, keys, values, c, len, scale, scores, out)
+}
+
+/// One query row's attention in 512-bit registers, for head sizes of four or eight registers:
+/// the scores of 64 positions at a time held in four registers over the whole head dimension
+/// (the keys read once, no partial sums through memory), the softmax's exponentials sixteen at
+/// a time, and the weighted sum of the values in registers over every position.
+#[cfg(target_arch = "x86_64")]
+mod wide {
+    use crate::simd::exp512;
+    use std::arch::x86_64::*;
+
+    /// Whether a head of `d` values takes this path.
+    pub(super) fn fits(d: usize) -> bool {
+        d == 64 || d == 128
+    }
+
+    /// [`crate::scalar::attend_one`]'s result for a head of [`fits`] size; `scores` holds at
+    /// least `len` rounded up to 16.
+    ///
+    /// # Safety
+    /// AVX-512F; `keys` `[d, c]` and `values` `[c, d]` of one KV head, `len <= c`.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attend(
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        c: usize,
+        len: usize,
+        scale: f32,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        if q.len() == 64 {
+            attend_d::<4>(q, keys, values, c, len, scale, scores, out)
+        } else {
+            attend_d::<8>(q, keys, values, c, len, scale, scores, out)
+        }
+    }
+
+    /// The lanes of register `v` (16 positions from `p0 + 16 v`) that lie before `len`.
+    #[inline(always)]
+    fn mask(p0: usize, v: usize, len: usize) -> __mmask16 {
+        let first = p0 + 16 * v;
+        match len.saturating_sub(first) {
+            0 => 0,
+            n if n >= 16 => !0,
+            n => (1u16 << n) - 1,
+        }
+    }
+
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attend_d<const V: usize>(
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        c: usize,
+        len: usize,
+        scale: f32,
+        scores: &mut [f32],
+        out: &mut [f32],
+    ) {
+        let d = 16 * V;
+        debug_assert!(q.len() == d && out.len() == d && keys.len() >= d * c && values.len() >= c * d);
+        debug_assert!(len <= c && scores.len() >= len.next_multiple_of(16));
+        let sp = scores.as_mut_ptr();
+        let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
+        // Scores, 64 positions per pass; lanes past `len` are neither read nor kept.
+        for p0 in (0..len).step_by(64) {
+            let m: [__mmask16; 4] = std::array::from_fn(|v| mask(p0, v, len));
+            let mut acc = [_mm512_setzero_ps(); 4];
+            for (j, &qj) in q.iter().enumerate() {
+                let qj = _mm512_set1_ps(qj);
+                let row = keys.as_ptr().add(j * c + p0);
+                for v in 0..4 {
+                    acc[v] = _mm512_fmadd_ps(qj, _mm512_maskz_loadu_ps(m[v], row.add(16 * v)), acc[v]);
+                }
+            }
+            for v in 0..4 {
+                if m[v] != 0 {
+                    let s = _mm512_mul_ps(acc[v], _mm512_set1_ps(scale));
+                    max = _mm512_mask_max_ps(max, m[v], max, s);
+                    _mm512_storeu_ps(sp.add(p0 + 16 * v), s);
+                }
+            }
+        }
+        let max = _mm512_set1_ps(_mm512_reduce_max_ps(max));
+        // Exponentials and their sum, sixteen at a time.
+        let mut total = _mm512_setzero_ps();
+        for p0 in (0..len).step_by(16) {
+            let m = mask(p0, 0, len);
+            let e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sp.add(p0)), max));
+            total = _mm512_mask_add_ps(total, m, total, e);
+            _mm512_storeu_ps(sp.add(p0), e);
+        }
+        // The values weighted by the exponentials, the head's sums in registers.
+        let mut acc = [_mm512_setzero_ps(); V];
+        for pos in 0..len {
+            let p = _mm512_set1_ps(*sp.add(pos));
+            let row = values.as_ptr().add(pos * d);
+            for (v, acc) in acc.iter_mut().enumerate() {
+                *acc = _mm512_fmadd_ps(p, _mm512_loadu_ps(row.add(16 * v)), *acc);
+            }
+        }
+        let inv = _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(total));
+        for (v, acc) in acc.into_iter().enumerate() {
+            _mm512_storeu_ps(out.as_mut_ptr().add(16 * v), _mm512_mul_ps(acc, inv));
+        }
+    }
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+mod wide {
+    pub(super) fn fits(_: usize) -> bool {
+        false
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attend(
+        _: &[f32],
+        _: &[f32],
+        _: &[f32],
+        _: usize,
+        _: usize,
+        _: f32,
+        _: &mut [f32],
+        _: &mut [f32],
+    ) {
+        unreachable!("the AVX-512 path is never chosen off x86-64")
+    }
 }
 
 /// Causal attention of many rows as two register-tiled products per head and block of rows (the

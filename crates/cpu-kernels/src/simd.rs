@@ -3,6 +3,12 @@
 #[cfg(target_arch = "x86_64")]
 use std::arch::x86_64::*;
 
+/// ln 2 in two parts, so that `n ln 2` is subtracted without rounding away `r`.
+const LN2_HIGH: f32 = 0.693_359_4;
+const LN2_LOW: f32 = -2.121_944_4e-4;
+/// The polynomial of `(e^r - 1 - r) / r^2`, highest degree first (Cephes' `expf`).
+const EXP_POLYNOMIAL: [f32; 6] = [1.987_569_1e-4, 1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5];
+
 /// `e^x` of eight values to about one unit in the last place of f32: `x = n ln 2 + r` with
 /// `|r| <= ln 2 / 2`, `e^r` by its degree-6 minimax polynomial (Cephes' `expf`
 /// coefficients), `2^n` put into the exponent bits. Inputs are clamped to where f32's
@@ -16,17 +22,38 @@ pub(crate) unsafe fn exp(x: __m256) -> __m256 {
         x,
         _mm256_set1_ps(std::f32::consts::LOG2_E),
     ));
-    // ln 2 in two parts, so that n * ln 2 is subtracted without rounding away r.
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(0.693_359_4), x);
-    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(-2.121_944_4e-4), r);
-    let mut p = _mm256_set1_ps(1.987_569_1e-4);
-    for coefficient in [1.398_199_9e-3, 8.333_452e-3, 4.166_579_6e-2, 1.666_666_5e-1, 0.5] {
-        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(coefficient));
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_HIGH), x);
+    let r = _mm256_fnmadd_ps(n, _mm256_set1_ps(LN2_LOW), r);
+    let mut p = _mm256_set1_ps(EXP_POLYNOMIAL[0]);
+    for coefficient in &EXP_POLYNOMIAL[1..] {
+        p = _mm256_fmadd_ps(p, r, _mm256_set1_ps(*coefficient));
     }
     let r2 = _mm256_mul_ps(r, r);
     let e_r = _mm256_add_ps(_mm256_fmadd_ps(p, r2, r), _mm256_set1_ps(1.0));
     let two_n = _mm256_slli_epi32::<23>(_mm256_add_epi32(_mm256_cvtps_epi32(n), _mm256_set1_epi32(127)));
     _mm256_mul_ps(e_r, _mm256_castsi256_ps(two_n))
+}
+
+/// [`exp`] of sixteen values: the same reduction, polynomial and clamping in 512-bit registers.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx512f,avx2,fma")]
+#[inline]
+pub(crate) unsafe fn exp512(x: __m512) -> __m512 {
+    let x = _mm512_max_ps(_mm512_min_ps(x, _mm512_set1_ps(88.0)), _mm512_set1_ps(-87.0));
+    let n = _mm512_roundscale_ps::<{ _MM_FROUND_TO_NEAREST_INT | _MM_FROUND_NO_EXC }>(_mm512_mul_ps(
+        x,
+        _mm512_set1_ps(std::f32::consts::LOG2_E),
+    ));
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_HIGH), x);
+    let r = _mm512_fnmadd_ps(n, _mm512_set1_ps(LN2_LOW), r);
+    let mut p = _mm512_set1_ps(EXP_POLYNOMIAL[0]);
+    for coefficient in &EXP_POLYNOMIAL[1..] {
+        p = _mm512_fmadd_ps(p, r, _mm512_set1_ps(*coefficient));
+    }
+    let r2 = _mm512_mul_ps(r, r);
+    let e_r = _mm512_add_ps(_mm512_fmadd_ps(p, r2, r), _mm512_set1_ps(1.0));
+    let two_n = _mm512_slli_epi32::<23>(_mm512_add_epi32(_mm512_cvtps_epi32(n), _mm512_set1_epi32(127)));
+    _mm512_mul_ps(e_r, _mm512_castsi512_ps(two_n))
 }
 
 /// `out = silu(gate) * up` element-wise, `silu(g) = g / (1 + e^-g)` as the reference writes it.

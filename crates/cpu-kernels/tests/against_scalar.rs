@@ -221,9 +221,16 @@ fn cache_filled_to(rng: &mut Rng, shape: AttentionShape, len: usize) -> (Vec<f32
 fn attention_matches_scalar_and_reads_only_the_filled_span() {
     let mut rng = Rng(3);
     let pool = Pool::new(2);
-    for &(heads, kv_heads, d, c, len) in
-        &[(1, 1, 4, 8, 1), (9, 3, 64, 100, 37), (4, 2, 16, 64, 64), (32, 8, 64, 300, 250)]
-    {
+    for &(heads, kv_heads, d, c, len) in &[
+        (1, 1, 4, 8, 1),
+        (9, 3, 64, 100, 37),
+        (4, 2, 16, 64, 64),
+        (32, 8, 64, 300, 250),
+        (8, 2, 128, 200, 131),
+        (9, 3, 64, 700, 513),
+        (3, 3, 64, 64, 64),
+        (2, 1, 64, 80, 1),
+    ] {
         let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
         let q: Vec<f32> = (0..heads * d).map(|_| rng.f32()).collect();
         // Positions past `len` hold NaN: reading any of them would poison the result.
