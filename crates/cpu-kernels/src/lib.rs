@@ -53,7 +53,10 @@ pub use linear::{linear, LinearInput, LinearWeights};
 pub use matmul::{
     matmul_f16, matmul_int4, matmul_int4_q8, matmul_int8, matmul_int8_q8, F16Matrix, Int4Matrix, Int8Matrix, GROUP_SIZE,
 };
-pub use panels::{int4_from_panels, int4_to_panels, matmul_int4_panels_q8, PANEL_ROWS};
+pub use panels::{
+    int4_from_panels, int4_to_panels, int8_from_panels, int8_to_panels, matmul_int4_panels_q8, matmul_int8_panels_q8,
+    PANEL_ROWS,
+};
 pub use q8::round_int8;
 
 /// How an int4 or int8 product takes its activations.

@@ -6,8 +6,8 @@
 use crate::pool::Pool;
 use crate::scratch::Scratch;
 use crate::{
-    check_len, matmul_f16, matmul_int4, matmul_int4_panels_q8, matmul_int4_q8, matmul_int8, matmul_int8_q8,
-    Activations, F16Matrix, Int4Matrix, Int8Matrix, Isa, ShapeError,
+    check_len, matmul_f16, matmul_int4, matmul_int4_panels_q8, matmul_int4_q8, matmul_int8, matmul_int8_panels_q8,
+    matmul_int8_q8, Activations, F16Matrix, Int4Matrix, Int8Matrix, Isa, ShapeError,
 };
 
 /// What the product reads, `[tokens, cols]` once prepared.
@@ -31,6 +31,9 @@ pub enum LinearWeights<'a> {
     /// int4 weights laid out in panels of 16 rows ([`crate::int4_to_panels`]), always over
     /// activations rounded to int8 ([`crate::matmul_int4_panels_q8`]).
     Int4Panels(Int4Matrix<'a>),
+    /// int8 weights laid out in panels of 16 rows ([`crate::int8_to_panels`]), always over
+    /// activations rounded to int8 ([`crate::matmul_int8_panels_q8`]).
+    Int8Panels(Int8Matrix<'a>),
 }
 
 impl LinearWeights<'_> {
@@ -40,6 +43,7 @@ impl LinearWeights<'_> {
             LinearWeights::Int4(w, _) => (w.rows, w.cols),
             LinearWeights::Int8(w, _) => (w.rows, w.cols),
             LinearWeights::Int4Panels(w) => (w.rows, w.cols),
+            LinearWeights::Int8Panels(w) => (w.rows, w.cols),
         }
     }
 }
@@ -70,6 +74,7 @@ pub fn linear(
         LinearWeights::Int8(w, Activations::Exact) => matmul_int8(isa, pool, x, tokens, w, out),
         LinearWeights::Int8(w, Activations::Int8) => matmul_int8_q8(isa, pool, x, tokens, w, out),
         LinearWeights::Int4Panels(w) => matmul_int4_panels_q8(isa, pool, x, tokens, w, out),
+        LinearWeights::Int8Panels(w) => matmul_int8_panels_q8(isa, pool, x, tokens, w, out),
     };
     match input {
         LinearInput::Rows(x) => run(x, out)?,

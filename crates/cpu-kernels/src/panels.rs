@@ -16,6 +16,11 @@
 //! (row-major bytes, so a byte still holds element `2i` in its low nibble). Scales and biases:
 //! panel `p`'s group `g` holds the `w` rows' values in turn, from element `16 p * groups + g w`.
 //!
+//! int8 matrices (an int4 model's head, ADR 0013) take the same panels ([`int8_to_panels`]):
+//! per panel and group, eight chunks of `4 w` bytes, chunk `c` holding codes `4c..4c + 4` of the
+//! group of each row in turn; their scales as the int4 ones. The graphs gather an embedding's rows
+//! straight from this order (a `[rows / 16, cols / 4, 16, 4]` view), so a tied table is held once.
+//!
 //! The product is the one of [`crate::matmul_int4_q8`] (the exact product over
 //! [`crate::round_int8`]'s activations), so a backend may hold the layers in panels and its other
 //! matrices row-major and compute the same numbers. Off AVX-512 VNNI each run of panels is laid
@@ -24,7 +29,7 @@
 use crate::matmul::{for_each_row_run, SendPtr, MIN_ROWS_PER_TASK};
 use crate::pool::Pool;
 use crate::scratch::Scratch;
-use crate::{check_len, Int4Matrix, Isa, ShapeError, GROUP_SIZE};
+use crate::{check_len, Int4Matrix, Int8Matrix, Isa, ShapeError, GROUP_SIZE};
 
 /// Rows per panel: one i32 lane each in a 512-bit register.
 pub const PANEL_ROWS: usize = 16;
@@ -35,13 +40,50 @@ const GROUP_BYTES: usize = GROUP_SIZE / 2;
 /// Bytes per chunk and row: what one `vpdpbusd` lane multiplies.
 const CHUNK: usize = 4;
 
-/// Where byte `byte` (of `cols / 2`) of row `row` lies in the panel layout of a matrix of `rows`
-/// rows and `cols` columns.
-fn packed_offset(rows: usize, cols: usize, row: usize, byte: usize) -> usize {
+/// Where byte `byte` of row `row` lies in the panel layout of a matrix of `rows` rows of
+/// `row_bytes` bytes, `group_bytes` per group.
+fn packed_offset(rows: usize, row_bytes: usize, group_bytes: usize, row: usize, byte: usize) -> usize {
     let (p, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
     let w = PANEL_ROWS.min(rows - p * PANEL_ROWS);
-    let (g, j) = (byte / GROUP_BYTES, byte % GROUP_BYTES);
-    p * PANEL_ROWS * cols / 2 + g * GROUP_BYTES * w + (j / CHUNK) * CHUNK * w + r * CHUNK + j % CHUNK
+    let (g, j) = (byte / group_bytes, byte % group_bytes);
+    p * PANEL_ROWS * row_bytes + g * group_bytes * w + (j / CHUNK) * CHUNK * w + r * CHUNK + j % CHUNK
+}
+
+/// Moves the bytes of a matrix between the two orders: `to_panels` from row-major `from` into
+/// panels `to`, else back.
+fn reorder_bytes<T: Copy>(
+    rows: usize,
+    row_bytes: usize,
+    group_bytes: usize,
+    from: &[T],
+    to: &mut [T],
+    to_panels: bool,
+) {
+    for row in 0..rows {
+        for j in (0..row_bytes).step_by(CHUNK) {
+            let at = packed_offset(rows, row_bytes, group_bytes, row, j);
+            let plain = row * row_bytes + j;
+            if to_panels {
+                to[at..at + CHUNK].copy_from_slice(&from[plain..plain + CHUNK]);
+            } else {
+                to[plain..plain + CHUNK].copy_from_slice(&from[at..at + CHUNK]);
+            }
+        }
+    }
+}
+
+/// Moves per-group values (scales, biases) between the two orders, as [`reorder_bytes`].
+fn reorder_groups(rows: usize, groups: usize, from: &[u16], to: &mut [u16], to_panels: bool) {
+    for row in 0..rows {
+        for g in 0..groups {
+            let at = group_offset(rows, groups, row, g);
+            if to_panels {
+                to[at] = from[row * groups + g];
+            } else {
+                to[row * groups + g] = from[at];
+            }
+        }
+    }
 }
 
 /// Where group `g` of row `row` lies in the panel layout of the scales and biases.
@@ -71,21 +113,7 @@ pub fn int4_to_panels(
     scales: &mut [u16],
     biases: &mut [u16],
 ) -> Result<(), ShapeError> {
-    let groups = check(&w)?;
-    check(&Int4Matrix { packed, scales, biases, ..w })?;
-    let half = w.cols / 2;
-    for row in 0..w.rows {
-        for j in (0..half).step_by(CHUNK) {
-            let at = packed_offset(w.rows, w.cols, row, j);
-            packed[at..at + CHUNK].copy_from_slice(&w.packed[row * half + j..row * half + j + CHUNK]);
-        }
-        for g in 0..groups {
-            let at = group_offset(w.rows, groups, row, g);
-            scales[at] = w.scales[row * groups + g];
-            biases[at] = w.biases[row * groups + g];
-        }
-    }
-    Ok(())
+    reorder_int4(w, packed, scales, biases, true)
 }
 
 /// The inverse of [`int4_to_panels`]: `w` is in panels, the outputs row-major.
@@ -95,20 +123,51 @@ pub fn int4_from_panels(
     scales: &mut [u16],
     biases: &mut [u16],
 ) -> Result<(), ShapeError> {
+    reorder_int4(w, packed, scales, biases, false)
+}
+
+fn reorder_int4(
+    w: Int4Matrix<'_>,
+    packed: &mut [u8],
+    scales: &mut [u16],
+    biases: &mut [u16],
+    to_panels: bool,
+) -> Result<(), ShapeError> {
     let groups = check(&w)?;
     check(&Int4Matrix { packed, scales, biases, ..w })?;
-    let half = w.cols / 2;
-    for row in 0..w.rows {
-        for j in (0..half).step_by(CHUNK) {
-            let at = packed_offset(w.rows, w.cols, row, j);
-            packed[row * half + j..row * half + j + CHUNK].copy_from_slice(&w.packed[at..at + CHUNK]);
-        }
-        for g in 0..groups {
-            let at = group_offset(w.rows, groups, row, g);
-            scales[row * groups + g] = w.scales[at];
-            biases[row * groups + g] = w.biases[at];
-        }
+    reorder_bytes(w.rows, w.cols / 2, GROUP_BYTES, w.packed, packed, to_panels);
+    reorder_groups(w.rows, groups, w.scales, scales, to_panels);
+    reorder_groups(w.rows, groups, w.biases, biases, to_panels);
+    Ok(())
+}
+
+/// Checks that `w`'s parts have the lengths of a `[rows, cols]` int8 matrix.
+fn check_int8(w: &Int8Matrix<'_>) -> Result<usize, ShapeError> {
+    if !w.cols.is_multiple_of(GROUP_SIZE) {
+        return Err(ShapeError(format!("int8 columns {} are not a multiple of {GROUP_SIZE}", w.cols)));
     }
+    let groups = w.cols / GROUP_SIZE;
+    check_len("int8 codes", w.codes.len(), w.rows * w.cols)?;
+    check_len("int8 scales", w.scales.len(), w.rows * groups)?;
+    Ok(groups)
+}
+
+/// Lays out the row-major int8 matrix `w` in panels: `codes` and `scales` take as many elements
+/// as `w`'s.
+pub fn int8_to_panels(w: Int8Matrix<'_>, codes: &mut [i8], scales: &mut [u16]) -> Result<(), ShapeError> {
+    reorder_int8(w, codes, scales, true)
+}
+
+/// The inverse of [`int8_to_panels`]: `w` is in panels, the outputs row-major.
+pub fn int8_from_panels(w: Int8Matrix<'_>, codes: &mut [i8], scales: &mut [u16]) -> Result<(), ShapeError> {
+    reorder_int8(w, codes, scales, false)
+}
+
+fn reorder_int8(w: Int8Matrix<'_>, codes: &mut [i8], scales: &mut [u16], to_panels: bool) -> Result<(), ShapeError> {
+    let groups = check_int8(&w)?;
+    check_int8(&Int8Matrix { codes, scales, ..w })?;
+    reorder_bytes(w.rows, w.cols, GROUP_SIZE, w.codes, codes, to_panels);
+    reorder_groups(w.rows, groups, w.scales, scales, to_panels);
     Ok(())
 }
 
@@ -123,31 +182,64 @@ pub fn matmul_int4_panels_q8(
     w: Int4Matrix<'_>,
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
-    let groups = check(&w)?;
-    check_len("x", x.len(), tokens * w.cols)?;
-    check_len("output", out.len(), tokens * w.rows)?;
-    if tokens == 0 || w.rows == 0 {
+    check(&w)?;
+    product(isa, pool, x, tokens, Panels::Int4(&w), out)
+}
+
+/// `out = round_int8(x) W^T` for int8 `W` laid out in panels ([`int8_to_panels`]), as
+/// [`matmul_int4_panels_q8`]: the numbers of [`crate::matmul_int8_q8`].
+pub fn matmul_int8_panels_q8(
+    isa: Isa,
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    w: Int8Matrix<'_>,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    check_int8(&w)?;
+    product(isa, pool, x, tokens, Panels::Int8(&w), out)
+}
+
+/// A matrix in panels, of either format.
+#[derive(Clone, Copy)]
+enum Panels<'a> {
+    Int4(&'a Int4Matrix<'a>),
+    Int8(&'a Int8Matrix<'a>),
+}
+
+impl Panels<'_> {
+    fn shape(&self) -> (usize, usize) {
+        match self {
+            Panels::Int4(w) => (w.rows, w.cols),
+            Panels::Int8(w) => (w.rows, w.cols),
+        }
+    }
+}
+
+/// The product of either format, its shapes checked but `x` and `out`.
+fn product(isa: Isa, pool: &Pool, x: &[f32], tokens: usize, w: Panels<'_>, out: &mut [f32]) -> Result<(), ShapeError> {
+    let (rows, cols) = w.shape();
+    check_len("x", x.len(), tokens * cols)?;
+    check_len("output", out.len(), tokens * rows)?;
+    if tokens == 0 || rows == 0 {
         return Ok(());
     }
     let min_rows = MIN_ROWS_PER_TASK.next_multiple_of(PANEL_ROWS);
     if isa == Isa::Avx512Vnni && isa.is_supported() {
         PREPARED.with(|prepared| {
-            prepared.fill(x, tokens, w.cols);
+            prepared.fill(x, tokens, cols, matches!(w, Panels::Int4(_)));
             let prepared = &*prepared;
-            for_each_row_run(pool, w.rows, PANEL_ROWS, min_rows, out, &|run, out| {
+            for_each_row_run(pool, rows, PANEL_ROWS, min_rows, out, &|run, out| {
                 // SAFETY: the CPU has AVX-512 VNNI (checked above); the tokens were laid out for
-                // these columns; `run` starts on a panel and these rows' columns of `out` are
-                // this task's alone.
-                unsafe { vnni_run(prepared, tokens, &w, groups, run, out) }
+                // these columns and this format; `run` starts on a panel and these rows' columns
+                // of `out` are this task's alone.
+                unsafe { vnni_run(prepared, tokens, w, run, out) }
             });
         });
         return Ok(());
     }
-    let rounded_pool = pool;
     crate::matmul::over_rounded(isa, x, |x| {
-        for_each_row_run(rounded_pool, w.rows, PANEL_ROWS, min_rows, out, &|run, out| {
-            row_major_run(isa, x, tokens, &w, groups, run, out)
-        })
+        for_each_row_run(pool, rows, PANEL_ROWS, min_rows, out, &|run, out| row_major_run(isa, x, tokens, w, run, out))
     });
     Ok(())
 }
@@ -156,6 +248,7 @@ pub fn matmul_int4_panels_q8(
 #[derive(Default)]
 struct RowMajor {
     packed: Vec<u8>,
+    codes: Vec<i8>,
     scales: Vec<u16>,
     biases: Vec<u16>,
     out: Vec<f32>,
@@ -165,47 +258,56 @@ static ROW_MAJOR: Scratch<RowMajor> = Scratch::new();
 
 /// Rows `run` (whole panels) of the product over the rounded activations `x`, through the exact
 /// kernels on a row-major copy of them.
-fn row_major_run(
-    isa: Isa,
-    x: &[f32],
-    tokens: usize,
-    w: &Int4Matrix<'_>,
-    groups: usize,
-    run: std::ops::Range<usize>,
-    out: &SendPtr,
-) {
+fn row_major_run(isa: Isa, x: &[f32], tokens: usize, w: Panels<'_>, run: std::ops::Range<usize>, out: &SendPtr) {
     static ONE_THREAD: std::sync::OnceLock<Pool> = std::sync::OnceLock::new();
     let one = ONE_THREAD.get_or_init(|| Pool::new(1));
-    let (half, rows) = (w.cols / 2, run.len());
+    let (all_rows, cols) = w.shape();
+    let (groups, rows) = (cols / GROUP_SIZE, run.len());
+    let shapes = "a run's shapes agree";
     // The run's panels are a matrix of their own in the panel layout: the whole panels before its
     // last one are full, as in `w`.
-    let panels = Int4Matrix {
-        rows,
-        cols: w.cols,
-        packed: &w.packed[run.start * half..run.end * half],
-        scales: &w.scales[run.start * groups..run.end * groups],
-        biases: &w.biases[run.start * groups..run.end * groups],
-    };
     ROW_MAJOR.with(|s| {
-        s.packed.resize(rows * half, 0);
         s.scales.resize(rows * groups, 0);
-        s.biases.resize(rows * groups, 0);
         s.out.resize(tokens * rows, 0.0);
-        int4_from_panels(panels, &mut s.packed, &mut s.scales, &mut s.biases).expect("a run's shapes agree");
-        let m = Int4Matrix { rows, cols: w.cols, packed: &s.packed, scales: &s.scales, biases: &s.biases };
-        crate::matmul_int4(isa, one, x, tokens, m, &mut s.out).expect("a run's shapes agree");
+        let sg = run.start * groups..run.end * groups;
+        match w {
+            Panels::Int4(w) => {
+                let half = cols / 2;
+                s.packed.resize(rows * half, 0);
+                s.biases.resize(rows * groups, 0);
+                let panels = Int4Matrix {
+                    rows,
+                    cols,
+                    packed: &w.packed[run.start * half..run.end * half],
+                    scales: &w.scales[sg.clone()],
+                    biases: &w.biases[sg],
+                };
+                int4_from_panels(panels, &mut s.packed, &mut s.scales, &mut s.biases).expect(shapes);
+                let m = Int4Matrix { rows, cols, packed: &s.packed, scales: &s.scales, biases: &s.biases };
+                crate::matmul_int4(isa, one, x, tokens, m, &mut s.out).expect(shapes);
+            }
+            Panels::Int8(w) => {
+                s.codes.resize(rows * cols, 0);
+                let panels =
+                    Int8Matrix { rows, cols, codes: &w.codes[run.start * cols..run.end * cols], scales: &w.scales[sg] };
+                int8_from_panels(panels, &mut s.codes, &mut s.scales).expect(shapes);
+                let m = Int8Matrix { rows, cols, codes: &s.codes, scales: &s.scales };
+                crate::matmul_int8(isa, one, x, tokens, m, &mut s.out).expect(shapes);
+            }
+        }
         for t in 0..tokens {
-            // SAFETY: these rows' columns of `out` (`[tokens, w.rows]`) are this task's alone.
-            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * w.rows + run.start), rows) };
+            // SAFETY: these rows' columns of `out` (`[tokens, all_rows]`) are this task's alone.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.0.add(t * all_rows + run.start), rows) };
             dst.copy_from_slice(&s.out[t * rows..(t + 1) * rows]);
         }
     });
 }
 
 /// Tokens laid out for the panels: per token and group of 32 activations, the int8 codes in the
-/// order a chunk's bytes meet them (for each chunk of four bytes, the four activations of their
-/// low nibbles, then the four of their high ones), the group's step, and the step times the
-/// codes' sum (the factor of the group's bias).
+/// order a chunk's bytes meet them (int4: for each chunk of four bytes, the four activations of
+/// their low nibbles, then the four of their high ones; int8: as they are), the group's step, and
+/// the step times the codes' sum (the factor of an int4 group's bias, and of the offset that
+/// makes int8 codes unsigned).
 #[derive(Default)]
 struct Prepared {
     codes: Vec<i8>,
@@ -214,7 +316,7 @@ struct Prepared {
 }
 
 impl Prepared {
-    fn fill(&mut self, x: &[f32], tokens: usize, k: usize) {
+    fn fill(&mut self, x: &[f32], tokens: usize, k: usize, int4: bool) {
         let groups = k / GROUP_SIZE;
         self.codes.resize(tokens * k, 0);
         self.steps.resize(tokens * groups, 0.0);
@@ -222,7 +324,7 @@ impl Prepared {
         for (i, src) in x.chunks_exact(GROUP_SIZE).enumerate() {
             let dst = &mut self.codes[i * GROUP_SIZE..(i + 1) * GROUP_SIZE];
             // SAFETY: only called on the VNNI path, which the CPU supports.
-            let (step, total) = unsafe { x86::round_group(src, dst) };
+            let (step, total) = unsafe { x86::round_group(src, dst, int4) };
             self.steps[i] = step;
             self.sums[i] = step * total as f32;
         }
@@ -237,35 +339,30 @@ const TOKEN_BLOCK: usize = 8;
 /// Rows `run` of the product, on the VNNI path.
 ///
 /// # Safety
-/// AVX-512 VNNI; `prepared` laid out for `tokens` tokens of `w.cols` columns; `run` starts on a
-/// panel; these rows' columns of `out` (`[tokens, w.rows]`) are the caller's alone.
-unsafe fn vnni_run(
-    prepared: &Prepared,
-    tokens: usize,
-    w: &Int4Matrix<'_>,
-    groups: usize,
-    run: std::ops::Range<usize>,
-    out: &SendPtr,
-) {
+/// AVX-512 VNNI; `prepared` laid out for `tokens` tokens of `w`'s columns and format; `run`
+/// starts on a panel; these rows' columns of `out` (`[tokens, rows]`) are the caller's alone.
+unsafe fn vnni_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::ops::Range<usize>, out: &SendPtr) {
+    let (rows, cols) = w.shape();
+    let groups = cols / GROUP_SIZE;
     for row0 in run.clone().step_by(PANEL_ROWS) {
-        let width = PANEL_ROWS.min(w.rows - row0);
+        let width = PANEL_ROWS.min(rows - row0);
         for first in (0..tokens).step_by(TOKEN_BLOCK) {
             let count = TOKEN_BLOCK.min(tokens - first);
             let block = x86::Block {
-                codes: prepared.codes[first * w.cols..].as_ptr(),
+                codes: prepared.codes[first * cols..].as_ptr(),
                 steps: prepared.steps[first * groups..].as_ptr(),
                 sums: prepared.sums[first * groups..].as_ptr(),
-                cols: w.cols,
+                cols,
             };
             // SAFETY: as this function's; `block` holds `count` tokens from `first`.
-            unsafe { x86::panel(count, &block, w, row0, width, out.0.add(first * w.rows), w.rows) };
+            unsafe { x86::panel(count, &block, w, row0, width, out.0.add(first * rows), rows) };
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Int4Matrix, CHUNK, GROUP_BYTES, GROUP_SIZE, PANEL_ROWS};
+    use super::{Int4Matrix, Int8Matrix, Panels, CHUNK, GROUP_BYTES, GROUP_SIZE, PANEL_ROWS};
     use std::arch::x86_64::*;
 
     /// A block of prepared tokens: token `t`'s codes from `codes + t * cols`, its steps and sums
@@ -277,22 +374,27 @@ mod x86 {
         pub cols: usize,
     }
 
-    /// Rounds one group (32 values) to int8 codes in the panels' order (see [`super::Prepared`]);
-    /// returns its step and the codes' sum.
+    /// Rounds one group (32 values) to int8 codes in the panels' order for int4 weights when
+    /// `int4`, else as they are (see [`super::Prepared`]); returns its step and the codes' sum.
     ///
     /// # Safety
     /// AVX-512F, BW and VL.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    pub unsafe fn round_group(src: &[f32], dst: &mut [i8]) -> (f32, i32) {
+    pub unsafe fn round_group(src: &[f32], dst: &mut [i8], int4: bool) -> (f32, i32) {
         debug_assert!(src.len() == GROUP_SIZE && dst.len() == GROUP_SIZE);
         let (step, lo, hi) = crate::q8::x86::round_group(src);
-        // Output byte 8c + 4h + j is element 8c + 2j + h: per chunk c, the even elements (low
-        // nibbles) and then the odd ones (high nibbles). Indices from 16 select `hi`.
-        let first = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-        let second = _mm512_add_epi32(first, _mm512_set1_epi32(16));
         let p = dst.as_mut_ptr() as *mut __m128i;
-        _mm_storeu_si128(p, _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(lo, first, hi)));
-        _mm_storeu_si128(p.add(1), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(lo, second, hi)));
+        if int4 {
+            // Output byte 8c + 4h + j is element 8c + 2j + h: per chunk c, the even elements (low
+            // nibbles) and then the odd ones (high nibbles). Indices from 16 select `hi`.
+            let first = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
+            let second = _mm512_add_epi32(first, _mm512_set1_epi32(16));
+            _mm_storeu_si128(p, _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(lo, first, hi)));
+            _mm_storeu_si128(p.add(1), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(lo, second, hi)));
+        } else {
+            _mm_storeu_si128(p, _mm512_cvtepi32_epi8(lo));
+            _mm_storeu_si128(p.add(1), _mm512_cvtepi32_epi8(hi));
+        }
         (step, _mm512_reduce_add_epi32(_mm512_add_epi32(lo, hi)))
     }
 
@@ -300,13 +402,13 @@ mod x86 {
     /// `out[t * stride + row0 + r]`.
     ///
     /// # Safety
-    /// AVX-512 VNNI; `row0` starts a panel of `w`; `block` holds `count` prepared tokens of
-    /// `w.cols` columns; `out` valid for those elements.
+    /// AVX-512 VNNI; `row0` starts a panel of `w`; `block` holds `count` tokens prepared for `w`'s
+    /// columns and format; `out` valid for those elements.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     pub unsafe fn panel(
         count: usize,
         block: &Block,
-        w: &Int4Matrix<'_>,
+        w: Panels<'_>,
         row0: usize,
         width: usize,
         out: *mut f32,
@@ -314,17 +416,35 @@ mod x86 {
     ) {
         macro_rules! by_count {
             ($($r:literal),+) => {
-                match count {
-                    $($r => panel_tokens::<$r>(block, w, row0, width, out, stride),)+
-                    other => unreachable!("a token block of {other} tokens"),
+                match (count, w) {
+                    $(($r, Panels::Int4(w)) => int4_panel::<$r>(block, w, row0, width, out, stride),)+
+                    $(($r, Panels::Int8(w)) => int8_panel::<$r>(block, w, row0, width, out, stride),)+
+                    (other, _) => unreachable!("a token block of {other} tokens"),
                 }
             };
         }
         by_count!(1, 2, 3, 4, 5, 6, 7, 8)
     }
 
+    /// The lanes of a panel of `width` rows, and the bytes of one of its chunks.
+    fn masks(width: usize) -> (__mmask16, __mmask64) {
+        if width == PANEL_ROWS {
+            (!0, !0)
+        } else {
+            ((1 << width) - 1, (1 << (CHUNK * width)) - 1)
+        }
+    }
+
+    /// Asks for the `lines` cache lines of a group's codes a little ahead.
+    #[inline(always)]
+    unsafe fn prefetch(group: *const i8, lines: usize) {
+        for l in 0..lines {
+            _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD + 64 * l));
+        }
+    }
+
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn panel_tokens<const R: usize>(
+    unsafe fn int4_panel<const R: usize>(
         block: &Block,
         w: &Int4Matrix<'_>,
         row0: usize,
@@ -336,16 +456,12 @@ mod x86 {
         let bytes = w.packed.as_ptr().add(row0 * w.cols / 2) as *const i8;
         let scales = w.scales.as_ptr().add(row0 * groups) as *const i16;
         let biases = w.biases.as_ptr().add(row0 * groups) as *const i16;
-        let lanes: __mmask16 = if width == PANEL_ROWS { !0 } else { (1 << width) - 1 };
-        let chunk_bytes: __mmask64 = if width == PANEL_ROWS { !0 } else { (1 << (CHUNK * width)) - 1 };
+        let (lanes, chunk_bytes) = masks(width);
         let nibble = _mm512_set1_epi8(0x0f);
         let mut acc = [_mm512_setzero_ps(); R];
         for g in 0..groups {
             let group = bytes.add(g * GROUP_BYTES * width);
-            _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD));
-            _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD + 64));
-            _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD + 128));
-            _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD + 192));
+            prefetch(group, 4);
             let v: [__m512i; 4] =
                 std::array::from_fn(|c| _mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * CHUNK * width)));
             let lo: [__m512i; 4] = std::array::from_fn(|c| _mm512_and_si512(v[c], nibble));
@@ -355,11 +471,9 @@ mod x86 {
             for (t, acc) in acc.iter_mut().enumerate() {
                 let a = block.codes.add(t * block.cols + g * GROUP_SIZE) as *const i32;
                 // Two chains of four: the even elements' products and the odd ones'.
-                let mut even =
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), lo[0], _mm512_set1_epi32(a.read_unaligned()));
-                let mut odd =
-                    _mm512_dpbusd_epi32(_mm512_setzero_si512(), hi[0], _mm512_set1_epi32(a.add(1).read_unaligned()));
-                for c in 1..4 {
+                let mut even = _mm512_setzero_si512();
+                let mut odd = _mm512_setzero_si512();
+                for c in 0..4 {
                     even = _mm512_dpbusd_epi32(even, lo[c], _mm512_set1_epi32(a.add(2 * c).read_unaligned()));
                     odd = _mm512_dpbusd_epi32(odd, hi[c], _mm512_set1_epi32(a.add(2 * c + 1).read_unaligned()));
                 }
@@ -373,11 +487,55 @@ mod x86 {
             _mm512_mask_storeu_ps(out.add(t * stride + row0), lanes, acc);
         }
     }
+
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn int8_panel<const R: usize>(
+        block: &Block,
+        w: &Int8Matrix<'_>,
+        row0: usize,
+        width: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let groups = w.cols / GROUP_SIZE;
+        let codes = w.codes.as_ptr().add(row0 * w.cols);
+        let scales = w.scales.as_ptr().add(row0 * groups) as *const i16;
+        let (lanes, chunk_bytes) = masks(width);
+        let offset = _mm512_set1_epi8(-128);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for g in 0..groups {
+            let group = codes.add(g * GROUP_SIZE * width);
+            prefetch(group, 8);
+            // The codes as unsigned bytes, code + 128; the products of the 128 are taken back
+            // through the activations' sum below.
+            let v: [__m512i; 8] = std::array::from_fn(|c| {
+                _mm512_xor_si512(_mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * CHUNK * width)), offset)
+            });
+            let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, scales.add(g * width)));
+            let minus_128_s = _mm512_mul_ps(s, _mm512_set1_ps(-128.0));
+            for (t, acc) in acc.iter_mut().enumerate() {
+                let a = block.codes.add(t * block.cols + g * GROUP_SIZE) as *const i32;
+                let mut first = _mm512_setzero_si512();
+                let mut second = _mm512_setzero_si512();
+                for c in 0..4 {
+                    first = _mm512_dpbusd_epi32(first, v[c], _mm512_set1_epi32(a.add(c).read_unaligned()));
+                    second = _mm512_dpbusd_epi32(second, v[c + 4], _mm512_set1_epi32(a.add(c + 4).read_unaligned()));
+                }
+                let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(first, second));
+                let at = t * groups + g;
+                *acc = _mm512_fmadd_ps(sums, _mm512_mul_ps(s, _mm512_set1_ps(*block.steps.add(at))), *acc);
+                *acc = _mm512_fmadd_ps(minus_128_s, _mm512_set1_ps(*block.sums.add(at)), *acc);
+            }
+        }
+        for (t, acc) in acc.into_iter().enumerate() {
+            _mm512_mask_storeu_ps(out.add(t * stride + row0), lanes, acc);
+        }
+    }
 }
 
 #[cfg(not(target_arch = "x86_64"))]
 mod x86 {
-    use super::Int4Matrix;
+    use super::Panels;
 
     pub struct Block {
         pub codes: *const i8,
@@ -385,10 +543,10 @@ mod x86 {
         pub sums: *const f32,
         pub cols: usize,
     }
-    pub unsafe fn round_group(_: &[f32], _: &mut [i8]) -> (f32, i32) {
+    pub unsafe fn round_group(_: &[f32], _: &mut [i8], _: bool) -> (f32, i32) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
-    pub unsafe fn panel(_: usize, _: &Block, _: &Int4Matrix<'_>, _: usize, _: usize, _: *mut f32, _: usize) {
+    pub unsafe fn panel(_: usize, _: &Block, _: Panels<'_>, _: usize, _: usize, _: *mut f32, _: usize) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
 }

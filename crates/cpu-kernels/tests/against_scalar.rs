@@ -372,11 +372,16 @@ fn int8_activation_products_match_scalar_over_rounded_activations() {
                 (vec![0u8; packed.len()], vec![0u16; scales.len()], vec![0u16; biases.len()]);
             cpu_kernels::int4_to_panels(w4, &mut pp, &mut ps, &mut pb).unwrap();
             let panels = Int4Matrix { rows: n, cols: k, packed: &pp, scales: &ps, biases: &pb };
+            let (mut pc, mut ps8) = (vec![0i8; codes.len()], vec![0u16; scales.len()]);
+            cpu_kernels::int8_to_panels(w8, &mut pc, &mut ps8).unwrap();
+            let panels8 = Int8Matrix { rows: n, cols: k, codes: &pc, scales: &ps8 };
             for isa in Isa::supported() {
                 let mut out4 = vec![f32::NAN; tokens * n];
                 cpu_kernels::matmul_int4_q8(isa, &pool, &x, tokens, w4, &mut out4).unwrap();
                 let mut outp = vec![f32::NAN; tokens * n];
                 cpu_kernels::matmul_int4_panels_q8(isa, &pool, &x, tokens, panels, &mut outp).unwrap();
+                let mut outp8 = vec![f32::NAN; tokens * n];
+                cpu_kernels::matmul_int8_panels_q8(isa, &pool, &x, tokens, panels8, &mut outp8).unwrap();
                 let mut out8 = vec![f32::NAN; tokens * n];
                 cpu_kernels::matmul_int8_q8(isa, &pool, &x, tokens, w8, &mut out8).unwrap();
                 for t in 0..tokens {
@@ -402,6 +407,7 @@ fn int8_activation_products_match_scalar_over_rounded_activations() {
                         for (kind, got, want, magnitude) in [
                             ("int4", out4[t * n + row], want4, magnitude4),
                             ("int4 panels", outp[t * n + row], want4, magnitude4),
+                            ("int8 panels", outp8[t * n + row], want8, magnitude8),
                             ("int8", out8[t * n + row], want8, magnitude8),
                         ] {
                             assert!(
@@ -445,7 +451,25 @@ fn int4_panels_are_their_layout_and_round_trip() {
         let panels = Int4Matrix { rows: n, cols: k, packed: &pp, scales: &ps, biases: &pb };
         let (mut rp, mut rs, mut rb) = (vec![0u8; packed.len()], vec![0u16; scales.len()], vec![0u16; biases.len()]);
         cpu_kernels::int4_from_panels(panels, &mut rp, &mut rs, &mut rb).unwrap();
-        assert_eq!((rp, rs, rb), (packed, scales, biases));
+        assert_eq!((rp, rs, rb), (packed, scales.clone(), biases));
+        // int8: chunk c of group g (32 codes) at 16 p k + 32 w g + 4 w c + 4 r.
+        let codes: Vec<i8> = (0..n * k).map(|_| rng.next() as i8).collect();
+        let w8 = Int8Matrix { rows: n, cols: k, codes: &codes, scales: &scales };
+        let (mut pc, mut ps) = (vec![0i8; codes.len()], vec![0u16; scales.len()]);
+        cpu_kernels::int8_to_panels(w8, &mut pc, &mut ps).unwrap();
+        for row in 0..n {
+            let (p, r) = (row / 16, row % 16);
+            let width = 16.min(n - 16 * p);
+            for i in 0..k {
+                let (g, c, j) = (i / 32, i % 32 / 4, i % 4);
+                let at = 16 * p * k + 32 * width * g + 4 * width * c + 4 * r + j;
+                assert_eq!(pc[at], codes[row * k + i], "int8 [{n}x{k}] row {row} code {i}");
+            }
+        }
+        let panels8 = Int8Matrix { rows: n, cols: k, codes: &pc, scales: &ps };
+        let (mut rc, mut rs8) = (vec![0i8; codes.len()], vec![0u16; scales.len()]);
+        cpu_kernels::int8_from_panels(panels8, &mut rc, &mut rs8).unwrap();
+        assert_eq!((rc, rs8), (codes, scales));
     }
 }
 
