@@ -19,7 +19,7 @@ use cpu_kernels::pool::Pool;
 use cpu_kernels::{
     Activations, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights,
 };
-use graph_engine::linear_kernels::format::{F16, INT4, INT4_PANELS};
+use graph_engine::linear_kernels::format::{F16, INT4, INT4_PANELS, INT8_PANELS};
 use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
 use graph_engine::linear_kernels::{linear_entry, LinearEntry};
 use llama_model::home;
@@ -228,7 +228,7 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                 p.word(result + 1, 3),
                 p.word(result + 1, 4),
             );
-            if FORMAT == INT4_PANELS && row0 % cpu_kernels::PANEL_ROWS != 0 {
+            if (FORMAT == INT4_PANELS || FORMAT == INT8_PANELS) && row0 % cpu_kernels::PANEL_ROWS != 0 {
                 // A share that starts inside a panel cannot be sliced out of it.
                 return false;
             }
@@ -266,15 +266,18 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                         _ => LinearWeights::Int4(m, Activations::int8_when(Q8)),
                     }
                 }
-                _ => LinearWeights::Int8(
-                    Int8Matrix {
+                _ => {
+                    let m = Int8Matrix {
                         rows: count,
                         cols: k,
                         codes: &p.operand::<i8>(w, n * k)[row0 * k..(row0 + count) * k],
                         scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
-                    },
-                    Activations::int8_when(Q8),
-                ),
+                    };
+                    match FORMAT {
+                        INT8_PANELS => LinearWeights::Int8Panels(m),
+                        _ => LinearWeights::Int8(m, Activations::int8_when(Q8)),
+                    }
+                }
             };
             let residual = RESIDUAL.then(|| p.operand::<f32>(w + weight_operands, tokens * n));
             let out = p.operand_mut::<f32>(result);

@@ -12,7 +12,7 @@ use cpu_kernels::pool::Pool;
 use cpu_kernels::{
     Activations, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights,
 };
-use graph_engine::linear_kernels::format::{INT4, INT4_PANELS, INT8};
+use graph_engine::linear_kernels::format::{INT4, INT4_PANELS, INT8, INT8_PANELS};
 use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
 use graph_engine::linear_kernels::{linear_entry, LinearEntry};
 use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError};
@@ -141,11 +141,15 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
             let first_weight = frame.arg(next)?;
             let (n, _) = rows_cols(first_weight, "weights")?;
             let groups = k / cpu_kernels::GROUP_SIZE;
-            let weights = if FORMAT == INT8 {
+            let weights = if FORMAT == INT8 || FORMAT == INT8_PANELS {
                 let codes = elements::<i8>(first_weight, dtype::S8, &[n, k], "int8 codes")?;
                 let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
                 next += 2;
-                LinearWeights::Int8(Int8Matrix { rows: n, cols: k, codes, scales }, Activations::int8_when(Q8))
+                let w = Int8Matrix { rows: n, cols: k, codes, scales };
+                match FORMAT {
+                    INT8_PANELS => LinearWeights::Int8Panels(w),
+                    _ => LinearWeights::Int8(w, Activations::int8_when(Q8)),
+                }
             } else if FORMAT == INT4 || FORMAT == INT4_PANELS {
                 let packed_ty = if first_weight.dtype == dtype::U8 { dtype::U8 } else { dtype::S8 };
                 let packed = elements::<u8>(first_weight, packed_ty, &[n, k / 2], "packed weights")?;

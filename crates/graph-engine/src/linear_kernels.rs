@@ -7,16 +7,18 @@
 //! runtime says what an instance is through [`LinearEntry`].
 
 use llama_model::MatrixFormat;
-use stablehlo_llama::{Int4Order, KernelActivations, KernelInput, LinearTarget};
+use stablehlo_llama::{KernelActivations, KernelInput, LinearTarget, MatrixOrder};
 
 /// `FORMAT` of an instance: the weight format.
 pub mod format {
     pub const F16: u8 = 0;
     pub const INT4: u8 = 1;
     pub const INT8: u8 = 2;
-    /// int4 in panels of 16 rows (`stablehlo_llama::Int4Order::Panels`): always with int8
+    /// int4 in panels of 16 rows (`stablehlo_llama::MatrixOrder::Panels`): always with int8
     /// activations.
     pub const INT4_PANELS: u8 = 3;
+    /// int8 in panels of 16 rows: always with int8 activations.
+    pub const INT8_PANELS: u8 = 4;
 }
 
 /// `INPUT` of an instance: what the kernel reads before its product
@@ -55,11 +57,12 @@ pub fn linear_entry<E: LinearEntry>(target: &LinearTarget) -> E::Entry {
     use KernelActivations::{Exact, Int8};
     match (format, activations, order) {
         (MatrixFormat::F16, ..) => of::<E, { format::F16 }, false>(input, residual),
-        (MatrixFormat::Int4, Int8, Int4Order::Panels) => of::<E, { format::INT4_PANELS }, true>(input, residual),
+        (MatrixFormat::Int4, Int8, MatrixOrder::Panels) => of::<E, { format::INT4_PANELS }, true>(input, residual),
         (MatrixFormat::Int4, Exact, _) => of::<E, { format::INT4 }, false>(input, residual),
-        (MatrixFormat::Int4, Int8, Int4Order::RowMajor) => of::<E, { format::INT4 }, true>(input, residual),
+        (MatrixFormat::Int4, Int8, MatrixOrder::RowMajor) => of::<E, { format::INT4 }, true>(input, residual),
+        (MatrixFormat::Int8, Int8, MatrixOrder::Panels) => of::<E, { format::INT8_PANELS }, true>(input, residual),
         (MatrixFormat::Int8, Exact, _) => of::<E, { format::INT8 }, false>(input, residual),
-        (MatrixFormat::Int8, Int8, _) => of::<E, { format::INT8 }, true>(input, residual),
+        (MatrixFormat::Int8, Int8, MatrixOrder::RowMajor) => of::<E, { format::INT8 }, true>(input, residual),
     }
 }
 
@@ -83,14 +86,15 @@ mod tests {
             let (f, i, r, q8) = linear_entry::<Names>(&target);
             let want = match (target.format, target.order) {
                 (MatrixFormat::F16, _) => format::F16,
-                (MatrixFormat::Int4, Int4Order::Panels) => format::INT4_PANELS,
-                (MatrixFormat::Int4, Int4Order::RowMajor) => format::INT4,
-                (MatrixFormat::Int8, _) => format::INT8,
+                (MatrixFormat::Int4, MatrixOrder::Panels) => format::INT4_PANELS,
+                (MatrixFormat::Int4, MatrixOrder::RowMajor) => format::INT4,
+                (MatrixFormat::Int8, MatrixOrder::Panels) => format::INT8_PANELS,
+                (MatrixFormat::Int8, MatrixOrder::RowMajor) => format::INT8,
             };
             let rounds = target.activations == KernelActivations::Int8;
             assert_eq!((f, r, q8), (want, target.residual, rounds), "{target:?}");
             assert!(seen.insert((f, i, r, q8)), "{target:?}");
         }
-        assert_eq!(seen.len(), 36);
+        assert_eq!(seen.len(), 42);
     }
 }

@@ -59,37 +59,39 @@ pub enum WeightPart {
     /// A dense matrix transposed to `[cols, rows]` (linear weights, and a tied embedding table).
     DenseTransposed,
     /// int4 packed nibbles `[rows, cols / 2]`, in the given order.
-    Int4Packed(Int4Order),
+    Int4Packed(MatrixOrder),
     /// int4 scales `[rows, cols / 32]`, in the given order.
-    Int4Scales(Int4Order),
+    Int4Scales(MatrixOrder),
     /// int4 biases `[rows, cols / 32]`, in the given order.
-    Int4Biases(Int4Order),
-    /// int8 codes `[rows, cols]`.
-    Int8Codes,
-    /// int8 scales `[rows, cols / 32]`.
-    Int8Scales,
+    Int4Biases(MatrixOrder),
+    /// int8 codes `[rows, cols]`, in the given order.
+    Int8Codes(MatrixOrder),
+    /// int8 scales `[rows, cols / 32]`, in the given order.
+    Int8Scales(MatrixOrder),
 }
 
-/// How an int4 matrix's bytes, scales and biases are ordered (their shapes are the same).
+/// How a quantized (int4 or int8) matrix's codes and per-group values are ordered (their shapes
+/// are the same either way).
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
-pub enum Int4Order {
-    /// seam's format as stored: row after row.
+pub enum MatrixOrder {
+    /// seam's formats as stored: row after row.
     #[default]
     RowMajor,
-    /// Panels of 16 rows (`cpu_kernels::int4_to_panels`, ADR 0025): what the kernels' products
-    /// over int8 activations read fastest; only seam's kernels read it, never a graph's own ops.
+    /// Panels of 16 rows (`cpu_kernels::int4_to_panels`, `int8_to_panels`, ADR 0025): what the
+    /// kernels' products over int8 activations read fastest. Only seam's kernels multiply them; the
+    /// graphs gather an int8 embedding's rows from them.
     Panels,
 }
 
 /// How the graphs' weight arguments are laid out: which matrices of an int4 model are int8, how
-/// the fp16 format's matrices are stored and ordered, and how the layers' int4 matrices are
-/// ordered. The default is the pure-StableHLO graphs' ([`weight_args`]).
+/// the fp16 format's matrices are stored and ordered, and how the quantized matrices are ordered
+/// ([`weight_args_with`]). The default is the pure-StableHLO graphs' ([`weight_args`]).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct ArgLayout {
     pub int4: Int4Layout,
     pub dense: StorageDtype,
     pub dense_layout: DenseLayout,
-    pub int4_order: Int4Order,
+    pub matrix_order: MatrixOrder,
 }
 
 impl Default for ArgLayout {
@@ -98,7 +100,7 @@ impl Default for ArgLayout {
             int4: Int4Layout::DEFAULT,
             dense: StorageDtype::F16,
             dense_layout: DenseLayout::Transposed,
-            int4_order: Int4Order::RowMajor,
+            matrix_order: MatrixOrder::RowMajor,
         }
     }
 }
@@ -158,11 +160,12 @@ pub enum DenseLayout {
 }
 
 /// [`weight_args`] laid out as `layout`: an int4 model's matrices as `layout.int4`, the fp16
-/// format's matrices uploaded as `layout.dense` in `layout.dense_layout`, and the decoder layers'
-/// int4 matrices ordered as `layout.int4_order` (the embedding and the head stay row-major: the
-/// graphs gather the embedding's rows).
+/// format's matrices uploaded as `layout.dense` in `layout.dense_layout`, and ordered as
+/// `layout.matrix_order`: the decoder layers' int4 matrices, and every int8 matrix whose rows
+/// fill whole panels (an int4 embedding or head stays row-major: the graphs gather an int4
+/// embedding's rows only from that order).
 pub fn weight_args_with(config: &LlamaConfig, format: WeightFormat, layout: ArgLayout) -> Vec<WeightArg> {
-    let ArgLayout { int4, dense, dense_layout: layout, int4_order: order } = layout;
+    let ArgLayout { int4, dense, dense_layout: layout, matrix_order: order } = layout;
     let int4 = int4.normalized(config.tie_word_embeddings);
     let mut out = Vec::new();
     for spec in expected_tensors(config) {
@@ -197,22 +200,25 @@ pub fn weight_args_with(config: &LlamaConfig, format: WeightFormat, layout: ArgL
                         }
                     }
                     WeightFormat::Int4 if int4.of(&spec.name) == MatrixFormat::Int8 => {
+                        // Panels only of whole panels: the graphs gather an embedding's rows
+                        // from a `[rows / 16, cols / 4, 16, 4]` view of them.
+                        let order = if rows % 16 == 0 { order } else { MatrixOrder::RowMajor };
                         out.push(WeightArg {
                             name: format!("{}.qweight", spec.name),
                             shape: vec![rows, cols],
                             dtype: ArgDtype::I8,
-                            part: WeightPart::Int8Codes,
+                            part: WeightPart::Int8Codes(order),
                         });
                         out.push(WeightArg {
                             name: format!("{}.scales", spec.name),
                             shape: vec![rows, cols / GROUP_SIZE],
                             dtype: ArgDtype::F16,
-                            part: WeightPart::Int8Scales,
+                            part: WeightPart::Int8Scales(order),
                         });
                     }
                     WeightFormat::Int4 => {
                         let groups = cols / GROUP_SIZE;
-                        let order = if layer_of(&spec.name).is_some() { order } else { Int4Order::RowMajor };
+                        let order = if layer_of(&spec.name).is_some() { order } else { MatrixOrder::RowMajor };
                         out.push(WeightArg {
                             name: format!("{}.qweight", spec.name),
                             shape: vec![rows, cols / 2],
@@ -422,9 +428,19 @@ fn visit_host_args(
                             message: format!("int8 [{}, {}] does not fit argument {:?}", q.rows, q.cols, codes.shape),
                         });
                     }
-                    each(HostArg { spec: codes, bytes: bytemuck::cast_slice(&q.codes).to_vec() })?;
                     let scales = next(&name)?;
-                    each(HostArg { spec: scales, bytes: f16_slice_bytes(&q.scales) })?;
+                    if codes.part == WeightPart::Int8Codes(MatrixOrder::Panels) {
+                        let bits: Vec<u16> = q.scales.iter().map(|x| x.to_bits()).collect();
+                        let (mut c, mut s) = (vec![0i8; q.codes.len()], vec![0u16; groups]);
+                        let w = cpu_kernels::Int8Matrix { rows: q.rows, cols: q.cols, codes: &q.codes, scales: &bits };
+                        cpu_kernels::int8_to_panels(w, &mut c, &mut s)
+                            .map_err(|e| GraphError::Weight { name: name.clone(), message: e.to_string() })?;
+                        each(HostArg { spec: codes, bytes: bytemuck::cast_slice(&c).to_vec() })?;
+                        each(HostArg { spec: scales, bytes: bytemuck::cast_slice(&s).to_vec() })?;
+                    } else {
+                        each(HostArg { spec: codes, bytes: bytemuck::cast_slice(&q.codes).to_vec() })?;
+                        each(HostArg { spec: scales, bytes: f16_slice_bytes(&q.scales) })?;
+                    }
                 }
                 (Matrix::Int4(q), WeightFormat::Int4) if int4.of(&name) == MatrixFormat::Int4 => {
                     let packed = next(&name)?;
@@ -442,7 +458,7 @@ fn visit_host_args(
                         });
                     }
                     let (scales, biases) = (next(&name)?, next(&name)?);
-                    if packed.part == WeightPart::Int4Packed(Int4Order::Panels) {
+                    if packed.part == WeightPart::Int4Packed(MatrixOrder::Panels) {
                         let (mut p, mut s, mut b) = (vec![0u8; q.packed.len()], vec![0u16; groups], vec![0u16; groups]);
                         let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
                         let (qs, qb) = (bits(&q.scales), bits(&q.biases));
@@ -625,13 +641,19 @@ mod tests {
         assert_eq!(int4[0].name, "model.embed_tokens.weight.qweight");
         assert_eq!((int4[0].shape.clone(), int4[0].dtype), (vec![256, 32], ArgDtype::I8));
         assert_eq!((int4[1].shape.clone(), int4[1].dtype), (vec![256, 2], ArgDtype::F16));
-        assert_eq!(int4[2].part, WeightPart::Int4Biases(Int4Order::RowMajor));
+        assert_eq!(int4[2].part, WeightPart::Int4Biases(MatrixOrder::RowMajor));
         // The default layout: the embedding and the head as int8 codes and scales.
         let default = weight_args(&c, WeightFormat::Int4);
         assert_eq!(default.len(), int4.len() - 2);
         assert_eq!(default[0].name, "model.embed_tokens.weight.qweight");
-        assert_eq!((default[0].shape.clone(), default[0].part), (vec![256, 64], WeightPart::Int8Codes));
-        assert_eq!((default[1].shape.clone(), default[1].part), (vec![256, 2], WeightPart::Int8Scales));
+        assert_eq!(
+            (default[0].shape.clone(), default[0].part),
+            (vec![256, 64], WeightPart::Int8Codes(MatrixOrder::RowMajor))
+        );
+        assert_eq!(
+            (default[1].shape.clone(), default[1].part),
+            (vec![256, 2], WeightPart::Int8Scales(MatrixOrder::RowMajor))
+        );
         assert_eq!(default.last().unwrap().name, "lm_head.weight.scales");
         // Tied embeddings: no LM head argument, and the table is transposed (it is the LM head).
         let tied = weight_args(&tiny_llama32_config(), WeightFormat::F16);
@@ -727,7 +749,10 @@ mod tests {
         // int8 embed (2 parts), 2 norms + 7 int4 matrices x 3 parts per layer kind, final norm,
         // int8 LM head (2).
         assert_eq!(stacked.len(), 2 + 2 + 7 * 3 + 1 + 2);
-        assert_eq!((stacked[0].part, stacked[1].part), (WeightPart::Int8Codes, WeightPart::Int8Scales));
+        assert_eq!(
+            (stacked[0].part, stacked[1].part),
+            (WeightPart::Int8Codes(MatrixOrder::RowMajor), WeightPart::Int8Scales(MatrixOrder::RowMajor))
+        );
         assert_eq!(stacked[0].shape, vec![c.vocab_size, c.hidden_size]);
         assert_eq!(stacked[2].name, "model.layers.*.input_layernorm.weight");
         assert_eq!(stacked[2].shape, vec![c.num_hidden_layers, c.hidden_size]);

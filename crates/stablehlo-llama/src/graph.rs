@@ -28,7 +28,7 @@
 //! arguments (`k_cache_l f16[KVH, D, C], v_cache_l f16[KVH, C, D]` for `l` in `0..L`, in place of
 //! the two stacked ones, returned in the same order after the token).
 
-use crate::arguments::{graph_weight_args, Int4Order, StorageDtype, WeightArg, WeightPart};
+use crate::arguments::{graph_weight_args, MatrixOrder, StorageDtype, WeightArg, WeightPart};
 use crate::error::GraphError;
 use crate::mlir::{arg, Cmp, Elem, FnArg, FnBuilder, Reduction, Ty, Val};
 use llama_model::int4::GROUP_SIZE;
@@ -122,7 +122,7 @@ pub fn linear_target(
     input: KernelInput,
     residual: bool,
     activations: KernelActivations,
-    order: Int4Order,
+    order: MatrixOrder,
 ) -> String {
     let input = match input {
         KernelInput::Rows => "",
@@ -135,7 +135,7 @@ pub fn linear_target(
         _ => "",
     };
     let panels = match (format, order) {
-        (MatrixFormat::Int4, Int4Order::Panels) => "p",
+        (MatrixFormat::Int4 | MatrixFormat::Int8, MatrixOrder::Panels) => "p",
         _ => "",
     };
     format!("seam_linear_{format}{panels}{activations}{input}{residual}")
@@ -154,20 +154,22 @@ pub struct LinearTarget {
     pub residual: bool,
     /// How an int4 or int8 product takes its activations (always exact for f16 weights).
     pub activations: KernelActivations,
-    /// How an int4 matrix is ordered (panels only with int8 activations; row-major otherwise).
-    pub order: Int4Order,
+    /// How an int4 or int8 matrix is ordered (panels only with int8 activations; row-major
+    /// otherwise).
+    pub order: MatrixOrder,
 }
 
 /// Every linear target a runtime registers.
 pub fn linear_targets() -> Vec<LinearTarget> {
     let mut out = Vec::new();
     for (format, activations, order) in [
-        (MatrixFormat::F16, KernelActivations::Exact, Int4Order::RowMajor),
-        (MatrixFormat::Int4, KernelActivations::Exact, Int4Order::RowMajor),
-        (MatrixFormat::Int4, KernelActivations::Int8, Int4Order::RowMajor),
-        (MatrixFormat::Int4, KernelActivations::Int8, Int4Order::Panels),
-        (MatrixFormat::Int8, KernelActivations::Exact, Int4Order::RowMajor),
-        (MatrixFormat::Int8, KernelActivations::Int8, Int4Order::RowMajor),
+        (MatrixFormat::F16, KernelActivations::Exact, MatrixOrder::RowMajor),
+        (MatrixFormat::Int4, KernelActivations::Exact, MatrixOrder::RowMajor),
+        (MatrixFormat::Int4, KernelActivations::Int8, MatrixOrder::RowMajor),
+        (MatrixFormat::Int4, KernelActivations::Int8, MatrixOrder::Panels),
+        (MatrixFormat::Int8, KernelActivations::Exact, MatrixOrder::RowMajor),
+        (MatrixFormat::Int8, KernelActivations::Int8, MatrixOrder::RowMajor),
+        (MatrixFormat::Int8, KernelActivations::Int8, MatrixOrder::Panels),
     ] {
         for input in [KernelInput::Rows, KernelInput::RmsNorm, KernelInput::SwiGlu] {
             for residual in [false, true] {
@@ -268,16 +270,17 @@ impl GraphOptions {
             int4: self.int4_layout,
             dense: self.dense,
             dense_layout: self.dense_layout(),
-            int4_order: self.int4_order(),
+            matrix_order: self.matrix_order(),
         }
     }
 
-    /// How the decoder layers' int4 matrices are ordered: in panels of 16 rows when the kernels
-    /// take every call with int8 activations (the only reader of that order), else row-major.
-    pub fn int4_order(&self) -> Int4Order {
+    /// How the quantized matrices are ordered (`crate::weight_args_with` says which): in panels
+    /// of 16 rows when the kernels take every call with int8 activations (the only products that
+    /// read that order), else row-major.
+    pub fn matrix_order(&self) -> MatrixOrder {
         match self.host_kernels {
-            Some(k) if k.activations == KernelActivations::Int8 && k.max_tokens == usize::MAX => Int4Order::Panels,
-            _ => Int4Order::RowMajor,
+            Some(k) if k.activations == KernelActivations::Int8 && k.max_tokens == usize::MAX => MatrixOrder::Panels,
+            _ => MatrixOrder::RowMajor,
         }
     }
 
@@ -483,7 +486,7 @@ enum MatrixArg {
         dequantize_from: usize,
         kernel: bool,
         activations: KernelActivations,
-        order: Int4Order,
+        order: MatrixOrder,
     },
     Int8 {
         codes: Val,
@@ -491,6 +494,7 @@ enum MatrixArg {
         dequantize_from: usize,
         kernel: bool,
         activations: KernelActivations,
+        order: MatrixOrder,
     },
 }
 
@@ -526,7 +530,7 @@ impl Weights {
                     order,
                 }
             }
-            WeightPart::Int8Codes => {
+            WeightPart::Int8Codes(order) => {
                 self.next += 2;
                 MatrixArg::Int8 {
                     codes: self.vals[i].clone(),
@@ -534,6 +538,7 @@ impl Weights {
                     dequantize_from: self.dequantize_from,
                     kernel: self.kernels,
                     activations: self.activations,
+                    order,
                 }
             }
             other => unreachable!("argument order of weight_args: {other:?} where a matrix starts"),
@@ -553,13 +558,15 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
         MatrixArg::Dense { kernel: true, .. }
         | MatrixArg::Int4 { kernel: true, .. }
         | MatrixArg::Int8 { kernel: true, .. } => kernel_linear(b, None, &[x], KernelInput::Rows, w, None),
-        MatrixArg::Int8 { codes, scales, dequantize_from, .. } if x.dims()[0] >= *dequantize_from => {
+        MatrixArg::Int8 { codes, scales, dequantize_from, order, .. } if x.dims()[0] >= *dequantize_from => {
+            assert_eq!(*order, MatrixOrder::RowMajor, "only the kernels multiply panels (GraphOptions::matrix_order)");
             // Many tokens: the f32 matrix (scale * q, exactly the format's values) once, and one
             // dot over it, as for int4 below.
             let w = int8_values(b, codes, scales);
             b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
         }
-        MatrixArg::Int8 { codes, scales, .. } => {
+        MatrixArg::Int8 { codes, scales, order, .. } => {
+            assert_eq!(*order, MatrixOrder::RowMajor, "only the kernels multiply panels (GraphOptions::matrix_order)");
             // Per group g of 32 inputs: y_m = sum_g s_mg (x_g . q_mg), the int4 form without the
             // bias. The dequantized matrix is never formed: in the form above IREE writes all of
             // it (the tied LM head: vocab x hidden f32) to fresh memory on every call.
@@ -582,7 +589,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             }
         }
         MatrixArg::Int4 { packed, scales, biases, dequantize_from, order, .. } if x.dims()[0] >= *dequantize_from => {
-            assert_eq!(*order, Int4Order::RowMajor, "only the kernels read int4 panels (GraphOptions::int4_order)");
+            assert_eq!(*order, MatrixOrder::RowMajor, "only the kernels read int4 panels (GraphOptions::matrix_order)");
             // Many tokens: form the f32 matrix once (scale * q + bias, exactly the format's values)
             // and run one matmul; the dequantization is amortized over the tokens, while the
             // per-group form below runs a batched dot of inner length 16 per group and token.
@@ -609,7 +616,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
         }
         MatrixArg::Int4 { packed, scales, biases, order, .. } => {
-            assert_eq!(*order, Int4Order::RowMajor, "only the kernels read int4 panels (GraphOptions::int4_order)");
+            assert_eq!(*order, MatrixOrder::RowMajor, "only the kernels read int4 panels (GraphOptions::matrix_order)");
             // Per group g of 32 inputs: y_m = sum_g s_mg (x_g . q_mg) + b_mg sum(x_g). The
             // dequantized matrix is never formed (FACTS.md: 10x faster on IREE than dequantize-then-dot
             // for one token).
@@ -668,13 +675,13 @@ fn kernel_linear(
     let t = inputs[0].dims()[0];
     let (format, activations, order, mut operands, m) = match w {
         MatrixArg::Dense { w, transposed: false, .. } => {
-            (MatrixFormat::F16, KernelActivations::Exact, Int4Order::RowMajor, vec![w], w.dims()[0])
+            (MatrixFormat::F16, KernelActivations::Exact, MatrixOrder::RowMajor, vec![w], w.dims()[0])
         }
         MatrixArg::Int4 { packed, scales, biases, activations, order, .. } => {
             (MatrixFormat::Int4, *activations, *order, vec![packed, scales, biases], packed.dims()[0])
         }
-        MatrixArg::Int8 { codes, scales, activations, .. } => {
-            (MatrixFormat::Int8, *activations, Int4Order::RowMajor, vec![codes, scales], codes.dims()[0])
+        MatrixArg::Int8 { codes, scales, activations, order, .. } => {
+            (MatrixFormat::Int8, *activations, *order, vec![codes, scales], codes.dims()[0])
         }
         MatrixArg::Dense { transposed: true, .. } => unreachable!("the kernels read row-major matrices"),
     };
@@ -714,6 +721,11 @@ fn int8_values(b: &mut FnBuilder, codes: &Val, scales: &Val) -> Val {
 /// Rows `ids` of the embedding table as f32 `[T, hidden]`.
 fn embed_rows(b: &mut FnBuilder, table: &MatrixArg, ids: &Val) -> Val {
     match table {
+        MatrixArg::Int8 { codes, scales, order: MatrixOrder::Panels, .. } => {
+            let rows = b.gather_panel_rows(codes, ids, 4);
+            let row_scales = b.gather_panel_rows(scales, ids, 1);
+            int8_values(b, &rows, &row_scales)
+        }
         MatrixArg::Int8 { codes, scales, .. } => {
             let rows = b.gather_rows(codes, ids);
             let row_scales = b.gather_rows(scales, ids);
@@ -729,7 +741,7 @@ fn embed_rows(b: &mut FnBuilder, table: &MatrixArg, ids: &Val) -> Val {
             b.convert(&rows, Elem::F32)
         }
         MatrixArg::Int4 { packed, scales, biases, order, .. } => {
-            assert_eq!(*order, Int4Order::RowMajor, "only the kernels read int4 panels (GraphOptions::int4_order)");
+            assert_eq!(*order, MatrixOrder::RowMajor, "only the kernels read int4 panels (GraphOptions::matrix_order)");
             // Dequantized exactly as the format defines it: scale * q + bias in f32.
             let t = ids.dims()[0];
             let half = packed.dims()[1];
@@ -1747,7 +1759,7 @@ mod tests {
                 WeightFormat::Int4 => MatrixFormat::Int4,
             };
             let target =
-                linear_target(matrices, KernelInput::Rows, false, KernelActivations::Exact, Int4Order::RowMajor);
+                linear_target(matrices, KernelInput::Rows, false, KernelActivations::Exact, MatrixOrder::RowMajor);
             let target = target.as_str();
             // Every linear target starts with the plain one's name.
             let calls = |o: &GraphOptions, spec: GraphSpec, target: &str| {
@@ -1763,7 +1775,7 @@ mod tests {
                         KernelInput::Rows,
                         false,
                         KernelActivations::Exact,
-                        Int4Order::RowMajor,
+                        MatrixOrder::RowMajor,
                     );
                     assert_eq!(calls(&with, DECODE, &int8), 1, "the int8 head goes through its kernel");
                     0
@@ -1806,14 +1818,14 @@ mod tests {
                     assert_eq!(count("seam_linear_int8_q8"), 1);
                 }
             }
-            // Kernels that take every call read the layers' int4 matrices in panels (ADR 0025);
-            // the embedding and the head stay row-major.
+            // Kernels that take every call read the layers' int4 matrices in panels (ADR 0025),
+            // and the int8 embedding and head.
             let every_call = GraphOptions {
                 host_kernels: Some(HostKernels { max_tokens: usize::MAX, ..q8.host_kernels.unwrap() }),
                 ..q8.clone()
             };
             let args = graph_weight_args(&c, &every_call);
-            let panels = args.iter().filter(|a| matches!(a.part, WeightPart::Int4Packed(Int4Order::Panels))).count();
+            let panels = args.iter().filter(|a| matches!(a.part, WeightPart::Int4Packed(MatrixOrder::Panels))).count();
             let text = emit_module(
                 &c,
                 &every_call,
@@ -1822,18 +1834,24 @@ mod tests {
             .unwrap();
             let count = |prefix: &str| text.matches(&format!("call_target_name = \"{prefix}")).count();
             match format {
-                WeightFormat::F16 => assert_eq!((every_call.int4_order(), panels), (Int4Order::Panels, 0)),
+                WeightFormat::F16 => assert_eq!((every_call.matrix_order(), panels), (MatrixOrder::Panels, 0)),
                 WeightFormat::Int4 => {
                     assert_eq!(panels, 7 * layers);
                     assert_eq!(count("seam_linear_int4p_q8"), 2 * 7 * layers);
                     assert_eq!(count("seam_linear_int4_q8"), 0);
-                    assert!(count("seam_linear_int8_q8") >= 1);
+                    // The int8 head (vocab a multiple of 16) in panels too; the embedding's rows
+                    // are gathered from them.
+                    assert!(count("seam_linear_int8p_q8") >= 1);
+                    assert_eq!(count("seam_linear_int8_q8"), 0);
+                    let int8_panels =
+                        args.iter().filter(|a| matches!(a.part, WeightPart::Int8Codes(MatrixOrder::Panels))).count();
+                    assert_eq!(int8_panels, if c.tie_word_embeddings { 1 } else { 2 });
                 }
             }
-            assert_eq!(q8.int4_order(), Int4Order::RowMajor, "calls above max_tokens keep the graph's dots");
+            assert_eq!(q8.matrix_order(), MatrixOrder::RowMajor, "calls above max_tokens keep the graph's dots");
         }
         let names: std::collections::HashSet<String> = linear_targets().into_iter().map(|t| t.name).collect();
-        assert_eq!(names.len(), 36, "every target its own name");
+        assert_eq!(names.len(), 42, "every target its own name");
         assert!(names.contains("seam_linear_int4p_q8_swiglu_residual"));
         assert!(names.contains("seam_linear_int4_q8_rmsnorm_residual"));
 

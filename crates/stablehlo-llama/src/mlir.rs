@@ -388,6 +388,31 @@ impl FnBuilder {
         self.op("gather", &[table, &ids2], &attrs, Ty::new(&[n, cols], table.elem()))
     }
 
+    /// Rows `ids` (i32 `[n]`) of the 2-D `table` `[R, C]` held in panels of 16 rows whose rows
+    /// interleave in chunks of `chunk` elements (`cpu_kernels::int8_to_panels`: chunks of four
+    /// codes; one for per-group scales): as a `[R / 16, C / chunk, 16, chunk]` array, row `i` is
+    /// `[i / 16, :, i % 16, :]`. `R` is a multiple of 16. The result is `[n, C]`, row-major.
+    pub fn gather_panel_rows(&mut self, table: &Val, ids: &Val, chunk: usize) -> Val {
+        assert_eq!(table.rank(), 2);
+        assert_eq!(ids.rank(), 1);
+        let (rows, cols) = (table.dims()[0], table.dims()[1]);
+        assert!(rows % 16 == 0 && cols % chunk == 0, "whole panels of whole chunks");
+        let n = ids.dims()[0];
+        let view = self.reshape(table, &[rows / 16, cols / chunk, 16, chunk]);
+        let sixteen = self.const_int(16, ids.elem(), &[n]);
+        let panel = self.binary("divide", ids, &sixteen);
+        let lane = self.binary("remainder", ids, &sixteen);
+        let panel = self.reshape(&panel, &[n, 1]);
+        let lane = self.reshape(&lane, &[n, 1]);
+        let starts = self.concatenate(&[&panel, &lane], 1);
+        let attrs = format!(
+            "dimension_numbers = #stablehlo.gather<offset_dims = [1, 2], collapsed_slice_dims = [0, 2], start_index_map = [0, 2], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = {}",
+            i64_array(&[1, cols / chunk, 1, chunk])
+        );
+        let gathered = self.op("gather", &[&view, &starts], &attrs, Ty::new(&[n, cols / chunk, chunk], table.elem()));
+        self.reshape(&gathered, &[n, cols])
+    }
+
     /// Columns `ids` (i32 `[n]`) of the 2-D `table`, as rows: `[n, table.rows]`.
     pub fn gather_columns(&mut self, table: &Val, ids: &Val) -> Val {
         assert_eq!(table.rank(), 2);
