@@ -55,7 +55,7 @@ pub use matmul::{
 };
 pub use panels::{
     int4_from_panels, int4_to_panels, int8_from_panels, int8_to_panels, matmul_int4_panels_q8, matmul_int8_panels_q8,
-    PANEL_ROWS,
+    PANEL_CHUNK, PANEL_ROWS,
 };
 pub use q8::round_int8;
 

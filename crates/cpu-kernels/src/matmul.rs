@@ -337,17 +337,38 @@ pub fn matmul_int8(
     Ok(())
 }
 
+/// Groups per row of `cols` columns of `format` (`"int4"`, `"int8"`), which must fill whole groups.
+fn groups_of(cols: usize, format: &str) -> Result<usize, ShapeError> {
+    if !cols.is_multiple_of(GROUP_SIZE) {
+        return Err(ShapeError(format!("{format} columns {cols} are not a multiple of {GROUP_SIZE}")));
+    }
+    Ok(cols / GROUP_SIZE)
+}
+
+/// The parts of int4 `w` checked against its shape (in either order, row-major or panels):
+/// groups per row.
+pub(crate) fn int4_weights(w: &Int4Matrix<'_>) -> Result<usize, ShapeError> {
+    let groups = groups_of(w.cols, "int4")?;
+    check_len("int4 packed weights", w.packed.len(), w.rows * w.cols / 2)?;
+    check_len("int4 scales", w.scales.len(), w.rows * groups)?;
+    check_len("int4 biases", w.biases.len(), w.rows * groups)?;
+    Ok(groups)
+}
+
+/// The parts of int8 `w` checked against its shape, as [`int4_weights`].
+pub(crate) fn int8_weights(w: &Int8Matrix<'_>) -> Result<usize, ShapeError> {
+    let groups = groups_of(w.cols, "int8")?;
+    check_len("int8 codes", w.codes.len(), w.rows * w.cols)?;
+    check_len("int8 scales", w.scales.len(), w.rows * groups)?;
+    Ok(groups)
+}
+
 /// The shape of an int4 product, checked: `(rows, cols, groups per row)`.
 fn check_int4(w: &Int4Matrix<'_>, x: usize, tokens: usize, out: usize) -> Result<(usize, usize, usize), ShapeError> {
     let (n, k) = (w.rows, w.cols);
-    if k % GROUP_SIZE != 0 {
-        return Err(ShapeError(format!("int4 columns {k} are not a multiple of {GROUP_SIZE}")));
-    }
-    let groups = k / GROUP_SIZE;
+    groups_of(k, "int4")?;
     check_len("x", x, tokens * k)?;
-    check_len("int4 packed weights", w.packed.len(), n * k / 2)?;
-    check_len("int4 scales", w.scales.len(), n * groups)?;
-    check_len("int4 biases", w.biases.len(), n * groups)?;
+    let groups = int4_weights(w)?;
     check_len("output", out, tokens * n)?;
     Ok((n, k, groups))
 }
@@ -355,13 +376,9 @@ fn check_int4(w: &Int4Matrix<'_>, x: usize, tokens: usize, out: usize) -> Result
 /// The shape of an int8 product, checked: `(rows, cols, groups per row)`.
 fn check_int8(w: &Int8Matrix<'_>, x: usize, tokens: usize, out: usize) -> Result<(usize, usize, usize), ShapeError> {
     let (n, k) = (w.rows, w.cols);
-    if k % GROUP_SIZE != 0 {
-        return Err(ShapeError(format!("int8 columns {k} are not a multiple of {GROUP_SIZE}")));
-    }
-    let groups = k / GROUP_SIZE;
+    groups_of(k, "int8")?;
     check_len("x", x, tokens * k)?;
-    check_len("int8 codes", w.codes.len(), n * k)?;
-    check_len("int8 scales", w.scales.len(), n * groups)?;
+    let groups = int8_weights(w)?;
     check_len("output", out, tokens * n)?;
     Ok((n, k, groups))
 }

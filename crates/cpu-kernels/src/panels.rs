@@ -26,7 +26,7 @@
 //! matrices row-major and compute the same numbers. Off AVX-512 VNNI each run of panels is laid
 //! back out row-major in scratch and multiplied by the exact kernels over the rounded activations.
 
-use crate::matmul::{for_each_row_run, SendPtr, MIN_ROWS_PER_TASK};
+use crate::matmul::{for_each_row_run, int4_weights, int8_weights, SendPtr, MIN_ROWS_PER_TASK};
 use crate::pool::Pool;
 use crate::scratch::Scratch;
 use crate::{check_len, Int4Matrix, Int8Matrix, Isa, ShapeError, GROUP_SIZE};
@@ -37,8 +37,9 @@ pub const PANEL_ROWS: usize = 16;
 /// Bytes of one row's group: 32 codes.
 const GROUP_BYTES: usize = GROUP_SIZE / 2;
 
-/// Bytes per chunk and row: what one `vpdpbusd` lane multiplies.
-const CHUNK: usize = 4;
+/// Bytes per chunk and row: what one `vpdpbusd` lane multiplies (an int8 embedding's rows are
+/// gathered from panels in chunks of this many codes).
+pub const PANEL_CHUNK: usize = 4;
 
 /// Where byte `byte` of row `row` lies in the panel layout of a matrix of `rows` rows of
 /// `row_bytes` bytes, `group_bytes` per group.
@@ -46,7 +47,11 @@ fn packed_offset(rows: usize, row_bytes: usize, group_bytes: usize, row: usize, 
     let (p, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
     let w = PANEL_ROWS.min(rows - p * PANEL_ROWS);
     let (g, j) = (byte / group_bytes, byte % group_bytes);
-    p * PANEL_ROWS * row_bytes + g * group_bytes * w + (j / CHUNK) * CHUNK * w + r * CHUNK + j % CHUNK
+    p * PANEL_ROWS * row_bytes
+        + g * group_bytes * w
+        + (j / PANEL_CHUNK) * PANEL_CHUNK * w
+        + r * PANEL_CHUNK
+        + j % PANEL_CHUNK
 }
 
 /// Moves the bytes of a matrix between the two orders: `to_panels` from row-major `from` into
@@ -60,13 +65,13 @@ fn reorder_bytes<T: Copy>(
     to_panels: bool,
 ) {
     for row in 0..rows {
-        for j in (0..row_bytes).step_by(CHUNK) {
+        for j in (0..row_bytes).step_by(PANEL_CHUNK) {
             let at = packed_offset(rows, row_bytes, group_bytes, row, j);
             let plain = row * row_bytes + j;
             if to_panels {
-                to[at..at + CHUNK].copy_from_slice(&from[plain..plain + CHUNK]);
+                to[at..at + PANEL_CHUNK].copy_from_slice(&from[plain..plain + PANEL_CHUNK]);
             } else {
-                to[plain..plain + CHUNK].copy_from_slice(&from[at..at + CHUNK]);
+                to[plain..plain + PANEL_CHUNK].copy_from_slice(&from[at..at + PANEL_CHUNK]);
             }
         }
     }
@@ -91,18 +96,6 @@ fn group_offset(rows: usize, groups: usize, row: usize, g: usize) -> usize {
     let (p, r) = (row / PANEL_ROWS, row % PANEL_ROWS);
     let w = PANEL_ROWS.min(rows - p * PANEL_ROWS);
     p * PANEL_ROWS * groups + g * w + r
-}
-
-/// Checks that `w`'s parts have the lengths of a `[rows, cols]` int4 matrix.
-fn check(w: &Int4Matrix<'_>) -> Result<usize, ShapeError> {
-    if !w.cols.is_multiple_of(GROUP_SIZE) {
-        return Err(ShapeError(format!("int4 columns {} are not a multiple of {GROUP_SIZE}", w.cols)));
-    }
-    let groups = w.cols / GROUP_SIZE;
-    check_len("int4 packed weights", w.packed.len(), w.rows * w.cols / 2)?;
-    check_len("int4 scales", w.scales.len(), w.rows * groups)?;
-    check_len("int4 biases", w.biases.len(), w.rows * groups)?;
-    Ok(groups)
 }
 
 /// Lays out the row-major int4 matrix `w` in panels: `packed`, `scales` and `biases` take as many
@@ -133,23 +126,12 @@ fn reorder_int4(
     biases: &mut [u16],
     to_panels: bool,
 ) -> Result<(), ShapeError> {
-    let groups = check(&w)?;
-    check(&Int4Matrix { packed, scales, biases, ..w })?;
+    let groups = int4_weights(&w)?;
+    int4_weights(&Int4Matrix { packed, scales, biases, ..w })?;
     reorder_bytes(w.rows, w.cols / 2, GROUP_BYTES, w.packed, packed, to_panels);
     reorder_groups(w.rows, groups, w.scales, scales, to_panels);
     reorder_groups(w.rows, groups, w.biases, biases, to_panels);
     Ok(())
-}
-
-/// Checks that `w`'s parts have the lengths of a `[rows, cols]` int8 matrix.
-fn check_int8(w: &Int8Matrix<'_>) -> Result<usize, ShapeError> {
-    if !w.cols.is_multiple_of(GROUP_SIZE) {
-        return Err(ShapeError(format!("int8 columns {} are not a multiple of {GROUP_SIZE}", w.cols)));
-    }
-    let groups = w.cols / GROUP_SIZE;
-    check_len("int8 codes", w.codes.len(), w.rows * w.cols)?;
-    check_len("int8 scales", w.scales.len(), w.rows * groups)?;
-    Ok(groups)
 }
 
 /// Lays out the row-major int8 matrix `w` in panels: `codes` and `scales` take as many elements
@@ -164,8 +146,8 @@ pub fn int8_from_panels(w: Int8Matrix<'_>, codes: &mut [i8], scales: &mut [u16])
 }
 
 fn reorder_int8(w: Int8Matrix<'_>, codes: &mut [i8], scales: &mut [u16], to_panels: bool) -> Result<(), ShapeError> {
-    let groups = check_int8(&w)?;
-    check_int8(&Int8Matrix { codes, scales, ..w })?;
+    let groups = int8_weights(&w)?;
+    int8_weights(&Int8Matrix { codes, scales, ..w })?;
     reorder_bytes(w.rows, w.cols, GROUP_SIZE, w.codes, codes, to_panels);
     reorder_groups(w.rows, groups, w.scales, scales, to_panels);
     Ok(())
@@ -182,7 +164,7 @@ pub fn matmul_int4_panels_q8(
     w: Int4Matrix<'_>,
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
-    check(&w)?;
+    int4_weights(&w)?;
     product(isa, pool, x, tokens, Panels::Int4(&w), out)
 }
 
@@ -196,7 +178,7 @@ pub fn matmul_int8_panels_q8(
     w: Int8Matrix<'_>,
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
-    check_int8(&w)?;
+    int8_weights(&w)?;
     product(isa, pool, x, tokens, Panels::Int8(&w), out)
 }
 
@@ -336,6 +318,15 @@ static PREPARED: Scratch<Prepared> = Scratch::new();
 /// Tokens per block: one f32 accumulator each, beside the panel's eight registers of codes.
 const TOKEN_BLOCK: usize = 8;
 
+/// A block of prepared tokens: token `t`'s codes from `codes + t * cols`, its steps and sums from
+/// `steps + t * groups` and `sums + t * groups`.
+struct Block {
+    codes: *const i8,
+    steps: *const f32,
+    sums: *const f32,
+    cols: usize,
+}
+
 /// Rows `run` of the product, on the VNNI path.
 ///
 /// # Safety
@@ -348,7 +339,7 @@ unsafe fn vnni_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::
         let width = PANEL_ROWS.min(rows - row0);
         for first in (0..tokens).step_by(TOKEN_BLOCK) {
             let count = TOKEN_BLOCK.min(tokens - first);
-            let block = x86::Block {
+            let block = Block {
                 codes: prepared.codes[first * cols..].as_ptr(),
                 steps: prepared.steps[first * groups..].as_ptr(),
                 sums: prepared.sums[first * groups..].as_ptr(),
@@ -362,17 +353,8 @@ unsafe fn vnni_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Int4Matrix, Int8Matrix, Panels, CHUNK, GROUP_BYTES, GROUP_SIZE, PANEL_ROWS};
+    use super::{Block, Int4Matrix, Int8Matrix, Panels, GROUP_BYTES, GROUP_SIZE, PANEL_CHUNK, PANEL_ROWS};
     use std::arch::x86_64::*;
-
-    /// A block of prepared tokens: token `t`'s codes from `codes + t * cols`, its steps and sums
-    /// from `steps + t * groups` and `sums + t * groups`.
-    pub struct Block {
-        pub codes: *const i8,
-        pub steps: *const f32,
-        pub sums: *const f32,
-        pub cols: usize,
-    }
 
     /// Rounds one group (32 values) to int8 codes in the panels' order for int4 weights when
     /// `int4`, else as they are (see [`super::Prepared`]); returns its step and the codes' sum.
@@ -431,7 +413,7 @@ mod x86 {
         if width == PANEL_ROWS {
             (!0, !0)
         } else {
-            ((1 << width) - 1, (1 << (CHUNK * width)) - 1)
+            ((1 << width) - 1, (1 << (PANEL_CHUNK * width)) - 1)
         }
     }
 
@@ -463,7 +445,7 @@ mod x86 {
             let group = bytes.add(g * GROUP_BYTES * width);
             prefetch(group, 4);
             let v: [__m512i; 4] =
-                std::array::from_fn(|c| _mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * CHUNK * width)));
+                std::array::from_fn(|c| _mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * PANEL_CHUNK * width)));
             let lo: [__m512i; 4] = std::array::from_fn(|c| _mm512_and_si512(v[c], nibble));
             let hi: [__m512i; 4] = std::array::from_fn(|c| _mm512_and_si512(_mm512_srli_epi16::<4>(v[c]), nibble));
             let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, scales.add(g * width)));
@@ -509,7 +491,7 @@ mod x86 {
             // The codes as unsigned bytes, code + 128; the products of the 128 are taken back
             // through the activations' sum below.
             let v: [__m512i; 8] = std::array::from_fn(|c| {
-                _mm512_xor_si512(_mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * CHUNK * width)), offset)
+                _mm512_xor_si512(_mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * PANEL_CHUNK * width)), offset)
             });
             let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, scales.add(g * width)));
             let minus_128_s = _mm512_mul_ps(s, _mm512_set1_ps(-128.0));
@@ -535,14 +517,8 @@ mod x86 {
 
 #[cfg(not(target_arch = "x86_64"))]
 mod x86 {
-    use super::Panels;
+    use super::{Block, Panels};
 
-    pub struct Block {
-        pub codes: *const i8,
-        pub steps: *const f32,
-        pub sums: *const f32,
-        pub cols: usize,
-    }
     pub unsafe fn round_group(_: &[f32], _: &mut [i8], _: bool) -> (f32, i32) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }

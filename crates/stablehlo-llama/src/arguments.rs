@@ -202,7 +202,7 @@ pub fn weight_args_with(config: &LlamaConfig, format: WeightFormat, layout: ArgL
                     WeightFormat::Int4 if int4.of(&spec.name) == MatrixFormat::Int8 => {
                         // Panels only of whole panels: the graphs gather an embedding's rows
                         // from a `[rows / 16, cols / 4, 16, 4]` view of them.
-                        let order = if rows % 16 == 0 { order } else { MatrixOrder::RowMajor };
+                        let order = if rows % cpu_kernels::PANEL_ROWS == 0 { order } else { MatrixOrder::RowMajor };
                         out.push(WeightArg {
                             name: format!("{}.qweight", spec.name),
                             shape: vec![rows, cols],
@@ -328,6 +328,16 @@ fn f16_slice_bytes(values: &[f16]) -> Vec<u8> {
     }
 }
 
+/// f16 values as the bit patterns the kernels take (no copy).
+fn f16_bits(values: &[f16]) -> &[u16] {
+    bytemuck::cast_slice(values)
+}
+
+/// [`f16_bits`], writable.
+fn f16_bits_mut(values: &mut [f16]) -> &mut [u16] {
+    bytemuck::cast_slice_mut(values)
+}
+
 fn dense_bytes(values: &[f16], dense: StorageDtype) -> Vec<u8> {
     match dense {
         StorageDtype::F16 => f16_slice_bytes(values),
@@ -430,13 +440,17 @@ fn visit_host_args(
                     }
                     let scales = next(&name)?;
                     if codes.part == WeightPart::Int8Codes(MatrixOrder::Panels) {
-                        let bits: Vec<u16> = q.scales.iter().map(|x| x.to_bits()).collect();
-                        let (mut c, mut s) = (vec![0i8; q.codes.len()], vec![0u16; groups]);
-                        let w = cpu_kernels::Int8Matrix { rows: q.rows, cols: q.cols, codes: &q.codes, scales: &bits };
-                        cpu_kernels::int8_to_panels(w, &mut c, &mut s)
+                        let (mut c, mut s) = (vec![0i8; q.codes.len()], vec![f16::ZERO; groups]);
+                        let w = cpu_kernels::Int8Matrix {
+                            rows: q.rows,
+                            cols: q.cols,
+                            codes: &q.codes,
+                            scales: f16_bits(&q.scales),
+                        };
+                        cpu_kernels::int8_to_panels(w, &mut c, f16_bits_mut(&mut s))
                             .map_err(|e| GraphError::Weight { name: name.clone(), message: e.to_string() })?;
                         each(HostArg { spec: codes, bytes: bytemuck::cast_slice(&c).to_vec() })?;
-                        each(HostArg { spec: scales, bytes: bytemuck::cast_slice(&s).to_vec() })?;
+                        each(HostArg { spec: scales, bytes: f16_slice_bytes(&s) })?;
                     } else {
                         each(HostArg { spec: codes, bytes: bytemuck::cast_slice(&q.codes).to_vec() })?;
                         each(HostArg { spec: scales, bytes: f16_slice_bytes(&q.scales) })?;
@@ -459,21 +473,20 @@ fn visit_host_args(
                     }
                     let (scales, biases) = (next(&name)?, next(&name)?);
                     if packed.part == WeightPart::Int4Packed(MatrixOrder::Panels) {
-                        let (mut p, mut s, mut b) = (vec![0u8; q.packed.len()], vec![0u16; groups], vec![0u16; groups]);
-                        let bits = |v: &[f16]| v.iter().map(|x| x.to_bits()).collect::<Vec<u16>>();
-                        let (qs, qb) = (bits(&q.scales), bits(&q.biases));
+                        let (mut p, mut s, mut b) =
+                            (vec![0u8; q.packed.len()], vec![f16::ZERO; groups], vec![f16::ZERO; groups]);
                         let w = cpu_kernels::Int4Matrix {
                             rows: q.rows,
                             cols: q.cols,
                             packed: &q.packed,
-                            scales: &qs,
-                            biases: &qb,
+                            scales: f16_bits(&q.scales),
+                            biases: f16_bits(&q.biases),
                         };
-                        cpu_kernels::int4_to_panels(w, &mut p, &mut s, &mut b)
+                        cpu_kernels::int4_to_panels(w, &mut p, f16_bits_mut(&mut s), f16_bits_mut(&mut b))
                             .map_err(|e| GraphError::Weight { name: name.clone(), message: e.to_string() })?;
                         each(HostArg { spec: packed, bytes: p })?;
-                        each(HostArg { spec: scales, bytes: bytemuck::cast_slice(&s).to_vec() })?;
-                        each(HostArg { spec: biases, bytes: bytemuck::cast_slice(&b).to_vec() })?;
+                        each(HostArg { spec: scales, bytes: f16_slice_bytes(&s) })?;
+                        each(HostArg { spec: biases, bytes: f16_slice_bytes(&b) })?;
                     } else {
                         each(HostArg { spec: packed, bytes: q.packed.clone() })?;
                         each(HostArg { spec: scales, bytes: f16_slice_bytes(&q.scales) })?;

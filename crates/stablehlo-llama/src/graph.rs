@@ -559,14 +559,14 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
         | MatrixArg::Int4 { kernel: true, .. }
         | MatrixArg::Int8 { kernel: true, .. } => kernel_linear(b, None, &[x], KernelInput::Rows, w, None),
         MatrixArg::Int8 { codes, scales, dequantize_from, order, .. } if x.dims()[0] >= *dequantize_from => {
-            assert_eq!(*order, MatrixOrder::RowMajor, "only the kernels multiply panels (GraphOptions::matrix_order)");
+            row_major_only(*order);
             // Many tokens: the f32 matrix (scale * q, exactly the format's values) once, and one
             // dot over it, as for int4 below.
             let w = int8_values(b, codes, scales);
             b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
         }
         MatrixArg::Int8 { codes, scales, order, .. } => {
-            assert_eq!(*order, MatrixOrder::RowMajor, "only the kernels multiply panels (GraphOptions::matrix_order)");
+            row_major_only(*order);
             // Per group g of 32 inputs: y_m = sum_g s_mg (x_g . q_mg), the int4 form without the
             // bias. The dequantized matrix is never formed: in the form above IREE writes all of
             // it (the tied LM head: vocab x hidden f32) to fresh memory on every call.
@@ -589,7 +589,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             }
         }
         MatrixArg::Int4 { packed, scales, biases, dequantize_from, order, .. } if x.dims()[0] >= *dequantize_from => {
-            assert_eq!(*order, MatrixOrder::RowMajor, "only the kernels read int4 panels (GraphOptions::matrix_order)");
+            row_major_only(*order);
             // Many tokens: form the f32 matrix once (scale * q + bias, exactly the format's values)
             // and run one matmul; the dequantization is amortized over the tokens, while the
             // per-group form below runs a batched dot of inner length 16 per group and token.
@@ -616,7 +616,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             b.dot_general(x, &w, (&[], &[]), (&[1], &[1]))
         }
         MatrixArg::Int4 { packed, scales, biases, order, .. } => {
-            assert_eq!(*order, MatrixOrder::RowMajor, "only the kernels read int4 panels (GraphOptions::matrix_order)");
+            row_major_only(*order);
             // Per group g of 32 inputs: y_m = sum_g s_mg (x_g . q_mg) + b_mg sum(x_g). The
             // dequantized matrix is never formed (FACTS.md: 10x faster on IREE than dequantize-then-dot
             // for one token).
@@ -706,6 +706,13 @@ impl MatrixArg {
     }
 }
 
+/// Where the graph's own ops read a quantized matrix: panels are only ever multiplied by the
+/// kernels (and an int8 embedding gathered from them, [`embed_rows`]), which
+/// [`GraphOptions::matrix_order`] guarantees.
+fn row_major_only(order: MatrixOrder) {
+    assert_eq!(order, MatrixOrder::RowMajor, "the graphs' own int4 and int8 ops read row-major matrices only");
+}
+
 /// An int8 matrix's values as f32 `[M, K]`: `scale * q` per group, as the format defines them.
 fn int8_values(b: &mut FnBuilder, codes: &Val, scales: &Val) -> Val {
     let (m, k) = (codes.dims()[0], codes.dims()[1]);
@@ -722,7 +729,7 @@ fn int8_values(b: &mut FnBuilder, codes: &Val, scales: &Val) -> Val {
 fn embed_rows(b: &mut FnBuilder, table: &MatrixArg, ids: &Val) -> Val {
     match table {
         MatrixArg::Int8 { codes, scales, order: MatrixOrder::Panels, .. } => {
-            let rows = b.gather_panel_rows(codes, ids, 4);
+            let rows = b.gather_panel_rows(codes, ids, cpu_kernels::PANEL_CHUNK);
             let row_scales = b.gather_panel_rows(scales, ids, 1);
             int8_values(b, &rows, &row_scales)
         }
@@ -741,7 +748,7 @@ fn embed_rows(b: &mut FnBuilder, table: &MatrixArg, ids: &Val) -> Val {
             b.convert(&rows, Elem::F32)
         }
         MatrixArg::Int4 { packed, scales, biases, order, .. } => {
-            assert_eq!(*order, MatrixOrder::RowMajor, "only the kernels read int4 panels (GraphOptions::matrix_order)");
+            row_major_only(*order);
             // Dequantized exactly as the format defines it: scale * q + bias in f32.
             let t = ids.dims()[0];
             let half = packed.dims()[1];

@@ -396,15 +396,16 @@ impl FnBuilder {
         assert_eq!(table.rank(), 2);
         assert_eq!(ids.rank(), 1);
         let (rows, cols) = (table.dims()[0], table.dims()[1]);
-        assert!(rows % 16 == 0 && cols % chunk == 0, "whole panels of whole chunks");
+        let panel = cpu_kernels::PANEL_ROWS;
+        assert!(rows % panel == 0 && cols % chunk == 0, "whole panels of whole chunks");
         let n = ids.dims()[0];
-        let view = self.reshape(table, &[rows / 16, cols / chunk, 16, chunk]);
-        let sixteen = self.const_int(16, ids.elem(), &[n]);
-        let panel = self.binary("divide", ids, &sixteen);
-        let lane = self.binary("remainder", ids, &sixteen);
-        let panel = self.reshape(&panel, &[n, 1]);
+        let view = self.reshape(table, &[rows / panel, cols / chunk, panel, chunk]);
+        let width = self.const_int(panel as i64, ids.elem(), &[n]);
+        let panel_of = self.binary("divide", ids, &width);
+        let lane = self.binary("remainder", ids, &width);
+        let panel_of = self.reshape(&panel_of, &[n, 1]);
         let lane = self.reshape(&lane, &[n, 1]);
-        let starts = self.concatenate(&[&panel, &lane], 1);
+        let starts = self.concatenate(&[&panel_of, &lane], 1);
         let attrs = format!(
             "dimension_numbers = #stablehlo.gather<offset_dims = [1, 2], collapsed_slice_dims = [0, 2], start_index_map = [0, 2], index_vector_dim = 1>, indices_are_sorted = false, slice_sizes = {}",
             i64_array(&[1, cols / chunk, 1, chunk])
