@@ -262,7 +262,7 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                         biases: &p.operand::<u16>(w + 2, n * groups)[row0 * groups..(row0 + count) * groups],
                     };
                     match FORMAT {
-                        INT4_PANELS => LinearWeights::Int4Panels(m),
+                        INT4_PANELS => LinearWeights::Int4Panels(m, Activations::int8_when(Q8)),
                         _ => LinearWeights::Int4(m, Activations::int8_when(Q8)),
                     }
                 }
@@ -274,7 +274,7 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                         scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
                     };
                     match FORMAT {
-                        INT8_PANELS => LinearWeights::Int8Panels(m),
+                        INT8_PANELS => LinearWeights::Int8Panels(m, Activations::int8_when(Q8)),
                         _ => LinearWeights::Int8(m, Activations::int8_when(Q8)),
                     }
                 }

@@ -147,7 +147,7 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                 next += 2;
                 let w = Int8Matrix { rows: n, cols: k, codes, scales };
                 match FORMAT {
-                    INT8_PANELS => LinearWeights::Int8Panels(w),
+                    INT8_PANELS => LinearWeights::Int8Panels(w, Activations::int8_when(Q8)),
                     _ => LinearWeights::Int8(w, Activations::int8_when(Q8)),
                 }
             } else if FORMAT == INT4 || FORMAT == INT4_PANELS {
@@ -158,7 +158,7 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                 next += 3;
                 let w = Int4Matrix { rows: n, cols: k, packed, scales, biases };
                 match FORMAT {
-                    INT4_PANELS => LinearWeights::Int4Panels(w),
+                    INT4_PANELS => LinearWeights::Int4Panels(w, Activations::int8_when(Q8)),
                     _ => LinearWeights::Int4(w, Activations::int8_when(Q8)),
                 }
             } else {

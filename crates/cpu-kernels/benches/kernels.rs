@@ -5,12 +5,14 @@
 //! decode step), times one-token products, and prints bytes read per second and the fraction of a
 //! read probe (`cpu_kernels::bandwidth::measure_read_bandwidth`, on the same pool). Rows named
 //! `int4q8` and `int8q8` take the activations rounded to int8 (`matmul_int4_q8`, ADR 0024), and
-//! `int4p` the same over int4 weights in panels of 16 rows (`matmul_int4_panels_q8`, ADR 0025).
+//! `int4p` the same over int4 weights in panels of 16 rows (`matmul_int4_panels_q8`, ADR 0025);
+//! `int4pe` the exact product over panels (`matmul_int4_panels`, its int8 head in panels too).
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int4_panels_q8, matmul_int4_q8, matmul_int8,
-    matmul_int8_q8, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
+    attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int4_panels, matmul_int4_panels_q8,
+    matmul_int4_q8, matmul_int8, matmul_int8_panels, matmul_int8_q8, AttentionShape, CausalQueries, F16Matrix,
+    Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
 };
 use std::time::Instant;
 
@@ -95,6 +97,12 @@ fn main() {
             matmul_int4_panels_q8(Isa::best(), pool, &x, 1, w, &mut out).unwrap();
         });
         report(name, n, k, &format!("int4p {}", short(Isa::best())), secs, int4_bytes, bandwidth);
+        let secs = time(copies, |i| {
+            let (p, s, b) = &mats[i];
+            let w = Int4Matrix { rows: n, cols: k, packed: p, scales: s, biases: b };
+            matmul_int4_panels(Isa::best(), pool, &x, 1, w, &mut out).unwrap();
+        });
+        report(name, n, k, &format!("int4pe {}", short(Isa::best())), secs, int4_bytes, bandwidth);
         drop(mats);
         let int8_bytes = n * k + 2 * n * groups;
         let copies = (WORKING_SET / int8_bytes).max(2);
@@ -174,6 +182,18 @@ fn main() {
         });
         report(&name, int4_layers.len() + 1, 0, &format!("int4p {}", short(Isa::best())), secs, int4_bytes, bandwidth);
         println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
+        // Exact activations over the layers and the head in panels.
+        let secs = time(1, |_| {
+            for (n, k, p, s, b) in &int4_layers {
+                let w = Int4Matrix { rows: *n, cols: *k, packed: p, scales: s, biases: b };
+                matmul_int4_panels(Isa::best(), pool, &x[..*k * tokens], tokens, w, &mut out[..*n * tokens]).unwrap();
+            }
+            let w = Int8Matrix { rows: head.0, cols: head.1, codes: &int8_head.0, scales: &int8_head.1 };
+            matmul_int8_panels(Isa::best(), pool, &x[..head.1 * tokens], tokens, w, &mut out[..head.0 * tokens])
+                .unwrap();
+        });
+        report(&name, int4_layers.len() + 1, 0, &format!("int4pe {}", short(Isa::best())), secs, int4_bytes, bandwidth);
+        println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
         let secs = time(1, |_| {
             for (n, k, d) in &f16_layers {
                 let w = F16Matrix { rows: *n, cols: *k, data: d };
@@ -213,6 +233,13 @@ fn main() {
             }
         });
         report_flops(&format!("smollm2 layers x{tokens}"), "int4p", secs, tokens, layer_flops);
+        let secs = time(1, |_| {
+            for (n, k, p, s, b) in &int4_layers[..layers] {
+                let w = Int4Matrix { rows: *n, cols: *k, packed: p, scales: s, biases: b };
+                matmul_int4_panels(Isa::best(), pool, &x[..*k * tokens], tokens, w, &mut out[..*n * tokens]).unwrap();
+            }
+        });
+        report_flops(&format!("smollm2 layers x{tokens}"), "int4pe", secs, tokens, layer_flops);
         let secs = time(1, |_| {
             for (n, k, d) in &f16_layers[..layers] {
                 let w = F16Matrix { rows: *n, cols: *k, data: d };

@@ -66,6 +66,35 @@ static BUFFERS: Scratch<Buffers> = Scratch::new();
 /// through `pack`. `isa` has AVX2 + FMA (the caller checked the CPU runs it); with
 /// [`Isa::Avx512`] the tiles are 512 bits wide: two panels (32 rows) by twelve tokens.
 pub(crate) fn gemm(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [f32], pack: &PackFn<'_>) {
+    gemm_packed(isa, pool, x, k, n, out, Pack::Rows(pack))
+}
+
+/// `pack(row0, k0, dst)`: rows `row0..row0 + 16` (zeros past the matrix) of columns `k0..k0 +
+/// dst.len() / 16` as f32, column by column (`dst[c * 16 + r]`): one of [`gemm`]'s panels, for
+/// weights whose own layout gives a panel more cheaply than its rows one by one.
+pub(crate) type PanelPackFn<'a> = dyn Fn(usize, usize, &mut [f32]) + Sync + 'a;
+
+/// [`gemm`] with the weights given a panel at a time: `isa` has AVX2 + FMA.
+pub(crate) fn gemm_panels(
+    isa: Isa,
+    pool: &Pool,
+    x: &[f32],
+    k: usize,
+    n: usize,
+    out: &mut [f32],
+    pack: &PanelPackFn<'_>,
+) {
+    gemm_packed(isa, pool, x, k, n, out, Pack::Panels(pack))
+}
+
+/// How a product's weights are converted: a row at a time, or a panel at a time.
+#[derive(Clone, Copy)]
+enum Pack<'a> {
+    Rows(&'a PackFn<'a>),
+    Panels(&'a PanelPackFn<'a>),
+}
+
+fn gemm_packed(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [f32], pack: Pack<'_>) {
     if k == 0 {
         // No columns: every product is an empty sum.
         out.fill(0.0);
@@ -87,20 +116,29 @@ pub(crate) fn gemm(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &m
                 let panel_count = block_rows.div_ceil(PANEL_WIDTH);
                 for k0 in (0..k).step_by(K_CHUNK) {
                     let kc = K_CHUNK.min(k - k0);
-                    row_buf.resize(panel_count * PANEL_WIDTH * kc, 0.0);
                     panels.resize(panel_count * PANEL_WIDTH * kc, 0.0);
-                    for (i, dst) in row_buf.chunks_exact_mut(kc).enumerate() {
-                        if i < block_rows {
-                            pack(block + i, k0, dst);
-                        } else {
-                            dst.fill(0.0);
+                    match pack {
+                        Pack::Rows(pack) => {
+                            row_buf.resize(panel_count * PANEL_WIDTH * kc, 0.0);
+                            for (i, dst) in row_buf.chunks_exact_mut(kc).enumerate() {
+                                if i < block_rows {
+                                    pack(block + i, k0, dst);
+                                } else {
+                                    dst.fill(0.0);
+                                }
+                            }
+                            for (src, dst) in
+                                row_buf.chunks_exact(PANEL_WIDTH * kc).zip(panels.chunks_exact_mut(PANEL_WIDTH * kc))
+                            {
+                                // SAFETY: the caller checked AVX2; both hold one panel of `kc` columns.
+                                unsafe { avx2::to_panel(src, kc, dst) };
+                            }
                         }
-                    }
-                    for (src, dst) in
-                        row_buf.chunks_exact(PANEL_WIDTH * kc).zip(panels.chunks_exact_mut(PANEL_WIDTH * kc))
-                    {
-                        // SAFETY: the caller checked AVX2; both hold one panel of `kc` columns.
-                        unsafe { avx2::to_panel(src, kc, dst) };
+                        Pack::Panels(pack) => {
+                            for (p, dst) in panels.chunks_exact_mut(PANEL_WIDTH * kc).enumerate() {
+                                pack(block + p * PANEL_WIDTH, k0, dst);
+                            }
+                        }
                     }
                     for t0 in (0..tokens).step_by(tile_tokens) {
                         let tc = tile_tokens.min(tokens - t0);

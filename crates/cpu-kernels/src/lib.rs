@@ -13,8 +13,10 @@
 //!   scale per group; an int4 model's embedding and output head);
 //!
 //! - [`matmul_int4_q8`], [`matmul_int8_q8`]: the same over activations rounded to int8 per group
-//!   ([`Activations::Int8`]), in integer dot products of four; [`matmul_int4_panels_q8`] the
-//!   int4 one over weights laid out in panels of 16 rows ([`int4_to_panels`], ADR 0025);
+//!   ([`Activations::Int8`]), in integer dot products of four;
+//! - [`matmul_int4_panels`], [`matmul_int8_panels`] and their `_q8` twins: the same products over
+//!   weights laid out in panels of 16 rows ([`int4_to_panels`], [`int8_to_panels`]; ADR 0025),
+//!   one row per register lane;
 //!
 //!   each of the exact three converts the weights in registers as it reads them, for a few tokens once
 //!   per block of four, and from a dozen tokens on (a prefill chunk, a large batch) runs as a
@@ -54,8 +56,8 @@ pub use matmul::{
     matmul_f16, matmul_int4, matmul_int4_q8, matmul_int8, matmul_int8_q8, F16Matrix, Int4Matrix, Int8Matrix, GROUP_SIZE,
 };
 pub use panels::{
-    int4_from_panels, int4_to_panels, int8_from_panels, int8_to_panels, matmul_int4_panels_q8, matmul_int8_panels_q8,
-    PANEL_CHUNK, PANEL_ROWS,
+    int4_from_panels, int4_to_panels, int8_from_panels, int8_to_panels, matmul_int4_panels, matmul_int4_panels_q8,
+    matmul_int8_panels, matmul_int8_panels_q8, PANEL_CHUNK, PANEL_ROWS,
 };
 pub use q8::round_int8;
 

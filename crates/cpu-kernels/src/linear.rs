@@ -6,8 +6,9 @@
 use crate::pool::Pool;
 use crate::scratch::Scratch;
 use crate::{
-    check_len, matmul_f16, matmul_int4, matmul_int4_panels_q8, matmul_int4_q8, matmul_int8, matmul_int8_panels_q8,
-    matmul_int8_q8, Activations, F16Matrix, Int4Matrix, Int8Matrix, Isa, ShapeError,
+    check_len, matmul_f16, matmul_int4, matmul_int4_panels, matmul_int4_panels_q8, matmul_int4_q8, matmul_int8,
+    matmul_int8_panels, matmul_int8_panels_q8, matmul_int8_q8, Activations, F16Matrix, Int4Matrix, Int8Matrix, Isa,
+    ShapeError,
 };
 
 /// What the product reads, `[tokens, cols]` once prepared.
@@ -28,12 +29,10 @@ pub enum LinearWeights<'a> {
     F16(F16Matrix<'a>),
     Int4(Int4Matrix<'a>, Activations),
     Int8(Int8Matrix<'a>, Activations),
-    /// int4 weights laid out in panels of 16 rows ([`crate::int4_to_panels`]), always over
-    /// activations rounded to int8 ([`crate::matmul_int4_panels_q8`]).
-    Int4Panels(Int4Matrix<'a>),
-    /// int8 weights laid out in panels of 16 rows ([`crate::int8_to_panels`]), always over
-    /// activations rounded to int8 ([`crate::matmul_int8_panels_q8`]).
-    Int8Panels(Int8Matrix<'a>),
+    /// int4 weights laid out in panels of 16 rows ([`crate::int4_to_panels`]).
+    Int4Panels(Int4Matrix<'a>, Activations),
+    /// int8 weights laid out in panels of 16 rows ([`crate::int8_to_panels`]).
+    Int8Panels(Int8Matrix<'a>, Activations),
 }
 
 impl LinearWeights<'_> {
@@ -42,8 +41,8 @@ impl LinearWeights<'_> {
             LinearWeights::F16(w) => (w.rows, w.cols),
             LinearWeights::Int4(w, _) => (w.rows, w.cols),
             LinearWeights::Int8(w, _) => (w.rows, w.cols),
-            LinearWeights::Int4Panels(w) => (w.rows, w.cols),
-            LinearWeights::Int8Panels(w) => (w.rows, w.cols),
+            LinearWeights::Int4Panels(w, _) => (w.rows, w.cols),
+            LinearWeights::Int8Panels(w, _) => (w.rows, w.cols),
         }
     }
 }
@@ -73,8 +72,10 @@ pub fn linear(
         LinearWeights::Int4(w, Activations::Int8) => matmul_int4_q8(isa, pool, x, tokens, w, out),
         LinearWeights::Int8(w, Activations::Exact) => matmul_int8(isa, pool, x, tokens, w, out),
         LinearWeights::Int8(w, Activations::Int8) => matmul_int8_q8(isa, pool, x, tokens, w, out),
-        LinearWeights::Int4Panels(w) => matmul_int4_panels_q8(isa, pool, x, tokens, w, out),
-        LinearWeights::Int8Panels(w) => matmul_int8_panels_q8(isa, pool, x, tokens, w, out),
+        LinearWeights::Int4Panels(w, Activations::Exact) => matmul_int4_panels(isa, pool, x, tokens, w, out),
+        LinearWeights::Int4Panels(w, Activations::Int8) => matmul_int4_panels_q8(isa, pool, x, tokens, w, out),
+        LinearWeights::Int8Panels(w, Activations::Exact) => matmul_int8_panels(isa, pool, x, tokens, w, out),
+        LinearWeights::Int8Panels(w, Activations::Int8) => matmul_int8_panels_q8(isa, pool, x, tokens, w, out),
     };
     match input {
         LinearInput::Rows(x) => run(x, out)?,

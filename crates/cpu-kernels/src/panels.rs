@@ -1,12 +1,12 @@
-//! int4 weights in panels of 16 rows, multiplied over activations rounded to int8 (ADR 0025).
+//! int4 and int8 weights in panels of 16 rows: one output row per register lane (ADR 0025).
 //!
 //! In seam's row-major int4 layout one 512-bit register of weights holds 128 codes of one row, so
 //! every row ends in a horizontal sum per token, and every 64 bytes cost a conversion and a scale
 //! per token. At SmolLM2's widths (576 columns: four and a half registers per row) that overhead
 //! is as large as the dot products themselves. In a panel, lane `r` of a register is row `r`:
-//! one `vpdpbusd` multiplies four codes of each of 16 rows with four activations broadcast to
-//! every lane, the 16 rows' sums stay in their lanes to the end (no horizontal sum), and a group
-//! of 32 columns is scaled once per token for all 16 rows.
+//! one integer dot product multiplies a few codes of each of 16 rows with activations broadcast
+//! to every lane, the 16 rows' sums stay in their lanes to the end (no horizontal sum), and a
+//! group of 32 columns is scaled once per token for all 16 rows.
 //!
 //! Layout ([`int4_to_panels`]): rows in panels of [`PANEL_ROWS`] (the last one narrower when the
 //! row count is not a multiple: `w` rows). Panel `p` starts at byte `16 p * cols / 2`, as its
@@ -21,15 +21,24 @@
 //! group of each row in turn; their scales as the int4 ones. The graphs gather an embedding's rows
 //! straight from this order (a `[rows / 16, cols / 4, 16, 4]` view), so a tied table is held once.
 //!
-//! The product is the one of [`crate::matmul_int4_q8`] (the exact product over
-//! [`crate::round_int8`]'s activations), so a backend may hold the layers in panels and its other
-//! matrices row-major and compute the same numbers. Off AVX-512 VNNI each run of panels is laid
-//! back out row-major in scratch and multiplied by the exact kernels over the rounded activations.
+//! Two products read the panels, with the numbers of the row-major ones up to the order of f32
+//! operations, so a backend may hold some matrices in panels and others row-major:
+//! - over activations rounded to int8 ([`matmul_int4_panels_q8`], [`matmul_int8_panels_q8`]: the
+//!   numbers of [`crate::matmul_int4_q8`]): one `vpdpbusd` multiplies four codes of each row;
+//! - over exact activations ([`matmul_int4_panels`], [`matmul_int8_panels`]: the numbers of
+//!   [`crate::matmul_int4`]), carried as the row-major exact products carry them, two i16 parts
+//!   per activation: each 16-bit word of a chunk holds two codes of a row, widened to i16 in
+//!   place, and one `vpdpwssd` per part multiplies them with a broadcast pair of activations.
+//!
+//! Exact calls of many tokens (a prefill chunk) run the exact kernels' blocked matrix-matrix
+//! product, which converts each row's groups to f32 straight from the panels. Off AVX-512 VNNI
+//! each run of panels is laid back out row-major in scratch and multiplied by the exact kernels,
+//! over the rounded activations where the product rounds them.
 
 use crate::matmul::{for_each_row_run, int4_weights, int8_weights, SendPtr, MIN_ROWS_PER_TASK};
 use crate::pool::Pool;
 use crate::scratch::Scratch;
-use crate::{check_len, Int4Matrix, Int8Matrix, Isa, ShapeError, GROUP_SIZE};
+use crate::{check_len, Activations, Int4Matrix, Int8Matrix, Isa, ShapeError, GROUP_SIZE};
 
 /// Rows per panel: one i32 lane each in a 512-bit register.
 pub const PANEL_ROWS: usize = 16;
@@ -153,6 +162,35 @@ fn reorder_int8(w: Int8Matrix<'_>, codes: &mut [i8], scales: &mut [u16], to_pane
     Ok(())
 }
 
+/// `out = x W^T` for int4 `W` laid out in panels ([`int4_to_panels`]): `x` is `[tokens, cols]`,
+/// `out` `[tokens, rows]`. The numbers of [`crate::matmul_int4`] over the row-major matrix (the
+/// activations carried as the same two i16 parts), up to the order of f32 operations.
+pub fn matmul_int4_panels(
+    isa: Isa,
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    w: Int4Matrix<'_>,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    int4_weights(&w)?;
+    product(isa, pool, x, tokens, Panels::Int4(&w), Activations::Exact, out)
+}
+
+/// `out = x W^T` for int8 `W` laid out in panels ([`int8_to_panels`]), as
+/// [`matmul_int4_panels`]: the numbers of [`crate::matmul_int8`].
+pub fn matmul_int8_panels(
+    isa: Isa,
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    w: Int8Matrix<'_>,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    int8_weights(&w)?;
+    product(isa, pool, x, tokens, Panels::Int8(&w), Activations::Exact, out)
+}
+
 /// `out = round_int8(x) W^T` for int4 `W` laid out in panels ([`int4_to_panels`]): `x` is
 /// `[tokens, cols]`, `out` `[tokens, rows]`. The numbers of [`crate::matmul_int4_q8`] over the
 /// row-major matrix, up to the order of f32 operations.
@@ -165,7 +203,7 @@ pub fn matmul_int4_panels_q8(
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
     int4_weights(&w)?;
-    product(isa, pool, x, tokens, Panels::Int4(&w), out)
+    product(isa, pool, x, tokens, Panels::Int4(&w), Activations::Int8, out)
 }
 
 /// `out = round_int8(x) W^T` for int8 `W` laid out in panels ([`int8_to_panels`]), as
@@ -179,7 +217,7 @@ pub fn matmul_int8_panels_q8(
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
     int8_weights(&w)?;
-    product(isa, pool, x, tokens, Panels::Int8(&w), out)
+    product(isa, pool, x, tokens, Panels::Int8(&w), Activations::Int8, out)
 }
 
 /// A matrix in panels, of either format.
@@ -198,8 +236,16 @@ impl Panels<'_> {
     }
 }
 
-/// The product of either format, its shapes checked but `x` and `out`.
-fn product(isa: Isa, pool: &Pool, x: &[f32], tokens: usize, w: Panels<'_>, out: &mut [f32]) -> Result<(), ShapeError> {
+/// The product of either format over either activations, its shapes checked but `x` and `out`.
+fn product(
+    isa: Isa,
+    pool: &Pool,
+    x: &[f32],
+    tokens: usize,
+    w: Panels<'_>,
+    activations: Activations,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
     let (rows, cols) = w.shape();
     check_len("x", x.len(), tokens * cols)?;
     check_len("output", out.len(), tokens * rows)?;
@@ -207,23 +253,47 @@ fn product(isa: Isa, pool: &Pool, x: &[f32], tokens: usize, w: Panels<'_>, out: 
         return Ok(());
     }
     let min_rows = MIN_ROWS_PER_TASK.next_multiple_of(PANEL_ROWS);
-    if isa == Isa::Avx512Vnni && isa.is_supported() {
+    let vnni_path = match activations {
+        Activations::Int8 => true,
+        Activations::Exact => tokens <= EXACT_VNNI_MAX_TOKENS,
+    };
+    if isa == Isa::Avx512Vnni && isa.is_supported() && vnni_path {
         PREPARED.with(|prepared| {
-            prepared.fill(x, tokens, cols, matches!(w, Panels::Int4(_)));
+            prepared.fill(x, tokens, cols, matches!(w, Panels::Int4(_)), activations);
             let prepared = &*prepared;
             for_each_row_run(pool, rows, PANEL_ROWS, min_rows, out, &|run, out| {
                 // SAFETY: the CPU has AVX-512 VNNI (checked above); the tokens were laid out for
-                // these columns and this format; `run` starts on a panel and these rows' columns
-                // of `out` are this task's alone.
-                unsafe { vnni_run(prepared, tokens, w, run, out) }
+                // these columns, this format and these activations; `run` starts on a panel and
+                // these rows' columns of `out` are this task's alone.
+                unsafe { vnni_run(prepared, tokens, w, activations, run, out) }
             });
         });
         return Ok(());
     }
-    crate::matmul::over_rounded(isa, x, |x| {
+    if activations == Activations::Exact && tokens > EXACT_VNNI_MAX_TOKENS && isa.has_avx512() && isa.is_supported() {
+        gemm_from_panels(isa, pool, x, w, out);
+        return Ok(());
+    }
+    let mut rows_of = |x: &[f32]| {
         for_each_row_run(pool, rows, PANEL_ROWS, min_rows, out, &|run, out| row_major_run(isa, x, tokens, w, run, out))
-    });
+    };
+    match activations {
+        Activations::Exact => rows_of(x),
+        Activations::Int8 => crate::matmul::over_rounded(isa, x, rows_of),
+    }
     Ok(())
+}
+
+/// The exact product of many tokens: the exact kernels' blocked matrix-matrix product, which
+/// takes its weights 16 rows side by side, as the panels hold them: each panel's groups are
+/// converted to f32 in place, a register of 16 rows at a time.
+fn gemm_from_panels(isa: Isa, pool: &Pool, x: &[f32], w: Panels<'_>, out: &mut [f32]) {
+    let (rows, cols) = w.shape();
+    crate::gemm::gemm_panels(isa, pool, x, cols, rows, out, &|row0, k0, dst| {
+        // SAFETY: the caller checked that the CPU has AVX-512; `row0` starts a panel (the product
+        // splits its rows at multiples of 16) and `dst` holds whole groups of it.
+        unsafe { x86::panel_to_f32(w, row0, k0, dst) }
+    });
 }
 
 /// Row-major copies of a run of panels, and the run's products, per task.
@@ -238,8 +308,8 @@ struct RowMajor {
 
 static ROW_MAJOR: Scratch<RowMajor> = Scratch::new();
 
-/// Rows `run` (whole panels) of the product over the rounded activations `x`, through the exact
-/// kernels on a row-major copy of them.
+/// Rows `run` (whole panels) of the product over the activations `x` (rounded already where the
+/// product rounds them), through the exact kernels on a row-major copy of them.
 fn row_major_run(isa: Isa, x: &[f32], tokens: usize, w: Panels<'_>, run: std::ops::Range<usize>, out: &SendPtr) {
     static ONE_THREAD: std::sync::OnceLock<Pool> = std::sync::OnceLock::new();
     let one = ONE_THREAD.get_or_init(|| Pool::new(1));
@@ -285,30 +355,54 @@ fn row_major_run(isa: Isa, x: &[f32], tokens: usize, w: Panels<'_>, run: std::op
     });
 }
 
-/// Tokens laid out for the panels: per token and group of 32 activations, the int8 codes in the
-/// order a chunk's bytes meet them (int4: for each chunk of four bytes, the four activations of
-/// their low nibbles, then the four of their high ones; int8: as they are), the group's step, and
-/// the step times the codes' sum (the factor of an int4 group's bias, and of the offset that
-/// makes int8 codes unsigned).
+/// Tokens laid out for the panels, per token and group of 32 activations.
+///
+/// Rounded to int8 ([`Activations::Int8`]): the codes in the order a chunk's bytes meet them
+/// (int4: for each chunk of four bytes, the four activations of their low nibbles, then the four
+/// of their high ones; int8: as they are), the group's step, and the step times the codes' sum
+/// (the factor of an int4 group's bias, and of the offset that makes int8 codes unsigned).
+///
+/// Exact ([`Activations::Exact`]): the activations as two i16 parts, as the row-major exact
+/// products carry them (a coarse part in steps of the group's largest magnitude / 32767, then
+/// what that left over in steps 2^15 finer: f32's precision), each part as 16 pairs in the
+/// order of the words a chunk's codes are widened to (int4: pair `4c + j` is the activations of
+/// nibble `j` of the chunk's two 16-bit words, elements `8c + j` and `8c + 4 + j`; int8: pair
+/// `2c + j` of byte `j` of its words, elements `4c + j` and `4c + 2 + j`); the group's step and
+/// the exact sum of its activations (the factor of an int4 group's bias).
 #[derive(Default)]
 struct Prepared {
     codes: Vec<i8>,
+    wide: Vec<i16>,
     steps: Vec<f32>,
     sums: Vec<f32>,
 }
 
 impl Prepared {
-    fn fill(&mut self, x: &[f32], tokens: usize, k: usize, int4: bool) {
+    fn fill(&mut self, x: &[f32], tokens: usize, k: usize, int4: bool, activations: Activations) {
         let groups = k / GROUP_SIZE;
-        self.codes.resize(tokens * k, 0);
         self.steps.resize(tokens * groups, 0.0);
         self.sums.resize(tokens * groups, 0.0);
-        for (i, src) in x.chunks_exact(GROUP_SIZE).enumerate() {
-            let dst = &mut self.codes[i * GROUP_SIZE..(i + 1) * GROUP_SIZE];
-            // SAFETY: only called on the VNNI path, which the CPU supports.
-            let (step, total) = unsafe { x86::round_group(src, dst, int4) };
-            self.steps[i] = step;
-            self.sums[i] = step * total as f32;
+        match activations {
+            Activations::Int8 => {
+                self.codes.resize(tokens * k, 0);
+                for (i, src) in x.chunks_exact(GROUP_SIZE).enumerate() {
+                    let dst = &mut self.codes[i * GROUP_SIZE..(i + 1) * GROUP_SIZE];
+                    // SAFETY: only called on the VNNI path, which the CPU supports.
+                    let (step, total) = unsafe { x86::round_group(src, dst, int4) };
+                    self.steps[i] = step;
+                    self.sums[i] = step * total as f32;
+                }
+            }
+            Activations::Exact => {
+                self.wide.resize(tokens * k * 2, 0);
+                for (i, src) in x.chunks_exact(GROUP_SIZE).enumerate() {
+                    let dst = &mut self.wide[i * 2 * GROUP_SIZE..(i + 1) * 2 * GROUP_SIZE];
+                    // SAFETY: only called on the VNNI path, which the CPU supports.
+                    let (step, sum) = unsafe { x86::split_group(src, dst, int4) };
+                    self.steps[i] = step;
+                    self.sums[i] = sum;
+                }
+            }
         }
     }
 }
@@ -318,10 +412,23 @@ static PREPARED: Scratch<Prepared> = Scratch::new();
 /// Tokens per block: one f32 accumulator each, beside the panel's eight registers of codes.
 const TOKEN_BLOCK: usize = 8;
 
-/// A block of prepared tokens: token `t`'s codes from `codes + t * cols`, its steps and sums from
-/// `steps + t * groups` and `sums + t * groups`.
+/// Calls of up to this many tokens over exact activations take the VNNI path; longer ones (a
+/// prefill chunk) the exact kernels' blocked matrix-matrix product, converting the weights
+/// straight from the panels. Both do 16 multiply-adds of a weight per instruction (an f32
+/// `vfmadd` 16, a `vpdpwssd` 32 but for one of the two parts); the blocked product's register
+/// tile reuses what it loads across more of them (kernels bench: it is the faster from 64 tokens
+/// on, the panels up to 16).
+const EXACT_VNNI_MAX_TOKENS: usize = 16;
+
+/// Tokens per block over exact activations: two i32 accumulators each (the coarse and the fine
+/// part) beside an f32 one, and the four registers of a chunk's widened codes.
+const EXACT_TOKEN_BLOCK: usize = 6;
+
+/// A block of prepared tokens: token `t`'s codes from `codes + t * cols` (or its two i16 parts
+/// from `wide + 2 t * cols`), its steps and sums from `steps + t * groups` and `sums + t * groups`.
 struct Block {
     codes: *const i8,
+    wide: *const i16,
     steps: *const f32,
     sums: *const f32,
     cols: usize,
@@ -332,21 +439,32 @@ struct Block {
 /// # Safety
 /// AVX-512 VNNI; `prepared` laid out for `tokens` tokens of `w`'s columns and format; `run`
 /// starts on a panel; these rows' columns of `out` (`[tokens, rows]`) are the caller's alone.
-unsafe fn vnni_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::ops::Range<usize>, out: &SendPtr) {
+unsafe fn vnni_run(
+    prepared: &Prepared,
+    tokens: usize,
+    w: Panels<'_>,
+    activations: Activations,
+    run: std::ops::Range<usize>,
+    out: &SendPtr,
+) {
     let (rows, cols) = w.shape();
     let groups = cols / GROUP_SIZE;
+    let exact = activations == Activations::Exact;
+    let per_block = if exact { EXACT_TOKEN_BLOCK } else { TOKEN_BLOCK };
     for row0 in run.clone().step_by(PANEL_ROWS) {
         let width = PANEL_ROWS.min(rows - row0);
-        for first in (0..tokens).step_by(TOKEN_BLOCK) {
-            let count = TOKEN_BLOCK.min(tokens - first);
+        for first in (0..tokens).step_by(per_block) {
+            let count = per_block.min(tokens - first);
+            // Only the slices of the prepared form are filled: the other is never read.
             let block = Block {
-                codes: prepared.codes[first * cols..].as_ptr(),
+                codes: prepared.codes.as_ptr().wrapping_add(first * cols),
+                wide: prepared.wide.as_ptr().wrapping_add(2 * first * cols),
                 steps: prepared.steps[first * groups..].as_ptr(),
                 sums: prepared.sums[first * groups..].as_ptr(),
                 cols,
             };
             // SAFETY: as this function's; `block` holds `count` tokens from `first`.
-            unsafe { x86::panel(count, &block, w, row0, width, out.0.add(first * rows), rows) };
+            unsafe { x86::panel(count, &block, w, exact, row0, width, out.0.add(first * rows), rows) };
         }
     }
 }
@@ -355,6 +473,60 @@ unsafe fn vnni_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::
 mod x86 {
     use super::{Block, Int4Matrix, Int8Matrix, Panels, GROUP_BYTES, GROUP_SIZE, PANEL_CHUNK, PANEL_ROWS};
     use std::arch::x86_64::*;
+
+    /// The largest magnitude of an activation as a coarse i16.
+    const I16_RANGE: f32 = 32767.0;
+    /// The fine part's steps per coarse step.
+    const FINE: f32 = 32768.0;
+
+    /// For each of a group's 32 i16 slots of one part (see [`super::Prepared`]), the element of
+    /// the group it holds: `int4` for int4 weights, else int8.
+    const fn pair_order(int4: bool) -> [i32; GROUP_SIZE] {
+        let mut order = [0; GROUP_SIZE];
+        let mut q = 0;
+        while q < GROUP_SIZE {
+            let (pair, h) = (q / 2, q % 2);
+            order[q] = if int4 {
+                // Pair 4c + j: nibble j of the chunk's words 0 and 1 (elements 8c + j, 8c + 4 + j).
+                8 * (pair / 4) + 4 * h + pair % 4
+            } else {
+                // Pair 2c + j: byte j of the chunk's words 0 and 1 (elements 4c + j, 4c + 2 + j).
+                4 * (pair / 2) + 2 * h + pair % 2
+            } as i32;
+            q += 1;
+        }
+        order
+    }
+    static INT4_PAIRS: [i32; GROUP_SIZE] = pair_order(true);
+    static INT8_PAIRS: [i32; GROUP_SIZE] = pair_order(false);
+
+    /// Writes one group (32 values) as its two i16 parts in the panels' pair order for int4
+    /// weights when `int4`, else int8 (`dst`: 32 coarse, then 32 fine); returns its step and the
+    /// sum of its values.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VL.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn split_group(src: &[f32], dst: &mut [i16], int4: bool) -> (f32, f32) {
+        debug_assert!(src.len() == GROUP_SIZE && dst.len() == 2 * GROUP_SIZE);
+        let lo = _mm512_loadu_ps(src.as_ptr());
+        let hi = _mm512_loadu_ps(src.as_ptr().add(16));
+        let abs_mask = _mm512_set1_ps(f32::from_bits(0x7fff_ffff));
+        let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, abs_mask), _mm512_and_ps(hi, abs_mask)));
+        let step = max / I16_RANGE;
+        let inv = _mm512_set1_ps(if step > 0.0 { 1.0 / step } else { 0.0 });
+        let order = if int4 { &INT4_PAIRS } else { &INT8_PAIRS };
+        let p = dst.as_mut_ptr() as *mut __m256i;
+        for half in 0..2 {
+            let index = _mm512_loadu_si512(order.as_ptr().add(16 * half) as *const _);
+            let scaled = _mm512_mul_ps(_mm512_permutex2var_ps(lo, index, hi), inv);
+            let coarse = _mm512_cvtps_epi32(scaled);
+            let rest = _mm512_mul_ps(_mm512_sub_ps(scaled, _mm512_cvtepi32_ps(coarse)), _mm512_set1_ps(FINE));
+            _mm256_storeu_si256(p.add(half), _mm512_cvtepi32_epi16(coarse));
+            _mm256_storeu_si256(p.add(2 + half), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(rest)));
+        }
+        (step, _mm512_reduce_add_ps(_mm512_add_ps(lo, hi)))
+    }
 
     /// Rounds one group (32 values) to int8 codes in the panels' order for int4 weights when
     /// `int4`, else as they are (see [`super::Prepared`]); returns its step and the codes' sum.
@@ -387,10 +559,12 @@ mod x86 {
     /// AVX-512 VNNI; `row0` starts a panel of `w`; `block` holds `count` tokens prepared for `w`'s
     /// columns and format; `out` valid for those elements.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[allow(clippy::too_many_arguments)] // the panel, the tokens, and where the sums go
     pub unsafe fn panel(
         count: usize,
         block: &Block,
         w: Panels<'_>,
+        exact: bool,
         row0: usize,
         width: usize,
         out: *mut f32,
@@ -398,14 +572,195 @@ mod x86 {
     ) {
         macro_rules! by_count {
             ($($r:literal),+) => {
-                match (count, w) {
-                    $(($r, Panels::Int4(w)) => int4_panel::<$r>(block, w, row0, width, out, stride),)+
-                    $(($r, Panels::Int8(w)) => int8_panel::<$r>(block, w, row0, width, out, stride),)+
-                    (other, _) => unreachable!("a token block of {other} tokens"),
+                match (count, w, exact) {
+                    $(($r, Panels::Int4(w), false) => int4_panel::<$r>(block, w, row0, width, out, stride),)+
+                    $(($r, Panels::Int8(w), false) => int8_panel::<$r>(block, w, row0, width, out, stride),)+
+                    (other, _, false) => unreachable!("a token block of {other} tokens"),
+                    $(($r, w, true) if $r <= super::EXACT_TOKEN_BLOCK => exact_panel::<$r>(block, w, row0, width, out, stride),)+
+                    (other, _, true) => unreachable!("an exact token block of {other} tokens"),
                 }
             };
         }
         by_count!(1, 2, 3, 4, 5, 6, 7, 8)
+    }
+
+    /// A panel of either format times `R` tokens of exact activations (two i16 parts).
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    unsafe fn exact_panel<const R: usize>(
+        block: &Block,
+        w: Panels<'_>,
+        row0: usize,
+        width: usize,
+        out: *mut f32,
+        stride: usize,
+    ) {
+        match w {
+            Panels::Int4(w) => {
+                let groups = w.cols / GROUP_SIZE;
+                let nibble = _mm512_set1_epi16(0x0f);
+                // Nibble j of each 16-bit word, widened to i16 in place: the pairs 4c + j.
+                let unpack = |v: __m512i| {
+                    [
+                        _mm512_and_si512(v, nibble),
+                        _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble),
+                        _mm512_and_si512(_mm512_srli_epi16::<8>(v), nibble),
+                        _mm512_srli_epi16::<12>(v),
+                    ]
+                };
+                let panel = Panel {
+                    codes: w.packed.as_ptr().add(row0 * w.cols / 2) as *const i8,
+                    scales: w.scales.as_ptr().add(row0 * groups) as *const i16,
+                    biases: Some(w.biases.as_ptr().add(row0 * groups) as *const i16),
+                    groups,
+                    width,
+                };
+                exact_sums::<R, 4>(block, &panel, unpack, out.add(row0), stride)
+            }
+            Panels::Int8(w) => {
+                let groups = w.cols / GROUP_SIZE;
+                // Byte j of each 16-bit word, sign-extended to i16: the pairs 2c + j.
+                let unpack =
+                    |v: __m512i| [_mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(v)), _mm512_srai_epi16::<8>(v)];
+                let panel = Panel {
+                    codes: w.codes.as_ptr().add(row0 * w.cols),
+                    scales: w.scales.as_ptr().add(row0 * groups) as *const i16,
+                    biases: None,
+                    groups,
+                    width,
+                };
+                exact_sums::<R, 2>(block, &panel, unpack, out.add(row0), stride)
+            }
+        }
+    }
+
+    /// One panel's codes (`width` rows from its first), scales and int4 biases.
+    struct Panel {
+        codes: *const i8,
+        scales: *const i16,
+        biases: Option<*const i16>,
+        groups: usize,
+        width: usize,
+    }
+
+    /// The panel times `R` tokens of exact activations, written to `out[t * stride + r]`: per
+    /// group, each chunk of four bytes per row is widened by `unpack` to `E` registers of i16
+    /// pairs (a group is `16 / E` chunks), each multiplied with each token's coarse and fine pair
+    /// broadcast to every lane (`vpdpwssd`); the two integer sums are scaled once per group for
+    /// the 16 rows. For one or two tokens the chunks alternate between two chains per part, so
+    /// that the multiply-adds do not wait on each other.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn exact_sums<const R: usize, const E: usize>(
+        block: &Block,
+        panel: &Panel,
+        unpack: impl Fn(__m512i) -> [__m512i; E],
+        out: *mut f32,
+        stride: usize,
+    ) {
+        let Panel { codes, scales, biases, groups, width } = *panel;
+        let (lanes, chunk_bytes) = masks(width);
+        let chunks = GROUP_SIZE / 2 / E;
+        let group_bytes = chunks * PANEL_CHUNK * width;
+        let fine_step = _mm512_set1_ps(1.0 / FINE);
+        let mut acc = [_mm512_setzero_ps(); R];
+        for g in 0..groups {
+            let group = codes.add(g * group_bytes);
+            prefetch(group, chunks);
+            // Chunk c's products into `coarse` and `fine`, one chain per token each.
+            let chunk = |c: usize, coarse: &mut [__m512i; R], fine: &mut [__m512i; R]| {
+                let u = unpack(_mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * PANEL_CHUNK * width)));
+                for t in 0..R {
+                    let a = block.wide.add(2 * (t * block.cols + g * GROUP_SIZE)) as *const i32;
+                    for (j, &u) in u.iter().enumerate() {
+                        let pair = E * c + j;
+                        coarse[t] = _mm512_dpwssd_epi32(coarse[t], u, _mm512_set1_epi32(a.add(pair).read_unaligned()));
+                        let f = a.add(GROUP_SIZE / 2 + pair).read_unaligned();
+                        fine[t] = _mm512_dpwssd_epi32(fine[t], u, _mm512_set1_epi32(f));
+                    }
+                }
+            };
+            let (mut coarse, mut fine) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+            let (mut coarse2, mut fine2) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
+            for c in (0..chunks).step_by(2) {
+                chunk(c, &mut coarse, &mut fine);
+                if R <= 2 {
+                    chunk(c + 1, &mut coarse2, &mut fine2);
+                } else {
+                    chunk(c + 1, &mut coarse, &mut fine);
+                }
+            }
+            let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, scales.add(g * width)));
+            let b = biases.map(|b| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, b.add(g * width))));
+            for t in 0..R {
+                let at = t * groups + g;
+                let c = _mm512_cvtepi32_ps(_mm512_add_epi32(coarse[t], coarse2[t]));
+                let f = _mm512_cvtepi32_ps(_mm512_add_epi32(fine[t], fine2[t]));
+                let d = _mm512_fmadd_ps(f, fine_step, c);
+                acc[t] = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(*block.steps.add(at))), acc[t]);
+                if let Some(b) = b {
+                    acc[t] = _mm512_fmadd_ps(b, _mm512_set1_ps(*block.sums.add(at)), acc[t]);
+                }
+            }
+        }
+        for (t, acc) in acc.into_iter().enumerate() {
+            _mm512_mask_storeu_ps(out.add(t * stride), lanes, acc);
+        }
+    }
+
+    /// Columns `k0..k0 + dst.len() / 16` (whole groups) of the panel starting at row `row0`, as
+    /// f32 by the format's definition, column by column: `dst[c * 16 + r]` (zeros past the
+    /// panel's rows). Lane `r` of a chunk's register is row `r`, so each column is a shift and
+    /// a mask (int4) or a sign extension (int8) of the register, converted and scaled per lane.
+    ///
+    /// # Safety
+    /// AVX-512F and BW; `row0` starts a panel of `w`.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
+    pub unsafe fn panel_to_f32(w: Panels<'_>, row0: usize, k0: usize, dst: &mut [f32]) {
+        let (rows, cols) = w.shape();
+        let groups = cols / GROUP_SIZE;
+        let width = PANEL_ROWS.min(rows - row0);
+        let (lanes, chunk_bytes) = masks(width);
+        debug_assert!(row0.is_multiple_of(PANEL_ROWS) && k0.is_multiple_of(GROUP_SIZE));
+        debug_assert!(dst.len().is_multiple_of(GROUP_SIZE * PANEL_ROWS) && k0 + dst.len() / PANEL_ROWS <= cols);
+        let out = dst.as_mut_ptr();
+        for (i, g) in (k0 / GROUP_SIZE..(k0 + dst.len() / PANEL_ROWS) / GROUP_SIZE).enumerate() {
+            let column = |c: usize| out.add((i * GROUP_SIZE + c) * PANEL_ROWS);
+            let at = row0 * groups + g * width;
+            match w {
+                Panels::Int4(w) => {
+                    let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, w.scales.as_ptr().add(at) as *const i16));
+                    let b = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, w.biases.as_ptr().add(at) as *const i16));
+                    let group = w.packed.as_ptr().add(row0 * cols / 2 + g * GROUP_BYTES * width) as *const i8;
+                    let nibble = _mm512_set1_epi32(0x0f);
+                    for c in 0..GROUP_BYTES / PANEL_CHUNK {
+                        let v = _mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * PANEL_CHUNK * width));
+                        // Element 8c + q is nibble q of the lane's four bytes (element 2i low).
+                        macro_rules! nibbles {
+                            ($($q:literal),+) => {$(
+                                let q = _mm512_and_si512(_mm512_srli_epi32::<{ 4 * $q }>(v), nibble);
+                                _mm512_storeu_ps(column(8 * c + $q), _mm512_fmadd_ps(_mm512_cvtepi32_ps(q), s, b));
+                            )+};
+                        }
+                        nibbles!(0, 1, 2, 3, 4, 5, 6, 7);
+                    }
+                }
+                Panels::Int8(w) => {
+                    let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, w.scales.as_ptr().add(at) as *const i16));
+                    let group = w.codes.as_ptr().add(row0 * cols + g * GROUP_SIZE * width);
+                    for c in 0..GROUP_SIZE / PANEL_CHUNK {
+                        let v = _mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * PANEL_CHUNK * width));
+                        // Element 4c + q is byte q of the lane, sign-extended.
+                        macro_rules! bytes {
+                            ($($q:literal),+) => {$(
+                                let q = _mm512_srai_epi32::<24>(_mm512_slli_epi32::<{ 24 - 8 * $q }>(v));
+                                _mm512_storeu_ps(column(4 * c + $q), _mm512_mul_ps(_mm512_cvtepi32_ps(q), s));
+                            )+};
+                        }
+                        bytes!(0, 1, 2, 3);
+                    }
+                }
+            }
+        }
     }
 
     /// The lanes of a panel of `width` rows, and the bytes of one of its chunks.
@@ -522,7 +877,14 @@ mod x86 {
     pub unsafe fn round_group(_: &[f32], _: &mut [i8], _: bool) -> (f32, i32) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
-    pub unsafe fn panel(_: usize, _: &Block, _: Panels<'_>, _: usize, _: usize, _: *mut f32, _: usize) {
+    pub unsafe fn split_group(_: &[f32], _: &mut [i16], _: bool) -> (f32, f32) {
+        unreachable!("the VNNI path is never chosen off x86-64")
+    }
+    pub unsafe fn panel_to_f32(_: Panels<'_>, _: usize, _: usize, _: &mut [f32]) {
+        unreachable!("the AVX-512 path is never chosen off x86-64")
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub unsafe fn panel(_: usize, _: &Block, _: Panels<'_>, _: bool, _: usize, _: usize, _: *mut f32, _: usize) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
 }

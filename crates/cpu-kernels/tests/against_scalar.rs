@@ -98,9 +98,16 @@ fn matmul_int4_matches_scalar_on_every_path() {
             let biases: Vec<u16> = (0..n * groups).map(|_| rng.f16_bits(0.5)).collect();
             let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
             let w = Int4Matrix { rows: n, cols: k, packed: &packed, scales: &scales, biases: &biases };
-            for isa in Isa::supported() {
+            let (mut pp, mut ps, mut pb) =
+                (vec![0u8; packed.len()], vec![0u16; scales.len()], vec![0u16; biases.len()]);
+            cpu_kernels::int4_to_panels(w, &mut pp, &mut ps, &mut pb).unwrap();
+            let panels = Int4Matrix { rows: n, cols: k, packed: &pp, scales: &ps, biases: &pb };
+            for (isa, in_panels) in Isa::supported().into_iter().flat_map(|isa| [(isa, false), (isa, true)]) {
                 let mut out = vec![f32::NAN; tokens * n];
-                matmul_int4(isa, &pool, &x, tokens, w, &mut out).unwrap();
+                match in_panels {
+                    false => matmul_int4(isa, &pool, &x, tokens, w, &mut out).unwrap(),
+                    true => cpu_kernels::matmul_int4_panels(isa, &pool, &x, tokens, panels, &mut out).unwrap(),
+                }
                 for t in 0..tokens {
                     for row in 0..n {
                         let want = scalar::dot_int4(
@@ -125,7 +132,7 @@ fn matmul_int4_matches_scalar_on_every_path() {
                             .sum();
                         assert!(
                             (got - want).abs() <= magnitude / 1048576.0 + 1e-6,
-                            "{isa:?} int4 [{n}x{k}] t{t} row {row}: {got} vs {want} (magnitude {magnitude})"
+                            "{isa:?} int4 (panels: {in_panels}) [{n}x{k}] t{t} row {row}: {got} vs {want} (magnitude {magnitude})"
                         );
                     }
                 }
@@ -156,9 +163,15 @@ fn matmul_int8_matches_scalar_on_every_path() {
             let scales: Vec<u16> = (0..n * groups).map(|_| rng.f16_bits(0.01)).collect();
             let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
             let w = Int8Matrix { rows: n, cols: k, codes: &codes, scales: &scales };
-            for isa in Isa::supported() {
+            let (mut pc, mut ps) = (vec![0i8; codes.len()], vec![0u16; scales.len()]);
+            cpu_kernels::int8_to_panels(w, &mut pc, &mut ps).unwrap();
+            let panels = Int8Matrix { rows: n, cols: k, codes: &pc, scales: &ps };
+            for (isa, in_panels) in Isa::supported().into_iter().flat_map(|isa| [(isa, false), (isa, true)]) {
                 let mut out = vec![f32::NAN; tokens * n];
-                matmul_int8(isa, &pool, &x, tokens, w, &mut out).unwrap();
+                match in_panels {
+                    false => matmul_int8(isa, &pool, &x, tokens, w, &mut out).unwrap(),
+                    true => cpu_kernels::matmul_int8_panels(isa, &pool, &x, tokens, panels, &mut out).unwrap(),
+                }
                 for t in 0..tokens {
                     for row in 0..n {
                         let (xr, cr) = (&x[t * k..(t + 1) * k], &codes[row * k..(row + 1) * k]);
@@ -169,7 +182,10 @@ fn matmul_int8_matches_scalar_on_every_path() {
                             .map(|i| (xr[i] * f16::from_bits(sr[i / GROUP_SIZE]).to_f32() * cr[i] as f32).abs())
                             .sum();
                         let got = out[t * n + row];
-                        assert!(close(got, want, magnitude), "{isa:?} int8 [{n}x{k}] t{t} row {row}: {got} vs {want}");
+                        assert!(
+                            close(got, want, magnitude),
+                            "{isa:?} int8 (panels: {in_panels}) [{n}x{k}] t{t} row {row}: {got} vs {want}"
+                        );
                     }
                 }
             }

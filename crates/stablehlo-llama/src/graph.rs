@@ -165,9 +165,11 @@ pub fn linear_targets() -> Vec<LinearTarget> {
     for (format, activations, order) in [
         (MatrixFormat::F16, KernelActivations::Exact, MatrixOrder::RowMajor),
         (MatrixFormat::Int4, KernelActivations::Exact, MatrixOrder::RowMajor),
+        (MatrixFormat::Int4, KernelActivations::Exact, MatrixOrder::Panels),
         (MatrixFormat::Int4, KernelActivations::Int8, MatrixOrder::RowMajor),
         (MatrixFormat::Int4, KernelActivations::Int8, MatrixOrder::Panels),
         (MatrixFormat::Int8, KernelActivations::Exact, MatrixOrder::RowMajor),
+        (MatrixFormat::Int8, KernelActivations::Exact, MatrixOrder::Panels),
         (MatrixFormat::Int8, KernelActivations::Int8, MatrixOrder::RowMajor),
         (MatrixFormat::Int8, KernelActivations::Int8, MatrixOrder::Panels),
     ] {
@@ -275,11 +277,11 @@ impl GraphOptions {
     }
 
     /// How the quantized matrices are ordered (`crate::weight_args_with` says which): in panels
-    /// of 16 rows when the kernels take every call with int8 activations (the only products that
-    /// read that order), else row-major.
+    /// of 16 rows when the kernels take every call (the only products that read that order), else
+    /// row-major.
     pub fn matrix_order(&self) -> MatrixOrder {
         match self.host_kernels {
-            Some(k) if k.activations == KernelActivations::Int8 && k.max_tokens == usize::MAX => MatrixOrder::Panels,
+            Some(k) if k.max_tokens == usize::MAX => MatrixOrder::Panels,
             _ => MatrixOrder::RowMajor,
         }
     }
@@ -1857,8 +1859,26 @@ mod tests {
             }
             assert_eq!(q8.matrix_order(), MatrixOrder::RowMajor, "calls above max_tokens keep the graph's dots");
         }
+        // Exact activations read the same panels, through their own targets.
+        let exact_every_call = GraphOptions {
+            layers: LayerMode::UnrolledCachePerLayer,
+            cache: StorageDtype::F32,
+            host_kernels: Some(HostKernels {
+                max_tokens: usize::MAX,
+                calls: KernelCalls::XlaCustomCall,
+                activations: KernelActivations::Exact,
+            }),
+            ..options(WeightFormat::Int4)
+        };
+        assert_eq!(exact_every_call.matrix_order(), MatrixOrder::Panels);
+        let text = emit_module(&c, &exact_every_call, &[DECODE]).unwrap();
+        let count = |prefix: &str| text.matches(&format!("call_target_name = \"{prefix}")).count();
+        assert_eq!(count("seam_linear_int4p"), 7 * layers);
+        assert_eq!(count("seam_linear_int4p_q8"), 0);
+        assert_eq!((count("seam_linear_int4_"), count("seam_linear_int4\"")), (0, 0), "no row-major int4 product left");
+        assert_eq!(count("seam_linear_int8p"), 1);
         let names: std::collections::HashSet<String> = linear_targets().into_iter().map(|t| t.name).collect();
-        assert_eq!(names.len(), 42, "every target its own name");
+        assert_eq!(names.len(), 54, "every target its own name");
         assert!(names.contains("seam_linear_int4p_q8_swiglu_residual"));
         assert!(names.contains("seam_linear_int4_q8_rmsnorm_residual"));
 
