@@ -77,9 +77,9 @@ pub enum MatrixOrder {
     /// seam's formats as stored: row after row.
     #[default]
     RowMajor,
-    /// Panels of 16 rows (`cpu_kernels::int4_to_panels`, `int8_to_panels`, ADR 0025): what the
-    /// kernels' products over int8 activations read fastest. Only seam's kernels multiply them; the
-    /// graphs gather an int8 embedding's rows from them.
+    /// Panels of 16 rows (`cpu_kernels::int4_to_panels`, `int8_to_panels`, ADR 0025 and 0026):
+    /// what the kernels' products read fastest, over exact or int8 activations. Only seam's
+    /// kernels multiply them; the graphs gather an int8 embedding's rows from them.
     Panels,
 }
 

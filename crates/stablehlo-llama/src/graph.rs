@@ -154,8 +154,8 @@ pub struct LinearTarget {
     pub residual: bool,
     /// How an int4 or int8 product takes its activations (always exact for f16 weights).
     pub activations: KernelActivations,
-    /// How an int4 or int8 matrix is ordered (panels only with int8 activations; row-major
-    /// otherwise).
+    /// How an int4 or int8 matrix is ordered (panels where the kernels take every call,
+    /// [`GraphOptions::matrix_order`]; row-major otherwise).
     pub order: MatrixOrder,
 }
 
