@@ -778,6 +778,16 @@ fn embed_rows(b: &mut FnBuilder, table: &MatrixArg, ids: &Val) -> Val {
     }
 }
 
+/// `silu(gate) * up`, element-wise, with `silu(g) = g / (1 + exp(-g))` as the reference writes it.
+fn swiglu(b: &mut FnBuilder, gate: &Val, up: &Val) -> Val {
+    let ng = b.neg(gate);
+    let e = b.exp(&ng);
+    let one = b.const_f32(1.0, gate.dims());
+    let denom = b.add(&one, &e);
+    let silu = b.div(gate, &denom);
+    b.mul(&silu, up)
+}
+
 /// RMSNorm of each row of `x` (`[T, H]`), as the reference: `w * (x * (1 / sqrt(mean(x²) + eps)))`.
 fn rms_norm(b: &mut FnBuilder, x: &Val, w: &Val, eps: f32) -> Val {
     let (t, h) = (x.dims()[0], x.dims()[1]);
@@ -837,6 +847,24 @@ struct LayerInputs {
     /// The real rows of a padded call (`count`), which the kernels compute alone; `None` when
     /// every row is real (the decodes).
     rows: Option<Val>,
+    /// Whether the products' RMSNorm and SwiGLU run as the graph's own ops instead of inside the
+    /// kernels' calls ([`prepares_in_graph`]).
+    prepare_in_graph: bool,
+}
+
+/// From this many rows per call on, iree-cpu's graphs normalize and gate the products' inputs
+/// with their own ops: each of a kernel dispatch's workgroups prepares the whole input for its
+/// share of the output rows, so a fused preparation runs once per workgroup (eight times for a
+/// SmolLM2 layer's products), which at a prefill chunk's hundreds of rows costs as much as a
+/// sizeable part of the products. A decode's one row keeps the fused call (its preparation is a
+/// few hundred values; a dispatch of its own would cost more).
+const PREPARE_IN_GRAPH_FROM_ROWS: usize = 16;
+
+/// Whether a call of `t` rows prepares the kernels' inputs in the graph (see
+/// [`PREPARE_IN_GRAPH_FROM_ROWS`]): only where each call is split over IREE workgroups.
+fn prepares_in_graph(options: &GraphOptions, t: usize) -> bool {
+    matches!(options.host_kernels, Some(HostKernels { calls: KernelCalls::IreeDispatch, .. }))
+        && t >= PREPARE_IN_GRAPH_FROM_ROWS
 }
 
 /// What one sequence of a call attends with.
@@ -900,7 +928,7 @@ fn decoder_layer(
     x: Val,
     kv: Vec<LayerKv>,
 ) -> (Val, Vec<LayerKv>) {
-    let LayerInputs { cos, sin, sequences, t, eps, rows, .. } = inputs;
+    let LayerInputs { cos, sin, sequences, t, eps, rows, prepare_in_graph, .. } = inputs;
     let rows = rows.as_ref();
     let (t, eps) = (*t, *eps);
     let d = config.head_dim;
@@ -916,6 +944,12 @@ fn decoder_layer(
     let fused = wq.is_kernel();
     let eps_val = fused.then(|| b.const_f32(eps, &[]));
     let (q, k, v) = match &eps_val {
+        Some(_) if *prepare_in_graph => {
+            let normed = rms_norm(b, &x, &attn_norm, eps);
+            let product =
+                |b: &mut FnBuilder, w: &MatrixArg| kernel_linear(b, rows, &[&normed], KernelInput::Rows, w, None);
+            (product(b, &wq), product(b, &wk), product(b, &wv))
+        }
         Some(e) => {
             let normed = |b: &mut FnBuilder, w: &MatrixArg| {
                 kernel_linear(b, rows, &[&x, &attn_norm, e], KernelInput::RmsNorm, w, None)
@@ -957,6 +991,16 @@ fn decoder_layer(
         [one] => one.clone(),
         many => b.concatenate(&many.iter().collect::<Vec<_>>(), 0),
     };
+    if eps_val.is_some() && *prepare_in_graph {
+        // The residual adds inside the kernels' calls, the norm and the SwiGLU in the graph.
+        x = kernel_linear(b, rows, &[&attn], KernelInput::Rows, &wo, Some(&x));
+        let normed = rms_norm(b, &x, &mlp_norm, eps);
+        let gate = kernel_linear(b, rows, &[&normed], KernelInput::Rows, &w_gate, None);
+        let up = kernel_linear(b, rows, &[&normed], KernelInput::Rows, &w_up, None);
+        let act = swiglu(b, &gate, &up);
+        x = kernel_linear(b, rows, &[&act], KernelInput::Rows, &w_down, Some(&x));
+        return (x, updated);
+    }
     if let Some(e) = &eps_val {
         // The residual adds, the MLP's norm and its SwiGLU all inside the kernels' calls.
         x = kernel_linear(b, rows, &[&attn], KernelInput::Rows, &wo, Some(&x));
@@ -971,13 +1015,7 @@ fn decoder_layer(
     let normed = rms_norm(b, &x, &mlp_norm, eps);
     let gate = linear(b, &normed, &w_gate);
     let up = linear(b, &normed, &w_up);
-    // silu(g) = g / (1 + exp(-g)), as the reference writes it.
-    let ng = b.neg(&gate);
-    let e = b.exp(&ng);
-    let one = b.const_f32(1.0, gate.dims());
-    let denom = b.add(&one, &e);
-    let silu = b.div(&gate, &denom);
-    let act = b.mul(&silu, &up);
+    let act = swiglu(b, &gate, &up);
     let down = linear(b, &act, &w_down);
     x = b.add(&x, &down);
     (x, updated)
@@ -1290,6 +1328,7 @@ fn forward(
         t,
         eps,
         rows: count.clone(),
+        prepare_in_graph: prepares_in_graph(options, t),
     };
     let write_all = |b: &mut FnBuilder, new_kvs: Vec<NewKv>| -> Vec<Val> {
         new_kvs
@@ -1966,6 +2005,25 @@ mod tests {
             let pairs = if target == ATTENTION_DECODE_TARGET { 5 } else { 6 };
             assert_eq!(line.matches("index").count(), pairs + 7, "{line}");
         }
+
+        // A decode normalizes and gates inside the kernels' calls; a prefill chunk of 16 rows
+        // and more in the graph, every product then taking plain rows (once per workgroup would
+        // repeat the preparation for each share of the output rows).
+        let dispatches = |spec: GraphSpec, input: &str| {
+            let text = emit_module(&c, &options, &[spec]).unwrap();
+            text.lines()
+                .filter(|l| l.contains("flow.dispatch @seam_kernels::@seam_linear_") && l.contains(input))
+                .count()
+        };
+        let chunk = GraphSpec { kind: GraphKind::Prefill { bucket: PREPARE_IN_GRAPH_FROM_ROWS }, logits: false };
+        assert_eq!(dispatches(DECODE, "_rmsnorm"), 5 * layers + 1);
+        assert_eq!(dispatches(DECODE, "_swiglu"), layers);
+        // The head reads the chunk's last row alone: its norm stays fused.
+        assert_eq!(dispatches(chunk, "_rmsnorm"), 1);
+        assert_eq!(dispatches(chunk, "_swiglu"), 0);
+        assert_eq!(dispatches(chunk, ""), 7 * layers + 1);
+        let text = emit_module(&c, &options, &[chunk]).unwrap();
+        assert!(text.contains("stablehlo.sqrt") && text.contains("stablehlo.exponential"), "the norm and SwiGLU");
     }
 
     #[test]
