@@ -852,13 +852,14 @@ struct LayerInputs {
     prepare_in_graph: bool,
 }
 
-/// From this many rows per call on, iree-cpu's graphs normalize and gate the products' inputs
-/// with their own ops: each of a kernel dispatch's workgroups prepares the whole input for its
-/// share of the output rows, so a fused preparation runs once per workgroup (eight times for a
-/// SmolLM2 layer's products), which at a prefill chunk's hundreds of rows costs as much as a
-/// sizeable part of the products. A decode's one row keeps the fused call (its preparation is a
-/// few hundred values; a dispatch of its own would cost more).
-const PREPARE_IN_GRAPH_FROM_ROWS: usize = 16;
+/// From this many rows per call on (a batch of four sequences or more, a prefill chunk),
+/// iree-cpu's graphs normalize and gate the products' inputs with their own ops: each of a kernel
+/// dispatch's workgroups prepares the whole input for its share of the output rows, so a fused
+/// preparation runs once per workgroup (eight times for a SmolLM2 layer's products), which at a
+/// prefill chunk's hundreds of rows costs as much as a sizeable part of the products, and at a
+/// batch of eight more than the three dispatches of the graph's own ops (docs/performance.md). A
+/// decode's one row keeps the fused call (its preparation is a few hundred values).
+const PREPARE_IN_GRAPH_FROM_ROWS: usize = 4;
 
 /// Whether a call of `t` rows prepares the kernels' inputs in the graph (see
 /// [`PREPARE_IN_GRAPH_FROM_ROWS`]): only where each call is split over IREE workgroups.
@@ -2006,8 +2007,8 @@ mod tests {
             assert_eq!(line.matches("index").count(), pairs + 7, "{line}");
         }
 
-        // A decode normalizes and gates inside the kernels' calls; a prefill chunk of 16 rows
-        // and more in the graph, every product then taking plain rows (once per workgroup would
+        // A decode normalizes and gates inside the kernels' calls; a call of four rows and more
+        // in the graph, every product then taking plain rows (once per workgroup would
         // repeat the preparation for each share of the output rows).
         let dispatches = |spec: GraphSpec, input: &str| {
             let text = emit_module(&c, &options, &[spec]).unwrap();
