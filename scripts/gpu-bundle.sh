@@ -60,6 +60,9 @@ fi
 if [ "${1:-}" = "--dry-run" ]; then
   step "dry run of run.sh on the CPU backends"
   dry_out=$(mktemp -d)
-  SEAM_GPU_DRY_RUN=1 OUT="$dry_out" "$BUNDLE/run.sh"
+  # run.sh gives seam a fresh SEAM_HOME, as on the GPU machine, where the CUDA plugin comes from
+  # python3's site-packages; here pjrt-cpu needs the CPU plugin build-prereqs.sh installed.
+  cpu_plugin="$PWD/.seam/pjrt/xla_plugins/xla_cpu_pjrt/xla_cpu_pjrt.so"
+  SEAM_PJRT_CPU_PLUGIN="${SEAM_PJRT_CPU_PLUGIN:-$cpu_plugin}" SEAM_GPU_DRY_RUN=1 OUT="$dry_out" "$BUNDLE/run.sh"
   echo "dry-run reports in $dry_out" >&2
 fi
