@@ -148,11 +148,11 @@ pub fn matmul_f16(
 
 /// The largest magnitude of an activation rounded to i16: products with a nibble (at most 15),
 /// summed in pairs, stay far inside i32.
-const I16_RANGE: f32 = 32767.0;
+pub(crate) const I16_RANGE: f32 = 32767.0;
 
 /// How much finer the second i16 of an activation is than the first (2^15: the first's rounding
 /// error, at most half a step, is then at most 16384 fine steps).
-const FINE: f32 = 32768.0;
+pub(crate) const FINE: f32 = 32768.0;
 
 /// Activations prepared for the int4 fast path, reused across calls on one thread.
 #[derive(Default)]

@@ -474,10 +474,8 @@ mod x86 {
     use super::{Block, Int4Matrix, Int8Matrix, Panels, GROUP_BYTES, GROUP_SIZE, PANEL_CHUNK, PANEL_ROWS};
     use std::arch::x86_64::*;
 
-    /// The largest magnitude of an activation as a coarse i16.
-    const I16_RANGE: f32 = 32767.0;
-    /// The fine part's steps per coarse step.
-    const FINE: f32 = 32768.0;
+    use crate::matmul::FINE;
+    use crate::vnni::x86::{group_step, split_parts};
 
     /// For each of a group's 32 i16 slots of one part (see [`super::Prepared`]), the element of
     /// the group it holds: `int4` for int4 weights, else int8.
@@ -511,19 +509,15 @@ mod x86 {
         debug_assert!(src.len() == GROUP_SIZE && dst.len() == 2 * GROUP_SIZE);
         let lo = _mm512_loadu_ps(src.as_ptr());
         let hi = _mm512_loadu_ps(src.as_ptr().add(16));
-        let abs_mask = _mm512_set1_ps(f32::from_bits(0x7fff_ffff));
-        let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, abs_mask), _mm512_and_ps(hi, abs_mask)));
-        let step = max / I16_RANGE;
+        let step = group_step(lo, hi);
         let inv = _mm512_set1_ps(if step > 0.0 { 1.0 / step } else { 0.0 });
         let order = if int4 { &INT4_PAIRS } else { &INT8_PAIRS };
         let p = dst.as_mut_ptr() as *mut __m256i;
         for half in 0..2 {
             let index = _mm512_loadu_si512(order.as_ptr().add(16 * half) as *const _);
-            let scaled = _mm512_mul_ps(_mm512_permutex2var_ps(lo, index, hi), inv);
-            let coarse = _mm512_cvtps_epi32(scaled);
-            let rest = _mm512_mul_ps(_mm512_sub_ps(scaled, _mm512_cvtepi32_ps(coarse)), _mm512_set1_ps(FINE));
+            let (coarse, fine) = split_parts(_mm512_mul_ps(_mm512_permutex2var_ps(lo, index, hi), inv));
             _mm256_storeu_si256(p.add(half), _mm512_cvtepi32_epi16(coarse));
-            _mm256_storeu_si256(p.add(2 + half), _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(rest)));
+            _mm256_storeu_si256(p.add(2 + half), _mm512_cvtepi32_epi16(fine));
         }
         (step, _mm512_reduce_add_ps(_mm512_add_ps(lo, hi)))
     }
@@ -570,18 +564,29 @@ mod x86 {
         out: *mut f32,
         stride: usize,
     ) {
-        macro_rules! by_count {
+        macro_rules! rounded {
             ($($r:literal),+) => {
-                match (count, w, exact) {
-                    $(($r, Panels::Int4(w), false) => int4_panel::<$r>(block, w, row0, width, out, stride),)+
-                    $(($r, Panels::Int8(w), false) => int8_panel::<$r>(block, w, row0, width, out, stride),)+
-                    (other, _, false) => unreachable!("a token block of {other} tokens"),
-                    $(($r, w, true) if $r <= super::EXACT_TOKEN_BLOCK => exact_panel::<$r>(block, w, row0, width, out, stride),)+
-                    (other, _, true) => unreachable!("an exact token block of {other} tokens"),
+                match (count, w) {
+                    $(($r, Panels::Int4(w)) => int4_panel::<$r>(block, w, row0, width, out, stride),)+
+                    $(($r, Panels::Int8(w)) => int8_panel::<$r>(block, w, row0, width, out, stride),)+
+                    (other, _) => unreachable!("a token block of {other} tokens"),
                 }
             };
         }
-        by_count!(1, 2, 3, 4, 5, 6, 7, 8)
+        macro_rules! exact {
+            ($($r:literal),+) => {
+                match count {
+                    $($r => exact_panel::<$r>(block, w, row0, width, out, stride),)+
+                    other => unreachable!("an exact token block of {other} tokens"),
+                }
+            };
+        }
+        // The literal lists above are the blocks' sizes: a change of either constant fails here.
+        const _: () = assert!(super::TOKEN_BLOCK == 8 && super::EXACT_TOKEN_BLOCK == 6);
+        match exact {
+            false => rounded!(1, 2, 3, 4, 5, 6, 7, 8),
+            true => exact!(1, 2, 3, 4, 5, 6),
+        }
     }
 
     /// A panel of either format times `R` tokens of exact activations (two i16 parts).

@@ -49,10 +49,25 @@ pub(crate) mod x86 {
     use std::arch::x86_64::*;
     use std::ops::Range;
 
-    /// The largest magnitude of an activation as a coarse i16.
-    const I16_RANGE: f32 = 32767.0;
-    /// The fine part's steps per coarse step.
-    const FINE: f32 = 32768.0;
+    use crate::matmul::{FINE, I16_RANGE};
+
+    /// The coarse step of a group of 32 activations (`lo`, `hi`): its largest magnitude / 32767.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    pub(crate) unsafe fn group_step(lo: __m512, hi: __m512) -> f32 {
+        let abs_mask = _mm512_set1_ps(f32::from_bits(0x7fff_ffff));
+        _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, abs_mask), _mm512_and_ps(hi, abs_mask))) / I16_RANGE
+    }
+
+    /// Activations in coarse steps (`scaled`: value / step) as their two i16 parts, in i32 lanes:
+    /// the rounded coarse part, and what that rounding left over in steps [`FINE`] times finer.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    pub(crate) unsafe fn split_parts(scaled: __m512) -> (__m512i, __m512i) {
+        let coarse = _mm512_cvtps_epi32(scaled);
+        let rest = _mm512_mul_ps(_mm512_sub_ps(scaled, _mm512_cvtepi32_ps(coarse)), _mm512_set1_ps(FINE));
+        (coarse, _mm512_cvtps_epi32(rest))
+    }
 
     /// Writes one token's activations `x` (`k` values, a multiple of 32) in the layout of
     /// [`Prepared`] for `E` codes per word; the slices have the lengths of
@@ -68,14 +83,12 @@ pub(crate) mod x86 {
         debug_assert!(k.is_multiple_of(GROUP_SIZE));
         debug_assert!((quantized.len(), steps.len()) == super::prepared_len(k, E));
         debug_assert!(sums.len() == steps.len());
-        let abs_mask = _mm512_set1_ps(f32::from_bits(0x7fff_ffff));
         let mut inv = [0f32; 16];
         for g in 0..steps.len() {
             if g < groups {
                 let lo = _mm512_loadu_ps(x.as_ptr().add(g * GROUP_SIZE));
                 let hi = _mm512_loadu_ps(x.as_ptr().add(g * GROUP_SIZE + 16));
-                let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, abs_mask), _mm512_and_ps(hi, abs_mask)));
-                let step = max / I16_RANGE;
+                let step = group_step(lo, hi);
                 steps[g] = step;
                 sums[g] = _mm512_reduce_add_ps(_mm512_add_ps(lo, hi));
                 inv[g % E] = if step > 0.0 { 1.0 / step } else { 0.0 };
@@ -112,14 +125,10 @@ pub(crate) mod x86 {
                     );
                     let v = _mm512_i32gather_ps::<4>(index, src);
                     let scaled = _mm512_mul_ps(v, _mm512_permutexvar_ps(_mm512_srli_epi32::<5>(index), inv_v));
-                    let coarse = _mm512_cvtps_epi32(scaled);
-                    let rest = _mm512_mul_ps(_mm512_sub_ps(scaled, _mm512_cvtepi32_ps(coarse)), _mm512_set1_ps(FINE));
+                    let (coarse, fine) = split_parts(scaled);
                     let at = p * WORDS + 16 * half;
                     _mm256_storeu_si256(dst.add(at) as *mut __m256i, _mm512_cvtepi32_epi16(coarse));
-                    _mm256_storeu_si256(
-                        dst.add(E * WORDS + at) as *mut __m256i,
-                        _mm512_cvtepi32_epi16(_mm512_cvtps_epi32(rest)),
-                    );
+                    _mm256_storeu_si256(dst.add(E * WORDS + at) as *mut __m256i, _mm512_cvtepi32_epi16(fine));
                 }
             }
         }
