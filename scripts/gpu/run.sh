@@ -9,14 +9,19 @@
 # and `seam bench` on a Llama-3.2-1B-shaped model in fp16 and int4, and writes to $OUT:
 #   log.txt                          everything the commands printed;
 #   conformance-{pjrt,iree}-cuda.json the suite's reports;
-#   bench-cuda.json                  the benchmark report of both backends (one process, so that
-#                                    a backend without a bandwidth probe uses the other's figure);
-#   bench-tiny.json                  the same on a tiny model: the per-step cost that is not
+#   bench-cuda-{pjrt,iree}.json      the benchmark reports of each backend (defaults);
+#   bench-cuda-*-{setting}.json      the same with a candidate setting, against those defaults;
+#   bench-tiny.json                  pjrt-cuda on a tiny model: the per-step cost that is not
 #                                    moving weights (launches, host round trips);
-#   xla-kernels.txt                  the kernels XLA made of each pjrt-cuda graph of the tiny run;
-#   summary.txt                      the verdict lines and the bench tables.
+#   xla-kernels.txt, xla/            the kernels XLA made of each pjrt-cuda graph of the tiny run,
+#                                    and their optimized HLO;
+#   summary.txt                      the verdict lines and the bench tables;
+#   reports.tgz                      all of the above in one file (a caller that brings back only a
+#                                    few files takes this one).
+# pjrt-cuda's calls print where each graph's time goes (SEAM_PJRT_STEP_PROFILE: uploads, launch,
+# waiting and reading back) into log.txt. SEAM_GPU_BACKENDS (default "pjrt iree") picks backends.
 # The suite runs with the f16 tolerances: both backends keep f16 weights and an f16 KV cache on a
-# GPU (and XLA's GPU dots may use TF32), as on the CPU, where the in-tree suites use the same preset.
+# GPU, as on the CPU, where the in-tree suites use the same preset.
 # Each step has a time limit so the whole fits in ten minutes; a step that fails is reported and
 # the next one still runs. SEAM_GPU_DRY_RUN=1 runs the same steps on iree-cpu and pjrt-cpu (with a
 # tiny bench model), to check the script on a machine without a GPU.
@@ -32,9 +37,11 @@ export SEAM_HOME="$WORK/home"
 
 if [ "${SEAM_GPU_DRY_RUN:-}" = 1 ]; then
   device=cpu shape=tiny bench_args=(--prompt-lengths 16,64 --decode-tokens 16 --repeats 2)
+  candidate_args=(--prompt-lengths 64 --decode-tokens 16 --repeats 2)
   tiny_args=(--prompt-lengths 16 --decode-tokens 16 --repeats 2)
 else
   device=cuda shape=llama-3.2-1b bench_args=(--prompt-lengths 16,128,512 --decode-tokens 64 --repeats 3)
+  candidate_args=(--prompt-lengths 512 --decode-tokens 64 --repeats 3)
   tiny_args=(--prompt-lengths 16 --decode-tokens 64 --repeats 3)
   # No compiler here: the IREE modules come from the bundle's cache, compiled ahead.
   export SEAM_CACHE_DIR="$BUNDLE/cache" SEAM_IREE_COMPILER=none
@@ -72,18 +79,39 @@ PY
 } >>"$LOG" 2>&1
 
 step "seam backends" 60 "$SEAM" backends
-for backend in pjrt iree; do
-  step "conformance $backend-$device" 150 "$SEAM" conformance --backend "$backend-$device" --precision f16 \
+step "synth-model $shape" 60 "$SEAM" synth-model --shape "$shape" --out "$WORK/bench-model"
+export SEAM_PJRT_STEP_PROFILE=1
+# pjrt-cuda first (the backend a short device call must not miss), each backend's figures with
+# its defaults, then the conformance suite, then the candidate settings.
+for backend in ${SEAM_GPU_BACKENDS:-pjrt iree}; do
+  step "bench $shape $backend" 150 "$SEAM" bench --backend "$backend-$device" --model "$WORK/bench-model" \
+    --no-cold "${bench_args[@]}" --json "$OUT/bench-$device-$backend.json"
+  step "conformance $backend-$device" 120 "$SEAM" conformance --backend "$backend-$device" --precision f16 \
     --real-model skip --json "$OUT/conformance-$backend-$device.json"
 done
-step "synth-model $shape" 60 "$SEAM" synth-model --shape "$shape" --out "$WORK/bench-model"
-step "bench $shape" 330 "$SEAM" bench --backend "pjrt-$device" --backend "iree-$device" --model "$WORK/bench-model" \
-  --no-cold "${bench_args[@]}" --json "$OUT/bench-$device.json"
+# Candidate settings (comma-separated) against the defaults above, on the same model in the same
+# call: pjrt-cuda's dots at XLA's default precision (TF32: what `dot_precision=highest` costs
+# prefill); its decode as dots over int4 dequantized in the graph (the int4 form XLA fuses best
+# is the open question); iree-cuda's decode products as reductions (the modules are in the bundle).
+for candidate in "pjrt dot_precision=default" "pjrt vector_products=dot,int4_dequantize_from=1" \
+  "iree vector_products=reduce"; do
+  backend=${candidate%% *} settings=${candidate#* }
+  case " ${SEAM_GPU_BACKENDS:-pjrt iree} " in *" $backend "*) ;; *) continue ;; esac
+  set_args=()
+  for setting in ${settings//,/ }; do set_args+=(--set "$setting"); done
+  name=${settings//=/-}
+  step "bench $shape $backend $settings" 90 "$SEAM" bench --backend "$backend-$device" --model "$WORK/bench-model" \
+    --no-cold "${candidate_args[@]}" "${set_args[@]}" --json "$OUT/bench-$device-$backend-${name//,/-}.json"
+done
 step "synth-model tiny" 30 "$SEAM" synth-model --shape tiny --out "$WORK/tiny-model"
 # XLA writes each graph it compiles, after optimization: the kernels a step launches.
-step "bench tiny" 90 env XLA_FLAGS="--xla_dump_to=$WORK/xla --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=^$" \
-  "$SEAM" bench --backend "pjrt-$device" --backend "iree-$device" --model "$WORK/tiny-model" --no-cold \
-  "${tiny_args[@]}" --json "$OUT/bench-tiny.json"
+step "bench tiny" 60 env XLA_FLAGS="--xla_dump_to=$WORK/xla --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=^$" \
+  "$SEAM" bench --backend "pjrt-$device" --model "$WORK/tiny-model" --no-cold "${tiny_args[@]}" \
+  --json "$OUT/bench-tiny.json"
+mkdir -p "$OUT/xla"
+for f in "$WORK"/xla/*after_optimizations.txt; do
+  [ -f "$f" ] && cp "$f" "$OUT/xla/"
+done
 for f in "$WORK"/xla/*after_optimizations.txt; do
   [ -f "$f" ] || continue
   entry=$(awk '/^ENTRY/{p=1} p&&/^}/{exit} p' "$f")
@@ -98,11 +126,13 @@ done >"$OUT/xla-kernels.txt" 2>&1
   printf '%s\n' "${status_lines[@]}"
   echo
   # The suite's matrix and the bench tables, as the commands printed them.
-  grep -E '^(case|backend|pjrt|iree|reference|[a-z]+\.[a-z_]+ |.*(FAIL|pass|unsupported) |.*memory bandwidth)' "$LOG" \
+  grep -E '^(case|backend|pjrt|iree|reference|[a-z]+\.[a-z_]+ |.*(FAIL|pass|unsupported) |.*memory bandwidth|== bench)' "$LOG" \
     | grep -v '^  ' || true
   echo
   echo "kernels per pjrt graph (tiny model):"
   grep -E 'decode|prefill' "$OUT/xla-kernels.txt" | head -20
 } >"$OUT/summary.txt"
 rm -rf "$WORK"
+reports=$(mktemp)
+tar -C "$OUT" --exclude ./reports.tgz -czf "$reports" . && mv "$reports" "$OUT/reports.tgz"
 cat "$OUT/summary.txt"

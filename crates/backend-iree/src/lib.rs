@@ -32,7 +32,7 @@ pub use runtime::IreeRuntime;
 use compiler::CompilerChoice;
 use graph_engine::{capabilities_with, CompileReport, GraphEngine, GraphSettings, DEFAULT_MAX_CONTEXT};
 use session_api::{Availability, Backend, Capabilities, Engine, LoadRequest, Result};
-use stablehlo_llama::{GraphKind, GraphSpec, LayerMode, StorageDtype};
+use stablehlo_llama::{GraphKind, GraphSpec, LayerMode, StorageDtype, VectorProducts};
 use std::sync::Arc;
 use task_flags::TaskSettings;
 use worker::WorkerHandle;
@@ -61,6 +61,8 @@ pub const STABLEHLO_SETTINGS: GraphSettings = GraphSettings {
     cache: StorageDtype::F16,
     int4_dequantize_from: stablehlo_llama::PREFILL_DEQUANTIZE_MIN_TOKENS,
     host_kernels: None,
+    vector_products: VectorProducts::Dot,
+    highest_precision: false,
 };
 
 /// The CPU defaults (`kernels=seam`): every product and every attention is a dispatch of seam's

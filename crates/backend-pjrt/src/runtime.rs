@@ -47,6 +47,36 @@ pub struct PjrtRuntime {
     /// The shapes of a session's cache buffers, in argument order.
     cache_shapes: Vec<Vec<usize>>,
     cache_element: ElementType,
+    /// Where each graph's calls spend their time, when `SEAM_PJRT_STEP_PROFILE` is set.
+    profile: Option<Mutex<StepProfile>>,
+}
+
+/// Per graph: calls, then the total time of uploading the leading arguments, of launching the
+/// execution, and of waiting for it and reading the token (and logits) back. Printed to
+/// stderr when the runtime is dropped: it shows whether a step waits on the host (uploads,
+/// launches, the read-back) or on the device's kernels.
+#[derive(Default)]
+struct StepProfile {
+    graphs: HashMap<String, (u64, [std::time::Duration; 3])>,
+}
+
+impl Drop for PjrtRuntime {
+    fn drop(&mut self) {
+        let Some(profile) = self.profile.take() else { return };
+        let profile = profile.into_inner().unwrap_or_else(|p| p.into_inner());
+        let mut names: Vec<_> = profile.graphs.keys().cloned().collect();
+        names.sort();
+        for name in names {
+            let (calls, [upload, execute, read]) = profile.graphs[&name];
+            let mean = |d: std::time::Duration| d.as_secs_f64() * 1e6 / calls as f64;
+            eprintln!(
+                "pjrt step profile: {name}: {calls} calls, mean upload {:.1} us, launch {:.1} us, wait and read-back {:.1} us",
+                mean(upload),
+                mean(execute),
+                mean(read)
+            );
+        }
+    }
 }
 
 impl PjrtRuntime {
@@ -61,6 +91,7 @@ impl PjrtRuntime {
             weights: OnceLock::new(),
             cache_shapes: cache_arg_shapes(model.config, model.options),
             cache_element: element(model.options.cache.arg_dtype()),
+            profile: std::env::var_os("SEAM_PJRT_STEP_PROFILE").map(|_| Mutex::new(StepProfile::default())),
         }
     }
 
@@ -261,6 +292,7 @@ impl GraphRuntime for PjrtRuntime {
     }
 
     fn execute(&self, cache: &mut PjrtCache, call: &GraphCall) -> Result<GraphOutput> {
+        let started = std::time::Instant::now();
         let input = match &call.input {
             GraphInput::Tokens(ids) => self.i32_buffer(ids, &[ids.len()])?,
             GraphInput::Embeddings(rows) => {
@@ -278,7 +310,8 @@ impl GraphRuntime for PjrtRuntime {
         };
         let mut leading = vec![&input, &position];
         leading.extend(count.as_ref());
-        let mut outputs = self.run(call.graph, &leading, &mut [cache], call.read_logits)?;
+        let uploaded = started.elapsed();
+        let mut outputs = self.run(call.graph, &leading, &mut [cache], call.read_logits, uploaded)?;
         Ok(outputs.remove(0))
     }
 
@@ -287,22 +320,25 @@ impl GraphRuntime for PjrtRuntime {
     }
 
     fn execute_batch(&self, caches: &mut [&mut PjrtCache], call: &BatchCall) -> Result<Vec<GraphOutput>> {
+        let started = std::time::Instant::now();
         let tokens = self.i32_buffer(&call.tokens, &[call.tokens.len()])?;
         let positions = self.i32_buffer(&call.positions, &[call.positions.len()])?;
-        self.run(call.graph, &[&tokens, &positions], caches, call.read_logits)
+        self.run(call.graph, &[&tokens, &positions], caches, call.read_logits, started.elapsed())
     }
 }
 
 impl PjrtRuntime {
     /// Runs `graph` with its `leading` arguments (input, position(s), count) and the caches of its
     /// sequences, which it consumes and replaces with the updated ones; returns each sequence's
-    /// greedy token and, when `read_logits`, its row of the logits.
+    /// greedy token and, when `read_logits`, its row of the logits. `uploaded` is the time the
+    /// leading arguments took, for the step profile.
     fn run(
         &self,
         graph: GraphSpec,
         leading: &[&Buffer],
         caches: &mut [&mut PjrtCache],
         read_logits: bool,
+        uploaded: std::time::Duration,
     ) -> Result<Vec<GraphOutput>> {
         let name = graph.name();
         let executable = self.executables.read().unwrap_or_else(|p| p.into_inner()).get(&name).cloned();
@@ -318,7 +354,10 @@ impl PjrtRuntime {
         let mut args: Vec<ExecuteArg<'_>> = leading.iter().map(|&buffer| ExecuteArg::Keep(buffer)).collect();
         args.extend(taken.into_iter().flatten().map(ExecuteArg::Donate));
         args.extend(weights.iter().map(ExecuteArg::Keep));
-        let mut outputs = executable.execute(args).map_err(pjrt_error)?;
+        let started = std::time::Instant::now();
+        let mut launched = executable.launch(args).map_err(pjrt_error)?;
+        let launch_time = started.elapsed();
+        let outputs = launched.outputs();
         if outputs.len() != n_caches + 2 {
             return Err(SeamError::Backend(format!(
                 "{name} returned {} results, expected {}",
@@ -326,21 +365,38 @@ impl PjrtRuntime {
                 n_caches + 2
             )));
         }
-        let logits = outputs.pop().unwrap_or_else(|| unreachable!("length checked"));
-        let token = outputs.remove(0);
+        // The token (and logits) are copied back as soon as the device has them, before the
+        // execution is waited for: one wait on the host instead of two.
+        let sequences = caches.len();
+        let mut token_bytes = vec![0u8; 4 * sequences];
+        let token_read = outputs[0].copy_to_host(&mut token_bytes).map_err(pjrt_error);
+        let logits_read = match (&token_read, read_logits) {
+            (Ok(()), true) => Some(outputs[outputs.len() - 1].to_host().map_err(pjrt_error)),
+            _ => None,
+        };
+        let mut outputs = launched.finish().map_err(pjrt_error)?;
+        token_read?;
+        let logits: Option<Vec<f32>> = match logits_read {
+            Some(bytes) => {
+                Some(bytes?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
+            }
+            None => None,
+        };
+        outputs.pop();
+        outputs.remove(0);
         let mut updated = outputs.into_iter();
         for cache in caches.iter_mut() {
             cache.buffers = Some(updated.by_ref().take(per_cache).collect());
         }
-        let sequences = caches.len();
-        let mut token_bytes = vec![0u8; 4 * sequences];
-        token.copy_to_host(&mut token_bytes).map_err(pjrt_error)?;
-        let logits: Option<Vec<f32>> = if read_logits {
-            let bytes = logits.to_host().map_err(pjrt_error)?;
-            Some(bytes.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-        } else {
-            None
-        };
+        if let Some(profile) = &self.profile {
+            let (executed, read) = (launch_time, started.elapsed() - launch_time);
+            let mut profile = profile.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = profile.graphs.entry(name.clone()).or_default();
+            entry.0 += 1;
+            for (total, time) in entry.1.iter_mut().zip([uploaded, executed, read]) {
+                *total += time;
+            }
+        }
         let vocab = self.config.vocab_size;
         if let Some(all) = &logits {
             if all.len() != sequences * vocab {

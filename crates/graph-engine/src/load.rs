@@ -11,7 +11,7 @@ use llama_model::{Int4Layout, LlamaConfig};
 use session_api::{EngineInfo, LoadRequest, Result, SeamError, WeightFormat};
 use stablehlo_llama::{
     buckets_for_context, for_each_graph_host_arg, graph_weight_args, GraphError, GraphOptions, GraphSpec, HostKernels,
-    KernelActivations, LayerMode, StorageDtype, WeightArg,
+    KernelActivations, LayerMode, StorageDtype, VectorProducts, WeightArg,
 };
 use std::sync::{Arc, Mutex};
 use std::time::Instant;
@@ -31,6 +31,10 @@ pub struct GraphSettings {
     /// seam's CPU kernels as custom calls, for a runtime that registered them
     /// ([`stablehlo_llama::HostKernels`]).
     pub host_kernels: Option<HostKernels>,
+    /// How one-row calls' products are written where no kernel takes them.
+    pub vector_products: VectorProducts,
+    /// Whether the graphs' dots ask for f32 products ([`GraphOptions::highest_precision`]).
+    pub highest_precision: bool,
 }
 
 impl GraphSettings {
@@ -40,9 +44,19 @@ impl GraphSettings {
     /// the graphs call seam's CPU kernels; only a backend that registered them accepts `seam`,
     /// see [`GraphSettings::kernels_requested`]), `activations` (`exact` or `int8`: how the
     /// kernels' int4 and int8 products take their activations, ADR 0024; `int8` only with the
-    /// kernels).
-    pub const KEYS: [&'static str; 6] =
-        ["layers", "dense", "kv_cache", "int4_dequantize_from", "kernels", "activations"];
+    /// kernels), `vector_products` (`dot` or `reduce`: how decode's products are written where
+    /// no kernel takes them, [`VectorProducts`]), `dot_precision` (`default` or `highest`:
+    /// [`GraphOptions::highest_precision`]).
+    pub const KEYS: [&'static str; 8] = [
+        "layers",
+        "dense",
+        "kv_cache",
+        "int4_dequantize_from",
+        "kernels",
+        "activations",
+        "vector_products",
+        "dot_precision",
+    ];
 
     /// What `request` (or `{env_prefix}_KERNELS`) says of seam's CPU kernels: `Some(true)` for
     /// `seam`, `Some(false)` for `none`, `None` when it says nothing. A backend reads this first
@@ -61,7 +75,8 @@ impl GraphSettings {
     }
 
     /// These settings (a backend's defaults) with what `request` sets, or else the environment
-    /// variables `{env_prefix}_LAYERS`, `_DENSE`, `_KV_CACHE`, `_INT4_DEQUANTIZE_FROM`, overriding
+    /// variables `{env_prefix}_LAYERS`, `_DENSE`, `_KV_CACHE`, `_INT4_DEQUANTIZE_FROM`,
+    /// `_VECTOR_PRODUCTS` (and the others of [`GraphSettings::KEYS`]), overriding
     /// them. Unknown keys and bad values are `InvalidInput`.
     pub fn with_request(self, backend: &str, request: &LoadRequest, env_prefix: &str) -> Result<GraphSettings> {
         request.check_settings(backend, &Self::KEYS)?;
@@ -116,6 +131,20 @@ impl GraphSettings {
                 }
             }
         }
+        if let Some((what, value)) = get("vector_products") {
+            settings.vector_products = match value.as_str() {
+                "dot" => VectorProducts::Dot,
+                "reduce" => VectorProducts::Reduce,
+                _ => return Err(SeamError::InvalidInput(format!("{what}: expected dot or reduce"))),
+            };
+        }
+        if let Some((what, value)) = get("dot_precision") {
+            settings.highest_precision = match value.as_str() {
+                "default" => false,
+                "highest" => true,
+                _ => return Err(SeamError::InvalidInput(format!("{what}: expected default or highest"))),
+            };
+        }
         if let Some((what, value)) = get("int4_dequantize_from") {
             settings.int4_dequantize_from = value
                 .parse::<usize>()
@@ -142,6 +171,8 @@ impl GraphSettings {
             cache: self.cache,
             int4_dequantize_from: self.int4_dequantize_from,
             host_kernels: self.host_kernels,
+            vector_products: self.vector_products,
+            highest_precision: self.highest_precision,
             ..GraphOptions::new(max_context.unwrap_or(DEFAULT_MAX_CONTEXT).min(config.max_position_embeddings), format)
         }
     }

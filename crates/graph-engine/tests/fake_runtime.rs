@@ -23,7 +23,7 @@ use session_api::{
 };
 use stablehlo_llama::{
     buckets_for_context, emit_entry_module, graph_weight_args, GraphKind, GraphOptions, GraphSpec, LayerMode,
-    StorageDtype,
+    StorageDtype, VectorProducts,
 };
 use std::path::Path;
 use std::sync::atomic::{AtomicBool, Ordering};
@@ -202,6 +202,8 @@ fn load_fake(request: &LoadRequest) -> Result<graph_engine::GraphEngine<FakeRunt
             cache: StorageDtype::F32,
             int4_dequantize_from: 1,
             host_kernels: None,
+            vector_products: VectorProducts::Dot,
+            highest_precision: false,
         };
         let settings = settings.with_request(NAME, request, "SEAM_FAKE_GRAPH")?;
         let engine = graph_engine::load_engine(NAME, "cpu", request, settings, |model| {

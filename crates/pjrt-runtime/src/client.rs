@@ -41,6 +41,9 @@ fn text(ptr: *const std::os::raw::c_char, len: usize) -> String {
     String::from_utf8_lossy(unsafe { std::slice::from_raw_parts(ptr as *const u8, len) }).into_owned()
 }
 
+/// Uploads up to this size are copied by the plugin during the call ([`Client::buffer_from_host`]).
+const SMALL_UPLOAD_BYTES: usize = 64 << 10;
+
 impl Client {
     /// Creates a client with default options. Fails with [`PjrtError::NoDevice`] when the plugin
     /// loads but finds no device (a CUDA plugin on a machine without a GPU usually fails earlier,
@@ -118,7 +121,15 @@ impl Client {
     /// Copies `bytes` (row-major `dims` of `element`, little-endian) to a new buffer on the
     /// device. Returns once the plugin no longer reads `bytes`.
     pub fn buffer_from_host(self: &Arc<Self>, bytes: &[u8], element: ElementType, dims: &[usize]) -> Result<Buffer> {
-        let semantics = sys::PJRT_HostBufferSemantics::PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes;
+        // A small buffer (a step's token and position) is copied by the plugin during the call
+        // (`kImmutableOnlyDuringCall`), so the wait below returns at once; a large one is
+        // transferred from `bytes` in place, without that extra copy, and waited for. On a GPU the
+        // wait for a transfer is a round trip per argument, per step.
+        let semantics = if bytes.len() <= SMALL_UPLOAD_BYTES {
+            sys::PJRT_HostBufferSemantics::PJRT_HostBufferSemantics_kImmutableOnlyDuringCall
+        } else {
+            sys::PJRT_HostBufferSemantics::PJRT_HostBufferSemantics_kImmutableUntilTransferCompletes
+        };
         let (raw, done) = self.upload(bytes, element, dims, semantics)?;
         let buffer = Buffer { client: Arc::clone(self), raw, lent: None };
         // `bytes` is borrowed only for this call: wait until the plugin is done with it.

@@ -65,6 +65,14 @@ impl LoadedExecutable {
     /// Runs the program on the client's device and waits for it. Returns its outputs, resident
     /// on the device.
     pub fn execute(&self, args: Vec<ExecuteArg<'_>>) -> Result<Vec<Buffer>> {
+        self.launch(args)?.finish()
+    }
+
+    /// Starts the program on the client's device and returns at once: its outputs (each ready
+    /// when the program is done; a copy to the host waits for that) and the execution to
+    /// [`Launched::finish`]. On a GPU, reading a small output back right after the launch saves
+    /// the host a wake-up per call over waiting first and copying after.
+    pub fn launch(&self, args: Vec<ExecuteArg<'_>>) -> Result<Launched> {
         let raw_args: Vec<*mut sys::PJRT_Buffer> = args
             .iter()
             .map(|a| match a {
@@ -95,7 +103,7 @@ impl LoadedExecutable {
         // Donated buffers are the plugin's now (or deleted); their handles are freed here either way.
         drop(args);
         launched?;
-        let outputs: Vec<Buffer> = outputs
+        let outputs: Result<Vec<Buffer>> = outputs
             .into_iter()
             .map(|raw| {
                 if raw.is_null() {
@@ -104,9 +112,11 @@ impl LoadedExecutable {
                     Ok(Buffer { client: Arc::clone(&self.client), raw, lent: None })
                 }
             })
-            .collect::<Result<_>>()?;
-        self.client.plugin().await_event(complete[0])?;
-        Ok(outputs)
+            .collect::<Result<_>>();
+        // Made before the outputs are checked: an error still waits for the execution.
+        let mut launched = Launched { client: Arc::clone(&self.client), complete: complete[0], outputs: Vec::new() };
+        launched.outputs = outputs?;
+        Ok(launched)
     }
 
     /// The executable's serialized form, for [`Client::deserialize`] (an on-disk cache).
@@ -128,6 +138,34 @@ impl LoadedExecutable {
             return Err(PjrtError::InvalidArgument("the plugin serialized the executable to no bytes".into()));
         }
         Ok(bytes)
+    }
+}
+
+/// A program started by [`LoadedExecutable::launch`]: its outputs and its completion.
+pub struct Launched {
+    client: Arc<Client>,
+    complete: *mut sys::PJRT_Event,
+    outputs: Vec<Buffer>,
+}
+
+impl Launched {
+    /// The outputs, resident on the device (ready once the program is done).
+    pub fn outputs(&mut self) -> &mut Vec<Buffer> {
+        &mut self.outputs
+    }
+
+    /// Waits for the program to finish and returns its outputs, or its error.
+    pub fn finish(mut self) -> Result<Vec<Buffer>> {
+        let complete = std::mem::replace(&mut self.complete, std::ptr::null_mut());
+        self.client.plugin().await_event(complete)?;
+        Ok(std::mem::take(&mut self.outputs))
+    }
+}
+
+impl Drop for Launched {
+    /// A launch dropped unfinished is waited for: its event is freed only after it fired.
+    fn drop(&mut self) {
+        let _ = self.client.plugin().await_event(std::mem::replace(&mut self.complete, std::ptr::null_mut()));
     }
 }
 

@@ -96,6 +96,31 @@ pub struct GraphOptions {
     /// seam's CPU kernels as custom calls for the products of short calls and for decode
     /// attention ([`HostKernels`]), or `None`: every product a StableHLO dot.
     pub host_kernels: Option<HostKernels>,
+    /// How the products of one-row calls (decode) are written where no kernel takes them.
+    pub vector_products: VectorProducts,
+    /// Whether every `dot_general` asks for f32 products (`precision_config` `HIGHEST`): XLA on
+    /// an NVIDIA GPU otherwise multiplies f32 operands in TF32, rounding the activations to 10-bit
+    /// mantissas in the dots (prefill) and not in the reductions of
+    /// [`VectorProducts::Reduce`] (decode), so that the two paths of one backend disagree by more
+    /// than summation order.
+    pub highest_precision: bool,
+}
+
+/// How a graph writes the products of a one-row call (`x [1, K]` times a matrix), where seam's
+/// kernels do not take them. A one-row product reads every weight once and does two flops per
+/// weight: it is bound by memory, and how fast it runs depends on the kernel the compiler makes of
+/// it, which the form of the graph steers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Default)]
+pub enum VectorProducts {
+    /// `stablehlo.dot_general` (int4 and int8 in the per-group form): the compiler's matrix
+    /// product, what IREE's and XLA's CPU backends run best.
+    #[default]
+    Dot,
+    /// An elementwise product with the row broadcast to the matrix, reduced along each weight row
+    /// (int4 unpacked and scaled inside the same expression): one reduction over a row-major matrix,
+    /// which a GPU compiler fuses into a single kernel reading the stored weights (packed nibbles
+    /// included) once. Dense matrices are then laid out row-major.
+    Reduce,
 }
 
 /// What a linear kernel call reads before its product (the runtime's kernel computes it, as
@@ -246,14 +271,18 @@ impl GraphOptions {
             cache: StorageDtype::F16,
             int4_dequantize_from: PREFILL_DEQUANTIZE_MIN_TOKENS,
             host_kernels: None,
+            vector_products: VectorProducts::Dot,
+            highest_precision: false,
         }
     }
 
-    /// The layout of the fp16 format's matrices: row-major for the host kernels, else transposed.
+    /// The layout of the fp16 format's matrices: row-major for the host kernels and for
+    /// [`VectorProducts::Reduce`] (each output's weights contiguous, the reduction's rows), else
+    /// transposed.
     pub fn dense_layout(&self) -> crate::DenseLayout {
-        match self.host_kernels {
-            Some(_) => crate::DenseLayout::RowMajor,
-            None => crate::DenseLayout::Transposed,
+        match (self.host_kernels, self.vector_products) {
+            (Some(_), _) | (None, VectorProducts::Reduce) => crate::DenseLayout::RowMajor,
+            (None, VectorProducts::Dot) => crate::DenseLayout::Transposed,
         }
     }
 
@@ -289,6 +318,11 @@ impl GraphOptions {
     /// Whether calls of `rows` rows multiply through the host kernels.
     fn kernel_rows(&self, rows: usize) -> bool {
         self.host_kernels.is_some_and(|k| rows <= k.max_tokens)
+    }
+
+    /// Whether calls of `rows` rows write their products as reductions ([`VectorProducts::Reduce`]).
+    fn reduces_vectors(&self, rows: usize) -> bool {
+        rows == 1 && self.vector_products == VectorProducts::Reduce && !self.kernel_rows(rows)
     }
 }
 
@@ -472,6 +506,8 @@ struct Weights {
     kernels: bool,
     /// How the kernels' int4 and int8 products take their activations.
     activations: KernelActivations,
+    /// Whether this function's products are one-row reductions ([`VectorProducts::Reduce`]).
+    reduce: bool,
 }
 
 /// A matrix as the graph sees it.
@@ -480,6 +516,7 @@ enum MatrixArg {
         w: Val,
         transposed: bool,
         kernel: bool,
+        reduce: bool,
     },
     Int4 {
         packed: Val,
@@ -489,6 +526,7 @@ enum MatrixArg {
         kernel: bool,
         activations: KernelActivations,
         order: MatrixOrder,
+        reduce: bool,
     },
     Int8 {
         codes: Val,
@@ -497,6 +535,7 @@ enum MatrixArg {
         kernel: bool,
         activations: KernelActivations,
         order: MatrixOrder,
+        reduce: bool,
     },
 }
 
@@ -518,6 +557,7 @@ impl Weights {
                     transposed: self.specs[i].part == WeightPart::DenseTransposed,
                     // The kernel reads f16; matrices held in f32 (`dense=f32`) keep the dot.
                     kernel: self.kernels && self.specs[i].dtype == crate::ArgDtype::F16,
+                    reduce: self.reduce,
                 }
             }
             WeightPart::Int4Packed(order) => {
@@ -530,6 +570,7 @@ impl Weights {
                     kernel: self.kernels,
                     activations: self.activations,
                     order,
+                    reduce: self.reduce,
                 }
             }
             WeightPart::Int8Codes(order) => {
@@ -541,6 +582,7 @@ impl Weights {
                     kernel: self.kernels,
                     activations: self.activations,
                     order,
+                    reduce: self.reduce,
                 }
             }
             other => unreachable!("argument order of weight_args: {other:?} where a matrix starts"),
@@ -560,6 +602,9 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
         MatrixArg::Dense { kernel: true, .. }
         | MatrixArg::Int4 { kernel: true, .. }
         | MatrixArg::Int8 { kernel: true, .. } => kernel_linear(b, None, &[x], KernelInput::Rows, w, None),
+        MatrixArg::Dense { reduce: true, .. }
+        | MatrixArg::Int4 { reduce: true, .. }
+        | MatrixArg::Int8 { reduce: true, .. } => reduced_linear(b, x, w),
         MatrixArg::Int8 { codes, scales, dequantize_from, order, .. } if x.dims()[0] >= *dequantize_from => {
             row_major_only(*order);
             // Many tokens: the f32 matrix (scale * q, exactly the format's values) once, and one
@@ -651,6 +696,75 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             b.add(&y, &offset)
         }
     }
+}
+
+/// [`linear`] of one row as [`VectorProducts::Reduce`] writes it: `y_m = sum_k w_mk x_k` as an
+/// elementwise product over the matrix's own shape, reduced over its inputs. int4 is unpacked in
+/// the expression (`s (x_even lo + x_odd hi) + b (x_even + x_odd)` per packed byte) and int8 scaled
+/// in it, so the one fused reduction reads the stored bytes.
+fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
+    let k = x.dims()[1];
+    debug_assert_eq!(x.dims()[0], 1, "reductions are for one-row calls");
+    let g = k / GROUP_SIZE;
+    let sum = match w {
+        MatrixArg::Dense { w, transposed, .. } => {
+            let w = b.convert(w, Elem::F32);
+            let row = b.reshape(x, &[k]);
+            // Transposed `[K, M]`: the inputs are the first dimension.
+            let (input_dim, reduced) = if *transposed { (0, 0) } else { (1, 1) };
+            let xb = b.broadcast(&row, w.dims(), &[input_dim]);
+            let products = b.mul(&w, &xb);
+            b.reduce(&products, &[reduced], Reduction::Sum)
+        }
+        MatrixArg::Int4 { packed, scales, biases, order, .. } => {
+            row_major_only(*order);
+            let m = packed.dims()[0];
+            let half = GROUP_SIZE / 2;
+            let shape = [m, g, half];
+            let p = b.reshape(packed, &shape);
+            let mask = b.const_int(15, Elem::I8, &shape);
+            let four = b.const_int(4, Elem::I8, &shape);
+            let lo = b.and(&p, &mask); // input 2i of the group
+            let hi = b.shift_right_logical(&p, &four); // input 2i + 1
+            let lo = b.convert(&lo, Elem::F32);
+            let hi = b.convert(&hi, Elem::F32);
+            let xg = b.reshape(x, &[g, half, 2]);
+            let even = b.slice(&xg, &[0, 0, 0], &[g, half, 1]);
+            let even = b.reshape(&even, &[g, half]);
+            let odd = b.slice(&xg, &[0, 0, 1], &[g, half, 2]);
+            let odd = b.reshape(&odd, &[g, half]);
+            let even = b.broadcast(&even, &shape, &[1, 2]);
+            let odd = b.broadcast(&odd, &shape, &[1, 2]);
+            let s = b.convert(scales, Elem::F32);
+            let s = b.broadcast(&s, &shape, &[0, 1]);
+            let bias = b.convert(biases, Elem::F32);
+            let bias = b.broadcast(&bias, &shape, &[0, 1]);
+            let lo_x = b.mul(&lo, &even);
+            let hi_x = b.mul(&hi, &odd);
+            let codes = b.add(&lo_x, &hi_x);
+            let scaled = b.mul(&s, &codes);
+            let pair = b.add(&even, &odd);
+            let offset = b.mul(&bias, &pair);
+            let terms = b.add(&scaled, &offset);
+            b.reduce(&terms, &[1, 2], Reduction::Sum)
+        }
+        MatrixArg::Int8 { codes, scales, order, .. } => {
+            row_major_only(*order);
+            let m = codes.dims()[0];
+            let shape = [m, g, GROUP_SIZE];
+            let q = b.reshape(codes, &shape);
+            let q = b.convert(&q, Elem::F32);
+            let xg = b.reshape(x, &[g, GROUP_SIZE]);
+            let xb = b.broadcast(&xg, &shape, &[1, 2]);
+            let s = b.convert(scales, Elem::F32);
+            let s = b.broadcast(&s, &shape, &[0, 1]);
+            let products = b.mul(&q, &xb);
+            let scaled = b.mul(&s, &products);
+            b.reduce(&scaled, &[1, 2], Reduction::Sum)
+        }
+    };
+    let m = sum.dims()[0];
+    b.reshape(&sum, &[1, m])
 }
 
 /// `sum_g s_mg dots[g, t, m]`: per-group dot products (`[g, T, M]`) scaled by each group's f16
@@ -1234,9 +1348,14 @@ fn forward(
         specs.iter().map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone())).collect();
     let kernels = options.kernel_rows(t);
     let activations = options.host_kernels.map(|h| h.activations).unwrap_or_default();
-    let mut w = Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels, activations };
+    let reduce = options.reduces_vectors(t);
+    let mut w =
+        Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels, activations, reduce };
 
     let mut b = FnBuilder::new();
+    if options.highest_precision {
+        b.highest_precision_dots();
+    }
     if let Some(HostKernels { calls: KernelCalls::IreeDispatch, .. }) = options.host_kernels {
         b.dispatch_kernels_into(std::mem::take(dispatches));
     }
@@ -1413,6 +1532,7 @@ fn forward(
                         dequantize_from: options.int4_dequantize_from,
                         kernels,
                         activations,
+                        reduce,
                     };
                     let kv = carried[2..]
                         .chunks(2)
@@ -2025,6 +2145,45 @@ mod tests {
         assert_eq!(dispatches(chunk, ""), 7 * layers + 1);
         let text = emit_module(&c, &options, &[chunk]).unwrap();
         assert!(text.contains("stablehlo.sqrt") && text.contains("stablehlo.exponential"), "the norm and SwiGLU");
+    }
+
+    #[test]
+    fn vector_products_reduce_one_row_calls_only() {
+        let c = tiny_llama32_config();
+        let prefill = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: false };
+        let mut attention_dots = Vec::new();
+        for format in [WeightFormat::F16, WeightFormat::Int4] {
+            let with = |products: VectorProducts, spec: GraphSpec| {
+                let o = GraphOptions { vector_products: products, ..options(format) };
+                emit_module(&c, &o, &[spec]).unwrap()
+            };
+            let count = |text: &str, what: &str| text.matches(what).count();
+            let (dot, reduce) = (with(VectorProducts::Dot, DECODE), with(VectorProducts::Reduce, DECODE));
+            // Decode: only attention's dots are left (those of fp16, where each of the seven
+            // matrices of a layer and the head is one dot); every product is a reduction.
+            attention_dots.push(count(&reduce, "stablehlo.dot_general"));
+            if format == WeightFormat::F16 {
+                assert_eq!(count(&dot, "stablehlo.dot_general") - attention_dots[0], 7 * c.num_hidden_layers + 1);
+            }
+            // One reduction per matrix: over the inputs of a row (fp16), over groups and pairs (int4, int8).
+            let over_inputs = match format {
+                WeightFormat::F16 => "dimensions = array<i64: 1>}",
+                WeightFormat::Int4 => "dimensions = array<i64: 1, 2>}",
+            };
+            let matrices = 7 * c.num_hidden_layers + 1;
+            assert!(count(&reduce, over_inputs) >= matrices, "{format:?}");
+            assert!(count(&reduce, over_inputs) >= count(&dot, over_inputs) + matrices, "{format:?}");
+            // Calls of several rows keep their dots, over the same (row-major) arguments.
+            let prefill_reduce = with(VectorProducts::Reduce, prefill);
+            assert_eq!(
+                count(&prefill_reduce, "stablehlo.dot_general"),
+                count(&with(VectorProducts::Dot, prefill), "stablehlo.dot_general"),
+                "{format:?}"
+            );
+        }
+        assert_eq!(attention_dots[0], attention_dots[1], "int4 decode keeps no product dot either");
+        let dense = GraphOptions { vector_products: VectorProducts::Reduce, ..options(WeightFormat::F16) };
+        assert_eq!(dense.dense_layout(), crate::DenseLayout::RowMajor);
     }
 
     #[test]

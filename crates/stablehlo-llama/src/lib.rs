@@ -24,6 +24,6 @@ pub use buckets::{buckets_for_context, plan_prefill, plan_prefill_embeddings, Pl
 pub use error::GraphError;
 pub use graph::{
     cache_arg_shapes, emit_entry_module, emit_module, linear_target, linear_targets, GraphKind, GraphOptions,
-    GraphSpec, HostKernels, KernelActivations, KernelCalls, KernelInput, LayerMode, LinearTarget,
+    GraphSpec, HostKernels, KernelActivations, KernelCalls, KernelInput, LayerMode, LinearTarget, VectorProducts,
     ATTENTION_CAUSAL_TARGET, ATTENTION_DECODE_TARGET, PREFILL_DEQUANTIZE_MIN_TOKENS,
 };

@@ -126,9 +126,19 @@ pub struct FnBuilder {
     /// When set, [`FnBuilder::custom_call`] emits IREE dispatches and records their executables
     /// here ([`FnBuilder::dispatch_kernels_into`]).
     dispatches: Option<KernelDispatches>,
+    /// Whether [`FnBuilder::dot_general`] asks for full-precision products
+    /// ([`FnBuilder::highest_precision_dots`]).
+    highest_precision: bool,
 }
 
 impl FnBuilder {
+    /// Every later [`FnBuilder::dot_general`] asks the compiler for f32 products (StableHLO's
+    /// `precision_config` `HIGHEST` on both operands), where it may otherwise multiply in a lower
+    /// precision (XLA on an NVIDIA GPU: TF32, 10-bit mantissas).
+    pub fn highest_precision_dots(&mut self) {
+        self.highest_precision = true;
+    }
+
     /// A builder whose first SSA names follow the function's arguments.
     pub fn new() -> FnBuilder {
         FnBuilder::default()
@@ -446,13 +456,16 @@ impl FnBuilder {
         };
         dims.extend(free(a, [batch.0, contract.0].concat()));
         dims.extend(free(b, [batch.1, contract.1].concat()));
-        let attrs = format!(
+        let mut attrs = format!(
             "dot_dimension_numbers = #stablehlo.dot<lhs_batching_dimensions = {}, rhs_batching_dimensions = {}, lhs_contracting_dimensions = {}, rhs_contracting_dimensions = {}>",
             list(batch.0),
             list(batch.1),
             list(contract.0),
             list(contract.1)
         );
+        if self.highest_precision {
+            attrs.push_str(", precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]");
+        }
         self.op("dot_general", &[a, b], &attrs, Ty::new(&dims, a.elem()))
     }
 
