@@ -377,9 +377,7 @@ impl PjrtRuntime {
         let mut outputs = launched.finish().map_err(pjrt_error)?;
         token_read?;
         let logits: Option<Vec<f32>> = match logits_read {
-            Some(bytes) => {
-                Some(bytes?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect())
-            }
+            Some(bytes) => Some(bytes?.chunks_exact(4).map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]])).collect()),
             None => None,
         };
         outputs.pop();

@@ -414,3 +414,42 @@ pub fn load_engine<R: GraphRuntime>(
     engine.set_load_time(started.elapsed());
     Ok(engine)
 }
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    const BASE: GraphSettings = GraphSettings {
+        layers: LayerMode::Unrolled,
+        dense: StorageDtype::F16,
+        cache: StorageDtype::F16,
+        int4_dequantize_from: 8,
+        host_kernels: None,
+        vector_products: VectorProducts::Dot,
+        highest_precision: false,
+    };
+
+    fn with(settings: &[(&str, &str)]) -> Result<GraphSettings> {
+        let mut request = LoadRequest::new("unused", WeightFormat::F16);
+        for (key, value) in settings {
+            request.settings.insert(key.to_string(), value.to_string());
+        }
+        // An environment prefix no variable has: only the request's settings count.
+        BASE.with_request("test", &request, "SEAM_TEST_SETTINGS_NONE")
+    }
+
+    #[test]
+    fn products_and_precision_settings() {
+        let set = with(&[("vector_products", "reduce"), ("dot_precision", "highest")]).unwrap();
+        assert_eq!((set.vector_products, set.highest_precision), (VectorProducts::Reduce, true));
+        let set = with(&[("vector_products", "dot"), ("dot_precision", "default")]).unwrap();
+        assert_eq!((set.vector_products, set.highest_precision), (VectorProducts::Dot, false));
+        assert_eq!(with(&[]).unwrap(), BASE);
+        for bad in [("vector_products", "gemv"), ("dot_precision", "tf32")] {
+            match with(&[bad]) {
+                Err(SeamError::InvalidInput(message)) => assert!(message.contains(bad.0), "{message}"),
+                other => panic!("{bad:?}: {other:?}"),
+            }
+        }
+    }
+}

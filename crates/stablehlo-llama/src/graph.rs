@@ -2148,6 +2148,19 @@ mod tests {
     }
 
     #[test]
+    fn highest_precision_marks_every_dot() {
+        let c = tiny_llama32_config();
+        let prefill = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: false };
+        let plain = emit_module(&c, &options(WeightFormat::F16), &[prefill]).unwrap();
+        assert!(!plain.contains("precision_config"));
+        let o = GraphOptions { highest_precision: true, ..options(WeightFormat::F16) };
+        let text = emit_module(&c, &o, &[prefill]).unwrap();
+        let highest = "precision_config = [#stablehlo<precision HIGHEST>, #stablehlo<precision HIGHEST>]";
+        assert!(text.matches("stablehlo.dot_general").count() > 0);
+        assert_eq!(text.matches(highest).count(), text.matches("stablehlo.dot_general").count());
+    }
+
+    #[test]
     fn vector_products_reduce_one_row_calls_only() {
         let c = tiny_llama32_config();
         let prefill = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: false };
