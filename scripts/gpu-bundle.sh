@@ -5,8 +5,7 @@
 #   bin/seam        a stripped release build with the `cuda` feature (iree-cuda and pjrt-cuda);
 #   cache/iree/     the IREE CUDA modules of the conformance suite's tiny models (every context the
 #                   suite loads them with, embedding graphs included) and of the Llama-3.2-1B shape
-#                   (fp16 and int4 token graphs, the context `seam bench` loads with, with the default
-#                   settings and with `vector_products=reduce`), compiled ahead
+#                   (fp16 and int4 token graphs, the context `seam bench` loads with), compiled ahead
 #                   with `seam compile` for $SEAM_IREE_CUDA_TARGET (default sm_89: IREE 3.13 has no
 #                   sm_90 target, and an H100's driver compiles sm_89 PTX);
 #   run.sh          the run script (scripts/gpu/run.sh).
@@ -49,9 +48,6 @@ SEAM_CACHE_DIR="$BUNDLE/cache" "$SEAM" compile --backend iree-cuda --conformance
 # The bench models (run.sh benches with a context of 2048), token graphs only.
 SEAM_CACHE_DIR="$BUNDLE/cache" "$SEAM" compile --backend iree-cuda --model "$shape_dir/l1b" \
   --model "$shape_dir/tiny" --max-context 2048 --token-graphs-only
-# And the 1B shape's with the candidate setting run.sh compares (decode's products as reductions).
-SEAM_CACHE_DIR="$BUNDLE/cache" "$SEAM" compile --backend iree-cuda --model "$shape_dir/l1b" --max-context 2048 \
-  --token-graphs-only --set vector_products=reduce
 rm -rf "$BUNDLE/cache/pjrt"
 
 size=$(du -sm "$BUNDLE" | cut -f1)

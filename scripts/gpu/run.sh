@@ -84,17 +84,18 @@ export SEAM_PJRT_STEP_PROFILE=1
 # pjrt-cuda first (the backend a short device call must not miss), each backend's figures with
 # its defaults, then the conformance suite, then the candidate settings.
 for backend in ${SEAM_GPU_BACKENDS:-pjrt iree}; do
-  step "bench $shape $backend" 150 "$SEAM" bench --backend "$backend-$device" --model "$WORK/bench-model" \
+  step "bench $shape $backend" 200 "$SEAM" bench --backend "$backend-$device" --model "$WORK/bench-model" \
     --no-cold "${bench_args[@]}" --json "$OUT/bench-$device-$backend.json"
   step "conformance $backend-$device" 120 "$SEAM" conformance --backend "$backend-$device" --precision f16 \
     --real-model skip --json "$OUT/conformance-$backend-$device.json"
 done
 # Candidate settings (comma-separated) against the defaults above, on the same model in the same
-# call: pjrt-cuda's dots at XLA's default precision (TF32: what `dot_precision=highest` costs
-# prefill); its decode as dots over int4 dequantized in the graph (the int4 form XLA fuses best
-# is the open question); iree-cuda's decode products as reductions (the modules are in the bundle).
-for candidate in "pjrt dot_precision=default" "pjrt vector_products=dot,int4_dequantize_from=1" \
-  "iree vector_products=reduce"; do
+# call, the open questions first: int4 and int8 read as 32-bit words in decode's reductions (the
+# byte-wide form moves a third of fp16's bytes per second); decode as dots over int4 dequantized in
+# the graph; the dots at XLA's default precision (TF32: what `dot_precision=highest` costs
+# prefill). iree-cuda's candidates were measured on 2026-11-27 (docs/performance.md).
+for candidate in "pjrt vector_products=reduce-words" "pjrt vector_products=dot,int4_dequantize_from=1" \
+  "pjrt dot_precision=default"; do
   backend=${candidate%% *} settings=${candidate#* }
   case " ${SEAM_GPU_BACKENDS:-pjrt iree} " in *" $backend "*) ;; *) continue ;; esac
   set_args=()

@@ -11,8 +11,10 @@
 //! On the CPU the suite runs the default graphs, which call seam's kernels as custom calls
 //! (`kernels=seam`); a second, shorter pass runs the greedy-parity cases on the tiny models with
 //! `SEAM_PJRT_KERNELS=none`, so the pure-StableHLO graphs XLA's CPU plugin falls back to stay
-//! proven too. A third pass runs the whole suite on int4 with `SEAM_PJRT_ACTIVATIONS=int8` (the
-//! kernels' products over activations rounded to int8, ADR 0024) under the int8 preset.
+//! proven too, and then the forms pjrt takes on a GPU (`vector_products=reduce`,
+//! `dot_precision=highest`, ADR 0028; and `reduce-words`). A last pass runs the whole suite on
+//! int4 with `SEAM_PJRT_ACTIVATIONS=int8` (the kernels' products over activations rounded to int8,
+//! ADR 0024) under the int8 preset.
 //!
 //! Tolerances are the f16 ones: the KV cache is f16 and int4 scales are f16 on every device, and
 //! on a GPU the matrices are f16 too. Compiled executables are cached in `.seam/cache/pjrt`.
@@ -51,9 +53,23 @@ fn main() {
     let target = Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::F16);
     check_target("pjrt-cpu with kernels=none (pure-StableHLO graphs)", target, &options);
 
+    // The forms pjrt takes on a GPU (ADR 0028), proven here on the CPU plugin: decode's products
+    // as reductions, f32 dots; the whole suite on the tiny models (its self-consistency cases are
+    // what TF32 dots failed on a GPU), then the 32-bit-word reductions' parity.
+    std::env::set_var("SEAM_PJRT_VECTOR_PRODUCTS", "reduce");
+    std::env::set_var("SEAM_PJRT_DOT_PRECISION", "highest");
+    let device_forms = SuiteOptions { real_model: conformance::RealModelParity::Skip, ..SuiteOptions::from_env() };
+    let target = Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::F16);
+    check_target("pjrt-cpu with the device forms (vector_products=reduce)", target, &device_forms);
+    std::env::set_var("SEAM_PJRT_VECTOR_PRODUCTS", "reduce-words");
+    let target = Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::F16);
+    check_target("pjrt-cpu with vector_products=reduce-words", target, &options);
+    for key in ["SEAM_PJRT_KERNELS", "SEAM_PJRT_VECTOR_PRODUCTS", "SEAM_PJRT_DOT_PRECISION"] {
+        std::env::remove_var(key);
+    }
+
     // The kernels again, int4 products over activations rounded to int8 (`activations=int8`, ADR
     // 0024), held to that precision's preset: the whole suite, the real model included.
-    std::env::remove_var("SEAM_PJRT_KERNELS");
     std::env::set_var("SEAM_PJRT_ACTIVATIONS", "int8");
     let from_env = SuiteOptions::from_env();
     let formats: Vec<WeightFormat> = from_env.formats.iter().copied().filter(|&f| f == WeightFormat::Int4).collect();

@@ -121,6 +121,11 @@ pub enum VectorProducts {
     /// which a GPU compiler fuses into a single kernel reading the stored weights (packed nibbles
     /// included) once. Dense matrices are then laid out row-major.
     Reduce,
+    /// [`VectorProducts::Reduce`] with int4 and int8 matrices read as 32-bit words (eight nibbles,
+    /// four bytes) and the codes shifted out of them, where `Reduce` reads them a byte at a time:
+    /// a compiler's reduction reads its elements one by one, and byte-wide elements make that a
+    /// byte-at-a-time loop.
+    ReduceWords,
 }
 
 /// What a linear kernel call reads before its product (the runtime's kernel computes it, as
@@ -281,7 +286,7 @@ impl GraphOptions {
     /// transposed.
     pub fn dense_layout(&self) -> crate::DenseLayout {
         match (self.host_kernels, self.vector_products) {
-            (Some(_), _) | (None, VectorProducts::Reduce) => crate::DenseLayout::RowMajor,
+            (Some(_), _) | (None, VectorProducts::Reduce | VectorProducts::ReduceWords) => crate::DenseLayout::RowMajor,
             (None, VectorProducts::Dot) => crate::DenseLayout::Transposed,
         }
     }
@@ -320,9 +325,14 @@ impl GraphOptions {
         self.host_kernels.is_some_and(|k| rows <= k.max_tokens)
     }
 
-    /// Whether calls of `rows` rows write their products as reductions ([`VectorProducts::Reduce`]).
-    fn reduces_vectors(&self, rows: usize) -> bool {
-        rows == 1 && self.vector_products == VectorProducts::Reduce && !self.kernel_rows(rows)
+    /// How calls of `rows` rows write their products where no kernel takes them: the one-row
+    /// forms of [`GraphOptions::vector_products`], else dots.
+    fn products_for(&self, rows: usize) -> VectorProducts {
+        if rows == 1 && !self.kernel_rows(rows) {
+            self.vector_products
+        } else {
+            VectorProducts::Dot
+        }
     }
 }
 
@@ -506,8 +516,8 @@ struct Weights {
     kernels: bool,
     /// How the kernels' int4 and int8 products take their activations.
     activations: KernelActivations,
-    /// Whether this function's products are one-row reductions ([`VectorProducts::Reduce`]).
-    reduce: bool,
+    /// How this function's products are written where no kernel takes them.
+    products: VectorProducts,
 }
 
 /// A matrix as the graph sees it.
@@ -516,7 +526,7 @@ enum MatrixArg {
         w: Val,
         transposed: bool,
         kernel: bool,
-        reduce: bool,
+        products: VectorProducts,
     },
     Int4 {
         packed: Val,
@@ -526,7 +536,7 @@ enum MatrixArg {
         kernel: bool,
         activations: KernelActivations,
         order: MatrixOrder,
-        reduce: bool,
+        products: VectorProducts,
     },
     Int8 {
         codes: Val,
@@ -535,7 +545,7 @@ enum MatrixArg {
         kernel: bool,
         activations: KernelActivations,
         order: MatrixOrder,
-        reduce: bool,
+        products: VectorProducts,
     },
 }
 
@@ -557,7 +567,7 @@ impl Weights {
                     transposed: self.specs[i].part == WeightPart::DenseTransposed,
                     // The kernel reads f16; matrices held in f32 (`dense=f32`) keep the dot.
                     kernel: self.kernels && self.specs[i].dtype == crate::ArgDtype::F16,
-                    reduce: self.reduce,
+                    products: self.products,
                 }
             }
             WeightPart::Int4Packed(order) => {
@@ -570,7 +580,7 @@ impl Weights {
                     kernel: self.kernels,
                     activations: self.activations,
                     order,
-                    reduce: self.reduce,
+                    products: self.products,
                 }
             }
             WeightPart::Int8Codes(order) => {
@@ -582,7 +592,7 @@ impl Weights {
                     kernel: self.kernels,
                     activations: self.activations,
                     order,
-                    reduce: self.reduce,
+                    products: self.products,
                 }
             }
             other => unreachable!("argument order of weight_args: {other:?} where a matrix starts"),
@@ -602,9 +612,11 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
         MatrixArg::Dense { kernel: true, .. }
         | MatrixArg::Int4 { kernel: true, .. }
         | MatrixArg::Int8 { kernel: true, .. } => kernel_linear(b, None, &[x], KernelInput::Rows, w, None),
-        MatrixArg::Dense { reduce: true, .. }
-        | MatrixArg::Int4 { reduce: true, .. }
-        | MatrixArg::Int8 { reduce: true, .. } => reduced_linear(b, x, w),
+        MatrixArg::Dense { products, .. } | MatrixArg::Int4 { products, .. } | MatrixArg::Int8 { products, .. }
+            if *products != VectorProducts::Dot =>
+        {
+            reduced_linear(b, x, w, *products == VectorProducts::ReduceWords)
+        }
         MatrixArg::Int8 { codes, scales, dequantize_from, order, .. } if x.dims()[0] >= *dequantize_from => {
             row_major_only(*order);
             // Many tokens: the f32 matrix (scale * q, exactly the format's values) once, and one
@@ -701,8 +713,9 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
 /// [`linear`] of one row as [`VectorProducts::Reduce`] writes it: `y_m = sum_k w_mk x_k` as an
 /// elementwise product over the matrix's own shape, reduced over its inputs. int4 is unpacked in
 /// the expression (`s (x_even lo + x_odd hi) + b (x_even + x_odd)` per packed byte) and int8 scaled
-/// in it, so the one fused reduction reads the stored bytes.
-fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
+/// in it, so the one fused reduction reads the stored bytes; with `words`
+/// ([`VectorProducts::ReduceWords`]) they are read as 32-bit words and the codes shifted out.
+fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg, words: bool) -> Val {
     let k = x.dims()[1];
     debug_assert_eq!(x.dims()[0], 1, "reductions are for one-row calls");
     let g = k / GROUP_SIZE;
@@ -715,6 +728,48 @@ fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             let xb = b.broadcast(&row, w.dims(), &[input_dim]);
             let products = b.mul(&w, &xb);
             b.reduce(&products, &[reduced], Reduction::Sum)
+        }
+        MatrixArg::Int4 { packed, scales, biases, order, .. } if words => {
+            row_major_only(*order);
+            // Word i of a group holds its inputs 8i..8i+8, nibble j (bits 4j..4j+4) input 8i + j.
+            let m = packed.dims()[0];
+            let shape = [m, g, GROUP_SIZE / 8, 8];
+            let bytes = b.reshape(packed, &[m, g, GROUP_SIZE / 8, 4]);
+            let (w, nibble) = word_lanes(b, &bytes, &shape);
+            let four = b.const_int(4, Elem::I32, &shape);
+            let shift = b.mul(&nibble, &four);
+            let mask = b.const_int(15, Elem::I32, &shape);
+            let q = b.shift_right_logical(&w, &shift);
+            let q = b.and(&q, &mask);
+            let q = b.convert(&q, Elem::F32);
+            let (xb, s) = group_operands(b, x, scales, &shape);
+            let bias = per_group(b, biases, &shape);
+            // s q x + b x: the bias term summed over the group is b sum(x_g), as in `linear`.
+            let qx = b.mul(&q, &xb);
+            let scaled = b.mul(&s, &qx);
+            let offset = b.mul(&bias, &xb);
+            let terms = b.add(&scaled, &offset);
+            b.reduce(&terms, &[1, 2, 3], Reduction::Sum)
+        }
+        MatrixArg::Int8 { codes, scales, order, .. } if words => {
+            row_major_only(*order);
+            // Word i of a group holds its inputs 4i..4i+4, byte j input 4i + j, sign-extended by
+            // shifting it to the top and back.
+            let m = codes.dims()[0];
+            let shape = [m, g, GROUP_SIZE / 4, 4];
+            let bytes = b.reshape(codes, &shape);
+            let (w, byte) = word_lanes(b, &bytes, &shape);
+            let eight = b.const_int(8, Elem::I32, &shape);
+            let low = b.mul(&byte, &eight);
+            let top = b.const_int(24, Elem::I32, &shape);
+            let up = b.sub(&top, &low);
+            let q = b.shift_left(&w, &up);
+            let q = b.shift_right_arithmetic(&q, &top);
+            let q = b.convert(&q, Elem::F32);
+            let (xb, s) = group_operands(b, x, scales, &shape);
+            let qx = b.mul(&q, &xb);
+            let scaled = b.mul(&s, &qx);
+            b.reduce(&scaled, &[1, 2, 3], Reduction::Sum)
         }
         MatrixArg::Int4 { packed, scales, biases, order, .. } => {
             row_major_only(*order);
@@ -735,10 +790,8 @@ fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
             let odd = b.reshape(&odd, &[g, half]);
             let even = b.broadcast(&even, &shape, &[1, 2]);
             let odd = b.broadcast(&odd, &shape, &[1, 2]);
-            let s = b.convert(scales, Elem::F32);
-            let s = b.broadcast(&s, &shape, &[0, 1]);
-            let bias = b.convert(biases, Elem::F32);
-            let bias = b.broadcast(&bias, &shape, &[0, 1]);
+            let s = per_group(b, scales, &shape);
+            let bias = per_group(b, biases, &shape);
             let lo_x = b.mul(&lo, &even);
             let hi_x = b.mul(&hi, &odd);
             let codes = b.add(&lo_x, &hi_x);
@@ -765,6 +818,29 @@ fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
     };
     let m = sum.dims()[0];
     b.reshape(&sum, &[1, m])
+}
+
+/// `bytes` (`[M, g, n, 4]` i8) as one 32-bit word per four bytes, broadcast over the codes of a
+/// word (`shape`, `[M, g, n, codes]`), and each code's index in its word.
+fn word_lanes(b: &mut FnBuilder, bytes: &Val, shape: &[usize]) -> (Val, Val) {
+    let words = b.bytes_as_words(bytes);
+    let words = b.broadcast(&words, shape, &[0, 1, 2]);
+    (words, b.iota(shape, 3))
+}
+
+/// The one row `x` (`[1, K]`) and a group-wise `scales` (`[M, g]`) broadcast to a reduction's
+/// `shape` (`[M, g, ...]`, the trailing dimensions splitting a group in input order).
+fn group_operands(b: &mut FnBuilder, x: &Val, scales: &Val, shape: &[usize]) -> (Val, Val) {
+    let inputs = b.reshape(x, &shape[1..]);
+    let inputs = b.broadcast(&inputs, shape, &(1..shape.len()).collect::<Vec<_>>());
+    (inputs, per_group(b, scales, shape))
+}
+
+/// A group-wise f16 parameter (`[M, g]`: scales, biases) in f32, broadcast over a reduction's
+/// `shape` (`[M, g, ...]`).
+fn per_group(b: &mut FnBuilder, values: &Val, shape: &[usize]) -> Val {
+    let values = b.convert(values, Elem::F32);
+    b.broadcast(&values, shape, &[0, 1])
 }
 
 /// `sum_g s_mg dots[g, t, m]`: per-group dot products (`[g, T, M]`) scaled by each group's f16
@@ -1348,9 +1424,9 @@ fn forward(
         specs.iter().map(|s| push_with(Ty::new(&s.shape, s.dtype.elem()), "", s.name.clone())).collect();
     let kernels = options.kernel_rows(t);
     let activations = options.host_kernels.map(|h| h.activations).unwrap_or_default();
-    let reduce = options.reduces_vectors(t);
+    let products = options.products_for(t);
     let mut w =
-        Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels, activations, reduce };
+        Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels, activations, products };
 
     let mut b = FnBuilder::new();
     if options.highest_precision {
@@ -1532,7 +1608,7 @@ fn forward(
                         dequantize_from: options.int4_dequantize_from,
                         kernels,
                         activations,
-                        reduce,
+                        products,
                     };
                     let kv = carried[2..]
                         .chunks(2)
@@ -2195,6 +2271,16 @@ mod tests {
             );
         }
         assert_eq!(attention_dots[0], attention_dots[1], "int4 decode keeps no product dot either");
+        // Read as words: the same reductions, over codes shifted out of 32-bit words.
+        let words = |format| {
+            let o = GraphOptions { vector_products: VectorProducts::ReduceWords, ..options(format) };
+            emit_module(&c, &o, &[DECODE]).unwrap()
+        };
+        let int4 = words(WeightFormat::Int4);
+        assert_eq!(int4.matches("stablehlo.dot_general").count(), attention_dots[1]);
+        assert!(int4.matches("stablehlo.bitcast_convert").count() >= 7 * c.num_hidden_layers);
+        assert!(int4.contains("stablehlo.shift_right_arithmetic"), "the int8 head's bytes, sign-extended");
+        assert!(!words(WeightFormat::F16).contains("bitcast_convert"), "fp16 reads its f16 values");
         let dense = GraphOptions { vector_products: VectorProducts::Reduce, ..options(WeightFormat::F16) };
         assert_eq!(dense.dense_layout(), crate::DenseLayout::RowMajor);
     }

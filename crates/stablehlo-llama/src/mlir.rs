@@ -255,6 +255,22 @@ impl FnBuilder {
     pub fn shift_right_logical(&mut self, a: &Val, b: &Val) -> Val {
         self.binary("shift_right_logical", a, b)
     }
+    pub fn shift_right_arithmetic(&mut self, a: &Val, b: &Val) -> Val {
+        self.binary("shift_right_arithmetic", a, b)
+    }
+    pub fn shift_left(&mut self, a: &Val, b: &Val) -> Val {
+        self.binary("shift_left", a, b)
+    }
+
+    /// The bytes of `a` (i8, last dimension 4) as one i32 each, that dimension absorbed; byte 0
+    /// is the least significant (the little-endian order XLA and IREE use on every target seam
+    /// runs on).
+    pub fn bytes_as_words(&mut self, a: &Val) -> Val {
+        assert_eq!(a.elem(), Elem::I8);
+        assert_eq!(a.dims().last(), Some(&4), "bytes_as_words of {:?}", a.dims());
+        let dims = &a.dims()[..a.rank() - 1];
+        self.op("bitcast_convert", &[a], "", Ty::new(dims, Elem::I32))
+    }
 
     fn unary(&mut self, name: &str, a: &Val) -> Val {
         let ty = a.ty.clone();
