@@ -6,7 +6,8 @@
 //! read probe (`cpu_kernels::bandwidth::measure_read_bandwidth`, on the same pool). Rows named
 //! `int4q8` and `int8q8` take the activations rounded to int8 (`matmul_int4_q8`, ADR 0024), and
 //! `int4p` the same over int4 weights in panels of 16 rows (`matmul_int4_panels_q8`, ADR 0025);
-//! `int4pe` the exact product over panels (`matmul_int4_panels`, its int8 head in panels too).
+//! `int4pe` and `int8pe` the exact products over panels (`matmul_int4_panels`,
+//! `matmul_int8_panels`; a step's int8 head in panels too).
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
@@ -53,6 +54,7 @@ fn main() {
             ("smollm2 lm head", 49152, 576),
             ("1b mlp up", 8192, 2048),
             ("1b mlp down", 2048, 8192),
+            ("1b lm head", 128256, 2048),
         ]
     };
     println!("{:<18} {:>12} {:>10} {:>10} {:>8}", "shape [N x K]", "kernel", "us/call", "GB/s", "of probe");
@@ -120,6 +122,13 @@ fn main() {
             matmul_int8_q8(Isa::best(), pool, &x, 1, Int8Matrix { rows: n, cols: k, codes, scales }, &mut out).unwrap();
         });
         report(name, n, k, &format!("int8q8 {}", short(Isa::best())), secs, int8_bytes, bandwidth);
+        // The exact product over panels (an int4 model's int8 head on the CPU backends' default).
+        let secs = time(copies, |i| {
+            let (codes, scales) = &mats[i];
+            let w = Int8Matrix { rows: n, cols: k, codes, scales };
+            matmul_int8_panels(Isa::best(), pool, &x, 1, w, &mut out).unwrap();
+        });
+        report(name, n, k, &format!("int8pe {}", short(Isa::best())), secs, int8_bytes, bandwidth);
     }
     // A whole SmolLM2 decode step's products, each layer with its own weights (as in a model):
     // what the kernels alone cost per token.
