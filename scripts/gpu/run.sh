@@ -22,8 +22,8 @@
 # waiting and reading back) into log.txt. SEAM_GPU_BACKENDS (default "pjrt iree") picks backends.
 # The suite runs with the f16 tolerances: both backends keep f16 weights and an f16 KV cache on a
 # GPU, as on the CPU, where the in-tree suites use the same preset.
-# Each step has a time limit so the whole fits in ten minutes; a step that fails is reported and
-# the next one still runs. SEAM_GPU_DRY_RUN=1 runs the same steps on iree-cpu and pjrt-cpu (with a
+# Each step has a time limit and the whole a deadline (SEAM_GPU_DEADLINE_S), so that it fits in
+# ten minutes; a step that fails is reported and the next one still runs. SEAM_GPU_DRY_RUN=1 runs the same steps on iree-cpu and pjrt-cpu (with a
 # tiny bench model), to check the script on a machine without a GPU.
 set -uo pipefail
 BUNDLE="$(cd "$(dirname "$0")" && pwd)"
@@ -47,11 +47,31 @@ else
   export SEAM_CACHE_DIR="$BUNDLE/cache" SEAM_IREE_COMPILER=none
 fi
 
+# The whole run ends by SEAM_GPU_DEADLINE_S seconds (default 540, under the device tool's ten
+# minutes with room for its start): a step's limit is cut to what is left, and a step with nothing
+# left is skipped, so the summary and reports.tgz are always written.
+deadline=${SEAM_GPU_DEADLINE_S:-540}
+
+# pack: everything in $OUT so far into reports.tgz (after every step: a run cut short by the
+# caller still leaves the reports of the steps that finished).
+pack() {
+  local reports
+  reports=$(mktemp)
+  tar -C "$OUT" --exclude ./reports.tgz -czf "$reports" . 2>/dev/null && mv "$reports" "$OUT/reports.tgz"
+}
+
 # step NAME LIMIT_S COMMAND...: runs and logs one step; its status goes to the summary.
 status_lines=()
 step() {
   local name=$1 limit=$2
   shift 2
+  local left=$((deadline - SECONDS))
+  if [ "$left" -lt 10 ]; then
+    status_lines+=("$(printf '%-28s %-16s %4ss' "$name" "SKIPPED" 0)")
+    printf '\n== %s: SKIPPED (the run reached its deadline, %ss)\n' "$name" "$deadline" >>"$LOG"
+    return
+  fi
+  [ "$limit" -gt "$left" ] && limit=$left
   printf '\n== %s (limit %ss): %s\n' "$name" "$limit" "$*" >>"$LOG"
   local started=$SECONDS
   timeout "$limit" "$@" >>"$LOG" 2>&1
@@ -61,6 +81,7 @@ step() {
   [ $rc -ne 0 ] && [ $rc -ne 124 ] && verdict="FAILED (exit $rc)"
   status_lines+=("$(printf '%-28s %-16s %4ss' "$name" "$verdict" $((SECONDS - started)))")
   printf '== %s: %s after %ss\n' "$name" "$verdict" $((SECONDS - started)) >>"$LOG"
+  pack
 }
 
 {
@@ -134,6 +155,5 @@ done >"$OUT/xla-kernels.txt" 2>&1
   grep -E 'decode|prefill' "$OUT/xla-kernels.txt" | head -20
 } >"$OUT/summary.txt"
 rm -rf "$WORK"
-reports=$(mktemp)
-tar -C "$OUT" --exclude ./reports.tgz -czf "$reports" . && mv "$reports" "$OUT/reports.tgz"
+pack
 cat "$OUT/summary.txt"
