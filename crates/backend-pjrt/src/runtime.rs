@@ -67,13 +67,13 @@ impl Drop for PjrtRuntime {
         let mut names: Vec<_> = profile.graphs.keys().cloned().collect();
         names.sort();
         for name in names {
-            let (calls, [upload, execute, read]) = profile.graphs[&name];
+            let (calls, [upload, launch, wait]) = profile.graphs[&name];
             let mean = |d: std::time::Duration| d.as_secs_f64() * 1e6 / calls as f64;
             eprintln!(
                 "pjrt step profile: {name}: {calls} calls, mean upload {:.1} us, launch {:.1} us, wait and read-back {:.1} us",
                 mean(upload),
-                mean(execute),
-                mean(read)
+                mean(launch),
+                mean(wait)
             );
         }
     }
@@ -387,11 +387,11 @@ impl PjrtRuntime {
             cache.buffers = Some(updated.by_ref().take(per_cache).collect());
         }
         if let Some(profile) = &self.profile {
-            let (executed, read) = (launch_time, started.elapsed() - launch_time);
+            let waited = started.elapsed() - launch_time;
             let mut profile = profile.lock().unwrap_or_else(|p| p.into_inner());
             let entry = profile.graphs.entry(name.clone()).or_default();
             entry.0 += 1;
-            for (total, time) in entry.1.iter_mut().zip([uploaded, executed, read]) {
+            for (total, time) in entry.1.iter_mut().zip([uploaded, launch_time, waited]) {
                 *total += time;
             }
         }
