@@ -98,7 +98,7 @@ pub const CPU_SETTINGS: GraphSettings = GraphSettings {
 /// H200 with XLA's CUDA plugin (docs/performance.md, "GPU"):
 ///
 /// - f16 matrices and cache, int4 dequantized in the graph from IREE's threshold on;
-/// - decode's products as reductions ([`VectorProducts::Reduce`]): XLA fuses each into one kernel
+/// - decode's products as reductions ([`VectorProducts::Reduce`]): XLA can fuse each into one kernel
 ///   over the stored weights, which decoded faster than the kernels it made of one-row dots;
 /// - dots at full f32 precision (`highest_precision`): XLA's default multiplies f32 in TF32 on a
 ///   GPU, so prefill's dots rounded activations that decode's reductions did not, and the

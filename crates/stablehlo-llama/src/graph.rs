@@ -118,7 +118,7 @@ pub enum VectorProducts {
     Dot,
     /// An elementwise product with the row broadcast to the matrix, reduced along each weight row
     /// (int4 unpacked and scaled inside the same expression): one reduction over a row-major matrix,
-    /// which a GPU compiler fuses into a single kernel reading the stored weights (packed nibbles
+    /// which a GPU compiler can fuse into a single kernel reading the stored weights (packed nibbles
     /// included) once. Dense matrices are then laid out row-major.
     Reduce,
     /// [`VectorProducts::Reduce`] with int4 and int8 matrices read as 32-bit words (eight nibbles,
