@@ -355,7 +355,7 @@ impl PjrtRuntime {
         args.extend(taken.into_iter().flatten().map(ExecuteArg::Donate));
         args.extend(weights.iter().map(ExecuteArg::Keep));
         let started = std::time::Instant::now();
-        let mut launched = executable.launch(args).map_err(pjrt_error)?;
+        let launched = executable.launch(args).map_err(pjrt_error)?;
         let launch_time = started.elapsed();
         let outputs = launched.outputs();
         if outputs.len() != n_caches + 2 {

@@ -22,6 +22,11 @@
 use conformance::{check_target, ComputePrecision, SuiteOptions, Target};
 use session_api::WeightFormat;
 
+/// `pjrt-cpu` held to `precision`'s tolerances (a pass after the first, with its own settings).
+fn pjrt_cpu(precision: ComputePrecision) -> Target {
+    Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(precision)
+}
+
 fn main() {
     backend_pjrt::link();
     let targets = ["pjrt-cpu", "pjrt-cuda"].map(|name| {
@@ -50,7 +55,7 @@ fn main() {
         real_model: conformance::RealModelParity::Skip,
         ..SuiteOptions::from_env()
     };
-    let target = Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::F16);
+    let target = pjrt_cpu(ComputePrecision::F16);
     check_target("pjrt-cpu with kernels=none (pure-StableHLO graphs)", target, &options);
 
     // The forms pjrt takes on a GPU (ADR 0028), proven here on the CPU plugin: decode's products
@@ -59,10 +64,10 @@ fn main() {
     std::env::set_var("SEAM_PJRT_VECTOR_PRODUCTS", "reduce");
     std::env::set_var("SEAM_PJRT_DOT_PRECISION", "highest");
     let device_forms = SuiteOptions { real_model: conformance::RealModelParity::Skip, ..SuiteOptions::from_env() };
-    let target = Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::F16);
+    let target = pjrt_cpu(ComputePrecision::F16);
     check_target("pjrt-cpu with the device forms (vector_products=reduce)", target, &device_forms);
     std::env::set_var("SEAM_PJRT_VECTOR_PRODUCTS", "reduce-words");
-    let target = Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::F16);
+    let target = pjrt_cpu(ComputePrecision::F16);
     check_target("pjrt-cpu with vector_products=reduce-words", target, &options);
     for key in ["SEAM_PJRT_KERNELS", "SEAM_PJRT_VECTOR_PRODUCTS", "SEAM_PJRT_DOT_PRECISION"] {
         std::env::remove_var(key);
@@ -75,8 +80,7 @@ fn main() {
     let formats: Vec<WeightFormat> = from_env.formats.iter().copied().filter(|&f| f == WeightFormat::Int4).collect();
     if !formats.is_empty() {
         let options = SuiteOptions { formats, ..from_env };
-        let target =
-            Target::registered("pjrt-cpu").expect("pjrt-cpu is registered").with_precision(ComputePrecision::Int8);
+        let target = pjrt_cpu(ComputePrecision::Int8);
         check_target("pjrt-cpu with activations=int8", target, &options);
     }
     println!("conformance: pjrt passed");

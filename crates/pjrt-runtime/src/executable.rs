@@ -150,8 +150,8 @@ pub struct Launched {
 
 impl Launched {
     /// The outputs, resident on the device (ready once the program is done).
-    pub fn outputs(&mut self) -> &mut Vec<Buffer> {
-        &mut self.outputs
+    pub fn outputs(&self) -> &[Buffer] {
+        &self.outputs
     }
 
     /// Waits for the program to finish and returns its outputs, or its error.

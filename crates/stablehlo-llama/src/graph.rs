@@ -720,14 +720,15 @@ fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg, words: bool) -> Val
     debug_assert_eq!(x.dims()[0], 1, "reductions are for one-row calls");
     let g = k / GROUP_SIZE;
     let sum = match w {
-        MatrixArg::Dense { w, transposed, .. } => {
+        MatrixArg::Dense { w, transposed: false, .. } => {
             let w = b.convert(w, Elem::F32);
             let row = b.reshape(x, &[k]);
-            // Transposed `[K, M]`: the inputs are the first dimension.
-            let (input_dim, reduced) = if *transposed { (0, 0) } else { (1, 1) };
-            let xb = b.broadcast(&row, w.dims(), &[input_dim]);
+            let xb = b.broadcast(&row, w.dims(), &[1]);
             let products = b.mul(&w, &xb);
-            b.reduce(&products, &[reduced], Reduction::Sum)
+            b.reduce(&products, &[1], Reduction::Sum)
+        }
+        MatrixArg::Dense { transposed: true, .. } => {
+            unreachable!("GraphOptions::dense_layout lays dense matrices out row-major for reductions")
         }
         MatrixArg::Int4 { packed, scales, biases, order, .. } if words => {
             row_major_only(*order);
@@ -807,10 +808,7 @@ fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg, words: bool) -> Val
             let shape = [m, g, GROUP_SIZE];
             let q = b.reshape(codes, &shape);
             let q = b.convert(&q, Elem::F32);
-            let xg = b.reshape(x, &[g, GROUP_SIZE]);
-            let xb = b.broadcast(&xg, &shape, &[1, 2]);
-            let s = b.convert(scales, Elem::F32);
-            let s = b.broadcast(&s, &shape, &[0, 1]);
+            let (xb, s) = group_operands(b, x, scales, &shape);
             let products = b.mul(&q, &xb);
             let scaled = b.mul(&s, &products);
             b.reduce(&scaled, &[1, 2], Reduction::Sum)
