@@ -281,9 +281,9 @@ impl GraphOptions {
         }
     }
 
-    /// The layout of the fp16 format's matrices: row-major for the host kernels and for
-    /// [`VectorProducts::Reduce`] (each output's weights contiguous, the reduction's rows), else
-    /// transposed.
+    /// The layout of the fp16 format's matrices: row-major for the host kernels and for the
+    /// reductions of [`VectorProducts::Reduce`] and `ReduceWords` (each output's weights
+    /// contiguous, the reduction's rows), else transposed.
     pub fn dense_layout(&self) -> crate::DenseLayout {
         match (self.host_kernels, self.vector_products) {
             (Some(_), _) | (None, VectorProducts::Reduce | VectorProducts::ReduceWords) => crate::DenseLayout::RowMajor,
