@@ -21,14 +21,16 @@
 //! group of each row in turn; their scales as the int4 ones. The graphs gather an embedding's rows
 //! straight from this order (a `[rows / 16, cols / 4, 16, 4]` view), so a tied table is held once.
 //!
-//! Two products read the panels, with the numbers of the row-major ones up to the order of f32
-//! operations, so a backend may hold some matrices in panels and others row-major:
+//! Two products read the panels, both one `vpdpbusd` per four codes of each row (the codes as
+//! unsigned bytes, the activations as int8 parts broadcast to every lane), with the numbers of
+//! the row-major products up to f32's precision, so a backend may hold some matrices in panels
+//! and others row-major:
 //! - over activations rounded to int8 ([`matmul_int4_panels_q8`], [`matmul_int8_panels_q8`]: the
-//!   numbers of [`crate::matmul_int4_q8`]): one `vpdpbusd` multiplies four codes of each row;
+//!   numbers of [`crate::matmul_int4_q8`]): one part;
 //! - over exact activations ([`matmul_int4_panels`], [`matmul_int8_panels`]: the numbers of
-//!   [`crate::matmul_int4`]), carried as the row-major exact products carry them, two i16 parts
-//!   per activation: each 16-bit word of a chunk holds two codes of a row, widened to i16 in
-//!   place, and one `vpdpwssd` per part multiplies them with a broadcast pair of activations.
+//!   [`crate::matmul_int4`]): three int8 parts per activation, the rounded one and what it left
+//!   over in two steps 254 times finer each, about 2^-24 of the group's largest magnitude
+//!   (ADR 0029; the row-major exact products carry two i16 parts, 2^-30).
 //!
 //! Exact calls of many tokens (a prefill chunk) run the exact kernels' blocked matrix-matrix
 //! product, which converts each row's groups to f32 straight from the panels. Off AVX-512 VNNI
@@ -163,8 +165,9 @@ fn reorder_int8(w: Int8Matrix<'_>, codes: &mut [i8], scales: &mut [u16], to_pane
 }
 
 /// `out = x W^T` for int4 `W` laid out in panels ([`int4_to_panels`]): `x` is `[tokens, cols]`,
-/// `out` `[tokens, rows]`. The numbers of [`crate::matmul_int4`] over the row-major matrix (the
-/// activations carried as the same two i16 parts), up to the order of f32 operations.
+/// `out` `[tokens, rows]`. The numbers of [`crate::matmul_int4`] over the row-major matrix, up to
+/// f32's precision: the activations are carried in three int8 parts, to about 2^-24 of each
+/// group's largest magnitude.
 pub fn matmul_int4_panels(
     isa: Isa,
     pool: &Pool,
@@ -265,7 +268,7 @@ fn product(
                 // SAFETY: the CPU has AVX-512 VNNI (checked above); the tokens were laid out for
                 // these columns, this format and these activations; `run` starts on a panel and
                 // these rows' columns of `out` are this task's alone.
-                unsafe { vnni_run(prepared, tokens, w, activations, run, out) }
+                unsafe { vnni_run(prepared, tokens, w, run, out) }
             });
         });
         return Ok(());
@@ -357,80 +360,76 @@ fn row_major_run(isa: Isa, x: &[f32], tokens: usize, w: Panels<'_>, run: std::op
 
 /// Tokens laid out for the panels, per token and group of 32 activations.
 ///
-/// Rounded to int8 ([`Activations::Int8`]): the codes in the order a chunk's bytes meet them
+/// Each group is carried as int8 parts, 32 codes each, in the order a chunk's bytes meet them
 /// (int4: for each chunk of four bytes, the four activations of their low nibbles, then the four
-/// of their high ones; int8: as they are), the group's step, and the step times the codes' sum
-/// (the factor of an int4 group's bias, and of the offset that makes int8 codes unsigned).
+/// of their high ones; int8: as they are), part after part. Part 0 is the activations rounded in
+/// steps of the group's largest magnitude / 127; each further part what the parts before left
+/// over, in steps [`PART_RATIO`] times finer. Activations rounded to int8 ([`Activations::Int8`])
+/// are part 0 alone; exact ones ([`Activations::Exact`]) take [`EXACT_PARTS`], which carry them
+/// to `0.5 / 127 / 254^2` (about 2^-24) of the group's largest magnitude: f32's own precision.
 ///
-/// Exact ([`Activations::Exact`]): the activations as two i16 parts, as the row-major exact
-/// products carry them (a coarse part in steps of the group's largest magnitude / 32767, then
-/// what that left over in steps 2^15 finer: f32's precision), each part as 16 pairs in the
-/// order of the words a chunk's codes are widened to (int4: pair `4c + j` is the activations of
-/// nibble `j` of the chunk's two 16-bit words, elements `8c + j` and `8c + 4 + j`; int8: pair
-/// `2c + j` of byte `j` of its words, elements `4c + j` and `4c + 2 + j`); the group's step and
-/// the exact sum of its activations (the factor of an int4 group's bias).
+/// Beside the codes: the group's step; the factor of an int4 group's bias (the step times the
+/// codes' sum when rounded, the exact sum of the activations when exact); and per part, -128
+/// times its codes' sum (int8 weights are multiplied as unsigned bytes, code + 128: the sums
+/// start from this, so the offset is taken back in integers).
 #[derive(Default)]
 struct Prepared {
+    parts: usize,
     codes: Vec<i8>,
-    wide: Vec<i16>,
     steps: Vec<f32>,
     sums: Vec<f32>,
+    starts: Vec<i32>,
 }
 
 impl Prepared {
     fn fill(&mut self, x: &[f32], tokens: usize, k: usize, int4: bool, activations: Activations) {
         let groups = k / GROUP_SIZE;
+        let parts = match activations {
+            Activations::Int8 => 1,
+            Activations::Exact => EXACT_PARTS,
+        };
+        self.parts = parts;
+        self.codes.resize(tokens * k * parts, 0);
         self.steps.resize(tokens * groups, 0.0);
         self.sums.resize(tokens * groups, 0.0);
-        match activations {
-            Activations::Int8 => {
-                self.codes.resize(tokens * k, 0);
-                for (i, src) in x.chunks_exact(GROUP_SIZE).enumerate() {
-                    let dst = &mut self.codes[i * GROUP_SIZE..(i + 1) * GROUP_SIZE];
-                    // SAFETY: only called on the VNNI path, which the CPU supports.
-                    let (step, total) = unsafe { x86::round_group(src, dst, int4) };
-                    self.steps[i] = step;
-                    self.sums[i] = step * total as f32;
-                }
-            }
-            Activations::Exact => {
-                self.wide.resize(tokens * k * 2, 0);
-                for (i, src) in x.chunks_exact(GROUP_SIZE).enumerate() {
-                    let dst = &mut self.wide[i * 2 * GROUP_SIZE..(i + 1) * 2 * GROUP_SIZE];
-                    // SAFETY: only called on the VNNI path, which the CPU supports.
-                    let (step, sum) = unsafe { x86::split_group(src, dst, int4) };
-                    self.steps[i] = step;
-                    self.sums[i] = sum;
-                }
-            }
+        self.starts.resize(tokens * groups * parts, 0);
+        for (i, src) in x.chunks_exact(GROUP_SIZE).enumerate() {
+            let codes = &mut self.codes[i * parts * GROUP_SIZE..(i + 1) * parts * GROUP_SIZE];
+            let starts = &mut self.starts[i * parts..(i + 1) * parts];
+            // SAFETY: only called on the VNNI path, which the CPU supports.
+            let (step, sum) = unsafe { x86::split_group(src, codes, starts, int4) };
+            self.steps[i] = step;
+            self.sums[i] = sum;
         }
     }
 }
 
 static PREPARED: Scratch<Prepared> = Scratch::new();
 
+/// Parts per group of exact activations (see [`Prepared`]).
+const EXACT_PARTS: usize = 3;
+
+/// How much finer each part's step is than the one before: the largest that keeps a remainder
+/// of at most half a step, times this, within int8's symmetric range.
+const PART_RATIO: f32 = 254.0;
+
 /// Tokens per block: one f32 accumulator each, beside the panel's eight registers of codes.
 const TOKEN_BLOCK: usize = 8;
 
 /// Calls of up to this many tokens over exact activations take the VNNI path; longer ones (a
 /// prefill chunk) the exact kernels' blocked matrix-matrix product, converting the weights
-/// straight from the panels. Both do 16 multiply-adds of a weight per instruction (an f32
-/// `vfmadd` 16, a `vpdpwssd` 32 but for one of the two parts); the blocked product's register
-/// tile reuses what it loads across more of them (kernels bench: it is the faster from 64 tokens
-/// on, the panels up to 16).
+/// straight from the panels: its register tile reuses what it loads across more multiply-adds
+/// than the three parts' integer products (kernels bench: it is the faster from 64 tokens on).
 const EXACT_VNNI_MAX_TOKENS: usize = 16;
 
-/// Tokens per block over exact activations: two i32 accumulators each (the coarse and the fine
-/// part) beside an f32 one, and the four registers of a chunk's widened codes.
-const EXACT_TOKEN_BLOCK: usize = 6;
-
-/// A block of prepared tokens: token `t`'s codes from `codes + t * cols` (or its two i16 parts
-/// from `wide + 2 t * cols`), its steps and sums from `steps + t * groups` and `sums + t * groups`.
+/// A block of prepared tokens: token `t`'s parts from `codes + t * parts * cols`, its steps and
+/// sums from `steps + t * groups` and `sums + t * groups`, its starts from
+/// `starts + t * groups * parts`.
 struct Block {
     codes: *const i8,
-    wide: *const i16,
     steps: *const f32,
     sums: *const f32,
+    starts: *const i32,
     cols: usize,
 }
 
@@ -439,276 +438,114 @@ struct Block {
 /// # Safety
 /// AVX-512 VNNI; `prepared` laid out for `tokens` tokens of `w`'s columns and format; `run`
 /// starts on a panel; these rows' columns of `out` (`[tokens, rows]`) are the caller's alone.
-unsafe fn vnni_run(
-    prepared: &Prepared,
-    tokens: usize,
-    w: Panels<'_>,
-    activations: Activations,
-    run: std::ops::Range<usize>,
-    out: &SendPtr,
-) {
+unsafe fn vnni_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::ops::Range<usize>, out: &SendPtr) {
     let (rows, cols) = w.shape();
     let groups = cols / GROUP_SIZE;
-    let exact = activations == Activations::Exact;
-    let per_block = if exact { EXACT_TOKEN_BLOCK } else { TOKEN_BLOCK };
+    let parts = prepared.parts;
     for row0 in run.clone().step_by(PANEL_ROWS) {
         let width = PANEL_ROWS.min(rows - row0);
-        for first in (0..tokens).step_by(per_block) {
-            let count = per_block.min(tokens - first);
-            // Only the slices of the prepared form are filled: the other is never read.
+        for first in (0..tokens).step_by(TOKEN_BLOCK) {
+            let count = TOKEN_BLOCK.min(tokens - first);
             let block = Block {
-                codes: prepared.codes.as_ptr().wrapping_add(first * cols),
-                wide: prepared.wide.as_ptr().wrapping_add(2 * first * cols),
+                codes: prepared.codes[first * parts * cols..].as_ptr(),
                 steps: prepared.steps[first * groups..].as_ptr(),
                 sums: prepared.sums[first * groups..].as_ptr(),
+                starts: prepared.starts[first * groups * parts..].as_ptr(),
                 cols,
             };
             // SAFETY: as this function's; `block` holds `count` tokens from `first`.
-            unsafe { x86::panel(count, &block, w, exact, row0, width, out.0.add(first * rows), rows) };
+            unsafe { x86::panel(count, parts, &block, w, row0, width, out.0.add(first * rows), rows) };
         }
     }
 }
 
 #[cfg(target_arch = "x86_64")]
 mod x86 {
-    use super::{Block, Int4Matrix, Int8Matrix, Panels, GROUP_BYTES, GROUP_SIZE, PANEL_CHUNK, PANEL_ROWS};
+    use super::{Block, Int4Matrix, Int8Matrix, Panels, GROUP_BYTES, GROUP_SIZE, PANEL_CHUNK, PANEL_ROWS, PART_RATIO};
     use std::arch::x86_64::*;
 
-    use crate::matmul::FINE;
-    use crate::vnni::x86::{group_step, split_parts};
-
-    /// For each of a group's 32 i16 slots of one part (see [`super::Prepared`]), the element of
-    /// the group it holds: `int4` for int4 weights, else int8.
-    const fn pair_order(int4: bool) -> [i32; GROUP_SIZE] {
-        let mut order = [0; GROUP_SIZE];
-        let mut q = 0;
-        while q < GROUP_SIZE {
-            let (pair, h) = (q / 2, q % 2);
-            order[q] = if int4 {
-                // Pair 4c + j: nibble j of the chunk's words 0 and 1 (elements 8c + j, 8c + 4 + j).
-                8 * (pair / 4) + 4 * h + pair % 4
-            } else {
-                // Pair 2c + j: byte j of the chunk's words 0 and 1 (elements 4c + j, 4c + 2 + j).
-                4 * (pair / 2) + 2 * h + pair % 2
-            } as i32;
-            q += 1;
-        }
-        order
-    }
-    static INT4_PAIRS: [i32; GROUP_SIZE] = pair_order(true);
-    static INT8_PAIRS: [i32; GROUP_SIZE] = pair_order(false);
-
-    /// Writes one group (32 values) as its two i16 parts in the panels' pair order for int4
-    /// weights when `int4`, else int8 (`dst`: 32 coarse, then 32 fine); returns its step and the
-    /// sum of its values.
+    /// Writes one group (`src`, 32 values) as `starts.len()` int8 parts (see
+    /// [`super::Prepared`]: `codes` takes 32 per part) in the panels' order for int4 weights
+    /// when `int4`, else as they are, and each part's start; returns the group's step and the
+    /// factor of an int4 group's bias.
     ///
     /// # Safety
     /// AVX-512F, BW and VL.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    pub unsafe fn split_group(src: &[f32], dst: &mut [i16], int4: bool) -> (f32, f32) {
-        debug_assert!(src.len() == GROUP_SIZE && dst.len() == 2 * GROUP_SIZE);
-        let lo = _mm512_loadu_ps(src.as_ptr());
-        let hi = _mm512_loadu_ps(src.as_ptr().add(16));
-        let step = group_step(lo, hi);
-        let inv = _mm512_set1_ps(if step > 0.0 { 1.0 / step } else { 0.0 });
-        let order = if int4 { &INT4_PAIRS } else { &INT8_PAIRS };
-        let p = dst.as_mut_ptr() as *mut __m256i;
-        for half in 0..2 {
-            let index = _mm512_loadu_si512(order.as_ptr().add(16 * half) as *const _);
-            let (coarse, fine) = split_parts(_mm512_mul_ps(_mm512_permutex2var_ps(lo, index, hi), inv));
-            _mm256_storeu_si256(p.add(half), _mm512_cvtepi32_epi16(coarse));
-            _mm256_storeu_si256(p.add(2 + half), _mm512_cvtepi32_epi16(fine));
-        }
-        (step, _mm512_reduce_add_ps(_mm512_add_ps(lo, hi)))
-    }
-
-    /// Rounds one group (32 values) to int8 codes in the panels' order for int4 weights when
-    /// `int4`, else as they are (see [`super::Prepared`]); returns its step and the codes' sum.
-    ///
-    /// # Safety
-    /// AVX-512F, BW and VL.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
-    pub unsafe fn round_group(src: &[f32], dst: &mut [i8], int4: bool) -> (f32, i32) {
-        debug_assert!(src.len() == GROUP_SIZE && dst.len() == GROUP_SIZE);
-        let (step, lo, hi) = crate::q8::x86::round_group(src);
-        let p = dst.as_mut_ptr() as *mut __m128i;
-        if int4 {
-            // Output byte 8c + 4h + j is element 8c + 2j + h: per chunk c, the even elements (low
-            // nibbles) and then the odd ones (high nibbles). Indices from 16 select `hi`.
+    pub unsafe fn split_group(src: &[f32], codes: &mut [i8], starts: &mut [i32], int4: bool) -> (f32, f32) {
+        let parts = starts.len();
+        debug_assert!(src.len() == GROUP_SIZE && codes.len() == parts * GROUP_SIZE && parts > 0);
+        let (lo, hi) = (_mm512_loadu_ps(src.as_ptr()), _mm512_loadu_ps(src.as_ptr().add(16)));
+        let (step, inv) = crate::q8::x86::group_step(lo, hi);
+        // Output byte 8c + 4h + j is element 8c + 2j + h: per chunk c, the even elements (low
+        // nibbles) and then the odd ones (high nibbles). Indices from 16 select the second half.
+        let (first, second) = if int4 {
             let first = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-            let second = _mm512_add_epi32(first, _mm512_set1_epi32(16));
-            _mm_storeu_si128(p, _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(lo, first, hi)));
-            _mm_storeu_si128(p.add(1), _mm512_cvtepi32_epi8(_mm512_permutex2var_epi32(lo, second, hi)));
+            (first, _mm512_add_epi32(first, _mm512_set1_epi32(16)))
         } else {
-            _mm_storeu_si128(p, _mm512_cvtepi32_epi8(lo));
-            _mm_storeu_si128(p.add(1), _mm512_cvtepi32_epi8(hi));
+            let first = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
+            (first, _mm512_add_epi32(first, _mm512_set1_epi32(16)))
+        };
+        // Each half in steps of the current part; what rounding leaves goes on to the next.
+        let (mut a, mut b) = (_mm512_mul_ps(lo, inv), _mm512_mul_ps(hi, inv));
+        let finer = _mm512_set1_ps(PART_RATIO);
+        let mut codes_sum = 0;
+        let out = codes.as_mut_ptr() as *mut __m128i;
+        for (p, start) in starts.iter_mut().enumerate() {
+            // Rounded to nearest, ties to even (the default rounding mode), as `round_int8`.
+            let (qa, qb) = (_mm512_cvtps_epi32(a), _mm512_cvtps_epi32(b));
+            let q = [_mm512_permutex2var_epi32(qa, first, qb), _mm512_permutex2var_epi32(qa, second, qb)];
+            _mm_storeu_si128(out.add(2 * p), _mm512_cvtsepi32_epi8(q[0]));
+            _mm_storeu_si128(out.add(2 * p + 1), _mm512_cvtsepi32_epi8(q[1]));
+            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+            *start = -128 * sum;
+            if p == 0 {
+                codes_sum = sum;
+            }
+            a = _mm512_mul_ps(_mm512_sub_ps(a, _mm512_cvtepi32_ps(qa)), finer);
+            b = _mm512_mul_ps(_mm512_sub_ps(b, _mm512_cvtepi32_ps(qb)), finer);
         }
-        (step, _mm512_reduce_add_epi32(_mm512_add_epi32(lo, hi)))
+        let bias_factor = match parts {
+            1 => step * codes_sum as f32,
+            _ => _mm512_reduce_add_ps(_mm512_add_ps(lo, hi)),
+        };
+        (step, bias_factor)
     }
 
-    /// The panel of `width` rows from `row0` times `count` (1..=8) tokens of `block`, written to
-    /// `out[t * stride + row0 + r]`.
+    /// The panel of `width` rows from `row0` times `count` (1..=8) tokens of `block`, each
+    /// carried as `parts` (1 or 3) int8 parts, written to `out[t * stride + row0 + r]`.
     ///
     /// # Safety
     /// AVX-512 VNNI; `row0` starts a panel of `w`; `block` holds `count` tokens prepared for `w`'s
-    /// columns and format; `out` valid for those elements.
+    /// columns and format in `parts` parts; `out` valid for those elements.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
     #[allow(clippy::too_many_arguments)] // the panel, the tokens, and where the sums go
     pub unsafe fn panel(
         count: usize,
+        parts: usize,
         block: &Block,
         w: Panels<'_>,
-        exact: bool,
         row0: usize,
         width: usize,
         out: *mut f32,
         stride: usize,
     ) {
-        macro_rules! rounded {
-            ($($r:literal),+) => {
+        macro_rules! blocks {
+            ($p:literal; $($r:literal),+) => {
                 match (count, w) {
-                    $(($r, Panels::Int4(w)) => int4_panel::<$r>(block, w, row0, width, out, stride),)+
-                    $(($r, Panels::Int8(w)) => int8_panel::<$r>(block, w, row0, width, out, stride),)+
+                    $(($r, Panels::Int4(w)) => int4_panel::<$r, $p>(block, w, row0, width, out, stride),)+
+                    $(($r, Panels::Int8(w)) => int8_panel::<$r, $p>(block, w, row0, width, out, stride),)+
                     (other, _) => unreachable!("a token block of {other} tokens"),
                 }
             };
         }
-        macro_rules! exact {
-            ($($r:literal),+) => {
-                match count {
-                    $($r => exact_panel::<$r>(block, w, row0, width, out, stride),)+
-                    other => unreachable!("an exact token block of {other} tokens"),
-                }
-            };
-        }
-        // The literal lists above are the blocks' sizes: a change of either constant fails here.
-        const _: () = assert!(super::TOKEN_BLOCK == 8 && super::EXACT_TOKEN_BLOCK == 6);
-        match exact {
-            false => rounded!(1, 2, 3, 4, 5, 6, 7, 8),
-            true => exact!(1, 2, 3, 4, 5, 6),
-        }
-    }
-
-    /// A panel of either format times `R` tokens of exact activations (two i16 parts).
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn exact_panel<const R: usize>(
-        block: &Block,
-        w: Panels<'_>,
-        row0: usize,
-        width: usize,
-        out: *mut f32,
-        stride: usize,
-    ) {
-        match w {
-            Panels::Int4(w) => {
-                let groups = w.cols / GROUP_SIZE;
-                let nibble = _mm512_set1_epi16(0x0f);
-                // Nibble j of each 16-bit word, widened to i16 in place: the pairs 4c + j.
-                let unpack = |v: __m512i| {
-                    [
-                        _mm512_and_si512(v, nibble),
-                        _mm512_and_si512(_mm512_srli_epi16::<4>(v), nibble),
-                        _mm512_and_si512(_mm512_srli_epi16::<8>(v), nibble),
-                        _mm512_srli_epi16::<12>(v),
-                    ]
-                };
-                let panel = Panel {
-                    codes: w.packed.as_ptr().add(row0 * w.cols / 2) as *const i8,
-                    scales: w.scales.as_ptr().add(row0 * groups) as *const i16,
-                    biases: Some(w.biases.as_ptr().add(row0 * groups) as *const i16),
-                    groups,
-                    width,
-                };
-                exact_sums::<R, 4>(block, &panel, unpack, out.add(row0), stride)
-            }
-            Panels::Int8(w) => {
-                let groups = w.cols / GROUP_SIZE;
-                // Byte j of each 16-bit word, sign-extended to i16: the pairs 2c + j.
-                let unpack =
-                    |v: __m512i| [_mm512_srai_epi16::<8>(_mm512_slli_epi16::<8>(v)), _mm512_srai_epi16::<8>(v)];
-                let panel = Panel {
-                    codes: w.codes.as_ptr().add(row0 * w.cols),
-                    scales: w.scales.as_ptr().add(row0 * groups) as *const i16,
-                    biases: None,
-                    groups,
-                    width,
-                };
-                exact_sums::<R, 2>(block, &panel, unpack, out.add(row0), stride)
-            }
-        }
-    }
-
-    /// One panel's codes (`width` rows from its first), scales and int4 biases.
-    struct Panel {
-        codes: *const i8,
-        scales: *const i16,
-        biases: Option<*const i16>,
-        groups: usize,
-        width: usize,
-    }
-
-    /// The panel times `R` tokens of exact activations, written to `out[t * stride + r]`: per
-    /// group, each chunk of four bytes per row is widened by `unpack` to `E` registers of i16
-    /// pairs (a group is `16 / E` chunks), each multiplied with each token's coarse and fine pair
-    /// broadcast to every lane (`vpdpwssd`); the two integer sums are scaled once per group for
-    /// the 16 rows. For one or two tokens the chunks alternate between two chains per part, so
-    /// that the multiply-adds do not wait on each other.
-    #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    #[inline]
-    unsafe fn exact_sums<const R: usize, const E: usize>(
-        block: &Block,
-        panel: &Panel,
-        unpack: impl Fn(__m512i) -> [__m512i; E],
-        out: *mut f32,
-        stride: usize,
-    ) {
-        let Panel { codes, scales, biases, groups, width } = *panel;
-        let (lanes, chunk_bytes) = masks(width);
-        let chunks = GROUP_SIZE / 2 / E;
-        let group_bytes = chunks * PANEL_CHUNK * width;
-        let fine_step = _mm512_set1_ps(1.0 / FINE);
-        let mut acc = [_mm512_setzero_ps(); R];
-        for g in 0..groups {
-            let group = codes.add(g * group_bytes);
-            prefetch(group, chunks);
-            // Chunk c's products into `coarse` and `fine`, one chain per token each.
-            let chunk = |c: usize, coarse: &mut [__m512i; R], fine: &mut [__m512i; R]| {
-                let u = unpack(_mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * PANEL_CHUNK * width)));
-                for t in 0..R {
-                    let a = block.wide.add(2 * (t * block.cols + g * GROUP_SIZE)) as *const i32;
-                    for (j, &u) in u.iter().enumerate() {
-                        let pair = E * c + j;
-                        coarse[t] = _mm512_dpwssd_epi32(coarse[t], u, _mm512_set1_epi32(a.add(pair).read_unaligned()));
-                        let f = a.add(GROUP_SIZE / 2 + pair).read_unaligned();
-                        fine[t] = _mm512_dpwssd_epi32(fine[t], u, _mm512_set1_epi32(f));
-                    }
-                }
-            };
-            let (mut coarse, mut fine) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
-            let (mut coarse2, mut fine2) = ([_mm512_setzero_si512(); R], [_mm512_setzero_si512(); R]);
-            for c in (0..chunks).step_by(2) {
-                chunk(c, &mut coarse, &mut fine);
-                if R <= 2 {
-                    chunk(c + 1, &mut coarse2, &mut fine2);
-                } else {
-                    chunk(c + 1, &mut coarse, &mut fine);
-                }
-            }
-            let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, scales.add(g * width)));
-            let b = biases.map(|b| _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, b.add(g * width))));
-            for t in 0..R {
-                let at = t * groups + g;
-                let c = _mm512_cvtepi32_ps(_mm512_add_epi32(coarse[t], coarse2[t]));
-                let f = _mm512_cvtepi32_ps(_mm512_add_epi32(fine[t], fine2[t]));
-                let d = _mm512_fmadd_ps(f, fine_step, c);
-                acc[t] = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(*block.steps.add(at))), acc[t]);
-                if let Some(b) = b {
-                    acc[t] = _mm512_fmadd_ps(b, _mm512_set1_ps(*block.sums.add(at)), acc[t]);
-                }
-            }
-        }
-        for (t, acc) in acc.into_iter().enumerate() {
-            _mm512_mask_storeu_ps(out.add(t * stride), lanes, acc);
+        // The literal lists below are the block's size and the parts: a change of either
+        // constant fails here.
+        const _: () = assert!(super::TOKEN_BLOCK == 8 && super::EXACT_PARTS == 3);
+        match parts {
+            1 => blocks!(1; 1, 2, 3, 4, 5, 6, 7, 8),
+            3 => blocks!(3; 1, 2, 3, 4, 5, 6, 7, 8),
+            other => unreachable!("activations in {other} parts"),
         }
     }
 
@@ -785,8 +622,24 @@ mod x86 {
         }
     }
 
+    /// `d` (the parts after `p`, finest first, already combined) with part `p`'s integer sums:
+    /// `sums + d / PART_RATIO`, or the sums alone for the finest part.
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    unsafe fn combine<const P: usize>(p: usize, sums: __m512i, d: __m512) -> __m512 {
+        let sums = _mm512_cvtepi32_ps(sums);
+        if p + 1 == P {
+            sums
+        } else {
+            _mm512_fmadd_ps(d, _mm512_set1_ps(1.0 / PART_RATIO), sums)
+        }
+    }
+
+    /// An int4 panel times `R` tokens in `P` parts: per group, the chunks' low and high nibbles
+    /// as unsigned bytes (once for all the tokens), one `vpdpbusd` per four codes of each row
+    /// and part, the parts' integer sums combined and scaled once for the 16 rows.
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn int4_panel<const R: usize>(
+    unsafe fn int4_panel<const R: usize, const P: usize>(
         block: &Block,
         w: &Int4Matrix<'_>,
         row0: usize,
@@ -811,17 +664,21 @@ mod x86 {
             let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, scales.add(g * width)));
             let b = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, biases.add(g * width)));
             for (t, acc) in acc.iter_mut().enumerate() {
-                let a = block.codes.add(t * block.cols + g * GROUP_SIZE) as *const i32;
-                // Two chains of four: the even elements' products and the odd ones'.
-                let mut even = _mm512_setzero_si512();
-                let mut odd = _mm512_setzero_si512();
-                for c in 0..4 {
-                    even = _mm512_dpbusd_epi32(even, lo[c], _mm512_set1_epi32(a.add(2 * c).read_unaligned()));
-                    odd = _mm512_dpbusd_epi32(odd, hi[c], _mm512_set1_epi32(a.add(2 * c + 1).read_unaligned()));
+                let codes = block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32;
+                let mut d = _mm512_setzero_ps();
+                for p in (0..P).rev() {
+                    let a = codes.add(p * GROUP_SIZE / 4);
+                    // Two chains of four: the even elements' products and the odd ones'.
+                    let mut even = _mm512_setzero_si512();
+                    let mut odd = _mm512_setzero_si512();
+                    for c in 0..4 {
+                        even = _mm512_dpbusd_epi32(even, lo[c], _mm512_set1_epi32(a.add(2 * c).read_unaligned()));
+                        odd = _mm512_dpbusd_epi32(odd, hi[c], _mm512_set1_epi32(a.add(2 * c + 1).read_unaligned()));
+                    }
+                    d = combine::<P>(p, _mm512_add_epi32(even, odd), d);
                 }
-                let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(even, odd));
                 let at = t * groups + g;
-                *acc = _mm512_fmadd_ps(sums, _mm512_mul_ps(s, _mm512_set1_ps(*block.steps.add(at))), *acc);
+                *acc = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(*block.steps.add(at))), *acc);
                 *acc = _mm512_fmadd_ps(b, _mm512_set1_ps(*block.sums.add(at)), *acc);
             }
         }
@@ -830,8 +687,11 @@ mod x86 {
         }
     }
 
+    /// An int8 panel times `R` tokens in `P` parts, as [`int4_panel`]: the codes multiplied as
+    /// unsigned bytes, code + 128, each part's sums starting from its start (which takes the
+    /// 128s' products back).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx512vnni,avx2,fma,f16c")]
-    unsafe fn int8_panel<const R: usize>(
+    unsafe fn int8_panel<const R: usize, const P: usize>(
         block: &Block,
         w: &Int8Matrix<'_>,
         row0: usize,
@@ -848,25 +708,26 @@ mod x86 {
         for g in 0..groups {
             let group = codes.add(g * GROUP_SIZE * width);
             prefetch(group, 8);
-            // The codes as unsigned bytes, code + 128; the products of the 128 are taken back
-            // through the activations' sum below.
             let v: [__m512i; 8] = std::array::from_fn(|c| {
                 _mm512_xor_si512(_mm512_maskz_loadu_epi8(chunk_bytes, group.add(c * PANEL_CHUNK * width)), offset)
             });
             let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, scales.add(g * width)));
-            let minus_128_s = _mm512_mul_ps(s, _mm512_set1_ps(-128.0));
             for (t, acc) in acc.iter_mut().enumerate() {
-                let a = block.codes.add(t * block.cols + g * GROUP_SIZE) as *const i32;
-                let mut first = _mm512_setzero_si512();
-                let mut second = _mm512_setzero_si512();
-                for c in 0..4 {
-                    first = _mm512_dpbusd_epi32(first, v[c], _mm512_set1_epi32(a.add(c).read_unaligned()));
-                    second = _mm512_dpbusd_epi32(second, v[c + 4], _mm512_set1_epi32(a.add(c + 4).read_unaligned()));
-                }
-                let sums = _mm512_cvtepi32_ps(_mm512_add_epi32(first, second));
                 let at = t * groups + g;
-                *acc = _mm512_fmadd_ps(sums, _mm512_mul_ps(s, _mm512_set1_ps(*block.steps.add(at))), *acc);
-                *acc = _mm512_fmadd_ps(minus_128_s, _mm512_set1_ps(*block.sums.add(at)), *acc);
+                let parts = block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32;
+                let mut d = _mm512_setzero_ps();
+                for p in (0..P).rev() {
+                    let a = parts.add(p * GROUP_SIZE / 4);
+                    let mut first = _mm512_set1_epi32(*block.starts.add(at * P + p));
+                    let mut second = _mm512_setzero_si512();
+                    for c in 0..4 {
+                        first = _mm512_dpbusd_epi32(first, v[c], _mm512_set1_epi32(a.add(c).read_unaligned()));
+                        second =
+                            _mm512_dpbusd_epi32(second, v[c + 4], _mm512_set1_epi32(a.add(c + 4).read_unaligned()));
+                    }
+                    d = combine::<P>(p, _mm512_add_epi32(first, second), d);
+                }
+                *acc = _mm512_fmadd_ps(d, _mm512_mul_ps(s, _mm512_set1_ps(*block.steps.add(at))), *acc);
             }
         }
         for (t, acc) in acc.into_iter().enumerate() {
@@ -879,17 +740,14 @@ mod x86 {
 mod x86 {
     use super::{Block, Panels};
 
-    pub unsafe fn round_group(_: &[f32], _: &mut [i8], _: bool) -> (f32, i32) {
-        unreachable!("the VNNI path is never chosen off x86-64")
-    }
-    pub unsafe fn split_group(_: &[f32], _: &mut [i16], _: bool) -> (f32, f32) {
+    pub unsafe fn split_group(_: &[f32], _: &mut [i8], _: &mut [i32], _: bool) -> (f32, f32) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
     pub unsafe fn panel_to_f32(_: Panels<'_>, _: usize, _: usize, _: &mut [f32]) {
         unreachable!("the AVX-512 path is never chosen off x86-64")
     }
     #[allow(clippy::too_many_arguments)]
-    pub unsafe fn panel(_: usize, _: &Block, _: Panels<'_>, _: bool, _: usize, _: usize, _: *mut f32, _: usize) {
+    pub unsafe fn panel(_: usize, _: usize, _: &Block, _: Panels<'_>, _: usize, _: usize, _: *mut f32, _: usize) {
         unreachable!("the VNNI path is never chosen off x86-64")
     }
 }

@@ -1,8 +1,8 @@
 //! int4 and int8 products over activations rounded to 8 bits ([`Activations::Int8`], ADR 0024).
 //!
-//! The exact products carry each activation to f32's precision as two i16 parts, so every 32
-//! weights cost two integer dot products per token; on two cores that, not the memory, bounds a
-//! one-token int4 product, and it is all of a batched one. Rounding each group of 32 activations
+//! The exact products carry each activation to f32's precision in two i16 parts (row-major) or
+//! three int8 parts (panels, ADR 0029), so every 32 weights cost several integer dot products per
+//! token; that bounds a batched product. Rounding each group of 32 activations
 //! to int8 steps of its largest magnitude / 127 (what llama.cpp does for its Q4 and Q8 weights)
 //! lets one `vpdpbusd` multiply 64 codes with their activations and add them in fours: a quarter
 //! of the instructions per weight.
@@ -272,18 +272,26 @@ pub(crate) mod x86 {
         }
     }
 
+    /// The int8 step of a group of 32 values (`lo`, `hi`): its largest magnitude / 127, and the
+    /// step's inverse in every lane (zero for a group of zeros).
+    #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
+    #[inline]
+    pub(crate) unsafe fn group_step(lo: __m512, hi: __m512) -> (f32, __m512) {
+        let abs_mask = _mm512_set1_ps(f32::from_bits(0x7fff_ffff));
+        let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, abs_mask), _mm512_and_ps(hi, abs_mask)));
+        let step = max / super::I8_RANGE;
+        (step, _mm512_set1_ps(if step > 0.0 { 1.0 / step } else { 0.0 }))
+    }
+
     /// One group's step (largest magnitude / 127) and its activations rounded to that step, as
     /// int8 codes (in i32 lanes).
     #[target_feature(enable = "avx512f,avx512bw,avx512vl,avx2,fma,f16c")]
     #[inline]
     pub(crate) unsafe fn round_group(src: &[f32]) -> (f32, __m512i, __m512i) {
         debug_assert_eq!(src.len(), GROUP_SIZE);
-        let abs_mask = _mm512_set1_ps(f32::from_bits(0x7fff_ffff));
         let lo = _mm512_loadu_ps(src.as_ptr());
         let hi = _mm512_loadu_ps(src.as_ptr().add(16));
-        let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, abs_mask), _mm512_and_ps(hi, abs_mask)));
-        let step = max / super::I8_RANGE;
-        let inv = _mm512_set1_ps(if step > 0.0 { 1.0 / step } else { 0.0 });
+        let (step, inv) = group_step(lo, hi);
         // Rounded to nearest, ties to even (the default rounding mode), as `round_int8`.
         let (qlo, qhi) = (_mm512_cvtps_epi32(_mm512_mul_ps(lo, inv)), _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv)));
         (step, qlo, qhi)
