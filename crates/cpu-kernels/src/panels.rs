@@ -369,9 +369,9 @@ fn row_major_run(isa: Isa, x: &[f32], tokens: usize, w: Panels<'_>, run: std::op
 /// to `0.5 / 127 / 254^2` (about 2^-24) of the group's largest magnitude: f32's own precision.
 ///
 /// Beside the codes: the group's step; the factor of an int4 group's bias (the step times the
-/// codes' sum when rounded, the exact sum of the activations when exact); and per part, -128
-/// times its codes' sum (int8 weights are multiplied as unsigned bytes, code + 128: the sums
-/// start from this, so the offset is taken back in integers).
+/// codes' sum when rounded, the exact sum of the activations when exact); and for int8 weights,
+/// per part, -128 times its codes' sum (they are multiplied as unsigned bytes, code + 128: the
+/// sums start from this, so the offset is taken back in integers).
 #[derive(Default)]
 struct Prepared {
     parts: usize,
@@ -466,8 +466,8 @@ mod x86 {
 
     /// Writes one group (`src`, 32 values) as `starts.len()` int8 parts (see
     /// [`super::Prepared`]: `codes` takes 32 per part) in the panels' order for int4 weights
-    /// when `int4`, else as they are, and each part's start; returns the group's step and the
-    /// factor of an int4 group's bias.
+    /// when `int4`, else as they are; for int8 weights each part's start too (int4 weights leave
+    /// `starts` as it is). Returns the group's step and the factor of an int4 group's bias.
     ///
     /// # Safety
     /// AVX-512F, BW and VL.
@@ -477,37 +477,41 @@ mod x86 {
         debug_assert!(src.len() == GROUP_SIZE && codes.len() == parts * GROUP_SIZE && parts > 0);
         let (lo, hi) = (_mm512_loadu_ps(src.as_ptr()), _mm512_loadu_ps(src.as_ptr().add(16)));
         let (step, inv) = crate::q8::x86::group_step(lo, hi);
-        // Output byte 8c + 4h + j is element 8c + 2j + h: per chunk c, the even elements (low
-        // nibbles) and then the odd ones (high nibbles). Indices from 16 select the second half.
-        let (first, second) = if int4 {
+        // The values in the order of the output bytes first, so that each part is converted and
+        // stored as it comes. For int4, output byte 8c + 4h + j is element 8c + 2j + h: per chunk
+        // c, the even elements (low nibbles) and then the odd ones (high nibbles); indices from
+        // 16 select `hi`.
+        let (mut a, mut b) = if int4 {
             let first = _mm512_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7, 8, 10, 12, 14, 9, 11, 13, 15);
-            (first, _mm512_add_epi32(first, _mm512_set1_epi32(16)))
+            let second = _mm512_add_epi32(first, _mm512_set1_epi32(16));
+            (_mm512_permutex2var_ps(lo, first, hi), _mm512_permutex2var_ps(lo, second, hi))
         } else {
-            let first = _mm512_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15);
-            (first, _mm512_add_epi32(first, _mm512_set1_epi32(16)))
+            (lo, hi)
         };
         // Each half in steps of the current part; what rounding leaves goes on to the next.
-        let (mut a, mut b) = (_mm512_mul_ps(lo, inv), _mm512_mul_ps(hi, inv));
+        (a, b) = (_mm512_mul_ps(a, inv), _mm512_mul_ps(b, inv));
         let finer = _mm512_set1_ps(PART_RATIO);
         let mut codes_sum = 0;
         let out = codes.as_mut_ptr() as *mut __m128i;
         for (p, start) in starts.iter_mut().enumerate() {
             // Rounded to nearest, ties to even (the default rounding mode), as `round_int8`.
             let (qa, qb) = (_mm512_cvtps_epi32(a), _mm512_cvtps_epi32(b));
-            let q = [_mm512_permutex2var_epi32(qa, first, qb), _mm512_permutex2var_epi32(qa, second, qb)];
-            _mm_storeu_si128(out.add(2 * p), _mm512_cvtsepi32_epi8(q[0]));
-            _mm_storeu_si128(out.add(2 * p + 1), _mm512_cvtsepi32_epi8(q[1]));
-            let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
-            *start = -128 * sum;
-            if p == 0 {
+            _mm_storeu_si128(out.add(2 * p), _mm512_cvtsepi32_epi8(qa));
+            _mm_storeu_si128(out.add(2 * p + 1), _mm512_cvtsepi32_epi8(qb));
+            if !int4 || parts == 1 {
+                let sum = _mm512_reduce_add_epi32(_mm512_add_epi32(qa, qb));
+                *start = -128 * sum;
                 codes_sum = sum;
             }
-            a = _mm512_mul_ps(_mm512_sub_ps(a, _mm512_cvtepi32_ps(qa)), finer);
-            b = _mm512_mul_ps(_mm512_sub_ps(b, _mm512_cvtepi32_ps(qb)), finer);
+            if p + 1 < parts {
+                a = _mm512_mul_ps(_mm512_sub_ps(a, _mm512_cvtepi32_ps(qa)), finer);
+                b = _mm512_mul_ps(_mm512_sub_ps(b, _mm512_cvtepi32_ps(qb)), finer);
+            }
         }
-        let bias_factor = match parts {
-            1 => step * codes_sum as f32,
-            _ => _mm512_reduce_add_ps(_mm512_add_ps(lo, hi)),
+        let bias_factor = match (int4, parts) {
+            (false, _) => 0.0,
+            (true, 1) => step * codes_sum as f32,
+            (true, _) => _mm512_reduce_add_ps(_mm512_add_ps(lo, hi)),
         };
         (step, bias_factor)
     }
