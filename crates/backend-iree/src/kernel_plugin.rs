@@ -292,6 +292,9 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                     &res_cols[..]
                 });
                 out_cols.resize(real * count, 0.0);
+                // Every workgroup of the dispatch passes the same input: the first call on a
+                // thread prepares it, the others take that preparation.
+                cpu_kernels::set_input_reuse(true);
                 let ok = ONE_THREAD
                     .with(|pool| cpu_kernels::linear(isa(), pool, input, real, weights, residual, out_cols).is_ok());
                 for t in 0..tokens {

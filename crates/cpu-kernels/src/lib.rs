@@ -44,6 +44,7 @@ mod matmul;
 mod panels;
 pub mod pool;
 mod q8;
+mod reuse;
 pub mod scalar;
 mod scratch;
 mod simd;
@@ -60,6 +61,7 @@ pub use panels::{
     matmul_int8_panels, matmul_int8_panels_q8, PANEL_CHUNK, PANEL_ROWS,
 };
 pub use q8::round_int8;
+pub use reuse::set_input_reuse;
 
 /// How an int4 or int8 product takes its activations.
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Default, Hash)]

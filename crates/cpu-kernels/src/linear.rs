@@ -47,8 +47,15 @@ impl LinearWeights<'_> {
     }
 }
 
-/// Inputs as prepared (normalized or gated) for the product.
-static PREPARED: Scratch<Vec<f32>> = Scratch::new();
+/// Inputs as prepared (normalized or gated) for the product, and what they were prepared from
+/// (for calls that may reuse them, [`crate::reuse`]).
+#[derive(Default)]
+struct Prepared {
+    values: Vec<f32>,
+    source: crate::reuse::Source,
+}
+
+static PREPARED: Scratch<Prepared> = Scratch::new();
 
 /// `out = residual + prepare(input) W^T` (`residual` optional), for `tokens` rows; `out` is
 /// `[tokens, rows of W]`.
@@ -82,21 +89,29 @@ pub fn linear(
         LinearInput::RmsNorm { x, weight, eps } => {
             check_len("x", x.len(), tokens * k)?;
             check_len("norm weight", weight.len(), k)?;
-            PREPARED.with(|buf| {
-                buf.resize(tokens * k, 0.0);
-                for (row, dst) in x.chunks_exact(k).zip(buf.chunks_exact_mut(k)) {
-                    rms_norm(row, weight, eps, dst);
+            PREPARED.with(|p| {
+                let key = [1, tokens as u64, k as u64, u64::from(eps.to_bits())];
+                if !p.source.matches(&key, &[x, weight]) {
+                    p.values.resize(tokens * k, 0.0);
+                    for (row, dst) in x.chunks_exact(k).zip(p.values.chunks_exact_mut(k)) {
+                        rms_norm(row, weight, eps, dst);
+                    }
+                    p.source.remember(&key, &[x, weight]);
                 }
-                run(buf, out)
+                run(&p.values, out)
             })?
         }
         LinearInput::SwiGlu { gate, up } => {
             check_len("gate", gate.len(), tokens * k)?;
             check_len("up", up.len(), tokens * k)?;
-            PREPARED.with(|buf| {
-                buf.resize(tokens * k, 0.0);
-                crate::simd::swiglu(isa, gate, up, buf);
-                run(buf, out)
+            PREPARED.with(|p| {
+                let key = [2, tokens as u64, k as u64];
+                if !p.source.matches(&key, &[gate, up]) {
+                    p.values.resize(tokens * k, 0.0);
+                    crate::simd::swiglu(isa, gate, up, &mut p.values);
+                    p.source.remember(&key, &[gate, up]);
+                }
+                run(&p.values, out)
             })?
         }
     }

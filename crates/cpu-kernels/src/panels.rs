@@ -262,7 +262,12 @@ fn product(
     };
     if isa == Isa::Avx512Vnni && isa.is_supported() && vnni_path {
         PREPARED.with(|prepared| {
-            prepared.fill(x, tokens, cols, matches!(w, Panels::Int4(_)), activations);
+            let int4 = matches!(w, Panels::Int4(_));
+            let key = [tokens as u64, cols as u64, u64::from(int4), u64::from(activations == Activations::Exact)];
+            if !prepared.source.matches(&key, &[x]) {
+                prepared.fill(x, tokens, cols, int4, activations);
+                prepared.source.remember(&key, &[x]);
+            }
             let prepared = &*prepared;
             for_each_row_run(pool, rows, PANEL_ROWS, min_rows, out, &|run, out| {
                 // SAFETY: the CPU has AVX-512 VNNI (checked above); the tokens were laid out for
@@ -374,6 +379,8 @@ fn row_major_run(isa: Isa, x: &[f32], tokens: usize, w: Panels<'_>, run: std::op
 /// sums start from this, so the offset is taken back in integers).
 #[derive(Default)]
 struct Prepared {
+    /// What the rest was prepared from, for calls that may reuse it ([`crate::reuse`]).
+    source: crate::reuse::Source,
     parts: usize,
     codes: Vec<i8>,
     steps: Vec<f32>,
