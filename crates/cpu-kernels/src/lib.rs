@@ -22,7 +22,8 @@
 //!   per block of four, and from a dozen tokens on (a prefill chunk, a large batch) runs as a
 //!   blocked matrix-matrix product over weights converted once per call;
 //! - [`linear`]: any of these products with the RMSNorm or SwiGLU before it and the residual add after
-//!   it, so a runtime makes one call where a graph would make six;
+//!   it, so a runtime makes one call where a graph would make six ([`set_input_reuse`]: calls
+//!   that split one product's rows with the same input prepare it once, ADR 0030);
 //! - [`attention_decode`]: one query position against the first `len` positions of a KV cache in
 //!   seam's layout (keys `[KVH, D, C]`, values `[KVH, C, D]`), grouped-query heads included;
 //!   [`attention_causal`]: the same for a run of consecutive positions (a prefill chunk), each
