@@ -483,7 +483,7 @@ mod x86 {
         let parts = starts.len();
         debug_assert!(src.len() == GROUP_SIZE && codes.len() == parts * GROUP_SIZE && parts > 0);
         let (lo, hi) = (_mm512_loadu_ps(src.as_ptr()), _mm512_loadu_ps(src.as_ptr().add(16)));
-        let (step, inv) = crate::q8::x86::group_step(lo, hi);
+        let (step, inv) = crate::q8::x86::int8_step(lo, hi);
         // The values in the order of the output bytes first, so that each part is converted and
         // stored as it comes. For int4, output byte 8c + 4h + j is element 8c + 2j + h: per chunk
         // c, the even elements (low nibbles) and then the odd ones (high nibbles); indices from

@@ -2,10 +2,10 @@
 //!
 //! The exact products carry each activation to f32's precision in two i16 parts (row-major) or
 //! three int8 parts (panels, ADR 0029), so every 32 weights cost several integer dot products per
-//! token; that bounds a batched product. Rounding each group of 32 activations
-//! to int8 steps of its largest magnitude / 127 (what llama.cpp does for its Q4 and Q8 weights)
-//! lets one `vpdpbusd` multiply 64 codes with their activations and add them in fours: a quarter
-//! of the instructions per weight.
+//! token; that bounds a batched product. Rounding each group of 32 activations to int8 steps of
+//! its largest magnitude / 127 (what llama.cpp does for its Q4 and Q8 weights) lets one
+//! `vpdpbusd` multiply 64 codes with their activations and add them in fours: a quarter of the
+//! instructions per weight.
 //!
 //! The product is defined as the exact one over the rounded activations ([`round_int8`]), so
 //! every path computes the same numbers up to the order of f32 operations: the VNNI rows here
@@ -276,7 +276,7 @@ pub(crate) mod x86 {
     /// step's inverse in every lane (zero for a group of zeros).
     #[target_feature(enable = "avx512f,avx512bw,avx2,fma,f16c")]
     #[inline]
-    pub(crate) unsafe fn group_step(lo: __m512, hi: __m512) -> (f32, __m512) {
+    pub(crate) unsafe fn int8_step(lo: __m512, hi: __m512) -> (f32, __m512) {
         let abs_mask = _mm512_set1_ps(f32::from_bits(0x7fff_ffff));
         let max = _mm512_reduce_max_ps(_mm512_max_ps(_mm512_and_ps(lo, abs_mask), _mm512_and_ps(hi, abs_mask)));
         let step = max / super::I8_RANGE;
@@ -291,7 +291,7 @@ pub(crate) mod x86 {
         debug_assert_eq!(src.len(), GROUP_SIZE);
         let lo = _mm512_loadu_ps(src.as_ptr());
         let hi = _mm512_loadu_ps(src.as_ptr().add(16));
-        let (step, inv) = group_step(lo, hi);
+        let (step, inv) = int8_step(lo, hi);
         // Rounded to nearest, ties to even (the default rounding mode), as `round_int8`.
         let (qlo, qhi) = (_mm512_cvtps_epi32(_mm512_mul_ps(lo, inv)), _mm512_cvtps_epi32(_mm512_mul_ps(hi, inv)));
         (step, qlo, qhi)
