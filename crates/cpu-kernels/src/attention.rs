@@ -43,6 +43,66 @@ pub fn attention_decode(
     attention_causal(isa, pool, shape, q, queries, keys, values, out)
 }
 
+/// Decode attention of a batch of sequences, one query position each against its own cache:
+/// `q` `[sequences, heads, head_dim]`, `caches[s]` sequence `s`'s keys and values (layouts as
+/// [`attention_decode`]) and `lens[s]` the positions it attends to; the results
+/// `[sequences, heads, head_dim]` go to `out`. Each sequence gets bit for bit what
+/// [`attention_decode`] gives it alone; the batch is one call of the pool, not one per sequence.
+#[allow(clippy::too_many_arguments)] // the arrays of the batch's attentions, each with its own layout
+pub fn attention_decode_batch(
+    isa: Isa,
+    pool: &Pool,
+    shape: AttentionShape,
+    q: &[f32],
+    caches: &[(&[f32], &[f32])],
+    lens: &[usize],
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
+    let sequences = caches.len();
+    if lens.len() != sequences {
+        return Err(ShapeError(format!("{} lengths for {sequences} caches", lens.len())));
+    }
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(ShapeError(format!("{heads} query heads do not group over {kv_heads} KV heads")));
+    }
+    check_len("query", q.len(), sequences * heads * d)?;
+    check_len("output", out.len(), sequences * heads * d)?;
+    for (s, (&(keys, values), &len)) in caches.iter().zip(lens).enumerate() {
+        if len == 0 || len > c {
+            return Err(ShapeError(format!("sequence {s}: attention over {len} positions of a {c}-position cache")));
+        }
+        check_len("keys", keys.len(), kv_heads * d * c)?;
+        check_len("values", values.len(), kv_heads * c * d)?;
+    }
+    let isa = if isa.is_supported() { isa } else { Isa::Scalar };
+    if !(matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) && wide::fits(d)) {
+        let per = heads * d;
+        for (s, (&(keys, values), &len)) in caches.iter().zip(lens).enumerate() {
+            let (q, out) = (&q[s * per..(s + 1) * per], &mut out[s * per..(s + 1) * per]);
+            attention_decode(isa, pool, shape, q, keys, values, len, out)?;
+        }
+        return Ok(());
+    }
+    let per = heads * d;
+    let base = out.as_mut_ptr();
+    let queries: Vec<DecodeQuery<'_>> = caches
+        .iter()
+        .zip(lens)
+        .enumerate()
+        // SAFETY: sequence s's rows of `out` start at `s * per`, inside `out` (checked above).
+        .map(|(s, (&(keys, values), &len))| DecodeQuery {
+            q: &q[s * per..(s + 1) * per],
+            keys,
+            values,
+            len,
+            out: OutPtr(unsafe { base.add(s * per) }),
+        })
+        .collect();
+    grouped_decode(pool, shape, &queries, 1.0 / (d as f32).sqrt());
+    Ok(())
+}
+
 /// The query rows of a causal attention call: `tokens` rows at cache positions `position..`, of
 /// which the first `rows` are real (the rest pad a fixed-size call).
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -88,6 +148,14 @@ pub fn attention_causal(
     let scale = 1.0 / (d as f32).sqrt();
     let out_ptr = OutPtr(out.as_mut_ptr());
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
+    if rows == 0 {
+        return Ok(());
+    }
+    if tokens == 1 && matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) && wide::fits(d) {
+        let query = DecodeQuery { q, keys, values, len: position + 1, out: out_ptr };
+        grouped_decode(pool, shape, &[query], scale);
+        return Ok(());
+    }
     if isa.has_avx2() && tokens > 1 && d % gemm::PANEL_WIDTH == 0 {
         tiled::causal(isa, pool, shape, q, queries, keys, values, out_ptr);
         return Ok(());
@@ -140,6 +208,154 @@ pub fn attention_causal(
 /// Query rows per task of [`attention_causal`].
 const ROWS_PER_TASK: usize = 16;
 
+/// Positions a task of [`grouped_decode`] takes at least when a long context is split.
+const MIN_SPAN: usize = 512;
+
+thread_local! {
+    /// Per call of [`grouped_decode`]: each task's maximum, sum of exponentials and unnormalized
+    /// output per head (`[spans, heads, 2 + head_dim]`).
+    static PARTIALS: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+}
+
+/// One decode query of a batch: its queries `[heads, head_dim]`, its KV cache, the positions it
+/// attends to, and where its result goes.
+struct DecodeQuery<'a> {
+    q: &'a [f32],
+    keys: &'a [f32],
+    values: &'a [f32],
+    len: usize,
+    out: OutPtr,
+}
+
+/// How [`grouped_decode`] splits one query's positions: `spans` spans of `span` positions (the
+/// last one shorter).
+#[derive(Clone, Copy)]
+struct Spans {
+    spans: usize,
+    span: usize,
+}
+
+impl Spans {
+    /// A context too long for the `units` tasks of its KV heads to keep every thread busy is
+    /// split into spans of at least [`MIN_SPAN`] positions (whole passes of 64 but the last).
+    /// Only the shape, the length and the pool decide it, never the batch, so that a sequence
+    /// gets the same numbers alone as in a batch.
+    fn of(units: usize, len: usize, threads: usize) -> Spans {
+        let wanted = if units >= 2 * threads { 1 } else { (2 * threads).div_ceil(units) };
+        let spans = wanted.min(len / MIN_SPAN).max(1);
+        let span = len.div_ceil(spans).next_multiple_of(64);
+        Spans { spans: len.div_ceil(span), span }
+    }
+}
+
+/// Decode attention on the 512-bit path for a batch of queries (each with its own cache), by KV
+/// head: a task takes the query heads sharing a KV head (up to [`wide::heads_per_pass`] at a
+/// time) over a span of positions of one query, so each key and value is loaded once for all of
+/// them rather than once per query head; long contexts are split into spans ([`Spans::of`]),
+/// whose softmax parts are merged here (each span's maximum, sum of exponentials and
+/// unnormalized output, rescaled to the largest maximum). One call of the pool for the batch.
+fn grouped_decode(pool: &Pool, shape: AttentionShape, queries: &[DecodeQuery<'_>], scale: f32) {
+    let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
+    let group = heads / kv_heads;
+    let per_pass = wide::heads_per_pass(d);
+    let passes = group.div_ceil(per_pass);
+    let units = kv_heads * passes;
+    let plans: Vec<Spans> = queries.iter().map(|query| Spans::of(units, query.len, pool.threads())).collect();
+    // Each query's first task and first row of partial results (`spans * heads` rows each).
+    let mut firsts = Vec::with_capacity(queries.len() + 1);
+    let (mut tasks, mut rows) = (0, 0);
+    for plan in &plans {
+        firsts.push((tasks, rows));
+        tasks += units * plan.spans;
+        rows += plan.spans * heads;
+    }
+    let stride = 2 + d;
+    PARTIALS.with(|partials| {
+        let mut partials = partials.borrow_mut();
+        if partials.len() < rows * stride {
+            partials.resize(rows * stride, 0.0);
+        }
+        let parts = OutPtr(partials.as_mut_ptr());
+        let task = |i: usize| {
+            let which = firsts.partition_point(|&(first, _)| first <= i) - 1;
+            let (query, plan, (first_task, first_row)) = (&queries[which], plans[which], firsts[which]);
+            let (unit, at) = ((i - first_task) % units, (i - first_task) / units);
+            let (kvh, pass) = (unit / passes, unit % passes);
+            let first = kvh * group + pass * per_pass;
+            let n = per_pass.min(group - pass * per_pass);
+            let (lo, hi) = (at * plan.span, query.len.min((at + 1) * plan.span));
+            SCORES.with(|scores| {
+                let mut scores = scores.borrow_mut();
+                let need = n * (hi - lo).next_multiple_of(16);
+                if scores.len() < need {
+                    scores.resize(need, 0.0);
+                }
+                // SAFETY: the caller chose this path on AVX-512; heads `first..first + n` of this
+                // query's span `at` are this task's alone in `parts`.
+                unsafe {
+                    let part = parts.get().add((first_row + at * heads + first) * stride);
+                    let part = std::slice::from_raw_parts_mut(part, n * stride);
+                    wide::attend_heads(
+                        &query.q[first * d..(first + n) * d],
+                        &query.keys[kvh * d * c..(kvh + 1) * d * c],
+                        &query.values[kvh * c * d..(kvh + 1) * c * d],
+                        c,
+                        lo..hi,
+                        scale,
+                        &mut scores,
+                        part,
+                    );
+                }
+            });
+        };
+        // Splitting pays only once the work is well above the cost of waking a worker.
+        let work: usize = queries.iter().map(|query| query.len * d * group).sum();
+        if work >= 4096 {
+            pool.run(tasks, &task);
+        } else {
+            (0..tasks).for_each(task);
+        }
+        for ((query, plan), &(_, first_row)) in queries.iter().zip(&plans).zip(&firsts) {
+            for h in 0..heads {
+                let part = |at: usize| {
+                    let row = first_row + at * heads + h;
+                    &partials[row * stride..(row + 1) * stride]
+                };
+                // SAFETY: this query's head h row of the output is written here only.
+                let oh = unsafe { std::slice::from_raw_parts_mut(query.out.get().add(h * d), d) };
+                merge(plan.spans, part, oh);
+            }
+        }
+    });
+}
+
+/// One head's output from its spans' parts (`part(at)`: maximum, sum of exponentials, weighted
+/// values): a lone span's weighted values over its sum, else every span's rescaled to the
+/// largest maximum first.
+fn merge<'a>(spans: usize, part: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
+    if spans == 1 {
+        let inv = 1.0 / part(0)[1];
+        for (o, &v) in out.iter_mut().zip(&part(0)[2..]) {
+            *o = v * inv;
+        }
+        return;
+    }
+    let max = (0..spans).map(|at| part(at)[0]).fold(f32::NEG_INFINITY, f32::max);
+    out.fill(0.0);
+    let mut total = 0.0;
+    for at in 0..spans {
+        let weight = (part(at)[0] - max).exp();
+        total += part(at)[1] * weight;
+        for (o, &v) in out.iter_mut().zip(&part(at)[2..]) {
+            *o += v * weight;
+        }
+    }
+    let inv = 1.0 / total;
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
 pub(crate) struct OutPtr(*mut f32);
 impl OutPtr {
     fn get(&self) -> *mut f32 {
@@ -180,6 +396,16 @@ mod wide {
         d == 64 || d == 128
     }
 
+    /// Query heads one call of [`attend_heads`] takes at most for a head of `d` values: as many
+    /// as keep their accumulators and a row of keys or values in the 32 registers.
+    pub(super) fn heads_per_pass(d: usize) -> usize {
+        if d == 64 {
+            4
+        } else {
+            2
+        }
+    }
+
     /// [`crate::scalar::attend_one`]'s result for a head of [`fits`] size; `scores` holds at
     /// least `len` rounded up to 16.
     ///
@@ -197,81 +423,143 @@ mod wide {
         scores: &mut [f32],
         out: &mut [f32],
     ) {
-        if q.len() == 64 {
-            attend_d::<4>(q, keys, values, c, len, scale, scores, out)
-        } else {
-            attend_d::<8>(q, keys, values, c, len, scale, scores, out)
+        let d = q.len();
+        let mut part = [0.0f32; 2 + 128];
+        attend_heads(q, keys, values, c, 0..len, scale, scores, &mut part[..2 + d]);
+        let inv = 1.0 / part[1];
+        for (o, &v) in out.iter_mut().zip(&part[2..2 + d]) {
+            *o = v * inv;
         }
     }
 
-    /// The lanes of register `v` (16 positions from `p0 + 16 v`) that lie before `len`.
+    /// The `n = q.len() / d` query heads of `q` (up to [`heads_per_pass`]) against positions
+    /// `span` of one KV head, the softmax left unnormalized: per head, `part` gets the span's
+    /// largest scaled score, the sum of the exponentials relative to it, and the values weighted
+    /// by them (`[n, 2 + d]`). Per head the operations and their order are those of a single
+    /// head's pass, so the heads of a group get the numbers they get alone. `scores` holds at
+    /// least `n` times the span's length rounded up to 16.
+    ///
+    /// # Safety
+    /// AVX-512F; `keys` `[d, c]` and `values` `[c, d]` of one KV head, `span` within `0..c` and
+    /// not empty, `d` of [`fits`] size.
+    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attend_heads(
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        c: usize,
+        span: std::ops::Range<usize>,
+        scale: f32,
+        scores: &mut [f32],
+        part: &mut [f32],
+    ) {
+        let n = (part.len() - q.len()) / 2;
+        debug_assert!(n >= 1 && n <= heads_per_pass(q.len() / n) && part.len() == q.len() + 2 * n);
+        match (q.len() / n, n) {
+            (64, 1) => attend_hs::<4, 1>(q, keys, values, c, span, scale, scores, part),
+            (64, 2) => attend_hs::<4, 2>(q, keys, values, c, span, scale, scores, part),
+            (64, 3) => attend_hs::<4, 3>(q, keys, values, c, span, scale, scores, part),
+            (64, 4) => attend_hs::<4, 4>(q, keys, values, c, span, scale, scores, part),
+            (128, 1) => attend_hs::<8, 1>(q, keys, values, c, span, scale, scores, part),
+            (128, 2) => attend_hs::<8, 2>(q, keys, values, c, span, scale, scores, part),
+            (d, n) => unreachable!("{n} heads of {d} values in one pass"),
+        }
+    }
+
+    /// The lanes of register `v` (16 positions from `p0 + 16 v`) that lie before `end`.
     #[inline(always)]
-    fn mask(p0: usize, v: usize, len: usize) -> __mmask16 {
+    fn mask(p0: usize, v: usize, end: usize) -> __mmask16 {
         let first = p0 + 16 * v;
-        match len.saturating_sub(first) {
+        match end.saturating_sub(first) {
             0 => 0,
             n if n >= 16 => !0,
             n => (1u16 << n) - 1,
         }
     }
 
+    /// [`attend_heads`] for `S` heads of `16 V` values: the scores of 64 positions at a time in
+    /// four registers per head over the whole head dimension (each row of keys loaded once for
+    /// the `S` heads), the exponentials sixteen at a time, and the weighted sum of the values in
+    /// registers over every position (each row of values loaded once).
     #[target_feature(enable = "avx512f,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn attend_d<const V: usize>(
+    unsafe fn attend_hs<const V: usize, const S: usize>(
         q: &[f32],
         keys: &[f32],
         values: &[f32],
         c: usize,
-        len: usize,
+        span: std::ops::Range<usize>,
         scale: f32,
         scores: &mut [f32],
-        out: &mut [f32],
+        part: &mut [f32],
     ) {
         let d = 16 * V;
-        debug_assert!(q.len() == d && out.len() == d && keys.len() >= d * c && values.len() >= c * d);
-        debug_assert!(len <= c && scores.len() >= len.next_multiple_of(16));
+        let (lo, hi) = (span.start, span.end);
+        let stride = (hi - lo).next_multiple_of(16);
+        debug_assert!(q.len() == S * d && part.len() == S * (2 + d) && lo < hi && hi <= c);
+        debug_assert!(keys.len() >= d * c && values.len() >= c * d && scores.len() >= S * stride);
         let sp = scores.as_mut_ptr();
-        let mut max = _mm512_set1_ps(f32::NEG_INFINITY);
-        // Scores, 64 positions per pass; lanes past `len` are neither read nor kept.
-        for p0 in (0..len).step_by(64) {
-            let m: [__mmask16; 4] = std::array::from_fn(|v| mask(p0, v, len));
-            let mut acc = [_mm512_setzero_ps(); 4];
-            for (j, &qj) in q.iter().enumerate() {
-                let qj = _mm512_set1_ps(qj);
+        let qp = q.as_ptr();
+        let mut max = [_mm512_set1_ps(f32::NEG_INFINITY); S];
+        // Scores, 64 positions per pass; lanes past the span are neither read nor kept.
+        for p0 in (lo..hi).step_by(64) {
+            let m: [__mmask16; 4] = std::array::from_fn(|v| mask(p0, v, hi));
+            let mut acc = [[_mm512_setzero_ps(); 4]; S];
+            for j in 0..d {
                 let row = keys.as_ptr().add(j * c + p0);
+                let k: [__m512; 4] = std::array::from_fn(|v| _mm512_maskz_loadu_ps(m[v], row.add(16 * v)));
+                for (s, acc) in acc.iter_mut().enumerate() {
+                    let qj = _mm512_set1_ps(*qp.add(s * d + j));
+                    for v in 0..4 {
+                        acc[v] = _mm512_fmadd_ps(qj, k[v], acc[v]);
+                    }
+                }
+            }
+            for (s, acc) in acc.iter().enumerate() {
                 for v in 0..4 {
-                    acc[v] = _mm512_fmadd_ps(qj, _mm512_maskz_loadu_ps(m[v], row.add(16 * v)), acc[v]);
-                }
-            }
-            for v in 0..4 {
-                if m[v] != 0 {
-                    let s = _mm512_mul_ps(acc[v], _mm512_set1_ps(scale));
-                    max = _mm512_mask_max_ps(max, m[v], max, s);
-                    _mm512_storeu_ps(sp.add(p0 + 16 * v), s);
+                    if m[v] != 0 {
+                        let x = _mm512_mul_ps(acc[v], _mm512_set1_ps(scale));
+                        max[s] = _mm512_mask_max_ps(max[s], m[v], max[s], x);
+                        _mm512_storeu_ps(sp.add(s * stride + p0 - lo + 16 * v), x);
+                    }
                 }
             }
         }
-        let max = _mm512_set1_ps(_mm512_reduce_max_ps(max));
         // Exponentials and their sum, sixteen at a time.
-        let mut total = _mm512_setzero_ps();
-        for p0 in (0..len).step_by(16) {
-            let m = mask(p0, 0, len);
-            let e = exp512(_mm512_sub_ps(_mm512_loadu_ps(sp.add(p0)), max));
-            total = _mm512_mask_add_ps(total, m, total, e);
-            _mm512_storeu_ps(sp.add(p0), e);
+        let mut top = [0.0f32; S];
+        let mut total = [0.0f32; S];
+        for s in 0..S {
+            top[s] = _mm512_reduce_max_ps(max[s]);
+            let big = _mm512_set1_ps(top[s]);
+            let mut sum = _mm512_setzero_ps();
+            for p0 in (0..hi - lo).step_by(16) {
+                let at = sp.add(s * stride + p0);
+                let e = exp512(_mm512_sub_ps(_mm512_loadu_ps(at), big));
+                sum = _mm512_mask_add_ps(sum, mask(p0, 0, hi - lo), sum, e);
+                _mm512_storeu_ps(at, e);
+            }
+            total[s] = _mm512_reduce_add_ps(sum);
         }
-        // The values weighted by the exponentials, the head's sums in registers.
-        let mut acc = [_mm512_setzero_ps(); V];
-        for pos in 0..len {
-            let p = _mm512_set1_ps(*sp.add(pos));
+        // The values weighted by the exponentials, the heads' sums in registers.
+        let mut acc = [[_mm512_setzero_ps(); V]; S];
+        for pos in lo..hi {
             let row = values.as_ptr().add(pos * d);
-            for (v, acc) in acc.iter_mut().enumerate() {
-                *acc = _mm512_fmadd_ps(p, _mm512_loadu_ps(row.add(16 * v)), *acc);
+            let vals: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(row.add(16 * v)));
+            for (s, acc) in acc.iter_mut().enumerate() {
+                let p = _mm512_set1_ps(*sp.add(s * stride + pos - lo));
+                for v in 0..V {
+                    acc[v] = _mm512_fmadd_ps(p, vals[v], acc[v]);
+                }
             }
         }
-        let inv = _mm512_set1_ps(1.0 / _mm512_reduce_add_ps(total));
-        for (v, acc) in acc.into_iter().enumerate() {
-            _mm512_storeu_ps(out.as_mut_ptr().add(16 * v), _mm512_mul_ps(acc, inv));
+        for s in 0..S {
+            let out = part.as_mut_ptr().add(s * (2 + d));
+            *out = top[s];
+            *out.add(1) = total[s];
+            for (v, acc) in acc[s].iter().enumerate() {
+                _mm512_storeu_ps(out.add(2 + 16 * v), *acc);
+            }
         }
     }
 }
@@ -288,6 +576,22 @@ mod wide {
         _: &[f32],
         _: usize,
         _: usize,
+        _: f32,
+        _: &mut [f32],
+        _: &mut [f32],
+    ) {
+        unreachable!("the AVX-512 path is never chosen off x86-64")
+    }
+    pub(super) fn heads_per_pass(_: usize) -> usize {
+        1
+    }
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn attend_heads(
+        _: &[f32],
+        _: &[f32],
+        _: &[f32],
+        _: usize,
+        _: std::ops::Range<usize>,
         _: f32,
         _: &mut [f32],
         _: &mut [f32],

@@ -51,7 +51,7 @@ mod scratch;
 mod simd;
 mod vnni;
 
-pub use attention::{attention_causal, attention_decode, AttentionShape, CausalQueries};
+pub use attention::{attention_causal, attention_decode, attention_decode_batch, AttentionShape, CausalQueries};
 pub use isa::Isa;
 pub use linear::{linear, LinearInput, LinearWeights};
 pub use matmul::{

@@ -3,8 +3,8 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int8, scalar, AttentionShape, CausalQueries,
-    F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
+    attention_causal, attention_decode, attention_decode_batch, matmul_f16, matmul_int4, matmul_int8, scalar,
+    AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
 };
 use half::f16;
 
@@ -246,6 +246,13 @@ fn attention_matches_scalar_and_reads_only_the_filled_span() {
         (9, 3, 64, 700, 513),
         (3, 3, 64, 64, 64),
         (2, 1, 64, 80, 1),
+        // Long enough to be split into spans (merged softmax parts), and groups of more heads
+        // than one pass takes (five of 64 values, seven of 128).
+        (9, 3, 64, 2100, 2048),
+        (9, 3, 64, 1200, 1029),
+        (10, 2, 64, 1500, 1100),
+        (28, 4, 128, 1300, 1290),
+        (4, 1, 128, 600, 77),
     ] {
         let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
         let q: Vec<f32> = (0..heads * d).map(|_| rng.f32()).collect();
@@ -274,6 +281,42 @@ fn attention_matches_scalar_and_reads_only_the_filled_span() {
                     assert!(close(got, want[j], 1.0), "{isa:?} head {h} [{j}]: {got} vs {}", want[j]);
                 }
             }
+        }
+    }
+}
+
+#[test]
+fn a_batch_of_decode_attentions_gives_each_sequence_its_solo_result() {
+    let mut rng = Rng(11);
+    for pool in [Pool::new(1), Pool::new(2), Pool::new(3)] {
+        for &(heads, kv_heads, d, c) in &[(9, 3, 64, 2100), (32, 8, 64, 700), (8, 2, 128, 1200), (4, 4, 16, 64)] {
+            let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
+            // Lengths from one position to the whole cache, long ones split into spans.
+            let lens: Vec<usize> = [1, c / 3, c, 17, c - 1, 64, 65].iter().map(|&n: &usize| n.clamp(1, c)).collect();
+            let caches: Vec<(Vec<f32>, Vec<f32>)> =
+                lens.iter().map(|&len| cache_filled_to(&mut rng, shape, len)).collect();
+            let views: Vec<(&[f32], &[f32])> = caches.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+            let per = heads * d;
+            let q: Vec<f32> = (0..lens.len() * per).map(|_| rng.f32()).collect();
+            for isa in Isa::supported() {
+                let mut out = vec![f32::NAN; lens.len() * per];
+                attention_decode_batch(isa, &pool, shape, &q, &views, &lens, &mut out).unwrap();
+                for (s, (&(keys, values), &len)) in views.iter().zip(&lens).enumerate() {
+                    let mut alone = vec![f32::NAN; per];
+                    attention_decode(isa, &pool, shape, &q[s * per..(s + 1) * per], keys, values, len, &mut alone)
+                        .unwrap();
+                    let got = &out[s * per..(s + 1) * per];
+                    assert!(
+                        got.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()),
+                        "{isa:?} {heads}/{kv_heads}x{d}, sequence {s} of {len} positions differs from its solo result"
+                    );
+                }
+            }
+            let mut out = vec![0.0; lens.len() * per];
+            assert!(attention_decode_batch(Isa::best(), &pool, shape, &q, &views, &lens[1..], &mut out).is_err());
+            let mut too_long = lens.clone();
+            too_long[2] = c + 1;
+            assert!(attention_decode_batch(Isa::best(), &pool, shape, &q, &views, &too_long, &mut out).is_err());
         }
     }
 }
