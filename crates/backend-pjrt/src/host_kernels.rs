@@ -41,6 +41,7 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
                 .collect();
             handlers.push((stablehlo_llama::ATTENTION_DECODE_TARGET.to_string(), attention_decode));
             handlers.push((stablehlo_llama::ATTENTION_CAUSAL_TARGET.to_string(), attention_causal));
+            handlers.push((stablehlo_llama::ATTENTION_DECODE_BATCH_TARGET.to_string(), attention_decode_batch));
             for (target, handler) in handlers {
                 plugin
                     .register_ffi_handler(&target, PLATFORM, handler)
@@ -123,6 +124,9 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
     // SAFETY: called by XLA with its call frame; the arrays are host memory of the CPU plugin.
     unsafe {
         handle(frame, |frame| {
+            // A layer's query, key and value products (and its gate and up products) normalize
+            // and lay out the same input: the first call prepares it, the next ones take it.
+            cpu_kernels::set_input_reuse(true);
             let first = frame.arg(0)?;
             let (tokens, k) = rows_cols(first, "input")?;
             let x = elements::<f32>(first, dtype::F32, &[tokens, k], "input")?;
@@ -225,6 +229,44 @@ unsafe extern "C" fn attention_decode(frame: *mut CallFrame) -> *mut XlaError {
             let len = usize::try_from(position).map_err(|_| format!("position {position} is negative"))? + 1;
             let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
             cpu_kernels::attention_decode(Isa::best(), Pool::global(), shape, q, keys, values, len, out)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// `(q f32[S, H, D], positions i32[S], keys_0 f32[KVH, D, C], values_0 f32[KVH, C, D], ...) ->
+/// f32[S, H, D]`: sequence `s` over positions `0..=positions[s]` of its own caches.
+unsafe extern "C" fn attention_decode_batch(frame: *mut CallFrame) -> *mut XlaError {
+    // SAFETY: as for `linear`.
+    unsafe {
+        handle(frame, |frame| {
+            let (q, positions, out) = (frame.arg(0)?, frame.arg(1)?, frame.ret(0)?);
+            let [sequences, heads, d] = q.dims()[..] else {
+                return Err(format!("query: rank {} where 3 was expected", q.rank));
+            };
+            if frame.arg_count() != 2 + 2 * sequences {
+                return Err(format!("{} arguments for {sequences} sequences", frame.arg_count()));
+            }
+            let [kv_heads, _, capacity] = frame.arg(2)?.dims()[..] else {
+                return Err(format!("keys: rank {} where 3 was expected", frame.arg(2)?.rank));
+            };
+            let q = elements::<f32>(q, dtype::F32, &[sequences, heads, d], "query")?;
+            let positions = elements::<i32>(positions, dtype::S32, &[sequences], "positions")?;
+            let lens = positions
+                .iter()
+                .map(|&p| usize::try_from(p).map(|p| p + 1).map_err(|_| format!("position {p} is negative")))
+                .collect::<Result<Vec<_>, _>>()?;
+            let caches = (0..sequences)
+                .map(|s| {
+                    let keys = elements::<f32>(frame.arg(2 + 2 * s)?, dtype::F32, &[kv_heads, d, capacity], "keys")?;
+                    let values =
+                        elements::<f32>(frame.arg(3 + 2 * s)?, dtype::F32, &[kv_heads, capacity, d], "values")?;
+                    Ok((keys, values))
+                })
+                .collect::<Result<Vec<_>, String>>()?;
+            let out = result_elements::<f32>(out, dtype::F32, &[sequences, heads, d], "result")?;
+            let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
+            cpu_kernels::attention_decode_batch(Isa::best(), Pool::global(), shape, q, &caches, &lens, out)
                 .map_err(|e| e.to_string())
         })
     }

@@ -5,8 +5,10 @@
 //! out for the integer products again, up to eight times per product. A thread that makes such
 //! calls turns on [`set_input_reuse`]: a preparation then remembers the inputs it was made from,
 //! and a call whose inputs equal them bit for bit takes it as it is. The comparison reads the
-//! inputs once, which costs a fraction of preparing them; a caller that prepares each input once
-//! anyway (pjrt-cpu's custom calls split the rows inside one call) leaves it off and pays nothing.
+//! inputs once, which costs a fraction of preparing them. Products that share an input across
+//! calls gain too: a layer's query, key and value products normalize and lay out the same rows,
+//! as do its gate and up products, so pjrt-cpu's custom calls turn it on as well (ADR 0031); a
+//! caller whose calls never share an input leaves it off and pays nothing.
 
 use std::cell::Cell;
 

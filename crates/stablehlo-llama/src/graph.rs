@@ -19,7 +19,8 @@
 //! A batched decode ([`GraphKind::DecodeBatch`]) takes one token and one position per sequence
 //! (`tokens i32[B], positions i32[B]`) and each sequence's cache arguments in turn, and returns a
 //! token per sequence, the caches in the same order and `logits f32[B, vocab]`: the products run
-//! over the B rows at once, attention is each sequence's own.
+//! over the B rows at once, attention is each sequence's own (through the kernels as XLA custom
+//! calls, one call for all the sequences of a layer: [`ATTENTION_DECODE_BATCH_TARGET`]).
 //!
 //! Layers are either unrolled (one set of weight arguments per layer, [`LayerMode::Unrolled`]) or
 //! one `stablehlo.while` over weights stacked `[L, ...]` ([`LayerMode::Loop`]), which compiles one
@@ -222,6 +223,13 @@ pub const ATTENTION_DECODE_TARGET: &str = "seam_attention_decode";
 /// f32[KVH, C, D], position i32[], rows i32[]) -> f32[T, H, D]`, row `t` over cache positions
 /// `0..=position + t`, rows from `rows` on (padding) zero.
 pub const ATTENTION_CAUSAL_TARGET: &str = "seam_attention_causal";
+
+/// The custom-call target of a batched decode's attention, every sequence in one call:
+/// `(q f32[S, H, D], positions i32[S], keys_0 f32[KVH, D, C], values_0 f32[KVH, C, D], ...,
+/// keys_{S-1}, values_{S-1}) -> f32[S, H, D]`, sequence `s` over positions `0..=positions[s]` of
+/// its own caches (already holding this step's entries). Emitted only where the kernels are XLA
+/// custom calls ([`KernelCalls::XlaCustomCall`]); IREE's dispatches keep one call per sequence.
+pub const ATTENTION_DECODE_BATCH_TARGET: &str = "seam_attention_decode_batch";
 
 /// Graphs that call seam's CPU kernels (the `cpu-kernels` crate) as custom calls, for a runtime
 /// that registers them under [`linear_targets`] and [`ATTENTION_DECODE_TARGET`] (XLA's CPU plugin through the PJRT FFI extension, ADR 0011).
@@ -1038,6 +1046,9 @@ struct LayerInputs {
     /// Whether the products' RMSNorm and SwiGLU run as the graph's own ops instead of inside the
     /// kernels' calls ([`prepares_in_graph`]).
     prepare_in_graph: bool,
+    /// A batched decode's positions (`i32[S]`) where its sequences attend in one kernel call
+    /// ([`ATTENTION_DECODE_BATCH_TARGET`]); `None` where each sequence attends on its own.
+    batch_attention: Option<Val>,
 }
 
 /// From this many rows per call on (a batch of four sequences or more, a prefill chunk),
@@ -1054,6 +1065,11 @@ const PREPARE_IN_GRAPH_FROM_ROWS: usize = 4;
 fn prepares_in_graph(options: &GraphOptions, t: usize) -> bool {
     matches!(options.host_kernels, Some(HostKernels { calls: KernelCalls::IreeDispatch, .. }))
         && t >= PREPARE_IN_GRAPH_FROM_ROWS
+}
+
+/// Whether the graphs call the kernels as XLA custom calls (rather than IREE dispatches).
+fn kernels_are_custom_calls(options: &GraphOptions) -> bool {
+    matches!(options.host_kernels, Some(HostKernels { calls: KernelCalls::XlaCustomCall, .. }))
 }
 
 /// What one sequence of a call attends with.
@@ -1161,20 +1177,37 @@ fn decoder_layer(
     let r = t / sequences.len();
     let mut outputs = Vec::with_capacity(sequences.len());
     let mut updated = Vec::with_capacity(sequences.len());
-    for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
-        let own_rows = |b: &mut FnBuilder, x: &Val| {
-            if sequences.len() == 1 {
-                return x.clone();
-            }
-            let mut start = vec![0; x.rank()];
-            let mut limit = x.dims().to_vec();
-            (start[0], limit[0]) = (s * r, (s + 1) * r);
-            b.slice(x, &start, &limit)
-        };
-        let (q, k, v) = (own_rows(b, &q), own_rows(b, &k), own_rows(b, &v));
-        let (attn, kv) = attend(b, config, inputs, sequence, layer, [&q, &k, &v], kv);
-        outputs.push(attn);
-        updated.push(kv);
+    if let Some(positions) = &inputs.batch_attention {
+        // Each sequence's new entries go into its caches; then one call attends for all of them.
+        let mut operands = vec![q.clone(), positions.clone()];
+        for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
+            let LayerKv::Own { k: k_cache, v: v_cache } = kv else {
+                unreachable!("a batched attention call is emitted for per-layer caches only")
+            };
+            let (k, v) = (b.slice(&k, &[s, 0, 0], &[s + 1, n_kv, d]), b.slice(&v, &[s, 0, 0], &[s + 1, n_kv, d]));
+            let (k_cache, v_cache) = write_entries(b, inputs, &sequence.position, [&k, &v], [k_cache, v_cache]);
+            operands.extend([k_cache.clone(), v_cache.clone()]);
+            updated.push(LayerKv::Own { k: k_cache, v: v_cache });
+        }
+        let ty = Ty::new(&[t, n_heads, d], Elem::F32);
+        let attn = b.custom_call(ATTENTION_DECODE_BATCH_TARGET, &operands.iter().collect::<Vec<_>>(), ty);
+        outputs.push(b.reshape(&attn, &[t, n_heads * d]));
+    } else {
+        for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
+            let own_rows = |b: &mut FnBuilder, x: &Val| {
+                if sequences.len() == 1 {
+                    return x.clone();
+                }
+                let mut start = vec![0; x.rank()];
+                let mut limit = x.dims().to_vec();
+                (start[0], limit[0]) = (s * r, (s + 1) * r);
+                b.slice(x, &start, &limit)
+            };
+            let (q, k, v) = (own_rows(b, &q), own_rows(b, &k), own_rows(b, &v));
+            let (attn, kv) = attend(b, config, inputs, sequence, layer, [&q, &k, &v], kv);
+            outputs.push(attn);
+            updated.push(kv);
+        }
     }
     let attn = match outputs.as_slice() {
         [one] => one.clone(),
@@ -1208,6 +1241,25 @@ fn decoder_layer(
     let down = linear(b, &act, &w_down);
     x = b.add(&x, &down);
     (x, updated)
+}
+
+/// One sequence's new keys and values (`f32[R, KVH, D]`, rope applied) written into its
+/// per-layer caches (`[KVH, D, C]`, `[KVH, C, D]`) from `position`, in the caches' element type.
+fn write_entries(
+    b: &mut FnBuilder,
+    inputs: &LayerInputs,
+    position: &Val,
+    [k, v]: [&Val; 2],
+    [k_cache, v_cache]: [Val; 2],
+) -> (Val, Val) {
+    let (zero, cache_elem) = (&inputs.zero, inputs.cache_elem);
+    let new_k = b.transpose(k, &[1, 2, 0]); // [KVH, D, R]
+    let new_k = b.convert(&new_k, cache_elem);
+    let k_cache = b.dynamic_update_slice(&k_cache, &new_k, &[zero, zero, position]);
+    let new_v = b.transpose(v, &[1, 0, 2]); // [KVH, R, D]
+    let new_v = b.convert(&new_v, cache_elem);
+    let v_cache = b.dynamic_update_slice(&v_cache, &new_v, &[zero, position, zero]);
+    (k_cache, v_cache)
 }
 
 /// One sequence's attention in a layer: its rows' queries `q f32[R, H, D]` over its cached
@@ -1295,10 +1347,7 @@ fn attend(
         }
         (LayerKv::Own { k: k_cache, v: v_cache }, Masks::PerLayer { visible }) => {
             let c = k_cache.dims()[2];
-            let new_k = new_k_of(b);
-            let k_cache = b.dynamic_update_slice(&k_cache, &new_k, &[zero, zero, position]);
-            let new_v = new_v_of(b);
-            let v_cache = b.dynamic_update_slice(&v_cache, &new_v, &[zero, position, zero]);
+            let (k_cache, v_cache) = write_entries(b, inputs, position, [k, v], [k_cache, v_cache]);
             let attn = match visible {
                 None if t == 1 => {
                     // One query row per head; the kernel reads cache positions 0..=position only.
@@ -1523,6 +1572,8 @@ fn forward(
         eps,
         rows: count.clone(),
         prepare_in_graph: prepares_in_graph(options, t),
+        batch_attention: (batched && per_layer && options.attention_kernel() && kernels_are_custom_calls(options))
+            .then(|| position.clone()),
     };
     let write_all = |b: &mut FnBuilder, new_kvs: Vec<NewKv>| -> Vec<Val> {
         new_kvs
@@ -2029,6 +2080,13 @@ mod tests {
             // Longer calls keep the dots, and without kernels nothing is a custom call.
             assert_eq!(calls(&with, prefill, target), 0, "{format}");
             assert_eq!(calls(&with, prefill, ATTENTION_DECODE_TARGET), 0, "{format}");
+            // A batched decode attends for all its sequences in one call per layer.
+            let batch = GraphSpec { kind: GraphKind::DecodeBatch { batch: 4 }, logits: true };
+            let exact = |o: &GraphOptions, spec: GraphSpec, target: &str| {
+                emit_module(&c, o, &[spec]).unwrap().matches(&format!("call_target_name = \"{target}\"")).count()
+            };
+            assert_eq!(exact(&with, batch, ATTENTION_DECODE_BATCH_TARGET), layers, "{format}");
+            assert_eq!(exact(&with, batch, ATTENTION_DECODE_TARGET), 0, "{format}");
             assert!(!emit_module(&c, &base, &[DECODE]).unwrap().contains("custom_call"), "{format}");
             // The kernels read fp16 matrices row-major, [out, in] as stored.
             let args = graph_weight_args(&c, &with);
