@@ -5,15 +5,16 @@
 //! decode step), times one-token products, and prints bytes read per second and the fraction of a
 //! read probe (`cpu_kernels::bandwidth::measure_read_bandwidth`, on the same pool). Rows named
 //! `int4q8` and `int8q8` take the activations rounded to int8 (`matmul_int4_q8`, ADR 0024), and
-//! `int4p` the same over int4 weights in panels of 16 rows (`matmul_int4_panels_q8`, ADR 0025);
+//! `int4p` the same over int4 weights in panels of 16 rows (`matmul_int4_panels_q8`, ADR 0025; a
+//! step's int8 head in panels too, `matmul_int8_panels_q8`);
 //! `int4pe` and `int8pe` the exact products over panels (`matmul_int4_panels`,
 //! `matmul_int8_panels`; a step's int8 head in panels too).
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
     attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int4_panels, matmul_int4_panels_q8,
-    matmul_int4_q8, matmul_int8, matmul_int8_panels, matmul_int8_q8, AttentionShape, CausalQueries, F16Matrix,
-    Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
+    matmul_int4_q8, matmul_int8, matmul_int8_panels, matmul_int8_panels_q8, matmul_int8_q8, AttentionShape,
+    CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
 };
 use std::time::Instant;
 
@@ -179,7 +180,7 @@ fn main() {
         });
         report(&name, int4_layers.len() + 1, 0, &format!("int4q8 {}", short(Isa::best())), secs, int4_bytes, bandwidth);
         println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
-        // The layers in panels of 16 rows (ADR 0025), the head as above.
+        // The layers and the head in panels of 16 rows (ADR 0025), as the backends hold them.
         let secs = time(1, |_| {
             for (n, k, p, s, b) in &int4_layers {
                 let w = Int4Matrix { rows: *n, cols: *k, packed: p, scales: s, biases: b };
@@ -187,7 +188,8 @@ fn main() {
                     .unwrap();
             }
             let w = Int8Matrix { rows: head.0, cols: head.1, codes: &int8_head.0, scales: &int8_head.1 };
-            matmul_int8_q8(Isa::best(), pool, &x[..head.1 * tokens], tokens, w, &mut out[..head.0 * tokens]).unwrap();
+            matmul_int8_panels_q8(Isa::best(), pool, &x[..head.1 * tokens], tokens, w, &mut out[..head.0 * tokens])
+                .unwrap();
         });
         report(&name, int4_layers.len() + 1, 0, &format!("int4p {}", short(Isa::best())), secs, int4_bytes, bandwidth);
         println!("{:<18} {:>12} {:>10.1} us per token", "", "", secs * 1e6 / tokens as f64);
