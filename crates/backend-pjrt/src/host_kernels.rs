@@ -42,6 +42,7 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
             handlers.push((stablehlo_llama::ATTENTION_DECODE_TARGET.to_string(), attention_decode));
             handlers.push((stablehlo_llama::ATTENTION_CAUSAL_TARGET.to_string(), attention_causal));
             handlers.push((stablehlo_llama::ATTENTION_DECODE_BATCH_TARGET.to_string(), attention_decode_batch));
+            handlers.push((stablehlo_llama::ARGMAX_TARGET.to_string(), argmax));
             for (target, handler) in handlers {
                 plugin
                     .register_ffi_handler(&target, PLATFORM, handler)
@@ -268,6 +269,25 @@ unsafe extern "C" fn attention_decode_batch(frame: *mut CallFrame) -> *mut XlaEr
             let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
             cpu_kernels::attention_decode_batch(Isa::best(), Pool::global(), shape, q, &caches, &lens, out)
                 .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// `(logits f32[R, V]) -> i32[R]`: each row's greedy token.
+unsafe extern "C" fn argmax(frame: *mut CallFrame) -> *mut XlaError {
+    // SAFETY: as for `linear`.
+    unsafe {
+        handle(frame, |frame| {
+            let (logits, out) = (frame.arg(0)?, frame.ret(0)?);
+            let (rows, cols) = rows_cols(logits, "logits")?;
+            let logits = elements::<f32>(logits, dtype::F32, &[rows, cols], "logits")?;
+            let out = result_elements::<i32>(out, dtype::S32, &[rows], "result")?;
+            let mut ids = vec![0u32; rows];
+            cpu_kernels::argmax_rows(Isa::best(), Pool::global(), logits, cols, &mut ids).map_err(|e| e.to_string())?;
+            for (o, id) in out.iter_mut().zip(ids) {
+                *o = i32::try_from(id).map_err(|_| format!("token {id} beyond i32"))?;
+            }
+            Ok(())
         })
     }
 }

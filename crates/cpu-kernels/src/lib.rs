@@ -27,7 +27,9 @@
 //! - [`attention_decode`]: one query position against the first `len` positions of a KV cache in
 //!   seam's layout (keys `[KVH, D, C]`, values `[KVH, C, D]`), grouped-query heads included;
 //!   [`attention_causal`]: the same for a run of consecutive positions (a prefill chunk), each
-//!   row over the positions up to its own.
+//!   row over the positions up to its own; [`attention_decode_batch`]: a batch's decodes in one
+//!   call of the pool (ADR 0031);
+//! - [`argmax_rows`]: each row's greedy token (a batched decode's sequences').
 //!
 //! Every kernel has a plain scalar definition ([`scalar`]) that the tests hold the fast paths to,
 //! and picks its instruction set at run time ([`Isa`]). Work is split over a persistent pool of
@@ -36,6 +38,7 @@
 //! The reference backend does not use these kernels: it stays the readable oracle they are tested
 //! against (through the backends that call them).
 
+mod argmax;
 mod attention;
 pub mod bandwidth;
 mod gemm;
@@ -51,6 +54,7 @@ mod scratch;
 mod simd;
 mod vnni;
 
+pub use argmax::argmax_rows;
 pub use attention::{attention_causal, attention_decode, attention_decode_batch, AttentionShape, CausalQueries};
 pub use isa::Isa;
 pub use linear::{linear, LinearInput, LinearWeights};

@@ -78,3 +78,18 @@ pub fn attend_one(
         *o *= inv;
     }
 }
+
+/// The first index of the largest value of `values`, NaN never the largest, 0 when no value is
+/// above -inf: the greedy rule (`session_api::sampling::argmax` is this function), which
+/// [`crate::argmax_rows`] is held to.
+pub fn argmax(values: &[f32]) -> u32 {
+    let mut best = 0usize;
+    let mut best_value = f32::NEG_INFINITY;
+    for (i, &v) in values.iter().enumerate() {
+        if v > best_value {
+            best = i;
+            best_value = v;
+        }
+    }
+    best as u32
+}

@@ -3,8 +3,8 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    attention_causal, attention_decode, attention_decode_batch, matmul_f16, matmul_int4, matmul_int8, scalar,
-    AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
+    argmax_rows, attention_causal, attention_decode, attention_decode_batch, matmul_f16, matmul_int4, matmul_int8,
+    scalar, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
 };
 use half::f16;
 
@@ -319,6 +319,47 @@ fn a_batch_of_decode_attentions_gives_each_sequence_its_solo_result() {
             assert!(attention_decode_batch(Isa::best(), &pool, shape, &q, &views, &too_long, &mut out).is_err());
         }
     }
+}
+
+#[test]
+fn argmax_rows_matches_scalar_with_ties_nan_and_infinities() {
+    let mut rng = Rng(13);
+    for pool in [Pool::new(1), Pool::new(2), Pool::new(3)] {
+        for &(rows, cols) in &[(1, 1), (1, 17), (3, 37), (8, 49152), (9, 100)] {
+            let mut logits: Vec<f32> = (0..rows * cols).map(|_| rng.f32()).collect();
+            for r in 0..rows {
+                let row = &mut logits[r * cols..(r + 1) * cols];
+                match r % 5 {
+                    // The largest value twice: the first wins.
+                    0 if cols > 3 => {
+                        row[cols - 1] = 9.0;
+                        row[cols / 2] = 9.0;
+                    }
+                    // NaN never wins, even ahead of the largest value.
+                    1 => {
+                        row[0] = f32::NAN;
+                        row[cols - 1] = f32::NAN;
+                    }
+                    // Nothing above -inf (NaN first): index 0, as the scalar loop never moves.
+                    2 => {
+                        row.fill(f32::NEG_INFINITY);
+                        row[0] = f32::NAN;
+                    }
+                    3 => row[cols / 3] = f32::INFINITY,
+                    _ => {}
+                }
+            }
+            for isa in Isa::supported() {
+                let mut out = vec![u32::MAX; rows];
+                argmax_rows(isa, &pool, &logits, cols, &mut out).unwrap();
+                for (r, &got) in out.iter().enumerate() {
+                    let want = scalar::argmax(&logits[r * cols..(r + 1) * cols]);
+                    assert_eq!(got, want, "{isa:?} row {r} of {rows} x {cols}");
+                }
+            }
+        }
+    }
+    assert!(argmax_rows(Isa::best(), &Pool::new(1), &[0.0; 5], 2, &mut [0; 3]).is_err());
 }
 
 #[test]

@@ -71,17 +71,11 @@ impl SamplingConfig {
     }
 }
 
-/// Index of the largest value; ties go to the lowest index. NaN never wins.
+/// Index of the largest value; ties go to the lowest index. NaN never wins; 0 when nothing is
+/// above -inf. Defined once, in `cpu_kernels::scalar::argmax`, so that the kernels' greedy
+/// tokens (a batched decode's, ADR 0031) are held to the same rule.
 pub fn argmax(logits: &[f32]) -> u32 {
-    let mut best = 0usize;
-    let mut best_value = f32::NEG_INFINITY;
-    for (i, &v) in logits.iter().enumerate() {
-        if v > best_value {
-            best = i;
-            best_value = v;
-        }
-    }
-    best as u32
+    cpu_kernels::scalar::argmax(logits)
 }
 
 /// A host-side sampler with its own seeded random stream (SplitMix64: tiny, and stable across

@@ -224,6 +224,10 @@ pub const ATTENTION_DECODE_TARGET: &str = "seam_attention_decode";
 /// `0..=position + t`, rows from `rows` on (padding) zero.
 pub const ATTENTION_CAUSAL_TARGET: &str = "seam_attention_causal";
 
+/// The custom-call target of the greedy tokens: `(logits f32[R, V]) -> i32[R]`, the first index
+/// of each row's largest value (NaN never the largest; 0 for a row with nothing above -inf).
+pub const ARGMAX_TARGET: &str = "seam_argmax";
+
 /// The custom-call target of a batched decode's attention, every sequence in one call:
 /// `(q f32[S, H, D], positions i32[S], keys_0 f32[KVH, D, C], values_0 f32[KVH, C, D], ...,
 /// keys_{S-1}, values_{S-1}) -> f32[S, H, D]`, sequence `s` over positions `0..=positions[s]` of
@@ -1698,9 +1702,21 @@ fn forward(
         let last = rms_norm(&mut b, &last, &final_norm, eps);
         linear(&mut b, &last, &head)
     };
+    // First index of the maximum, like session_api's argmax (per row for a batch): through the
+    // kernels where they are XLA custom calls (XLA's reduction over (value, index) pairs is a
+    // scalar loop on one thread), else the graph's own reduction.
+    let token = if kernels_are_custom_calls(options) {
+        let ids = b.custom_call(ARGMAX_TARGET, &[&logits], Ty::new(&logits.dims()[..1], Elem::I32));
+        if batched {
+            ids
+        } else {
+            b.reshape(&ids, &[])
+        }
+    } else {
+        let rows = if batched { logits.clone() } else { b.reshape(&logits, &[vocab]) };
+        b.argmax(&rows)
+    };
     let logits = if batched { logits } else { b.reshape(&logits, &[vocab]) };
-    // First index of the maximum, like session_api's argmax (per row for a batch).
-    let token = b.argmax(&logits);
     debug_assert_eq!(w.next, w.vals.len(), "every weight argument is used");
 
     let mut results = vec![&token];
@@ -2188,8 +2204,9 @@ mod tests {
 
         // A padded call tells every product and every causal attention how many of its rows
         // are real: its `count` argument (the third) is the last operand of each of the layers'
-        // calls; the LM head, one row, gets a constant. Attention reads the cache through the
-        // causal kernel, with no mask left in the graph.
+        // calls; the LM head, one row, gets a constant, and the greedy token is the argmax
+        // kernel's. Attention reads the cache through the causal kernel, with no mask left in
+        // the graph.
         let kernels = GraphOptions {
             layers: LayerMode::UnrolledCachePerLayer,
             cache: StorageDtype::F32,
@@ -2202,8 +2219,9 @@ mod tests {
         };
         let text = emit_module(&c, &kernels, &[prefill]).unwrap();
         let calls: Vec<&str> = text.lines().filter(|l| l.contains("stablehlo.custom_call")).collect();
-        assert_eq!(calls.len(), 8 * layers + 1);
+        assert_eq!(calls.len(), 8 * layers + 2);
         assert_eq!(calls.iter().filter(|l| l.contains(ATTENTION_CAUSAL_TARGET)).count(), layers);
+        assert_eq!(calls.iter().filter(|l| l.contains(&format!("\"{ARGMAX_TARGET}\""))).count(), 1);
         let last_operand = |line: &str| line.split(')').next().unwrap().rsplit(", ").next().unwrap().to_string();
         let counted = calls.iter().filter(|l| last_operand(l) == "%arg2").count();
         assert_eq!(counted, 8 * layers, "{}", calls[0]);
