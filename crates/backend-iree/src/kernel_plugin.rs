@@ -321,7 +321,8 @@ thread_local! {
 /// One workgroup's query heads of an attention call: `(q f32[T, H, D] (decode: [H, D]), keys
 /// f32[KVH, D, C], values f32[KVH, C, D], position i32[] [, rows i32[]]) -> f32[T, H, D]`, row
 /// `t` over cache positions `0..=position + t` and zero from `rows` on (decode: one row), as
-/// `cpu_kernels::attention_causal` on the calling thread, one head at a time.
+/// `cpu_kernels::attention_causal` on the calling thread: a decode's heads a KV head at a time,
+/// a causal call's one head at a time.
 unsafe extern "C" fn attention<const CAUSAL: bool>(
     params: *mut c_void,
     _context: *mut c_void,
@@ -350,6 +351,36 @@ unsafe extern "C" fn attention<const CAUSAL: bool>(
             let values = p.operand::<f32>(2, kv_heads * capacity * d);
             let out = p.operand_mut::<f32>(result);
             let group = heads / kv_heads;
+            let span = d * capacity;
+            if !CAUSAL {
+                // A decode's query heads are rows of [H, D]: each KV head's heads in this share
+                // attend in one call, which reads its keys and values once for all of them.
+                let mut h = first;
+                while h < first + count {
+                    let kvh = h / group;
+                    let n = ((kvh + 1) * group).min(first + count) - h;
+                    let shape = AttentionShape { heads: n, kv_heads: 1, head_dim: d, capacity };
+                    let out = std::slice::from_raw_parts_mut(out.add(h * d), n * d);
+                    let ok = ONE_THREAD.with(|pool| {
+                        cpu_kernels::attention_decode(
+                            isa(),
+                            pool,
+                            shape,
+                            &q[h * d..(h + n) * d],
+                            &keys[kvh * span..(kvh + 1) * span],
+                            &values[kvh * span..(kvh + 1) * span],
+                            position + 1,
+                            out,
+                        )
+                        .is_ok()
+                    });
+                    if !ok {
+                        return false;
+                    }
+                    h += n;
+                }
+                return true;
+            }
             let shape = AttentionShape { heads: 1, kv_heads: 1, head_dim: d, capacity };
             let queries = CausalQueries { tokens, position, rows };
             HEAD_ROWS.with(|rows_buffers| {
@@ -361,7 +392,6 @@ unsafe extern "C" fn attention<const CAUSAL: bool>(
                         q_head.extend_from_slice(&q[(t * heads + h) * d..(t * heads + h + 1) * d]);
                     }
                     out_head.resize(tokens * d, 0.0);
-                    let span = d * capacity;
                     let ok = ONE_THREAD.with(|pool| {
                         cpu_kernels::attention_causal(
                             isa(),

@@ -668,7 +668,8 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 ///   `first..first + count` of every token.
 /// - An attention target's ([`crate::ATTENTION_DECODE_TARGET`], [`crate::ATTENTION_CAUSAL_TARGET`])
 ///   are `tokens`, `heads`, `kv_heads`, `head_dim` and `capacity` (the cache's positions); a
-///   workgroup computes query heads `first..first + count` of every token.
+///   workgroup computes query heads `first..first + count` of every token (a decode's: the
+///   heads of one KV head).
 #[derive(Debug, Default, Clone)]
 pub struct KernelDispatches {
     /// (export name, target, operand types, result type), in first-use order.
@@ -689,12 +690,14 @@ impl Split {
     fn of(target: &str, operands: &[Ty], result: &Ty) -> Split {
         let dims = &result.dims;
         if target == crate::ATTENTION_DECODE_TARGET || target == crate::ATTENTION_CAUSAL_TARGET {
-            // result [T, H, D] (causal) or [H, D] (decode); keys [KVH, D, C]. One query head per
-            // workgroup: a head's work is small, and the heads of one KV head are few.
+            // result [T, H, D] (causal) or [H, D] (decode); keys [KVH, D, C]. A decode's
+            // workgroup takes the query heads of one KV head, which the kernel serves with one
+            // read of the keys and values (ADR 0031); a causal call's takes one query head.
             let (heads, head_dim) = (dims[dims.len() - 2], dims[dims.len() - 1]);
             let tokens = if dims.len() == 3 { dims[0] } else { 1 };
             let keys = &operands[1].dims;
-            return Split { extent: heads, per_group: 1, words: vec![tokens, heads, keys[0], head_dim, keys[2]] };
+            let per_group = if target == crate::ATTENTION_DECODE_TARGET { heads / keys[0].max(1) } else { 1 };
+            return Split { extent: heads, per_group, words: vec![tokens, heads, keys[0], head_dim, keys[2]] };
         }
         let n = dims[dims.len() - 1];
         let tokens: usize = dims[..dims.len() - 1].iter().product();
