@@ -1705,18 +1705,18 @@ fn forward(
     // First index of the maximum, like session_api's argmax (per row for a batch): through the
     // kernels where they are XLA custom calls (XLA's reduction over (value, index) pairs is a
     // scalar loop on one thread), else the graph's own reduction.
+    let rows = logits;
+    let logits = if batched { rows.clone() } else { b.reshape(&rows, &[vocab]) };
     let token = if kernels_are_custom_calls(options) {
-        let ids = b.custom_call(ARGMAX_TARGET, &[&logits], Ty::new(&logits.dims()[..1], Elem::I32));
+        let ids = b.custom_call(ARGMAX_TARGET, &[&rows], Ty::new(&rows.dims()[..1], Elem::I32));
         if batched {
             ids
         } else {
             b.reshape(&ids, &[])
         }
     } else {
-        let rows = if batched { logits.clone() } else { b.reshape(&logits, &[vocab]) };
-        b.argmax(&rows)
+        b.argmax(&logits)
     };
-    let logits = if batched { logits } else { b.reshape(&logits, &[vocab]) };
     debug_assert_eq!(w.next, w.vals.len(), "every weight argument is used");
 
     let mut results = vec![&token];
