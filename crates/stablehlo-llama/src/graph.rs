@@ -1257,13 +1257,24 @@ fn write_entries(
     [k_cache, v_cache]: [Val; 2],
 ) -> (Val, Val) {
     let (zero, cache_elem) = (&inputs.zero, inputs.cache_elem);
-    let new_k = b.transpose(k, &[1, 2, 0]); // [KVH, D, R]
-    let new_k = b.convert(&new_k, cache_elem);
+    let new_k = cache_keys(b, k, cache_elem);
     let k_cache = b.dynamic_update_slice(&k_cache, &new_k, &[zero, zero, position]);
-    let new_v = b.transpose(v, &[1, 0, 2]); // [KVH, R, D]
-    let new_v = b.convert(&new_v, cache_elem);
+    let new_v = cache_values(b, v, cache_elem);
     let v_cache = b.dynamic_update_slice(&v_cache, &new_v, &[zero, position, zero]);
     (k_cache, v_cache)
+}
+
+/// New keys `f32[R, KVH, D]` in the caches' layout and element type, `[KVH, D, R]`: attention
+/// reads them rounded exactly as if they had been stored and read back.
+fn cache_keys(b: &mut FnBuilder, k: &Val, cache_elem: Elem) -> Val {
+    let new_k = b.transpose(k, &[1, 2, 0]);
+    b.convert(&new_k, cache_elem)
+}
+
+/// New values `f32[R, KVH, D]` in the caches' layout and element type, `[KVH, R, D]`.
+fn cache_values(b: &mut FnBuilder, v: &Val, cache_elem: Elem) -> Val {
+    let new_v = b.transpose(v, &[1, 0, 2]);
+    b.convert(&new_v, cache_elem)
 }
 
 /// One sequence's attention in a layer: its rows' queries `q f32[R, H, D]` over its cached
@@ -1284,16 +1295,6 @@ fn attend(
     let d = config.head_dim;
     let (n_heads, n_kv) = (config.num_attention_heads, config.num_key_value_heads);
     let group = n_heads / n_kv;
-    // This call's keys and values go into the cache in its element type, and attention reads
-    // them rounded exactly as if they had been stored and read back.
-    let new_k_of = |b: &mut FnBuilder| {
-        let new_k = b.transpose(k, &[1, 2, 0]); // [KVH, D, T]
-        b.convert(&new_k, cache_elem)
-    };
-    let new_v_of = |b: &mut FnBuilder| {
-        let new_v = b.transpose(v, &[1, 0, 2]); // [KVH, T, D]
-        b.convert(&new_v, cache_elem)
-    };
     // GQA without repeating KV heads: queries grouped as [kv_heads, group * T, D].
     let grouped_queries = |b: &mut FnBuilder| {
         let q = b.reshape(q, &[t, n_kv, group, d]);
@@ -1318,10 +1319,10 @@ fn attend(
     let (attn, kv) = match (kv, masks) {
         (LayerKv::Stacked(new), Masks::Stacked { k_cache, v_cache, visible_cached, visible_new }) => {
             let c = k_cache.dims()[3];
-            let new_k = new_k_of(b);
+            let new_k = cache_keys(b, k, cache_elem);
             let layer_k = b.reshape(&new_k, &[1, n_kv, d, t]);
             let k_all = b.dynamic_update_slice(&new.k, &layer_k, &[layer, zero, zero, zero]);
-            let new_v = new_v_of(b);
+            let new_v = cache_values(b, v, cache_elem);
             let layer_v = b.reshape(&new_v, &[1, n_kv, t, d]);
             let v_all = b.dynamic_update_slice(&new.v, &layer_v, &[layer, zero, zero, zero]);
             let new_k = b.convert(&new_k, Elem::F32);
