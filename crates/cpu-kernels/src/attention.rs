@@ -63,9 +63,7 @@ pub fn attention_decode_batch(
     if lens.len() != sequences {
         return Err(ShapeError(format!("{} lengths for {sequences} caches", lens.len())));
     }
-    if kv_heads == 0 || heads % kv_heads != 0 {
-        return Err(ShapeError(format!("{heads} query heads do not group over {kv_heads} KV heads")));
-    }
+    check_groups(shape)?;
     check_len("query", q.len(), sequences * heads * d)?;
     check_len("output", out.len(), sequences * heads * d)?;
     for (s, (&(keys, values), &len)) in caches.iter().zip(lens).enumerate() {
@@ -76,15 +74,14 @@ pub fn attention_decode_batch(
         check_len("values", values.len(), kv_heads * c * d)?;
     }
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
+    let per = heads * d;
     if !(matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) && wide::fits(d)) {
-        let per = heads * d;
         for (s, (&(keys, values), &len)) in caches.iter().zip(lens).enumerate() {
             let (q, out) = (&q[s * per..(s + 1) * per], &mut out[s * per..(s + 1) * per]);
             attention_decode(isa, pool, shape, q, keys, values, len, out)?;
         }
         return Ok(());
     }
-    let per = heads * d;
     let base = out.as_mut_ptr();
     let queries: Vec<DecodeQuery<'_>> = caches
         .iter()
@@ -100,6 +97,15 @@ pub fn attention_decode_batch(
         })
         .collect();
     grouped_decode(pool, shape, &queries, 1.0 / (d as f32).sqrt());
+    Ok(())
+}
+
+/// Whether the query heads of `shape` share its KV heads evenly.
+fn check_groups(shape: AttentionShape) -> Result<(), ShapeError> {
+    let AttentionShape { heads, kv_heads, .. } = shape;
+    if kv_heads == 0 || heads % kv_heads != 0 {
+        return Err(ShapeError(format!("{heads} query heads do not group over {kv_heads} KV heads")));
+    }
     Ok(())
 }
 
@@ -131,9 +137,7 @@ pub fn attention_causal(
 ) -> Result<(), ShapeError> {
     let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
     let CausalQueries { tokens, position, rows } = queries;
-    if kv_heads == 0 || heads % kv_heads != 0 {
-        return Err(ShapeError(format!("{heads} query heads do not group over {kv_heads} KV heads")));
-    }
+    check_groups(shape)?;
     if rows > tokens || position + rows > c {
         return Err(ShapeError(format!(
             "{rows} real rows of {tokens} at position {position} do not fit a {c}-position cache"
@@ -170,8 +174,7 @@ pub fn attention_causal(
         let vh = &values[kvh * c * d..(kvh + 1) * c * d];
         SCORES.with(|scores| {
             let mut scores = scores.borrow_mut();
-            // Rounded up to whole registers: the 512-bit path stores its last scores whole.
-            let longest = (position + rows.min((block + 1) * ROWS_PER_TASK)).next_multiple_of(16);
+            let longest = position + rows.min((block + 1) * ROWS_PER_TASK);
             if scores.len() < longest {
                 scores.resize(longest, 0.0);
             }
@@ -183,10 +186,6 @@ pub fn attention_causal(
                 let len = position + t + 1;
                 match isa {
                     // SAFETY: the CPU supports the path (checked above).
-                    Isa::Avx512 | Isa::Avx512Vnni if wide::fits(d) => unsafe {
-                        wide::attend(qh, kh, vh, c, len, scale, &mut scores, oh)
-                    },
-                    // SAFETY: as above.
                     Isa::Avx2 | Isa::Avx512 | Isa::Avx512Vnni => unsafe {
                         attend_avx2(qh, kh, vh, c, len, scale, &mut scores, oh)
                     },
@@ -382,10 +381,11 @@ unsafe fn attend_avx2(
     scalar::attend_one(q, keys, values, c, len, scale, scores, out)
 }
 
-/// One query row's attention in 512-bit registers, for head sizes of four or eight registers:
-/// the scores of 64 positions at a time held in four registers over the whole head dimension
-/// (the keys read once, no partial sums through memory), the softmax's exponentials sixteen at
-/// a time, and the weighted sum of the values in registers over every position.
+/// One query position's attention in 512-bit registers for the query heads of one KV head, for
+/// head sizes of four or eight registers: the scores of 64 positions at a time held in four
+/// registers per head over the whole head dimension (the keys read once for all the heads, no
+/// partial sums through memory), the softmax's exponentials sixteen at a time, and the weighted
+/// sums of the values in registers over every position.
 #[cfg(target_arch = "x86_64")]
 mod wide {
     use crate::simd::exp512;
@@ -403,32 +403,6 @@ mod wide {
             4
         } else {
             2
-        }
-    }
-
-    /// [`crate::scalar::attend_one`]'s result for a head of [`fits`] size; `scores` holds at
-    /// least `len` rounded up to 16.
-    ///
-    /// # Safety
-    /// AVX-512F; `keys` `[d, c]` and `values` `[c, d]` of one KV head, `len <= c`.
-    #[target_feature(enable = "avx512f,avx2,fma")]
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attend(
-        q: &[f32],
-        keys: &[f32],
-        values: &[f32],
-        c: usize,
-        len: usize,
-        scale: f32,
-        scores: &mut [f32],
-        out: &mut [f32],
-    ) {
-        let d = q.len();
-        let mut part = [0.0f32; 2 + 128];
-        attend_heads(q, keys, values, c, 0..len, scale, scores, &mut part[..2 + d]);
-        let inv = 1.0 / part[1];
-        for (o, &v) in out.iter_mut().zip(&part[2..2 + d]) {
-            *o = v * inv;
         }
     }
 
@@ -568,19 +542,6 @@ mod wide {
 mod wide {
     pub(super) fn fits(_: usize) -> bool {
         false
-    }
-    #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attend(
-        _: &[f32],
-        _: &[f32],
-        _: &[f32],
-        _: usize,
-        _: usize,
-        _: f32,
-        _: &mut [f32],
-        _: &mut [f32],
-    ) {
-        unreachable!("the AVX-512 path is never chosen off x86-64")
     }
     pub(super) fn heads_per_pass(_: usize) -> usize {
         1
