@@ -260,20 +260,34 @@ fn product(
         Activations::Int8 => true,
         Activations::Exact => tokens <= EXACT_VNNI_MAX_TOKENS,
     };
-    if isa == Isa::Avx512Vnni && isa.is_supported() && vnni_path {
+    let vnni = isa == Isa::Avx512Vnni && isa.is_supported();
+    // Off VNNI, the same integer products in 256-bit registers (`avx2`).
+    if vnni_path && (vnni || (cfg!(target_arch = "x86_64") && isa.has_avx2() && isa.is_supported())) {
         PREPARED.with(|prepared| {
             let int4 = matches!(w, Panels::Int4(_));
-            let key = [tokens as u64, cols as u64, u64::from(int4), u64::from(activations == Activations::Exact)];
+            let key = [
+                tokens as u64,
+                cols as u64,
+                u64::from(int4),
+                u64::from(activations == Activations::Exact),
+                u64::from(vnni),
+            ];
             if !prepared.source.matches(&key, &[x]) {
-                prepared.fill(x, tokens, cols, int4, activations);
+                prepared.fill(x, tokens, cols, int4, activations, vnni);
                 prepared.source.remember(&key, &[x]);
             }
             let prepared = &*prepared;
             for_each_row_run(pool, rows, PANEL_ROWS, min_rows, out, &|run, out| {
-                // SAFETY: the CPU has AVX-512 VNNI (checked above); the tokens were laid out for
-                // these columns, this format and these activations; `run` starts on a panel and
-                // these rows' columns of `out` are this task's alone.
-                unsafe { vnni_run(prepared, tokens, w, run, out) }
+                // SAFETY: the CPU has AVX-512 VNNI, or else AVX2, FMA and F16C (checked above);
+                // the tokens were laid out for these columns, this format and these activations;
+                // `run` starts on a panel and these rows' columns of `out` are this task's alone.
+                unsafe {
+                    if vnni {
+                        vnni_run(prepared, tokens, w, run, out)
+                    } else {
+                        avx2_run(prepared, tokens, w, run, out)
+                    }
+                }
             });
         });
         return Ok(());
@@ -389,7 +403,9 @@ struct Prepared {
 }
 
 impl Prepared {
-    fn fill(&mut self, x: &[f32], tokens: usize, k: usize, int4: bool, activations: Activations) {
+    /// Lays out `tokens` tokens of `k` columns (`x`); `vnni` when the CPU has AVX-512 VNNI (the
+    /// same numbers either way but for the order of an exact group's sum).
+    fn fill(&mut self, x: &[f32], tokens: usize, k: usize, int4: bool, activations: Activations, vnni: bool) {
         let groups = k / GROUP_SIZE;
         let parts = match activations {
             Activations::Int8 => 1,
@@ -403,8 +419,13 @@ impl Prepared {
         for (i, src) in x.chunks_exact(GROUP_SIZE).enumerate() {
             let codes = &mut self.codes[i * parts * GROUP_SIZE..(i + 1) * parts * GROUP_SIZE];
             let starts = &mut self.starts[i * parts..(i + 1) * parts];
-            // SAFETY: only called on the VNNI path, which the CPU supports.
-            let (step, sum) = unsafe { x86::split_group(src, codes, starts, int4) };
+            let (step, sum) = if vnni {
+                // SAFETY: the caller checked that the CPU has AVX-512 VNNI.
+                unsafe { x86::split_group(src, codes, starts, int4) }
+            } else {
+                // SAFETY: the caller checked that the CPU has AVX2 (this path runs only there).
+                unsafe { split_group_avx2(src, codes, starts, int4) }
+            };
             self.steps[i] = step;
             self.sums[i] = sum;
         }
@@ -412,6 +433,52 @@ impl Prepared {
 }
 
 static PREPARED: Scratch<Prepared> = Scratch::new();
+
+/// `x86::split_group` without AVX-512: the same operations on each value in the same order (so
+/// the same codes and steps), compiled for AVX2; an exact int4 group's sum in another order.
+///
+/// # Safety
+/// AVX2, FMA and F16C.
+#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma,f16c"))]
+unsafe fn split_group_avx2(src: &[f32], codes: &mut [i8], starts: &mut [i32], int4: bool) -> (f32, f32) {
+    let parts = starts.len();
+    debug_assert!(src.len() == GROUP_SIZE && codes.len() == parts * GROUP_SIZE && parts > 0);
+    let (step, inv) = crate::q8::step_of(src);
+    // In the order of the output bytes: for int4, byte 8c + 4h + j holds element 8c + 2j + h.
+    let mut a: [f32; GROUP_SIZE] = std::array::from_fn(|i| {
+        let e = if int4 { i / 8 * 8 + 2 * (i % 4) + i % 8 / 4 } else { i };
+        src[e] * inv
+    });
+    let mut codes_sum = 0;
+    for (p, start) in starts.iter_mut().enumerate() {
+        let mut sum = 0;
+        for (code, v) in codes[p * GROUP_SIZE..(p + 1) * GROUP_SIZE].iter_mut().zip(a.iter_mut()) {
+            // Rounded to nearest, ties to even, as `round_int8` and the 512-bit conversion.
+            let q = crate::q8::round_even(*v);
+            *code = (q as i32).clamp(-128, 127) as i8;
+            sum += q as i32;
+            *v = (*v - q) * PART_RATIO;
+        }
+        if !int4 || parts == 1 {
+            *start = -128 * sum;
+            codes_sum = sum;
+        }
+    }
+    let bias_factor = match (int4, parts) {
+        (false, _) => 0.0,
+        (true, 1) => step * codes_sum as f32,
+        (true, _) => {
+            let mut lanes = [0.0f32; 8];
+            for chunk in src.chunks_exact(8) {
+                for (l, v) in lanes.iter_mut().zip(chunk) {
+                    *l += v;
+                }
+            }
+            lanes.iter().sum()
+        }
+    };
+    (step, bias_factor)
+}
 
 /// Parts per group of exact activations (see [`Prepared`]).
 const EXACT_PARTS: usize = 3;
@@ -463,6 +530,59 @@ unsafe fn vnni_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::
             // SAFETY: as this function's; `block` holds `count` tokens from `first`.
             unsafe { x86::panel(count, parts, &block, w, row0, width, out.0.add(first * rows), rows) };
         }
+    }
+}
+
+/// Rows `run` of the product on the AVX2 path: each panel as two halves of eight rows.
+///
+/// # Safety
+/// AVX2, FMA and F16C; as [`vnni_run`]'s otherwise.
+unsafe fn avx2_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::ops::Range<usize>, out: &SendPtr) {
+    let (rows, cols) = w.shape();
+    let groups = cols / GROUP_SIZE;
+    let parts = prepared.parts;
+    for row0 in run.clone().step_by(PANEL_ROWS) {
+        let width = PANEL_ROWS.min(rows - row0);
+        for half in 0..width.div_ceil(PANEL_ROWS / 2) {
+            for first in (0..tokens).step_by(avx2::TOKEN_BLOCK) {
+                let count = avx2::TOKEN_BLOCK.min(tokens - first);
+                let block = Block {
+                    codes: prepared.codes[first * parts * cols..].as_ptr(),
+                    steps: prepared.steps[first * groups..].as_ptr(),
+                    sums: prepared.sums[first * groups..].as_ptr(),
+                    starts: prepared.starts[first * groups * parts..].as_ptr(),
+                    cols,
+                };
+                // SAFETY: as this function's; `block` holds `count` tokens from `first`, and the
+                // half has rows.
+                unsafe { avx2::half_panel(count, parts, &block, w, row0, width, half, out.0.add(first * rows), rows) };
+            }
+        }
+    }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod avx2;
+
+#[cfg(not(target_arch = "x86_64"))]
+mod avx2 {
+    use super::{Block, Panels};
+
+    pub(super) const TOKEN_BLOCK: usize = 4;
+
+    #[allow(clippy::too_many_arguments)]
+    pub(super) unsafe fn half_panel(
+        _: usize,
+        _: usize,
+        _: &Block,
+        _: Panels<'_>,
+        _: usize,
+        _: usize,
+        _: usize,
+        _: *mut f32,
+        _: usize,
+    ) {
+        unreachable!("the AVX2 path is never chosen off x86-64")
     }
 }
 

@@ -49,13 +49,13 @@ pub(crate) fn round_int8_on(isa: crate::Isa, x: &[f32], out: &mut [f32]) {
 /// leaves no fraction bits, and the default rounding mode rounds the sum to nearest, ties to even.
 /// Unlike `round_ties_even`, which is a library call without SSE4.1, the compiler vectorizes it.
 #[inline(always)]
-fn round_even(y: f32) -> f32 {
+pub(crate) fn round_even(y: f32) -> f32 {
     const SHIFT: f32 = 12_582_912.0;
     (y + SHIFT) - SHIFT
 }
 
 /// A group's step and its inverse (zero for a group of zeros).
-fn step_of(group: &[f32]) -> (f32, f32) {
+pub(crate) fn step_of(group: &[f32]) -> (f32, f32) {
     // Eight running maxima side by side (one vector), not one chain through all 32.
     let mut lanes = [0.0f32; 8];
     for chunk in group.chunks_exact(8) {

@@ -1,0 +1,259 @@
+//! The panels' integer products in 256-bit registers, for CPUs without AVX-512 VNNI (every AVX2
+//! CPU: AMD Zen 1-3, Intel Haswell to Skylake, Skylake-SP without VNNI).
+//!
+//! A 256-bit register holds eight i32 lanes, so a panel of 16 rows is taken as two halves of
+//! eight, lane `r` of a half being its row `r` as in the 512-bit kernels. Without `vpdpbusd`, four
+//! codes of a row times four activations are `vpmaddubsw` (unsigned bytes times signed bytes into
+//! pairs of i16 sums) followed by `vpmaddwd` against ones (the pairs into one i32):
+//! - int4 codes (0..=15) times int8 parts (-127..=127) make pair sums of at most 3810 in
+//!   magnitude, so all eight `vpmaddubsw` of a group (32 codes of each row) add up in i16 without
+//!   saturating (30480 < 32767), and one `vpmaddwd` per group and part widens them;
+//! - int8 codes are signed, so a row's codes are taken as their magnitudes (unsigned) and their
+//!   signs moved onto the activations (`vpsignb`), as llama.cpp's AVX2 q8 products do: a pair
+//!   sums to at most 2 * 128 * 127 = 32512, so each `vpmaddubsw` is widened on its own.
+//!
+//! The activations are prepared as for the 512-bit kernels ([`super::Prepared`]), so both paths
+//! multiply the same integers and agree up to the order of f32 operations.
+
+use super::{Block, Int4Matrix, Int8Matrix, Panels, GROUP_BYTES, GROUP_SIZE, PANEL_CHUNK};
+use std::arch::x86_64::*;
+
+/// Rows per half panel: one i32 lane each in a 256-bit register.
+const HALF_ROWS: usize = 8;
+
+/// Tokens per block: one f32 accumulator each, beside a half panel's eight registers of codes
+/// (sixteen registers in all).
+pub(super) const TOKEN_BLOCK: usize = 4;
+
+/// The half `half` (0 or 1) of the panel of `width` rows from `row0` times `count` (1..=4)
+/// tokens of `block`, each carried as `parts` (1 or 3) int8 parts, written to
+/// `out[t * stride + row0 + 8 half + r]`.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `row0` starts a panel of `w` and the half has rows (`8 half < width`);
+/// `block` holds `count` tokens prepared for `w`'s columns and format in `parts` parts; `out`
+/// valid for those elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[allow(clippy::too_many_arguments)] // the half panel, the tokens, and where the sums go
+pub(super) unsafe fn half_panel(
+    count: usize,
+    parts: usize,
+    block: &Block,
+    w: Panels<'_>,
+    row0: usize,
+    width: usize,
+    half: usize,
+    out: *mut f32,
+    stride: usize,
+) {
+    let half = Half::new(row0, width, half);
+    macro_rules! blocks {
+        ($p:literal; $($r:literal),+) => {
+            match (count, w) {
+                $(($r, Panels::Int4(w)) => int4_half::<$r, $p>(block, w, &half, out, stride),)+
+                $(($r, Panels::Int8(w)) => int8_half::<$r, $p>(block, w, &half, out, stride),)+
+                (other, _) => unreachable!("a token block of {other} tokens"),
+            }
+        };
+    }
+    // The literal lists below are the block's size and the parts: a change of either constant
+    // fails here.
+    const _: () = assert!(TOKEN_BLOCK == 4 && super::EXACT_PARTS == 3);
+    match parts {
+        1 => blocks!(1; 1, 2, 3, 4),
+        3 => blocks!(3; 1, 2, 3, 4),
+        other => unreachable!("activations in {other} parts"),
+    }
+}
+
+/// Where a half panel lies: its panel's first row and width, its own first row within the panel
+/// and its row count (8, or fewer in a narrow last panel).
+struct Half {
+    row0: usize,
+    width: usize,
+    first: usize,
+    rows: usize,
+}
+
+impl Half {
+    fn new(row0: usize, width: usize, half: usize) -> Half {
+        let first = HALF_ROWS * half;
+        debug_assert!(first < width);
+        Half { row0, width, first, rows: HALF_ROWS.min(width - first) }
+    }
+
+    fn full(&self) -> bool {
+        self.rows == HALF_ROWS
+    }
+
+    /// The lanes of its rows, for masked loads and stores.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    unsafe fn lanes(&self) -> __m256i {
+        _mm256_cmpgt_epi32(_mm256_set1_epi32(self.rows as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+    }
+
+    /// The half's four bytes of each row in the chunk at `chunk` (`4 width` bytes, row after row).
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn load(&self, chunk: *const i8, lanes: __m256i) -> __m256i {
+        let at = chunk.add(PANEL_CHUNK * self.first);
+        if self.full() {
+            _mm256_loadu_si256(at as *const __m256i)
+        } else {
+            _mm256_maskload_epi32(at as *const i32, lanes)
+        }
+    }
+
+    /// The half's rows' values of one group (`values` holds the panel's `width` values of it), as
+    /// f32.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn group_values(&self, values: *const u16) -> __m256 {
+        let at = values.add(self.first);
+        if self.full() {
+            _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
+        } else {
+            let mut some = [0u16; HALF_ROWS];
+            std::ptr::copy_nonoverlapping(at, some.as_mut_ptr(), self.rows);
+            _mm256_cvtph_ps(_mm_loadu_si128(some.as_ptr() as *const __m128i))
+        }
+    }
+
+    /// Writes the `R` tokens' sums of the half's rows.
+    #[target_feature(enable = "avx2,fma,f16c")]
+    #[inline]
+    unsafe fn store<const R: usize>(&self, acc: [__m256; R], lanes: __m256i, out: *mut f32, stride: usize) {
+        for (t, acc) in acc.into_iter().enumerate() {
+            let at = out.add(t * stride + self.row0 + self.first);
+            if self.full() {
+                _mm256_storeu_ps(at, acc);
+            } else {
+                _mm256_maskstore_ps(at, lanes, acc);
+            }
+        }
+    }
+}
+
+/// Asks for the `lines` cache lines of a group's codes a little ahead (every line of the panel:
+/// the second half finds them in L1).
+#[inline(always)]
+unsafe fn prefetch(group: *const i8, lines: usize) {
+    for l in 0..lines {
+        _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD + 64 * l));
+    }
+}
+
+/// Four activation codes, the same in every lane.
+#[inline(always)]
+unsafe fn broadcast(codes: *const i32, i: usize) -> __m256i {
+    _mm256_set1_epi32(codes.add(i).read_unaligned())
+}
+
+/// `d` (the parts after `p`, finest first, already combined) with part `p`'s integer sums, as the
+/// 512-bit kernels combine them.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn combine<const P: usize>(p: usize, sums: __m256i, d: __m256) -> __m256 {
+    let sums = _mm256_cvtepi32_ps(sums);
+    if p + 1 == P {
+        sums
+    } else {
+        _mm256_fmadd_ps(d, _mm256_set1_ps(1.0 / super::PART_RATIO), sums)
+    }
+}
+
+/// A half of an int4 panel times `R` tokens in `P` parts: per group, the chunks' low and high
+/// nibbles as unsigned bytes (once for all the tokens), per part eight `vpmaddubsw` added in
+/// i16 and one `vpmaddwd`, the parts combined and scaled once for the eight rows.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int4_half<const R: usize, const P: usize>(
+    block: &Block,
+    w: &Int4Matrix<'_>,
+    half: &Half,
+    out: *mut f32,
+    stride: usize,
+) {
+    let width = half.width;
+    let groups = w.cols / GROUP_SIZE;
+    let bytes = w.packed.as_ptr().add(half.row0 * w.cols / 2) as *const i8;
+    let scales = w.scales.as_ptr().add(half.row0 * groups);
+    let biases = w.biases.as_ptr().add(half.row0 * groups);
+    let lanes = half.lanes();
+    let nibble = _mm256_set1_epi8(0x0f);
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for g in 0..groups {
+        let group = bytes.add(g * GROUP_BYTES * width);
+        prefetch(group, 4);
+        let v: [__m256i; 4] = std::array::from_fn(|c| half.load(group.add(c * PANEL_CHUNK * width), lanes));
+        let lo: [__m256i; 4] = std::array::from_fn(|c| _mm256_and_si256(v[c], nibble));
+        let hi: [__m256i; 4] = std::array::from_fn(|c| _mm256_and_si256(_mm256_srli_epi16::<4>(v[c]), nibble));
+        let s = half.group_values(scales.add(g * width));
+        let b = half.group_values(biases.add(g * width));
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let codes = block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32;
+            let mut d = _mm256_setzero_ps();
+            for p in (0..P).rev() {
+                let a = codes.add(p * GROUP_SIZE / 4);
+                // Two chains: the even elements' products (low nibbles) and the odd ones'.
+                let mut even = _mm256_maddubs_epi16(lo[0], broadcast(a, 0));
+                let mut odd = _mm256_maddubs_epi16(hi[0], broadcast(a, 1));
+                for c in 1..4 {
+                    even = _mm256_add_epi16(even, _mm256_maddubs_epi16(lo[c], broadcast(a, 2 * c)));
+                    odd = _mm256_add_epi16(odd, _mm256_maddubs_epi16(hi[c], broadcast(a, 2 * c + 1)));
+                }
+                d = combine::<P>(p, _mm256_madd_epi16(_mm256_add_epi16(even, odd), ones), d);
+            }
+            let at = t * groups + g;
+            *acc = _mm256_fmadd_ps(d, _mm256_mul_ps(s, _mm256_set1_ps(*block.steps.add(at))), *acc);
+            *acc = _mm256_fmadd_ps(b, _mm256_set1_ps(*block.sums.add(at)), *acc);
+        }
+    }
+    half.store(acc, lanes, out, stride);
+}
+
+/// A half of an int8 panel times `R` tokens in `P` parts: each chunk's codes as magnitudes, their
+/// signs moved onto the token's activations, one `vpmaddubsw` and `vpmaddwd` per chunk and part.
+/// The group's chunks are read again for each token (from L1): their magnitudes and the codes
+/// would take all sixteen registers.
+#[target_feature(enable = "avx2,fma,f16c")]
+unsafe fn int8_half<const R: usize, const P: usize>(
+    block: &Block,
+    w: &Int8Matrix<'_>,
+    half: &Half,
+    out: *mut f32,
+    stride: usize,
+) {
+    let width = half.width;
+    let groups = w.cols / GROUP_SIZE;
+    let codes = w.codes.as_ptr().add(half.row0 * w.cols);
+    let scales = w.scales.as_ptr().add(half.row0 * groups);
+    let lanes = half.lanes();
+    let ones = _mm256_set1_epi16(1);
+    let mut acc = [_mm256_setzero_ps(); R];
+    for g in 0..groups {
+        let group = codes.add(g * GROUP_SIZE * width);
+        prefetch(group, 8);
+        let s = half.group_values(scales.add(g * width));
+        for (t, acc) in acc.iter_mut().enumerate() {
+            let parts = block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32;
+            let mut d = _mm256_setzero_ps();
+            for p in (0..P).rev() {
+                let a = parts.add(p * GROUP_SIZE / 4);
+                let mut first = _mm256_setzero_si256();
+                let mut second = _mm256_setzero_si256();
+                for c in 0..4 {
+                    for (sum, c) in [(&mut first, c), (&mut second, c + 4)] {
+                        let v = half.load(group.add(c * PANEL_CHUNK * width), lanes);
+                        let product = _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(broadcast(a, c), v));
+                        *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(product, ones));
+                    }
+                }
+                d = combine::<P>(p, _mm256_add_epi32(first, second), d);
+            }
+            let at = t * groups + g;
+            *acc = _mm256_fmadd_ps(d, _mm256_mul_ps(s, _mm256_set1_ps(*block.steps.add(at))), *acc);
+        }
+    }
+    half.store(acc, lanes, out, stride);
+}
