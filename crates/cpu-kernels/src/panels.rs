@@ -32,10 +32,12 @@
 //!   over in two steps 254 times finer each, about 2^-24 of the group's largest magnitude
 //!   (ADR 0029; the row-major exact products carry two i16 parts, 2^-30).
 //!
-//! Exact calls of many tokens (a prefill chunk) run the exact kernels' blocked matrix-matrix
-//! product, which converts each row's groups to f32 straight from the panels. Off AVX-512 VNNI
-//! each run of panels is laid back out row-major in scratch and multiplied by the exact kernels,
-//! over the rounded activations where the product rounds them.
+//! Both run on AVX-512 VNNI (`vpdpbusd`, below) and, a half panel of eight rows at a time, on
+//! AVX2 (`vpmaddubsw` and `vpmaddwd`, [`avx2`], ADR 0032). Exact calls of many tokens (a prefill
+//! chunk; on AVX2 from five tokens) run the exact kernels' blocked matrix-matrix product, which
+//! converts each row's groups to f32 straight from the panels. Without AVX2 each run of panels is
+//! laid back out row-major in scratch and multiplied by the scalar kernels, over the rounded
+//! activations where the product rounds them.
 
 use crate::matmul::{for_each_row_run, int4_weights, int8_weights, SendPtr, MIN_ROWS_PER_TASK};
 use crate::pool::Pool;
@@ -256,13 +258,13 @@ fn product(
         return Ok(());
     }
     let min_rows = MIN_ROWS_PER_TASK.next_multiple_of(PANEL_ROWS);
-    let vnni_path = match activations {
+    let integer_path = match activations {
         Activations::Int8 => true,
-        Activations::Exact => tokens <= EXACT_VNNI_MAX_TOKENS,
+        Activations::Exact => tokens <= exact_integer_max_tokens(isa),
     };
     let vnni = isa == Isa::Avx512Vnni && isa.is_supported();
     // Off VNNI, the same integer products in 256-bit registers (`avx2`).
-    if vnni_path && (vnni || (cfg!(target_arch = "x86_64") && isa.has_avx2() && isa.is_supported())) {
+    if integer_path && (vnni || (cfg!(target_arch = "x86_64") && isa.has_avx2() && isa.is_supported())) {
         PREPARED.with(|prepared| {
             let int4 = matches!(w, Panels::Int4(_));
             let key = [
@@ -292,7 +294,7 @@ fn product(
         });
         return Ok(());
     }
-    if activations == Activations::Exact && tokens > EXACT_VNNI_MAX_TOKENS && isa.has_avx512() && isa.is_supported() {
+    if activations == Activations::Exact && isa.has_avx2() && isa.is_supported() {
         gemm_from_panels(isa, pool, x, w, out);
         return Ok(());
     }
@@ -312,9 +314,16 @@ fn product(
 fn gemm_from_panels(isa: Isa, pool: &Pool, x: &[f32], w: Panels<'_>, out: &mut [f32]) {
     let (rows, cols) = w.shape();
     crate::gemm::gemm_panels(isa, pool, x, cols, rows, out, &|row0, k0, dst| {
-        // SAFETY: the caller checked that the CPU has AVX-512; `row0` starts a panel (the product
-        // splits its rows at multiples of 16) and `dst` holds whole groups of it.
-        unsafe { x86::panel_to_f32(w, row0, k0, dst) }
+        // SAFETY: the caller checked that the CPU has AVX2 (and AVX-512 where it is used); `row0`
+        // starts a panel (the product splits its rows at multiples of 16) and `dst` holds whole
+        // groups of it.
+        unsafe {
+            if isa.has_avx512() {
+                x86::panel_to_f32(w, row0, k0, dst)
+            } else {
+                avx2::panel_to_f32(w, row0, k0, dst)
+            }
+        }
     });
 }
 
@@ -496,6 +505,22 @@ const TOKEN_BLOCK: usize = 8;
 /// than the three parts' integer products (kernels bench: it is the faster from 64 tokens on).
 const EXACT_VNNI_MAX_TOKENS: usize = 16;
 
+/// Calls of up to this many tokens over exact activations take the AVX2 integer products;
+/// longer ones the blocked product. Without `vpdpbusd` the three parts cost three times the
+/// `vpmaddubsw` and `vpmaddwd` of one, so the blocked product's f32 tiles win from fewer tokens
+/// than on VNNI: on an AVX2 EPYC the two cost about the same at four tokens and the blocked
+/// product wins beyond (kernels bench, docs/performance.md).
+const EXACT_AVX2_MAX_TOKENS: usize = 4;
+
+/// The most tokens a call over exact activations multiplies through the integer products.
+fn exact_integer_max_tokens(isa: Isa) -> usize {
+    if isa == Isa::Avx512Vnni {
+        EXACT_VNNI_MAX_TOKENS
+    } else {
+        EXACT_AVX2_MAX_TOKENS
+    }
+}
+
 /// A block of prepared tokens: token `t`'s parts from `codes + t * parts * cols`, its steps and
 /// sums from `steps + t * groups` and `sums + t * groups`, its starts from
 /// `starts + t * groups * parts`.
@@ -569,6 +594,10 @@ mod avx2 {
     use super::{Block, Panels};
 
     pub(super) const TOKEN_BLOCK: usize = 4;
+
+    pub(super) unsafe fn panel_to_f32(_: Panels<'_>, _: usize, _: usize, _: &mut [f32]) {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
 
     #[allow(clippy::too_many_arguments)]
     pub(super) unsafe fn half_panel(

@@ -257,3 +257,69 @@ unsafe fn int8_half<const R: usize, const P: usize>(
     }
     half.store(acc, lanes, out, stride);
 }
+
+/// Columns `k0..k0 + dst.len() / 16` (whole groups) of the panel starting at row `row0`, as f32
+/// by the format's definition, column by column: `dst[c * 16 + r]` (zeros past the panel's rows),
+/// as the 512-bit `panel_to_f32` writes them, a half panel (eight lanes) at a time.
+///
+/// # Safety
+/// AVX2, FMA and F16C; `row0` starts a panel of `w`.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn panel_to_f32(w: Panels<'_>, row0: usize, k0: usize, dst: &mut [f32]) {
+    let (rows, cols) = w.shape();
+    let groups = cols / GROUP_SIZE;
+    let width = super::PANEL_ROWS.min(rows - row0);
+    let columns = dst.len() / super::PANEL_ROWS;
+    debug_assert!(k0.is_multiple_of(GROUP_SIZE) && columns.is_multiple_of(GROUP_SIZE) && k0 + columns <= cols);
+    let out = dst.as_mut_ptr();
+    for h in 0..2 {
+        let column = |c: usize| out.add(c * super::PANEL_ROWS + HALF_ROWS * h);
+        if HALF_ROWS * h >= width {
+            for c in 0..columns {
+                _mm256_storeu_ps(column(c), _mm256_setzero_ps());
+            }
+            continue;
+        }
+        let half = Half::new(row0, width, h);
+        let lanes = half.lanes();
+        for (i, g) in (k0 / GROUP_SIZE..(k0 + columns) / GROUP_SIZE).enumerate() {
+            let column = |c: usize| column(i * GROUP_SIZE + c);
+            let at = row0 * groups + g * width;
+            match w {
+                Panels::Int4(w) => {
+                    // Past the half's rows the scales and biases are zeros, and so the values.
+                    let s = half.group_values(w.scales.as_ptr().add(at));
+                    let b = half.group_values(w.biases.as_ptr().add(at));
+                    let group = w.packed.as_ptr().add(row0 * cols / 2 + g * GROUP_BYTES * width) as *const i8;
+                    let nibble = _mm256_set1_epi32(0x0f);
+                    for c in 0..GROUP_BYTES / PANEL_CHUNK {
+                        let v = half.load(group.add(c * PANEL_CHUNK * width), lanes);
+                        // Element 8c + q is nibble q of the lane's four bytes (element 2i low).
+                        macro_rules! nibbles {
+                            ($($q:literal),+) => {$(
+                                let q = _mm256_and_si256(_mm256_srli_epi32::<{ 4 * $q }>(v), nibble);
+                                _mm256_storeu_ps(column(8 * c + $q), _mm256_fmadd_ps(_mm256_cvtepi32_ps(q), s, b));
+                            )+};
+                        }
+                        nibbles!(0, 1, 2, 3, 4, 5, 6, 7);
+                    }
+                }
+                Panels::Int8(w) => {
+                    let s = half.group_values(w.scales.as_ptr().add(at));
+                    let group = w.codes.as_ptr().add(row0 * cols + g * GROUP_SIZE * width);
+                    for c in 0..GROUP_SIZE / PANEL_CHUNK {
+                        let v = half.load(group.add(c * PANEL_CHUNK * width), lanes);
+                        // Element 4c + q is byte q of the lane, sign-extended.
+                        macro_rules! bytes {
+                            ($($q:literal),+) => {$(
+                                let q = _mm256_srai_epi32::<24>(_mm256_slli_epi32::<{ 24 - 8 * $q }>(v));
+                                _mm256_storeu_ps(column(4 * c + $q), _mm256_mul_ps(_mm256_cvtepi32_ps(q), s));
+                            )+};
+                        }
+                        bytes!(0, 1, 2, 3);
+                    }
+                }
+            }
+        }
+    }
+}
