@@ -75,13 +75,13 @@ pub fn attention_decode_batch(
     }
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
     let per = heads * d;
-    if !(matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) && wide::fits(d)) {
+    let Some(path) = Grouped::of(isa, d) else {
         for (s, (&(keys, values), &len)) in caches.iter().zip(lens).enumerate() {
             let (q, out) = (&q[s * per..(s + 1) * per], &mut out[s * per..(s + 1) * per]);
             attention_decode(isa, pool, shape, q, keys, values, len, out)?;
         }
         return Ok(());
-    }
+    };
     let base = out.as_mut_ptr();
     let queries: Vec<DecodeQuery<'_>> = caches
         .iter()
@@ -96,7 +96,7 @@ pub fn attention_decode_batch(
             out: OutPtr(unsafe { base.add(s * per) }),
         })
         .collect();
-    grouped_decode(pool, shape, &queries, 1.0 / (d as f32).sqrt());
+    grouped_decode(path, pool, shape, &queries, 1.0 / (d as f32).sqrt());
     Ok(())
 }
 
@@ -155,9 +155,9 @@ pub fn attention_causal(
     if rows == 0 {
         return Ok(());
     }
-    if tokens == 1 && matches!(isa, Isa::Avx512 | Isa::Avx512Vnni) && wide::fits(d) {
+    if let (1, Some(path)) = (tokens, Grouped::of(isa, d)) {
         let query = DecodeQuery { q, keys, values, len: position + 1, out: out_ptr };
-        grouped_decode(pool, shape, &[query], scale);
+        grouped_decode(path, pool, shape, &[query], scale);
         return Ok(());
     }
     if isa.has_avx2() && tokens > 1 && d % gemm::PANEL_WIDTH == 0 {
@@ -247,16 +247,71 @@ impl Spans {
     }
 }
 
-/// Decode attention on the 512-bit path for a batch of queries (each with its own cache), by KV
-/// head: a task takes the query heads sharing a KV head (up to [`wide::heads_per_pass`] at a
-/// time) over a span of positions of one query, so each key and value is loaded once for all of
+/// The registers decode attention by KV head runs in.
+#[derive(Clone, Copy, PartialEq, Eq)]
+enum Grouped {
+    /// 512-bit (AVX-512F): [`wide`].
+    Wide,
+    /// 256-bit (AVX2 and FMA): [`narrow`].
+    Narrow,
+}
+
+impl Grouped {
+    /// The path for heads of `d` values on `isa` (one this CPU runs), if one takes them.
+    fn of(isa: Isa, d: usize) -> Option<Grouped> {
+        if isa.has_avx512() && wide::fits(d) {
+            Some(Grouped::Wide)
+        } else if isa.has_avx2() && narrow::fits(d) {
+            Some(Grouped::Narrow)
+        } else {
+            None
+        }
+    }
+
+    /// Query heads one pass takes at most.
+    fn heads_per_pass(self, d: usize) -> usize {
+        match self {
+            Grouped::Wide => wide::heads_per_pass(d),
+            Grouped::Narrow => narrow::heads_per_pass(d),
+        }
+    }
+
+    /// The path's `attend_heads`.
+    ///
+    /// # Safety
+    /// The path's ISA, and the arguments its `attend_heads` requires.
+    #[allow(clippy::too_many_arguments)]
+    unsafe fn attend_heads(
+        self,
+        q: &[f32],
+        keys: &[f32],
+        values: &[f32],
+        c: usize,
+        span: std::ops::Range<usize>,
+        scale: f32,
+        scores: &mut [f32],
+        part: &mut [f32],
+    ) {
+        // SAFETY: as this function's.
+        unsafe {
+            match self {
+                Grouped::Wide => wide::attend_heads(q, keys, values, c, span, scale, scores, part),
+                Grouped::Narrow => narrow::attend_heads(q, keys, values, c, span, scale, scores, part),
+            }
+        }
+    }
+}
+
+/// Decode attention for a batch of queries (each with its own cache), by KV head, in the
+/// registers of `path`: a task takes the query heads sharing a KV head (up to the path's
+/// `heads_per_pass` at a time) over a span of positions of one query, so each key and value is loaded once for all of
 /// them rather than once per query head; long contexts are split into spans ([`Spans::of`]),
 /// whose softmax parts are merged here (each span's maximum, sum of exponentials and
 /// unnormalized output, rescaled to the largest maximum). One call of the pool for the batch.
-fn grouped_decode(pool: &Pool, shape: AttentionShape, queries: &[DecodeQuery<'_>], scale: f32) {
+fn grouped_decode(path: Grouped, pool: &Pool, shape: AttentionShape, queries: &[DecodeQuery<'_>], scale: f32) {
     let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
     let group = heads / kv_heads;
-    let per_pass = wide::heads_per_pass(d);
+    let per_pass = path.heads_per_pass(d);
     let passes = group.div_ceil(per_pass);
     let units = kv_heads * passes;
     let plans: Vec<Spans> = queries.iter().map(|query| Spans::of(units, query.len, pool.threads())).collect();
@@ -289,12 +344,12 @@ fn grouped_decode(pool: &Pool, shape: AttentionShape, queries: &[DecodeQuery<'_>
                 if scores.len() < need {
                     scores.resize(need, 0.0);
                 }
-                // SAFETY: the caller chose this path on AVX-512; heads `first..first + n` of this
-                // query's span `at` are this task's alone in `parts`.
+                // SAFETY: the caller chose the path on a CPU that runs it; heads `first..first +
+                // n` of this query's span `at` are this task's alone in `parts`.
                 unsafe {
                     let part = parts.get().add((first_row + at * heads + first) * stride);
                     let part = std::slice::from_raw_parts_mut(part, n * stride);
-                    wide::attend_heads(
+                    path.attend_heads(
                         &query.q[first * d..(first + n) * d],
                         &query.keys[kvh * d * c..(kvh + 1) * d * c],
                         &query.values[kvh * c * d..(kvh + 1) * c * d],
@@ -536,6 +591,14 @@ mod wide {
             }
         }
     }
+}
+
+#[cfg(target_arch = "x86_64")]
+mod narrow;
+
+#[cfg(not(target_arch = "x86_64"))]
+mod narrow {
+    pub(super) use super::wide::{attend_heads, fits, heads_per_pass};
 }
 
 #[cfg(not(target_arch = "x86_64"))]

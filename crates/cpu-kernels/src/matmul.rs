@@ -757,16 +757,6 @@ pub(crate) mod avx2 {
     use super::GROUP_SIZE;
     use std::arch::x86_64::*;
 
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn hsum(v: __m256) -> f32 {
-        let lo = _mm256_castps256_ps128(v);
-        let hi = _mm256_extractf128_ps(v, 1);
-        let s = _mm_add_ps(lo, hi);
-        let s = _mm_add_ps(s, _mm_movehl_ps(s, s));
-        let s = _mm_add_ss(s, _mm_shuffle_ps(s, s, 1));
-        _mm_cvtss_f32(s)
-    }
-
     /// The horizontal sums of a block's accumulators, two per token: a token's multiply-adds
     /// alternate between its two, so that eight independent chains (four tokens) keep both FMA
     /// units busy through the instruction's latency.
@@ -774,7 +764,7 @@ pub(crate) mod avx2 {
     unsafe fn sums<const R: usize>(acc: [[__m256; 2]; R]) -> [f32; 4] {
         let mut sums = [0f32; 4];
         for (sum, [a, b]) in sums.iter_mut().zip(acc) {
-            *sum = hsum(_mm256_add_ps(a, b));
+            *sum = crate::simd::sum8(_mm256_add_ps(a, b));
         }
         sums
     }
@@ -949,7 +939,7 @@ pub(crate) mod avx2 {
             i += 8;
         }
         let sum = _mm256_add_ps(_mm256_add_ps(acc[0], acc[1]), _mm256_add_ps(acc[2], acc[3]));
-        let mut total = hsum(sum);
+        let mut total = crate::simd::sum8(sum);
         total += crate::scalar::dot_f16(&x[i..k], &w[i..k]);
         total
     }
@@ -975,7 +965,7 @@ pub(crate) mod avx2 {
             let s = _mm256_set1_ps(half::f16::from_bits(scale).to_f32());
             acc[g % 2] = _mm256_fmadd_ps(_mm256_add_ps(group[0], group[1]), s, acc[g % 2]);
         }
-        hsum(_mm256_add_ps(acc[0], acc[1]))
+        crate::simd::sum8(_mm256_add_ps(acc[0], acc[1]))
     }
 
     /// One int4 row times activations prepared by `matmul_int4` (`xq`: per group 32 coarse i16
@@ -1038,7 +1028,7 @@ pub(crate) mod avx2 {
             acc0 = group(g, _mm256_set1_ps(factor), acc0);
             g += 1;
         }
-        let mut total = hsum(_mm256_add_ps(acc0, acc1));
+        let mut total = crate::simd::sum8(_mm256_add_ps(acc0, acc1));
         // The bias term: Σ_g bias_g · Σ x_g.
         let mut b = 0;
         let mut bacc = _mm256_setzero_ps();
@@ -1047,7 +1037,7 @@ pub(crate) mod avx2 {
             bacc = _mm256_fmadd_ps(bv, _mm256_loadu_ps(sums.as_ptr().add(b)), bacc);
             b += 8;
         }
-        total += hsum(bacc);
+        total += crate::simd::sum8(bacc);
         for i in b..groups {
             total += half::f16::from_bits(biases[i]).to_f32() * sums[i];
         }

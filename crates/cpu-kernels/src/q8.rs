@@ -259,9 +259,7 @@ pub(crate) mod x86 {
                 _mm256_max_ps(_mm256_and_ps(v[0], abs_mask), _mm256_and_ps(v[1], abs_mask)),
                 _mm256_max_ps(_mm256_and_ps(v[2], abs_mask), _mm256_and_ps(v[3], abs_mask)),
             );
-            let m = _mm_max_ps(_mm256_castps256_ps128(m), _mm256_extractf128_ps::<1>(m));
-            let m = _mm_max_ps(m, _mm_movehl_ps(m, m));
-            let max = _mm_cvtss_f32(_mm_max_ss(m, _mm_movehdup_ps(m)));
+            let max = crate::simd::max8(m);
             let step = max / super::I8_RANGE;
             let inv = _mm256_set1_ps(if step > 0.0 { 1.0 / step } else { 0.0 });
             let step = _mm256_set1_ps(step);
