@@ -264,7 +264,7 @@ fn product(
     };
     let vnni = isa == Isa::Avx512Vnni && isa.is_supported();
     // Off VNNI, the same integer products in 256-bit registers (`avx2`).
-    if integer_path && (vnni || (cfg!(target_arch = "x86_64") && isa.has_avx2() && isa.is_supported())) {
+    if integer_path && (vnni || (isa.has_avx2() && isa.is_supported())) {
         PREPARED.with(|prepared| {
             let int4 = matches!(w, Panels::Int4(_));
             let key = [
@@ -412,6 +412,18 @@ struct Prepared {
 }
 
 impl Prepared {
+    /// The block of tokens from `first` (of `cols` columns each).
+    fn block(&self, first: usize, cols: usize) -> Block {
+        let (groups, parts) = (cols / GROUP_SIZE, self.parts);
+        Block {
+            codes: self.codes[first * parts * cols..].as_ptr(),
+            steps: self.steps[first * groups..].as_ptr(),
+            sums: self.sums[first * groups..].as_ptr(),
+            starts: self.starts[first * groups * parts..].as_ptr(),
+            cols,
+        }
+    }
+
     /// Lays out `tokens` tokens of `k` columns (`x`); `vnni` when the CPU has AVX-512 VNNI (the
     /// same numbers either way but for the order of an exact group's sum).
     fn fill(&mut self, x: &[f32], tokens: usize, k: usize, int4: bool, activations: Activations, vnni: bool) {
@@ -539,21 +551,13 @@ struct Block {
 /// starts on a panel; these rows' columns of `out` (`[tokens, rows]`) are the caller's alone.
 unsafe fn vnni_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::ops::Range<usize>, out: &SendPtr) {
     let (rows, cols) = w.shape();
-    let groups = cols / GROUP_SIZE;
-    let parts = prepared.parts;
     for row0 in run.clone().step_by(PANEL_ROWS) {
         let width = PANEL_ROWS.min(rows - row0);
         for first in (0..tokens).step_by(TOKEN_BLOCK) {
             let count = TOKEN_BLOCK.min(tokens - first);
-            let block = Block {
-                codes: prepared.codes[first * parts * cols..].as_ptr(),
-                steps: prepared.steps[first * groups..].as_ptr(),
-                sums: prepared.sums[first * groups..].as_ptr(),
-                starts: prepared.starts[first * groups * parts..].as_ptr(),
-                cols,
-            };
+            let block = prepared.block(first, cols);
             // SAFETY: as this function's; `block` holds `count` tokens from `first`.
-            unsafe { x86::panel(count, parts, &block, w, row0, width, out.0.add(first * rows), rows) };
+            unsafe { x86::panel(count, prepared.parts, &block, w, row0, width, out.0.add(first * rows), rows) };
         }
     }
 }
@@ -564,23 +568,17 @@ unsafe fn vnni_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::
 /// AVX2, FMA and F16C; as [`vnni_run`]'s otherwise.
 unsafe fn avx2_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::ops::Range<usize>, out: &SendPtr) {
     let (rows, cols) = w.shape();
-    let groups = cols / GROUP_SIZE;
-    let parts = prepared.parts;
     for row0 in run.clone().step_by(PANEL_ROWS) {
         let width = PANEL_ROWS.min(rows - row0);
         for half in 0..width.div_ceil(PANEL_ROWS / 2) {
             for first in (0..tokens).step_by(avx2::TOKEN_BLOCK) {
                 let count = avx2::TOKEN_BLOCK.min(tokens - first);
-                let block = Block {
-                    codes: prepared.codes[first * parts * cols..].as_ptr(),
-                    steps: prepared.steps[first * groups..].as_ptr(),
-                    sums: prepared.sums[first * groups..].as_ptr(),
-                    starts: prepared.starts[first * groups * parts..].as_ptr(),
-                    cols,
-                };
+                let block = prepared.block(first, cols);
                 // SAFETY: as this function's; `block` holds `count` tokens from `first`, and the
                 // half has rows.
-                unsafe { avx2::half_panel(count, parts, &block, w, row0, width, half, out.0.add(first * rows), rows) };
+                unsafe {
+                    avx2::half_panel(count, prepared.parts, &block, w, row0, width, half, out.0.add(first * rows), rows)
+                };
             }
         }
     }

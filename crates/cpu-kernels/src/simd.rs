@@ -34,6 +34,15 @@ pub(crate) unsafe fn exp(x: __m256) -> __m256 {
     _mm256_mul_ps(e_r, _mm256_castsi256_ps(two_n))
 }
 
+/// The first `n` of eight lanes (all of them from 8 on) as a mask of whole lanes, for masked
+/// loads and stores.
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+#[inline]
+pub(crate) unsafe fn first_lanes(n: usize) -> __m256i {
+    _mm256_cmpgt_epi32(_mm256_set1_epi32(n.min(8) as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+}
+
 /// The sum of eight values.
 #[cfg(target_arch = "x86_64")]
 #[target_feature(enable = "avx2,fma")]

@@ -6,7 +6,7 @@
 //! row's slice loaded once for the heads of the pass. Sixteen registers bound a pass to three
 //! heads.
 
-use crate::simd::{exp, max8, sum8};
+use crate::simd::{exp, first_lanes, max8, sum8};
 use std::arch::x86_64::*;
 
 /// Whether a head of `d` values takes this path: whole slices of 16 values.
@@ -69,8 +69,7 @@ pub(super) unsafe fn attend_heads(
 #[target_feature(enable = "avx2,fma")]
 #[inline]
 unsafe fn lanes(first: usize, end: usize) -> __m256i {
-    let n = end.saturating_sub(first).min(8) as i32;
-    _mm256_cmpgt_epi32(_mm256_set1_epi32(n), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+    first_lanes(end.saturating_sub(first))
 }
 
 /// [`attend_heads`] for `S` heads.

@@ -89,7 +89,7 @@ impl Half {
     /// The lanes of its rows, for masked loads and stores.
     #[target_feature(enable = "avx2,fma,f16c")]
     unsafe fn lanes(&self) -> __m256i {
-        _mm256_cmpgt_epi32(_mm256_set1_epi32(self.rows as i32), _mm256_setr_epi32(0, 1, 2, 3, 4, 5, 6, 7))
+        crate::simd::first_lanes(self.rows)
     }
 
     /// The half's four bytes of each row in the chunk at `chunk` (`4 width` bytes, row after row).
