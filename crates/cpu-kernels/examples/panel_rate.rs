@@ -1,9 +1,13 @@
 //! Multiply-add rate of the panel products with the weights in L2 (one thread): what bounds a
 //! batched decode's products once the weights stop being the limit.
 //!
-//! `cargo run --release -p cpu-kernels --example panel_rate [-- ROWS COLS]`
+//! `cargo run --release -p cpu-kernels --example panel_rate [-- ROWS COLS] [int8]`: int4 panels
+//! (the layers), or with `int8` int8 panels (the head).
 use cpu_kernels::pool::Pool;
-use cpu_kernels::{matmul_int4_panels, matmul_int4_panels_q8, Int4Matrix, Isa, GROUP_SIZE};
+use cpu_kernels::{
+    matmul_int4_panels, matmul_int4_panels_q8, matmul_int8_panels, matmul_int8_panels_q8, Int4Matrix, Int8Matrix,
+    Isa, GROUP_SIZE,
+};
 use std::time::Instant;
 
 fn main() {
@@ -15,15 +19,19 @@ fn main() {
     let scales = vec![0x2c00u16; n * g];
     let biases = vec![0xb000u16; n * g];
     let w = Int4Matrix { rows: n, cols: k, packed: &packed, scales: &scales, biases: &biases };
+    let codes: Vec<i8> = (0..n * k).map(|i| (i * 37 % 251) as i8).collect();
+    let w8 = Int8Matrix { rows: n, cols: k, codes: &codes, scales: &scales };
+    let int8 = std::env::args().any(|a| a == "int8");
     for tokens in [1usize, 2, 4, 8, 16] {
         let x: Vec<f32> = (0..k * tokens).map(|i| ((i * 13 % 97) as f32 - 48.0) * 0.01).collect();
         let mut out = vec![0.0f32; n * tokens];
         for (name, exact) in [("q8", false), ("exact", true)] {
             let mut run = || {
-                if exact {
-                    matmul_int4_panels(Isa::best(), &pool, &x, tokens, w, &mut out).unwrap()
-                } else {
-                    matmul_int4_panels_q8(Isa::best(), &pool, &x, tokens, w, &mut out).unwrap()
+                match (int8, exact) {
+                    (false, true) => matmul_int4_panels(Isa::best(), &pool, &x, tokens, w, &mut out).unwrap(),
+                    (false, false) => matmul_int4_panels_q8(Isa::best(), &pool, &x, tokens, w, &mut out).unwrap(),
+                    (true, true) => matmul_int8_panels(Isa::best(), &pool, &x, tokens, w8, &mut out).unwrap(),
+                    (true, false) => matmul_int8_panels_q8(Isa::best(), &pool, &x, tokens, w8, &mut out).unwrap(),
                 }
             };
             let calls = 4000 / tokens;

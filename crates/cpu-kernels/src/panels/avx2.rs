@@ -49,10 +49,12 @@ pub(super) unsafe fn half_panel(
     let half = Half::new(row0, width, half);
     macro_rules! blocks {
         ($p:literal; $($r:literal),+) => {
-            match (count, w) {
-                $(($r, Panels::Int4(w)) => int4_half::<$r, $p>(block, w, &half, out, stride),)+
-                $(($r, Panels::Int8(w)) => int8_half::<$r, $p>(block, w, &half, out, stride),)+
-                (other, _) => unreachable!("a token block of {other} tokens"),
+            match (count, w, half.full()) {
+                $(($r, Panels::Int4(w), true) => int4_half::<$r, $p, true>(block, w, &half, out, stride),)+
+                $(($r, Panels::Int4(w), false) => int4_half::<$r, $p, false>(block, w, &half, out, stride),)+
+                $(($r, Panels::Int8(w), true) => int8_half::<$r, $p, true>(block, w, &half, out, stride),)+
+                $(($r, Panels::Int8(w), false) => int8_half::<$r, $p, false>(block, w, &half, out, stride),)+
+                (other, ..) => unreachable!("a token block of {other} tokens"),
             }
         };
     }
@@ -93,11 +95,13 @@ impl Half {
     }
 
     /// The half's four bytes of each row in the chunk at `chunk` (`4 width` bytes, row after row).
+    /// `FULL`: the caller knows the half is full (the kernels are compiled for full halves without
+    /// the test, which the compiler does not hoist out of their loops).
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn load(&self, chunk: *const i8, lanes: __m256i) -> __m256i {
+    unsafe fn load<const FULL: bool>(&self, chunk: *const i8, lanes: __m256i) -> __m256i {
         let at = chunk.add(PANEL_CHUNK * self.first);
-        if self.full() {
+        if FULL || self.full() {
             _mm256_loadu_si256(at as *const __m256i)
         } else {
             _mm256_maskload_epi32(at as *const i32, lanes)
@@ -108,9 +112,9 @@ impl Half {
     /// f32.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn group_values(&self, values: *const u16) -> __m256 {
+    unsafe fn group_values<const FULL: bool>(&self, values: *const u16) -> __m256 {
         let at = values.add(self.first);
-        if self.full() {
+        if FULL || self.full() {
             _mm256_cvtph_ps(_mm_loadu_si128(at as *const __m128i))
         } else {
             let mut some = [0u16; HALF_ROWS];
@@ -122,10 +126,16 @@ impl Half {
     /// Writes the `R` tokens' sums of the half's rows.
     #[target_feature(enable = "avx2,fma,f16c")]
     #[inline]
-    unsafe fn store<const R: usize>(&self, acc: [__m256; R], lanes: __m256i, out: *mut f32, stride: usize) {
+    unsafe fn store<const R: usize, const FULL: bool>(
+        &self,
+        acc: [__m256; R],
+        lanes: __m256i,
+        out: *mut f32,
+        stride: usize,
+    ) {
         for (t, acc) in acc.into_iter().enumerate() {
             let at = out.add(t * stride + self.row0 + self.first);
-            if self.full() {
+            if FULL || self.full() {
                 _mm256_storeu_ps(at, acc);
             } else {
                 _mm256_maskstore_ps(at, lanes, acc);
@@ -166,7 +176,7 @@ unsafe fn combine<const P: usize>(p: usize, sums: __m256i, d: __m256) -> __m256 
 /// nibbles as unsigned bytes (once for all the tokens), per part eight `vpmaddubsw` added in
 /// i16 and one `vpmaddwd`, the parts combined and scaled once for the eight rows.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn int4_half<const R: usize, const P: usize>(
+unsafe fn int4_half<const R: usize, const P: usize, const FULL: bool>(
     block: &Block,
     w: &Int4Matrix<'_>,
     half: &Half,
@@ -185,11 +195,11 @@ unsafe fn int4_half<const R: usize, const P: usize>(
     for g in 0..groups {
         let group = bytes.add(g * GROUP_BYTES * width);
         prefetch(group, 4);
-        let v: [__m256i; 4] = std::array::from_fn(|c| half.load(group.add(c * PANEL_CHUNK * width), lanes));
+        let v: [__m256i; 4] = std::array::from_fn(|c| half.load::<FULL>(group.add(c * PANEL_CHUNK * width), lanes));
         let lo: [__m256i; 4] = std::array::from_fn(|c| _mm256_and_si256(v[c], nibble));
         let hi: [__m256i; 4] = std::array::from_fn(|c| _mm256_and_si256(_mm256_srli_epi16::<4>(v[c]), nibble));
-        let s = half.group_values(scales.add(g * width));
-        let b = half.group_values(biases.add(g * width));
+        let s = half.group_values::<FULL>(scales.add(g * width));
+        let b = half.group_values::<FULL>(biases.add(g * width));
         for (t, acc) in acc.iter_mut().enumerate() {
             let codes = block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32;
             let mut d = _mm256_setzero_ps();
@@ -209,15 +219,16 @@ unsafe fn int4_half<const R: usize, const P: usize>(
             *acc = _mm256_fmadd_ps(b, _mm256_set1_ps(*block.sums.add(at)), *acc);
         }
     }
-    half.store(acc, lanes, out, stride);
+    half.store::<R, FULL>(acc, lanes, out, stride);
 }
 
 /// A half of an int8 panel times `R` tokens in `P` parts: each chunk's codes as magnitudes, their
-/// signs moved onto the token's activations, one `vpmaddubsw` and `vpmaddwd` per chunk and part.
-/// The group's chunks are read again for each token (from L1): their magnitudes and the codes
-/// would take all sixteen registers.
+/// signs moved onto each token's activations, one `vpmaddubsw` and `vpmaddwd` per chunk, token
+/// and part. A chunk is loaded and its magnitudes taken once for all the tokens (the tokens'
+/// integer sums, one register each, stay in registers across the group's chunks); a part after
+/// the first reads the group's chunks again, from L1.
 #[target_feature(enable = "avx2,fma,f16c")]
-unsafe fn int8_half<const R: usize, const P: usize>(
+unsafe fn int8_half<const R: usize, const P: usize, const FULL: bool>(
     block: &Block,
     w: &Int8Matrix<'_>,
     half: &Half,
@@ -234,28 +245,34 @@ unsafe fn int8_half<const R: usize, const P: usize>(
     for g in 0..groups {
         let group = codes.add(g * GROUP_SIZE * width);
         prefetch(group, 8);
-        let s = half.group_values(scales.add(g * width));
-        for (t, acc) in acc.iter_mut().enumerate() {
-            let parts = block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32;
+        let s = half.group_values::<FULL>(scales.add(g * width));
+        let parts: [*const i32; R] =
+            std::array::from_fn(|t| block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32);
+        let mut sums = [[_mm256_setzero_si256(); P]; R];
+        for c in 0..GROUP_SIZE / PANEL_CHUNK {
+            let v = half.load::<FULL>(group.add(c * PANEL_CHUNK * width), lanes);
+            let magnitudes = _mm256_abs_epi8(v);
+            for (sums, a) in sums.iter_mut().zip(parts) {
+                for (p, sum) in sums.iter_mut().enumerate() {
+                    let a = broadcast(a.add(p * GROUP_SIZE / 4), c);
+                    let product = _mm256_maddubs_epi16(magnitudes, _mm256_sign_epi8(a, v));
+                    *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(product, ones));
+                }
+            }
+        }
+        let d = sums.map(|sums| {
             let mut d = _mm256_setzero_ps();
             for p in (0..P).rev() {
-                let a = parts.add(p * GROUP_SIZE / 4);
-                let mut first = _mm256_setzero_si256();
-                let mut second = _mm256_setzero_si256();
-                for c in 0..4 {
-                    for (sum, c) in [(&mut first, c), (&mut second, c + 4)] {
-                        let v = half.load(group.add(c * PANEL_CHUNK * width), lanes);
-                        let product = _mm256_maddubs_epi16(_mm256_abs_epi8(v), _mm256_sign_epi8(broadcast(a, c), v));
-                        *sum = _mm256_add_epi32(*sum, _mm256_madd_epi16(product, ones));
-                    }
-                }
-                d = combine::<P>(p, _mm256_add_epi32(first, second), d);
+                d = combine::<P>(p, sums[p], d);
             }
+            d
+        });
+        for (t, (acc, d)) in acc.iter_mut().zip(d).enumerate() {
             let at = t * groups + g;
             *acc = _mm256_fmadd_ps(d, _mm256_mul_ps(s, _mm256_set1_ps(*block.steps.add(at))), *acc);
         }
     }
-    half.store(acc, lanes, out, stride);
+    half.store::<R, FULL>(acc, lanes, out, stride);
 }
 
 /// Columns `k0..k0 + dst.len() / 16` (whole groups) of the panel starting at row `row0`, as f32
@@ -288,12 +305,12 @@ pub(super) unsafe fn panel_to_f32(w: Panels<'_>, row0: usize, k0: usize, dst: &m
             match w {
                 Panels::Int4(w) => {
                     // Past the half's rows the scales and biases are zeros, and so the values.
-                    let s = half.group_values(w.scales.as_ptr().add(at));
-                    let b = half.group_values(w.biases.as_ptr().add(at));
+                    let s = half.group_values::<false>(w.scales.as_ptr().add(at));
+                    let b = half.group_values::<false>(w.biases.as_ptr().add(at));
                     let group = w.packed.as_ptr().add(row0 * cols / 2 + g * GROUP_BYTES * width) as *const i8;
                     let nibble = _mm256_set1_epi32(0x0f);
                     for c in 0..GROUP_BYTES / PANEL_CHUNK {
-                        let v = half.load(group.add(c * PANEL_CHUNK * width), lanes);
+                        let v = half.load::<false>(group.add(c * PANEL_CHUNK * width), lanes);
                         // Element 8c + q is nibble q of the lane's four bytes (element 2i low).
                         macro_rules! nibbles {
                             ($($q:literal),+) => {$(
@@ -305,10 +322,10 @@ pub(super) unsafe fn panel_to_f32(w: Panels<'_>, row0: usize, k0: usize, dst: &m
                     }
                 }
                 Panels::Int8(w) => {
-                    let s = half.group_values(w.scales.as_ptr().add(at));
+                    let s = half.group_values::<false>(w.scales.as_ptr().add(at));
                     let group = w.codes.as_ptr().add(row0 * cols + g * GROUP_SIZE * width);
                     for c in 0..GROUP_SIZE / PANEL_CHUNK {
-                        let v = half.load(group.add(c * PANEL_CHUNK * width), lanes);
+                        let v = half.load::<false>(group.add(c * PANEL_CHUNK * width), lanes);
                         // Element 4c + q is byte q of the lane, sign-extended.
                         macro_rules! bytes {
                             ($($q:literal),+) => {$(
