@@ -5,8 +5,8 @@
 //! (the layers), or with `int8` int8 panels (the head).
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    matmul_int4_panels, matmul_int4_panels_q8, matmul_int8_panels, matmul_int8_panels_q8, Int4Matrix, Int8Matrix,
-    Isa, GROUP_SIZE,
+    matmul_int4_panels, matmul_int4_panels_q8, matmul_int8_panels, matmul_int8_panels_q8, Int4Matrix, Int8Matrix, Isa,
+    GROUP_SIZE,
 };
 use std::time::Instant;
 
@@ -26,13 +26,11 @@ fn main() {
         let x: Vec<f32> = (0..k * tokens).map(|i| ((i * 13 % 97) as f32 - 48.0) * 0.01).collect();
         let mut out = vec![0.0f32; n * tokens];
         for (name, exact) in [("q8", false), ("exact", true)] {
-            let mut run = || {
-                match (int8, exact) {
-                    (false, true) => matmul_int4_panels(Isa::best(), &pool, &x, tokens, w, &mut out).unwrap(),
-                    (false, false) => matmul_int4_panels_q8(Isa::best(), &pool, &x, tokens, w, &mut out).unwrap(),
-                    (true, true) => matmul_int8_panels(Isa::best(), &pool, &x, tokens, w8, &mut out).unwrap(),
-                    (true, false) => matmul_int8_panels_q8(Isa::best(), &pool, &x, tokens, w8, &mut out).unwrap(),
-                }
+            let mut run = || match (int8, exact) {
+                (false, true) => matmul_int4_panels(Isa::best(), &pool, &x, tokens, w, &mut out).unwrap(),
+                (false, false) => matmul_int4_panels_q8(Isa::best(), &pool, &x, tokens, w, &mut out).unwrap(),
+                (true, true) => matmul_int8_panels(Isa::best(), &pool, &x, tokens, w8, &mut out).unwrap(),
+                (true, false) => matmul_int8_panels_q8(Isa::best(), &pool, &x, tokens, w8, &mut out).unwrap(),
             };
             let calls = 4000 / tokens;
             for _ in 0..calls / 4 {

@@ -445,7 +445,7 @@ impl Prepared {
                 unsafe { x86::split_group(src, codes, starts, int4) }
             } else {
                 // SAFETY: the caller checked that the CPU has AVX2 (this path runs only there).
-                unsafe { split_group_avx2(src, codes, starts, int4) }
+                unsafe { avx2::split_group(src, codes, starts, int4) }
             };
             self.steps[i] = step;
             self.sums[i] = sum;
@@ -454,52 +454,6 @@ impl Prepared {
 }
 
 static PREPARED: Scratch<Prepared> = Scratch::new();
-
-/// `x86::split_group` without AVX-512: the same operations on each value in the same order (so
-/// the same codes and steps), compiled for AVX2; an exact int4 group's sum in another order.
-///
-/// # Safety
-/// AVX2, FMA and F16C.
-#[cfg_attr(target_arch = "x86_64", target_feature(enable = "avx2,fma,f16c"))]
-unsafe fn split_group_avx2(src: &[f32], codes: &mut [i8], starts: &mut [i32], int4: bool) -> (f32, f32) {
-    let parts = starts.len();
-    debug_assert!(src.len() == GROUP_SIZE && codes.len() == parts * GROUP_SIZE && parts > 0);
-    let (step, inv) = crate::q8::step_of(src);
-    // In the order of the output bytes: for int4, byte 8c + 4h + j holds element 8c + 2j + h.
-    let mut a: [f32; GROUP_SIZE] = std::array::from_fn(|i| {
-        let e = if int4 { i / 8 * 8 + 2 * (i % 4) + i % 8 / 4 } else { i };
-        src[e] * inv
-    });
-    let mut codes_sum = 0;
-    for (p, start) in starts.iter_mut().enumerate() {
-        let mut sum = 0;
-        for (code, v) in codes[p * GROUP_SIZE..(p + 1) * GROUP_SIZE].iter_mut().zip(a.iter_mut()) {
-            // Rounded to nearest, ties to even, as `round_int8` and the 512-bit conversion.
-            let q = crate::q8::round_even(*v);
-            *code = (q as i32).clamp(-128, 127) as i8;
-            sum += q as i32;
-            *v = (*v - q) * PART_RATIO;
-        }
-        if !int4 || parts == 1 {
-            *start = -128 * sum;
-            codes_sum = sum;
-        }
-    }
-    let bias_factor = match (int4, parts) {
-        (false, _) => 0.0,
-        (true, 1) => step * codes_sum as f32,
-        (true, _) => {
-            let mut lanes = [0.0f32; 8];
-            for chunk in src.chunks_exact(8) {
-                for (l, v) in lanes.iter_mut().zip(chunk) {
-                    *l += v;
-                }
-            }
-            lanes.iter().sum()
-        }
-    };
-    (step, bias_factor)
-}
 
 /// Parts per group of exact activations (see [`Prepared`]).
 const EXACT_PARTS: usize = 3;
@@ -594,6 +548,10 @@ mod avx2 {
     pub(super) const TOKEN_BLOCK: usize = 4;
 
     pub(super) unsafe fn panel_to_f32(_: Panels<'_>, _: usize, _: usize, _: &mut [f32]) {
+        unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+
+    pub(super) unsafe fn split_group(_: &[f32], _: &mut [i8], _: &mut [i32], _: bool) -> (f32, f32) {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
 
@@ -907,5 +865,70 @@ mod x86 {
     #[allow(clippy::too_many_arguments)]
     pub unsafe fn panel(_: usize, _: usize, _: &Block, _: Panels<'_>, _: usize, _: usize, _: *mut f32, _: usize) {
         unreachable!("the VNNI path is never chosen off x86-64")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::{EXACT_PARTS, GROUP_SIZE, PART_RATIO};
+    use crate::Isa;
+
+    /// A group's parts by their definition (see [`super::Prepared`]), one value at a time.
+    fn split_group_definition(src: &[f32], parts: usize, int4: bool) -> (Vec<i8>, Vec<i32>, f32) {
+        let (step, inv) = crate::q8::step_of(src);
+        let mut a: Vec<f32> = (0..GROUP_SIZE)
+            .map(|i| {
+                let e = if int4 { i / 8 * 8 + 2 * (i % 4) + i % 8 / 4 } else { i };
+                src[e] * inv
+            })
+            .collect();
+        let (mut codes, mut sums) = (Vec::new(), Vec::new());
+        for _ in 0..parts {
+            let q: Vec<f32> = a.iter().map(|&v| crate::q8::round_even(v)).collect();
+            codes.extend(q.iter().map(|&q| q as i8));
+            sums.push(q.iter().map(|&q| q as i32).sum());
+            a = a.iter().zip(&q).map(|(v, q)| (v - q) * PART_RATIO).collect();
+        }
+        (codes, sums, step)
+    }
+
+    #[test]
+    fn every_split_of_a_group_is_its_definition() {
+        let mut seed = 7u64;
+        let mut next = || {
+            seed = seed.wrapping_mul(6364136223846793005).wrapping_add(1442695040888963407);
+            ((seed >> 40) as f32 / (1u64 << 24) as f32) * 2.0 - 1.0
+        };
+        let isas = Isa::supported();
+        for round in 0..400 {
+            let scale = [1.0, 40.0, 1e-3, 3e4][round % 4];
+            let mut src: Vec<f32> = (0..GROUP_SIZE).map(|_| next() * scale).collect();
+            if round % 5 == 0 {
+                // Halfway cases: the largest value, 127, makes the step 1.
+                src = (0..GROUP_SIZE).map(|i| (i as f32 - 16.0) * 0.5).collect();
+                src[3] = 127.0;
+            }
+            for (parts, int4) in [(1, true), (1, false), (EXACT_PARTS, true), (EXACT_PARTS, false)] {
+                let (want, sums, want_step) = split_group_definition(&src, parts, int4);
+                for isa in &isas {
+                    let mut codes = vec![0i8; parts * GROUP_SIZE];
+                    let mut starts = vec![0i32; parts];
+                    // SAFETY: each runs only where the CPU has its instructions.
+                    let (step, _) = unsafe {
+                        match isa {
+                            Isa::Avx512Vnni => super::x86::split_group(&src, &mut codes, &mut starts, int4),
+                            Isa::Avx2 => super::avx2::split_group(&src, &mut codes, &mut starts, int4),
+                            _ => continue,
+                        }
+                    };
+                    assert_eq!(codes, want, "{isa:?} round {round} parts {parts} int4 {int4}");
+                    assert_eq!(step, want_step);
+                    if !int4 || parts == 1 {
+                        let want: Vec<i32> = sums.iter().map(|s| -128 * s).collect();
+                        assert_eq!(starts, want, "{isa:?} round {round} parts {parts}");
+                    }
+                }
+            }
+        }
     }
 }

@@ -15,8 +15,59 @@
 //! The activations are prepared as for the 512-bit kernels ([`super::Prepared`]), so both paths
 //! multiply the same integers and agree up to the order of f32 operations.
 
-use super::{Block, Int4Matrix, Int8Matrix, Panels, GROUP_BYTES, GROUP_SIZE, PANEL_CHUNK};
+use super::{Block, Int4Matrix, Int8Matrix, Panels, GROUP_BYTES, GROUP_SIZE, PANEL_CHUNK, PART_RATIO};
 use std::arch::x86_64::*;
+
+/// `x86::split_group` in 256-bit registers: the same operations on each value (so the same codes,
+/// starts and steps), four registers of eight values a group; an exact int4 group's sum in
+/// another order.
+///
+/// # Safety
+/// AVX2, FMA and F16C.
+#[target_feature(enable = "avx2,fma,f16c")]
+pub(super) unsafe fn split_group(src: &[f32], codes: &mut [i8], starts: &mut [i32], int4: bool) -> (f32, f32) {
+    let parts = starts.len();
+    debug_assert!(src.len() == GROUP_SIZE && codes.len() == parts * GROUP_SIZE && parts > 0);
+    let (step, inv) = crate::q8::step_of(src);
+    let x: [__m256; 4] = std::array::from_fn(|c| _mm256_loadu_ps(src.as_ptr().add(8 * c)));
+    // For int4, output byte 8c + 4h + j is element 8c + 2j + h: per chunk of eight, the even
+    // elements (low nibbles) and then the odd ones (high nibbles).
+    let order = _mm256_setr_epi32(0, 2, 4, 6, 1, 3, 5, 7);
+    let inv = _mm256_set1_ps(inv);
+    let mut a: [__m256; 4] = std::array::from_fn(|c| {
+        let v = if int4 { _mm256_permutevar8x32_ps(x[c], order) } else { x[c] };
+        _mm256_mul_ps(v, inv)
+    });
+    // Two saturating packs leave each register's eight bytes in two runs of four, 128-bit lane
+    // by lane; this puts them back in order.
+    let runs = _mm256_setr_epi32(0, 4, 1, 5, 2, 6, 3, 7);
+    let finer = _mm256_set1_ps(PART_RATIO);
+    let mut codes_sum = 0;
+    for (p, start) in starts.iter_mut().enumerate() {
+        // Rounded to nearest, ties to even (the default rounding mode), as `round_int8`.
+        let q: [__m256i; 4] = std::array::from_fn(|c| _mm256_cvtps_epi32(a[c]));
+        let bytes = _mm256_packs_epi16(_mm256_packs_epi32(q[0], q[1]), _mm256_packs_epi32(q[2], q[3]));
+        let part = codes.as_mut_ptr().add(p * GROUP_SIZE) as *mut __m256i;
+        _mm256_storeu_si256(part, _mm256_permutevar8x32_epi32(bytes, runs));
+        if !int4 || parts == 1 {
+            let sum = _mm256_add_epi32(_mm256_add_epi32(q[0], q[1]), _mm256_add_epi32(q[2], q[3]));
+            let mut lanes = [0i32; 8];
+            _mm256_storeu_si256(lanes.as_mut_ptr() as *mut __m256i, sum);
+            let sum = lanes.iter().fold(0i32, |s, &l| s.wrapping_add(l));
+            *start = sum.wrapping_mul(-128);
+            codes_sum = sum;
+        }
+        if p + 1 < parts {
+            a = std::array::from_fn(|c| _mm256_mul_ps(_mm256_sub_ps(a[c], _mm256_cvtepi32_ps(q[c])), finer));
+        }
+    }
+    let bias_factor = match (int4, parts) {
+        (false, _) => 0.0,
+        (true, 1) => step * codes_sum as f32,
+        (true, _) => crate::simd::sum8(_mm256_add_ps(_mm256_add_ps(x[0], x[1]), _mm256_add_ps(x[2], x[3]))),
+    };
+    (step, bias_factor)
+}
 
 /// Rows per half panel: one i32 lane each in a 256-bit register.
 const HALF_ROWS: usize = 8;
