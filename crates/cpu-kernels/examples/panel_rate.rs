@@ -1,8 +1,8 @@
 //! Multiply-add rate of the panel products with the weights in L2 (one thread): what bounds a
 //! batched decode's products once the weights stop being the limit.
 //!
-//! `cargo run --release -p cpu-kernels --example panel_rate [-- ROWS COLS] [int8]`: int4 panels
-//! (the layers), or with `int8` int8 panels (the head).
+//! `cargo run --release -p cpu-kernels --example panel_rate [-- ROWS COLS [THREADS]] [int8]`: int4
+//! panels (the layers), or with `int8` int8 panels (the head); one thread unless THREADS.
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
     matmul_int4_panels, matmul_int4_panels_q8, matmul_int8_panels, matmul_int8_panels_q8, Int4Matrix, Int8Matrix, Isa,
@@ -13,7 +13,7 @@ use std::time::Instant;
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
     let (n, k) = (args.first().copied().unwrap_or(1536), args.get(1).copied().unwrap_or(576));
-    let pool = Pool::new(1);
+    let pool = Pool::new(args.get(2).copied().unwrap_or(1));
     let g = k / GROUP_SIZE;
     let packed: Vec<u8> = (0..n * k / 2).map(|i| (i * 37 % 251) as u8).collect();
     let scales = vec![0x2c00u16; n * g];
