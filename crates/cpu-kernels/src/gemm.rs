@@ -140,8 +140,7 @@ fn gemm_packed(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [
                             }
                         }
                     }
-                    for t0 in (0..tokens).step_by(tile_tokens) {
-                        let tc = tile_tokens.min(tokens - t0);
+                    for (t0, tc) in balanced_tiles(tokens, tile_tokens) {
                         for p in (0..panel_count).step_by(tile_panels) {
                             let pair = tile_panels.min(panel_count - p) == 2;
                             let r0 = block + p * PANEL_WIDTH;
@@ -172,6 +171,15 @@ fn gemm_packed(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [
             }
         });
     });
+}
+
+/// The tokens in tiles of at most `most` that differ in size by one at most: each tile's first
+/// token and size. A last tile of one or two tokens (eight tokens as six and two) would leave most
+/// of the FMA units waiting on its few accumulators' latency; four and four keep them busy.
+fn balanced_tiles(tokens: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+    let tiles = tokens.div_ceil(most);
+    let (size, larger) = if tiles == 0 { (0, 0) } else { (tokens / tiles, tokens % tiles) };
+    (0..tiles).map(move |i| (i * size + i.min(larger), size + usize::from(i < larger)))
 }
 
 /// One register tile: the 512-bit one when `wide` (two panels when `second` is given: its
@@ -472,5 +480,28 @@ pub(crate) mod avx2 {
     }
     pub unsafe fn dequantize_int8(_: &[i8], _: &[u16], _: &mut [f32]) {
         unreachable!("the AVX2 path is never chosen off x86-64")
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    #[test]
+    fn balanced_tiles_cover_every_token_once_in_near_equal_tiles() {
+        for most in [6, 12] {
+            for tokens in 0..100 {
+                let tiles: Vec<(usize, usize)> = super::balanced_tiles(tokens, most).collect();
+                assert_eq!(tiles.len(), tokens.div_ceil(most));
+                let mut next = 0;
+                for &(first, size) in &tiles {
+                    assert_eq!(first, next, "{tokens} tokens: {tiles:?}");
+                    assert!((1..=most).contains(&size), "{tokens} tokens: {tiles:?}");
+                    next += size;
+                }
+                assert_eq!(next, tokens);
+                let sizes = tiles.iter().map(|t| t.1);
+                assert!(sizes.clone().max().unwrap_or(0) - sizes.min().unwrap_or(0) <= 1, "{tokens}: {tiles:?}");
+            }
+        }
+        assert_eq!(super::balanced_tiles(8, 6).collect::<Vec<_>>(), [(0, 4), (4, 4)]);
     }
 }
