@@ -178,7 +178,7 @@ fn gemm_packed(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [
 /// of the FMA units waiting on its few accumulators' latency; four and four keep them busy.
 fn balanced_tiles(tokens: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
     let tiles = tokens.div_ceil(most);
-    let (size, larger) = if tiles == 0 { (0, 0) } else { (tokens / tiles, tokens % tiles) };
+    let (size, larger) = (tokens.checked_div(tiles).unwrap_or(0), tokens.checked_rem(tiles).unwrap_or(0));
     (0..tiles).map(move |i| (i * size + i.min(larger), size + usize::from(i < larger)))
 }
 

@@ -275,9 +275,9 @@ unsafe fn int4_half<const R: usize, const P: usize, const FULL: bool>(
 
 /// A half of an int8 panel times `R` tokens in `P` parts: each chunk's codes as magnitudes, their
 /// signs moved onto each token's activations, one `vpmaddubsw` and `vpmaddwd` per chunk, token
-/// and part. A chunk is loaded and its magnitudes taken once for all the tokens (the tokens'
-/// integer sums, one register each, stay in registers across the group's chunks); a part after
-/// the first reads the group's chunks again, from L1.
+/// and part. A chunk is loaded and its magnitudes taken once for all the block's tokens and parts,
+/// with one i32 sum per token and part across the group's chunks (four tokens of three parts are
+/// more sums than registers: the compiler keeps some in L1).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn int8_half<const R: usize, const P: usize, const FULL: bool>(
     block: &Block,
