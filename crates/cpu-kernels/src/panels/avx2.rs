@@ -223,9 +223,12 @@ unsafe fn combine<const P: usize>(p: usize, sums: __m256i, d: __m256) -> __m256 
     }
 }
 
-/// A half of an int4 panel times `R` tokens in `P` parts: per group, the chunks' low and high
-/// nibbles as unsigned bytes (once for all the tokens), per part eight `vpmaddubsw` added in
-/// i16 and one `vpmaddwd`, the parts combined and scaled once for the eight rows.
+/// A half of an int4 panel times `R` tokens in `P` parts: per group, chunk by chunk, the
+/// chunk's low and high nibbles as unsigned bytes (once for all the tokens), then for every token
+/// and part two `vpmaddubsw` added into one i16 sum of the group; per group and part one
+/// `vpmaddwd`, the parts combined and scaled once for the eight rows. Chunk-outer with one sum
+/// per token and part keeps a four-token block within the sixteen registers (holding all four
+/// chunks' nibbles for the tokens in turn spilled accumulators to the stack).
 #[target_feature(enable = "avx2,fma,f16c")]
 unsafe fn int4_half<const R: usize, const P: usize, const FULL: bool>(
     block: &Block,
@@ -246,24 +249,31 @@ unsafe fn int4_half<const R: usize, const P: usize, const FULL: bool>(
     for g in 0..groups {
         let group = bytes.add(g * GROUP_BYTES * width);
         prefetch(group, 4);
-        let v: [__m256i; 4] = std::array::from_fn(|c| half.load::<FULL>(group.add(c * PANEL_CHUNK * width), lanes));
-        let lo: [__m256i; 4] = std::array::from_fn(|c| _mm256_and_si256(v[c], nibble));
-        let hi: [__m256i; 4] = std::array::from_fn(|c| _mm256_and_si256(_mm256_srli_epi16::<4>(v[c]), nibble));
+        let parts: [*const i32; R] =
+            std::array::from_fn(|t| block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32);
+        let mut sums = [[_mm256_setzero_si256(); P]; R];
+        for c in 0..GROUP_BYTES / PANEL_CHUNK {
+            let v = half.load::<FULL>(group.add(c * PANEL_CHUNK * width), lanes);
+            let lo = _mm256_and_si256(v, nibble);
+            let hi = _mm256_and_si256(_mm256_srli_epi16::<4>(v), nibble);
+            for (sums, a) in sums.iter_mut().zip(parts) {
+                for (p, sum) in sums.iter_mut().enumerate() {
+                    let a = a.add(p * GROUP_SIZE / 4);
+                    // Element 8c + 2j is the low nibble of byte 4c + j (see `split_group`).
+                    let pair = _mm256_add_epi16(
+                        _mm256_maddubs_epi16(lo, broadcast(a, 2 * c)),
+                        _mm256_maddubs_epi16(hi, broadcast(a, 2 * c + 1)),
+                    );
+                    *sum = _mm256_add_epi16(*sum, pair);
+                }
+            }
+        }
         let s = half.group_values::<FULL>(scales.add(g * width));
         let b = half.group_values::<FULL>(biases.add(g * width));
-        for (t, acc) in acc.iter_mut().enumerate() {
-            let codes = block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32;
+        for (t, (acc, sums)) in acc.iter_mut().zip(sums).enumerate() {
             let mut d = _mm256_setzero_ps();
             for p in (0..P).rev() {
-                let a = codes.add(p * GROUP_SIZE / 4);
-                // Two chains: the even elements' products (low nibbles) and the odd ones'.
-                let mut even = _mm256_maddubs_epi16(lo[0], broadcast(a, 0));
-                let mut odd = _mm256_maddubs_epi16(hi[0], broadcast(a, 1));
-                for c in 1..4 {
-                    even = _mm256_add_epi16(even, _mm256_maddubs_epi16(lo[c], broadcast(a, 2 * c)));
-                    odd = _mm256_add_epi16(odd, _mm256_maddubs_epi16(hi[c], broadcast(a, 2 * c + 1)));
-                }
-                d = combine::<P>(p, _mm256_madd_epi16(_mm256_add_epi16(even, odd), ones), d);
+                d = combine::<P>(p, _mm256_madd_epi16(sums[p], ones), d);
             }
             let at = t * groups + g;
             *acc = _mm256_fmadd_ps(d, _mm256_mul_ps(s, _mm256_set1_ps(*block.steps.add(at))), *acc);
