@@ -260,7 +260,7 @@ fn product(
     let min_rows = MIN_ROWS_PER_TASK.next_multiple_of(PANEL_ROWS);
     let integer_path = match activations {
         Activations::Int8 => true,
-        Activations::Exact => tokens <= exact_integer_max_tokens(isa),
+        Activations::Exact => tokens <= exact_integer_max_tokens(isa, matches!(w, Panels::Int4(_))),
     };
     let vnni = isa == Isa::Avx512Vnni && isa.is_supported();
     // Off VNNI, the same integer products in 256-bit registers (`avx2`).
@@ -471,19 +471,24 @@ const TOKEN_BLOCK: usize = 8;
 /// than the three parts' integer products (kernels bench: it is the faster from 64 tokens on).
 const EXACT_VNNI_MAX_TOKENS: usize = 16;
 
-/// Calls of up to this many tokens over exact activations take the AVX2 integer products;
-/// longer ones the blocked product. Without `vpdpbusd` the three parts cost three times the
-/// `vpmaddubsw` and `vpmaddwd` of one, so the blocked product's f32 tiles win from fewer tokens
-/// than on VNNI: on an AVX2 EPYC the two cost about the same at four tokens and the blocked
-/// product wins beyond (kernels bench, docs/performance.md).
-const EXACT_AVX2_MAX_TOKENS: usize = 4;
+/// Calls of up to this many tokens over exact activations take the AVX2 integer products for
+/// int8 panels (the head); longer ones the blocked product. Without `vpdpbusd` the three parts
+/// cost three times the `vpmaddubsw` and `vpmaddwd` of one, so the blocked product's f32 tiles
+/// win from fewer tokens than on VNNI: on an AVX2 EPYC the two cost about the same at four
+/// tokens and the blocked product wins beyond (kernels bench, docs/performance.md).
+const EXACT_AVX2_INT8_MAX_TOKENS: usize = 4;
+
+/// The same for int4 panels, whose AVX2 kernel adds a group's eight `vpmaddubsw` in i16 and
+/// widens once per group and part: on the AVX2 EPYC its three parts beat the blocked product at
+/// eight tokens and lose at sixteen (`panel_rate`, docs/performance.md).
+const EXACT_AVX2_INT4_MAX_TOKENS: usize = 8;
 
 /// The most tokens a call over exact activations multiplies through the integer products.
-fn exact_integer_max_tokens(isa: Isa) -> usize {
-    if isa == Isa::Avx512Vnni {
-        EXACT_VNNI_MAX_TOKENS
-    } else {
-        EXACT_AVX2_MAX_TOKENS
+fn exact_integer_max_tokens(isa: Isa, int4: bool) -> usize {
+    match (isa == Isa::Avx512Vnni, int4) {
+        (true, _) => EXACT_VNNI_MAX_TOKENS,
+        (false, true) => EXACT_AVX2_INT4_MAX_TOKENS,
+        (false, false) => EXACT_AVX2_INT8_MAX_TOKENS,
     }
 }
 
