@@ -503,6 +503,17 @@ struct Block {
     cols: usize,
 }
 
+impl Block {
+    /// Token `t`'s `parts` parts of group `g`, 32 codes each, as words of four codes.
+    ///
+    /// # Safety
+    /// The block holds token `t` in `parts` parts and `g` is one of its groups.
+    #[inline(always)]
+    unsafe fn group_codes(&self, t: usize, g: usize, parts: usize) -> *const i32 {
+        self.codes.add((t * self.cols + g * GROUP_SIZE) * parts) as *const i32
+    }
+}
+
 /// Rows `run` of the product, on the VNNI path.
 ///
 /// # Safety
@@ -785,7 +796,7 @@ mod x86 {
             let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, scales.add(g * width)));
             let b = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, biases.add(g * width)));
             for (t, acc) in acc.iter_mut().enumerate() {
-                let codes = block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32;
+                let codes = block.group_codes(t, g, P);
                 let mut d = _mm512_setzero_ps();
                 for p in (0..P).rev() {
                     let a = codes.add(p * GROUP_SIZE / 4);
@@ -835,7 +846,7 @@ mod x86 {
             let s = _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(lanes, scales.add(g * width)));
             for (t, acc) in acc.iter_mut().enumerate() {
                 let at = t * groups + g;
-                let parts = block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32;
+                let parts = block.group_codes(t, g, P);
                 let mut d = _mm512_setzero_ps();
                 for p in (0..P).rev() {
                     let a = parts.add(p * GROUP_SIZE / 4);

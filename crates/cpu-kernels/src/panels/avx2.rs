@@ -249,8 +249,7 @@ unsafe fn int4_half<const R: usize, const P: usize, const FULL: bool>(
     for g in 0..groups {
         let group = bytes.add(g * GROUP_BYTES * width);
         prefetch(group, 4);
-        let parts: [*const i32; R] =
-            std::array::from_fn(|t| block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32);
+        let parts: [*const i32; R] = std::array::from_fn(|t| block.group_codes(t, g, P));
         let mut sums = [[_mm256_setzero_si256(); P]; R];
         for c in 0..GROUP_BYTES / PANEL_CHUNK {
             let v = half.load::<FULL>(group.add(c * PANEL_CHUNK * width), lanes);
@@ -307,8 +306,7 @@ unsafe fn int8_half<const R: usize, const P: usize, const FULL: bool>(
         let group = codes.add(g * GROUP_SIZE * width);
         prefetch(group, 8);
         let s = half.group_values::<FULL>(scales.add(g * width));
-        let parts: [*const i32; R] =
-            std::array::from_fn(|t| block.codes.add((t * block.cols + g * GROUP_SIZE) * P) as *const i32);
+        let parts: [*const i32; R] = std::array::from_fn(|t| block.group_codes(t, g, P));
         let mut sums = [[_mm256_setzero_si256(); P]; R];
         for c in 0..GROUP_SIZE / PANEL_CHUNK {
             let v = half.load::<FULL>(group.add(c * PANEL_CHUNK * width), lanes);
