@@ -29,6 +29,10 @@ const POSITIONS: usize = 8 * POSITION_REGISTERS;
 /// How far ahead of a pass a row of keys is fetched, in positions (four passes).
 const KEYS_AHEAD: usize = 4 * POSITIONS;
 
+/// Lines of a span's values asked for while the first pass of scores runs: all of a short
+/// span's (a few tens of positions), a start on a long one's, within the first level's cache.
+const VALUE_LINES_AHEAD: usize = 256;
+
 /// A head's values per pass of the weighted sum (two registers).
 const VALUES: usize = 16;
 
@@ -94,17 +98,33 @@ unsafe fn attend_hs<const S: usize>(
     let qp = q.as_ptr();
     let below = _mm256_set1_ps(f32::NEG_INFINITY);
     let mut max = [below; S];
+    // A batch's caches come from memory in short runs that the hardware's prefetchers barely
+    // start on: the values are asked for during the first pass of scores, a few lines per row
+    // of keys, and each pass asks for the next pass's keys (never past the span, where a
+    // prefetch fetches keys no pass reads).
+    let first_values = values.as_ptr().add(lo * d) as *const i8;
+    let value_lines = ((hi - lo) * d * std::mem::size_of::<f32>()).div_ceil(64).min(VALUE_LINES_AHEAD);
+    let value_lines_per_row = value_lines.div_ceil(d);
     // Scores, 24 positions per pass; lanes past the span are neither read nor kept.
     for p0 in (lo..hi).step_by(POSITIONS) {
         let m: [__m256i; POSITION_REGISTERS] = std::array::from_fn(|v| lanes(p0 + 8 * v, hi));
         let whole = p0 + POSITIONS <= hi;
+        let ahead = [KEYS_AHEAD, POSITIONS].into_iter().find(|&a| p0 + a < hi);
         let mut acc = [[_mm256_setzero_ps(); POSITION_REGISTERS]; S];
         for j in 0..d {
+            if p0 == lo {
+                for l in j * value_lines_per_row..value_lines.min((j + 1) * value_lines_per_row) {
+                    _mm_prefetch::<_MM_HINT_T0>(first_values.wrapping_add(64 * l));
+                }
+            }
             let row = keys.as_ptr().add(j * c + p0);
             // The head's rows are read side by side, too many streams for the hardware to
-            // follow: ask for each row's next lines (a pass reads 96 bytes of it) a few passes ahead.
-            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(KEYS_AHEAD) as *const i8);
-            _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(KEYS_AHEAD + 16) as *const i8);
+            // follow: ask for each row's next lines (a pass reads 96 bytes of it) a few passes
+            // ahead, or the next pass's near the span's end.
+            if let Some(ahead) = ahead {
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(ahead) as *const i8);
+                _mm_prefetch::<_MM_HINT_T0>(row.wrapping_add(ahead + 16) as *const i8);
+            }
             let k: [__m256; POSITION_REGISTERS] = std::array::from_fn(|v| {
                 if whole {
                     _mm256_loadu_ps(row.add(8 * v))
