@@ -235,8 +235,11 @@ unsafe extern "C" fn attention_decode(frame: *mut CallFrame) -> *mut XlaError {
     }
 }
 
-/// `(q f32[S, H, D], positions i32[S], keys_0 f32[KVH, D, C], values_0 f32[KVH, C, D], ...) ->
-/// f32[S, H, D]`: sequence `s` over positions `0..=positions[s]` of its own caches.
+/// `(q f32[S, H, D], positions i32[S], k f32[S, KVH, D], v f32[S, KVH, D], keys_0 f32[KVH, D, C],
+/// values_0 f32[KVH, C, D], ...) -> (f32[S, H, D], keys_0, values_0, ...)`: sequence `s`'s new
+/// key and value written at `positions[s]` of its caches (the cache results, which alias the
+/// cache operands: read and written there, so a copy XLA made first is as right as the operand
+/// itself), then its attention over positions `0..=positions[s]`.
 unsafe extern "C" fn attention_decode_batch(frame: *mut CallFrame) -> *mut XlaError {
     // SAFETY: as for `linear`.
     unsafe {
@@ -245,26 +248,37 @@ unsafe extern "C" fn attention_decode_batch(frame: *mut CallFrame) -> *mut XlaEr
             let [sequences, heads, d] = q.dims()[..] else {
                 return Err(format!("query: rank {} where 3 was expected", q.rank));
             };
-            if frame.arg_count() != 2 + 2 * sequences {
+            if frame.arg_count() != 4 + 2 * sequences {
                 return Err(format!("{} arguments for {sequences} sequences", frame.arg_count()));
             }
-            let [kv_heads, _, capacity] = frame.arg(2)?.dims()[..] else {
-                return Err(format!("keys: rank {} where 3 was expected", frame.arg(2)?.rank));
+            let [kv_heads, _, capacity] = frame.arg(4)?.dims()[..] else {
+                return Err(format!("keys: rank {} where 3 was expected", frame.arg(4)?.rank));
             };
             let q = elements::<f32>(q, dtype::F32, &[sequences, heads, d], "query")?;
             let positions = elements::<i32>(positions, dtype::S32, &[sequences], "positions")?;
-            let lens = positions
-                .iter()
-                .map(|&p| usize::try_from(p).map(|p| p + 1).map_err(|_| format!("position {p} is negative")))
-                .collect::<Result<Vec<_>, _>>()?;
-            let caches = (0..sequences)
-                .map(|s| {
-                    let keys = elements::<f32>(frame.arg(2 + 2 * s)?, dtype::F32, &[kv_heads, d, capacity], "keys")?;
-                    let values =
-                        elements::<f32>(frame.arg(3 + 2 * s)?, dtype::F32, &[kv_heads, capacity, d], "values")?;
-                    Ok((keys, values))
-                })
-                .collect::<Result<Vec<_>, String>>()?;
+            let new = [kv_heads, d];
+            let k = elements::<f32>(frame.arg(2)?, dtype::F32, &[sequences, new[0], new[1]], "new keys")?;
+            let v = elements::<f32>(frame.arg(3)?, dtype::F32, &[sequences, new[0], new[1]], "new values")?;
+            let mut lens = Vec::with_capacity(sequences);
+            let mut caches = Vec::with_capacity(sequences);
+            for (s, &position) in positions.iter().enumerate() {
+                let p = usize::try_from(position)
+                    .ok()
+                    .filter(|&p| p < capacity)
+                    .ok_or_else(|| format!("position {position} outside a {capacity}-position cache"))?;
+                let keys = result_elements::<f32>(frame.ret(1 + 2 * s)?, dtype::F32, &[kv_heads, d, capacity], "keys")?;
+                let values =
+                    result_elements::<f32>(frame.ret(2 + 2 * s)?, dtype::F32, &[kv_heads, capacity, d], "values")?;
+                for h in 0..kv_heads {
+                    let at = (s * kv_heads + h) * d;
+                    for j in 0..d {
+                        keys[(h * d + j) * capacity + p] = k[at + j];
+                    }
+                    values[(h * capacity + p) * d..(h * capacity + p + 1) * d].copy_from_slice(&v[at..at + d]);
+                }
+                lens.push(p + 1);
+                caches.push((&*keys, &*values));
+            }
             let out = result_elements::<f32>(out, dtype::F32, &[sequences, heads, d], "result")?;
             let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
             cpu_kernels::attention_decode_batch(Isa::best(), Pool::global(), shape, q, &caches, &lens, out)

@@ -228,11 +228,14 @@ pub const ATTENTION_CAUSAL_TARGET: &str = "seam_attention_causal";
 /// of each row's largest value (NaN never the largest; 0 for a row with nothing above -inf).
 pub const ARGMAX_TARGET: &str = "seam_argmax";
 
-/// The custom-call target of a batched decode's attention, every sequence in one call:
-/// `(q f32[S, H, D], positions i32[S], keys_0 f32[KVH, D, C], values_0 f32[KVH, C, D], ...,
-/// keys_{S-1}, values_{S-1}) -> f32[S, H, D]`, sequence `s` over positions `0..=positions[s]` of
-/// its own caches (already holding this step's entries). Emitted only where the kernels are XLA
-/// custom calls ([`KernelCalls::XlaCustomCall`]); IREE's dispatches keep one call per sequence.
+/// The custom-call target of a batched decode's attention, every sequence in one call that also
+/// writes the step's entries: `(q f32[S, H, D], positions i32[S], k f32[S, KVH, D], v f32[S, KVH,
+/// D], keys_0 f32[KVH, D, C], values_0 f32[KVH, C, D], ..., keys_{S-1}, values_{S-1}) ->
+/// (f32[S, H, D], keys_0, values_0, ...)`: sequence `s`'s new key and value (`k[s]`, `v[s]`, rope
+/// applied) go to position `positions[s]` of its caches, each cache result the operand updated in
+/// place (`output_operand_aliases`), and it attends over positions `0..=positions[s]`. Emitted
+/// only where the kernels are XLA custom calls ([`KernelCalls::XlaCustomCall`]); IREE's
+/// dispatches keep one call per sequence.
 pub const ATTENTION_DECODE_BATCH_TARGET: &str = "seam_attention_decode_batch";
 
 /// Graphs that call seam's CPU kernels (the `cpu-kernels` crate) as custom calls, for a runtime
@@ -1182,20 +1185,24 @@ fn decoder_layer(
     let mut outputs = Vec::with_capacity(sequences.len());
     let mut updated = Vec::with_capacity(sequences.len());
     if let Some(positions) = &inputs.batch_attention {
-        // Each sequence's new entries go into its caches; then one call attends for all of them.
-        let mut operands = vec![q.clone(), positions.clone()];
-        for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
+        // One call writes each sequence's new entries into its caches (updated in place: each
+        // cache result aliases its operand) and attends for all of them, where writing them in
+        // the graph took two small operations per sequence and layer, each a step of XLA's
+        // executor between the kernels' calls.
+        let mut operands = vec![q.clone(), positions.clone(), k.clone(), v.clone()];
+        let mut tys = vec![Ty::new(&[t, n_heads, d], Elem::F32)];
+        for kv in kv {
             let LayerKv::Own { k: k_cache, v: v_cache } = kv else {
                 unreachable!("a batched attention call is emitted for per-layer caches only")
             };
-            let (k, v) = (b.slice(&k, &[s, 0, 0], &[s + 1, n_kv, d]), b.slice(&v, &[s, 0, 0], &[s + 1, n_kv, d]));
-            let (k_cache, v_cache) = write_entries(b, inputs, &sequence.position, [&k, &v], [k_cache, v_cache]);
-            operands.extend([k_cache.clone(), v_cache.clone()]);
-            updated.push(LayerKv::Own { k: k_cache, v: v_cache });
+            tys.extend([k_cache.ty.clone(), v_cache.ty.clone()]);
+            operands.extend([k_cache, v_cache]);
         }
-        let ty = Ty::new(&[t, n_heads, d], Elem::F32);
-        let attn = b.custom_call(ATTENTION_DECODE_BATCH_TARGET, &operands.iter().collect::<Vec<_>>(), ty);
-        outputs.push(b.reshape(&attn, &[t, n_heads * d]));
+        let aliases: Vec<(usize, usize)> = (1..tys.len()).map(|result| (result, result + 3)).collect();
+        let results =
+            b.custom_call_aliased(ATTENTION_DECODE_BATCH_TARGET, &operands.iter().collect::<Vec<_>>(), &tys, &aliases);
+        outputs.push(b.reshape(&results[0], &[t, n_heads * d]));
+        updated.extend(results[1..].chunks(2).map(|kv| LayerKv::Own { k: kv[0].clone(), v: kv[1].clone() }));
     } else {
         for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
             let own_rows = |b: &mut FnBuilder, x: &Val| {

@@ -179,6 +179,47 @@ impl FnBuilder {
         self.op("custom_call", operands, &attrs, ty)
     }
 
+    /// [`FnBuilder::custom_call`] with several results, `tys`, where each `(result, operand)`
+    /// of `aliases` says that the result is the operand updated in place
+    /// (`output_operand_aliases`: the runtime hands the call the operand's buffer as the
+    /// result's, copying the operand first only where something else still reads it). XLA's
+    /// form only: IREE's dispatches of the kernels return one array each.
+    pub fn custom_call_aliased(
+        &mut self,
+        target: &str,
+        operands: &[&Val],
+        tys: &[Ty],
+        aliases: &[(usize, usize)],
+    ) -> Vec<Val> {
+        assert!(self.dispatches.is_none(), "{target}: IREE's kernel dispatches return one array");
+        let result = format!("%{}", self.next);
+        self.next += 1;
+        let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
+        let types: Vec<String> = operands.iter().map(|v| v.ty.mlir()).collect();
+        let results: Vec<String> = tys.iter().map(Ty::mlir).collect();
+        let aliases: Vec<String> = aliases
+            .iter()
+            .map(|(result, operand)| {
+                format!(
+                    "#stablehlo.output_operand_alias<output_tuple_indices = [{result}], operand_index = {operand}, \
+                     operand_tuple_indices = []>"
+                )
+            })
+            .collect();
+        writeln!(
+            self.body,
+            "    {result}:{} = \"stablehlo.custom_call\"({}) {{api_version = 4 : i32, backend_config = {{}}, \
+             call_target_name = \"{target}\", output_operand_aliases = [{}]}} : ({}) -> ({})",
+            tys.len(),
+            names.join(", "),
+            aliases.join(", "),
+            types.join(", "),
+            results.join(", ")
+        )
+        .unwrap();
+        tys.iter().enumerate().map(|(i, ty)| Val { name: format!("{result}#{i}"), ty: ty.clone() }).collect()
+    }
+
     /// From now on, [`FnBuilder::custom_call`] emits IREE dispatches of kernel executables,
     /// adding the executables it needs to `dispatches` (see [`KernelDispatches`]).
     pub fn dispatch_kernels_into(&mut self, dispatches: KernelDispatches) {
