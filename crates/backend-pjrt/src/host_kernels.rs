@@ -256,9 +256,8 @@ unsafe extern "C" fn attention_decode_batch(frame: *mut CallFrame) -> *mut XlaEr
             };
             let q = elements::<f32>(q, dtype::F32, &[sequences, heads, d], "query")?;
             let positions = elements::<i32>(positions, dtype::S32, &[sequences], "positions")?;
-            let new = [kv_heads, d];
-            let k = elements::<f32>(frame.arg(2)?, dtype::F32, &[sequences, new[0], new[1]], "new keys")?;
-            let v = elements::<f32>(frame.arg(3)?, dtype::F32, &[sequences, new[0], new[1]], "new values")?;
+            let k = elements::<f32>(frame.arg(2)?, dtype::F32, &[sequences, kv_heads, d], "new keys")?;
+            let v = elements::<f32>(frame.arg(3)?, dtype::F32, &[sequences, kv_heads, d], "new values")?;
             let mut lens = Vec::with_capacity(sequences);
             let mut caches = Vec::with_capacity(sequences);
             for (s, &position) in positions.iter().enumerate() {

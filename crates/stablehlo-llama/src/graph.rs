@@ -2111,6 +2111,11 @@ mod tests {
             };
             assert_eq!(exact(&with, batch, ATTENTION_DECODE_BATCH_TARGET), layers, "{format}");
             assert_eq!(exact(&with, batch, ATTENTION_DECODE_TARGET), 0, "{format}");
+            // ... which writes the sequences' new entries into the caches it returns in place of
+            // its cache operands: the graph updates no cache itself.
+            let text = emit_module(&c, &with, &[batch]).unwrap();
+            assert_eq!(text.matches("#stablehlo.output_operand_alias<").count(), layers * 4 * 2, "{format}");
+            assert!(!text.contains("dynamic_update_slice"), "{format}");
             assert!(!emit_module(&c, &base, &[DECODE]).unwrap().contains("custom_call"), "{format}");
             // The kernels read fp16 matrices row-major, [out, in] as stored.
             let args = graph_weight_args(&c, &with);
