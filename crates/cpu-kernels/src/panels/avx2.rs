@@ -195,12 +195,18 @@ impl Half {
     }
 }
 
-/// Asks for the `lines` cache lines of a group's codes a little ahead (every line of the panel:
-/// the second half finds them in L1).
+/// How far ahead of a group its codes are asked for, in bytes: three times the row-major
+/// kernels' distance. A half panel's group of eight rows is done in a fraction of the time the
+/// 512-bit kernels spend on a whole panel's, so their distance left a fetch too little time to
+/// arrive (measured with `panel_rate` on the head's shape; docs/performance.md, run 28).
+const PREFETCH_AHEAD: usize = 3 * crate::matmul::PREFETCH_AHEAD;
+
+/// Asks for the `lines` cache lines of a group's codes ahead (every line of the panel: the
+/// second half finds them in L1).
 #[inline(always)]
 unsafe fn prefetch(group: *const i8, lines: usize) {
     for l in 0..lines {
-        _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD + 64 * l));
+        _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(PREFETCH_AHEAD + 64 * l));
     }
 }
 
