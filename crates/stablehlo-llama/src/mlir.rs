@@ -83,6 +83,12 @@ impl Val {
     }
 }
 
+/// The attributes of a call of `target` with XLA's typed-FFI convention and no attributes of its
+/// own.
+fn custom_call_attrs(target: &str) -> String {
+    format!("api_version = 4 : i32, backend_config = {{}}, call_target_name = \"{target}\"")
+}
+
 /// Reductions the graphs need.
 #[derive(Debug, Clone, Copy)]
 pub enum Reduction {
@@ -151,20 +157,36 @@ impl FnBuilder {
 
     /// Emits one operation with one result and returns the result.
     fn op(&mut self, name: &str, operands: &[&Val], attrs: &str, ty: Ty) -> Val {
+        self.op_results(name, operands, attrs, &[ty]).remove(0)
+    }
+
+    /// Emits one operation with the results `tys` (one at least) and returns them: `%n` for a
+    /// lone result, else `%n:k` whose results are `%n#0`, `%n#1`, ...
+    fn op_results(&mut self, name: &str, operands: &[&Val], attrs: &str, tys: &[Ty]) -> Vec<Val> {
+        assert!(!tys.is_empty(), "stablehlo.{name} with no result");
         let result = format!("%{}", self.next);
         self.next += 1;
         let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
         let types: Vec<String> = operands.iter().map(|v| v.ty.mlir()).collect();
         let attrs = if attrs.is_empty() { String::new() } else { format!(" {{{attrs}}}") };
+        let (declared, results) = match tys {
+            [ty] => (result.clone(), ty.mlir()),
+            _ => (
+                format!("{result}:{}", tys.len()),
+                format!("({})", tys.iter().map(Ty::mlir).collect::<Vec<_>>().join(", ")),
+            ),
+        };
         writeln!(
             self.body,
-            "    {result} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {}",
+            "    {declared} = \"stablehlo.{name}\"({}){attrs} : ({}) -> {results}",
             names.join(", "),
             types.join(", "),
-            ty.mlir()
         )
         .unwrap();
-        Val { name: result, ty }
+        match tys {
+            [ty] => vec![Val { name: result, ty: ty.clone() }],
+            _ => tys.iter().enumerate().map(|(i, ty)| Val { name: format!("{result}#{i}"), ty: ty.clone() }).collect(),
+        }
     }
 
     /// A call of a function the runtime provides (`stablehlo.custom_call` with XLA's typed-FFI
@@ -175,8 +197,7 @@ impl FnBuilder {
             let (export, workload) = dispatches.export_for(target, operands, &ty);
             return self.flow_dispatch(&export, workload, operands, ty);
         }
-        let attrs = format!("api_version = 4 : i32, backend_config = {{}}, call_target_name = \"{target}\"");
-        self.op("custom_call", operands, &attrs, ty)
+        self.op("custom_call", operands, &custom_call_attrs(target), ty)
     }
 
     /// [`FnBuilder::custom_call`] with several results, `tys`, where each `(result, operand)`
@@ -192,11 +213,6 @@ impl FnBuilder {
         aliases: &[(usize, usize)],
     ) -> Vec<Val> {
         assert!(self.dispatches.is_none(), "{target}: IREE's kernel dispatches return one array");
-        let result = format!("%{}", self.next);
-        self.next += 1;
-        let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
-        let types: Vec<String> = operands.iter().map(|v| v.ty.mlir()).collect();
-        let results: Vec<String> = tys.iter().map(Ty::mlir).collect();
         let aliases: Vec<String> = aliases
             .iter()
             .map(|(result, operand)| {
@@ -206,18 +222,8 @@ impl FnBuilder {
                 )
             })
             .collect();
-        writeln!(
-            self.body,
-            "    {result}:{} = \"stablehlo.custom_call\"({}) {{api_version = 4 : i32, backend_config = {{}}, \
-             call_target_name = \"{target}\", output_operand_aliases = [{}]}} : ({}) -> ({})",
-            tys.len(),
-            names.join(", "),
-            aliases.join(", "),
-            types.join(", "),
-            results.join(", ")
-        )
-        .unwrap();
-        tys.iter().enumerate().map(|(i, ty)| Val { name: format!("{result}#{i}"), ty: ty.clone() }).collect()
+        let attrs = format!("{}, output_operand_aliases = [{}]", custom_call_attrs(target), aliases.join(", "));
+        self.op_results("custom_call", operands, &attrs, tys)
     }
 
     /// From now on, [`FnBuilder::custom_call`] emits IREE dispatches of kernel executables,
