@@ -11,6 +11,7 @@
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
     Activations, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights,
+    StepEntries,
 };
 use graph_engine::linear_kernels::format::{INT4, INT4_PANELS, INT8, INT8_PANELS};
 use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
@@ -258,7 +259,7 @@ unsafe extern "C" fn attention_decode_batch(frame: *mut CallFrame) -> *mut XlaEr
             let positions = elements::<i32>(positions, dtype::S32, &[sequences], "positions")?;
             let k = elements::<f32>(frame.arg(2)?, dtype::F32, &[sequences, kv_heads, d], "new keys")?;
             let v = elements::<f32>(frame.arg(3)?, dtype::F32, &[sequences, kv_heads, d], "new values")?;
-            let mut lens = Vec::with_capacity(sequences);
+            let mut cache_positions = Vec::with_capacity(sequences);
             let mut caches = Vec::with_capacity(sequences);
             for (s, &position) in positions.iter().enumerate() {
                 let p = usize::try_from(position)
@@ -268,19 +269,13 @@ unsafe extern "C" fn attention_decode_batch(frame: *mut CallFrame) -> *mut XlaEr
                 let keys = result_elements::<f32>(frame.ret(1 + 2 * s)?, dtype::F32, &[kv_heads, d, capacity], "keys")?;
                 let values =
                     result_elements::<f32>(frame.ret(2 + 2 * s)?, dtype::F32, &[kv_heads, capacity, d], "values")?;
-                for h in 0..kv_heads {
-                    let at = (s * kv_heads + h) * d;
-                    for j in 0..d {
-                        keys[(h * d + j) * capacity + p] = k[at + j];
-                    }
-                    values[(h * capacity + p) * d..(h * capacity + p + 1) * d].copy_from_slice(&v[at..at + d]);
-                }
-                lens.push(p + 1);
-                caches.push((&*keys, &*values));
+                cache_positions.push(p);
+                caches.push((keys, values));
             }
             let out = result_elements::<f32>(out, dtype::F32, &[sequences, heads, d], "result")?;
             let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
-            cpu_kernels::attention_decode_batch(Isa::best(), Pool::global(), shape, q, &caches, &lens, out)
+            let entries = StepEntries { keys: k, values: v, positions: &cache_positions };
+            cpu_kernels::attention_decode_batch(Isa::best(), Pool::global(), shape, q, entries, &mut caches, out)
                 .map_err(|e| e.to_string())
         })
     }

@@ -6,7 +6,7 @@
 //! `cargo run --release -p cpu-kernels --example attention_batch_rate [-- SEQUENCES LEN] [hot]`:
 //! `hot` leaves the caches where the last step left them.
 use cpu_kernels::pool::Pool;
-use cpu_kernels::{attention_decode_batch, AttentionShape, Isa};
+use cpu_kernels::{attention_decode_batch, AttentionShape, Isa, StepEntries};
 use std::time::{Duration, Instant};
 
 fn main() {
@@ -16,7 +16,7 @@ fn main() {
     let (heads, kv_heads, d, layers, c) = (9, 3, 64, 30, 512);
     let pool = Pool::global();
     let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
-    let caches: Vec<Vec<(Vec<f32>, Vec<f32>)>> = (0..layers)
+    let mut caches: Vec<Vec<(Vec<f32>, Vec<f32>)>> = (0..layers)
         .map(|l| {
             (0..sequences)
                 .map(|s| {
@@ -29,7 +29,10 @@ fn main() {
         .collect();
     let q: Vec<f32> = (0..sequences * heads * d).map(|i| (i % 17) as f32 * 0.01).collect();
     let mut out = vec![0.0f32; sequences * heads * d];
-    let lens = vec![len; sequences];
+    // Each step writes its entry at position LEN - 1 and attends over LEN positions.
+    let positions = vec![len - 1; sequences];
+    let new_kv: Vec<f32> = (0..sequences * kv_heads * d).map(|i| (i % 19) as f32 * 0.01).collect();
+    let entries = StepEntries { keys: &new_kv, values: &new_kv, positions: &positions };
     let sweep: Vec<u8> = (0..64usize << 20).map(|i| i as u8).collect();
     let mut swept = 0usize;
     let (warm, steps) = (4, 40);
@@ -39,9 +42,10 @@ fn main() {
             swept += sweep.iter().step_by(64).map(|&b| b as usize).sum::<usize>();
         }
         let t = Instant::now();
-        for layer in &caches {
-            let views: Vec<(&[f32], &[f32])> = layer.iter().map(|(k, v)| (k.as_slice(), v.as_slice())).collect();
-            attention_decode_batch(Isa::best(), pool, shape, &q, &views, &lens, &mut out).unwrap();
+        for layer in &mut caches {
+            let mut views: Vec<(&mut [f32], &mut [f32])> =
+                layer.iter_mut().map(|(k, v)| (k.as_mut_slice(), v.as_mut_slice())).collect();
+            attention_decode_batch(Isa::best(), pool, shape, &q, entries, &mut views, &mut out).unwrap();
         }
         let took = t.elapsed();
         if step >= warm {

@@ -43,61 +43,113 @@ pub fn attention_decode(
     attention_causal(isa, pool, shape, q, queries, keys, values, out)
 }
 
-/// Decode attention of a batch of sequences, one query position each against its own cache:
-/// `q` `[sequences, heads, head_dim]`, `caches[s]` sequence `s`'s keys and values (layouts as
-/// [`attention_decode`]) and `lens[s]` the positions it attends to; the results
-/// `[sequences, heads, head_dim]` go to `out`. Each sequence gets bit for bit what
-/// [`attention_decode`] gives it alone; the batch is one call of the pool, not one per sequence.
+/// A batched decode step's new cache entries: sequence `s`'s key and value (`[sequences,
+/// kv_heads, head_dim]` each, rope applied) go to position `positions[s]` of its caches, which it
+/// then attends up to and including.
+#[derive(Debug, Clone, Copy)]
+pub struct StepEntries<'a> {
+    pub keys: &'a [f32],
+    pub values: &'a [f32],
+    pub positions: &'a [usize],
+}
+
+/// Decode attention of a batch of sequences, one query position each against its own cache,
+/// after writing the step's entries into the caches: `q` `[sequences, heads, head_dim]`,
+/// `caches[s]` sequence `s`'s keys and values (layouts as [`attention_decode`]), `entries` what
+/// goes into them and where; the results `[sequences, heads, head_dim]` go to `out`. Each sequence
+/// gets bit for bit what [`attention_decode`] gives it alone over the written cache; the batch is
+/// one call of the pool, not one per sequence. A KV head's entry is written by the task that then
+/// reads it where one task takes that head (ADR 0031): the lines it stores to are the ones the
+/// task loads next, and the writes run on every worker instead of before the call on one.
 #[allow(clippy::too_many_arguments)] // the arrays of the batch's attentions, each with its own layout
 pub fn attention_decode_batch(
     isa: Isa,
     pool: &Pool,
     shape: AttentionShape,
     q: &[f32],
-    caches: &[(&[f32], &[f32])],
-    lens: &[usize],
+    entries: StepEntries<'_>,
+    caches: &mut [(&mut [f32], &mut [f32])],
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
     let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
     let sequences = caches.len();
-    if lens.len() != sequences {
-        return Err(ShapeError(format!("{} lengths for {sequences} caches", lens.len())));
+    if entries.positions.len() != sequences {
+        return Err(ShapeError(format!("{} positions for {sequences} caches", entries.positions.len())));
     }
     check_groups(shape)?;
     check_len("query", q.len(), sequences * heads * d)?;
+    check_len("new keys", entries.keys.len(), sequences * kv_heads * d)?;
+    check_len("new values", entries.values.len(), sequences * kv_heads * d)?;
     check_len("output", out.len(), sequences * heads * d)?;
-    for (s, (&(keys, values), &len)) in caches.iter().zip(lens).enumerate() {
-        if len == 0 || len > c {
-            return Err(ShapeError(format!("sequence {s}: attention over {len} positions of a {c}-position cache")));
+    for (s, ((keys, values), &position)) in caches.iter().zip(entries.positions).enumerate() {
+        if position >= c {
+            return Err(ShapeError(format!("sequence {s}: position {position} outside a {c}-position cache")));
         }
         check_len("keys", keys.len(), kv_heads * d * c)?;
         check_len("values", values.len(), kv_heads * c * d)?;
     }
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
     let per = heads * d;
+    let entry = |s: usize| {
+        let at = s * kv_heads * d..(s + 1) * kv_heads * d;
+        (&entries.keys[at.clone()], &entries.values[at])
+    };
     let Some(path) = Grouped::of(isa, d) else {
-        for (s, (&(keys, values), &len)) in caches.iter().zip(lens).enumerate() {
+        for (s, ((keys, values), &position)) in caches.iter_mut().zip(entries.positions).enumerate() {
+            let (k, v) = entry(s);
+            for kvh in 0..kv_heads {
+                // SAFETY: the caches hold `kv_heads` heads of `c` positions (checked above).
+                unsafe { write_entry(keys.as_mut_ptr(), values.as_mut_ptr(), k, v, shape, kvh, position) };
+            }
             let (q, out) = (&q[s * per..(s + 1) * per], &mut out[s * per..(s + 1) * per]);
-            attention_decode(isa, pool, shape, q, keys, values, len, out)?;
+            attention_decode(isa, pool, shape, q, keys, values, position + 1, out)?;
         }
         return Ok(());
     };
     let base = out.as_mut_ptr();
     let queries: Vec<DecodeQuery<'_>> = caches
-        .iter()
-        .zip(lens)
+        .iter_mut()
+        .zip(entries.positions)
         .enumerate()
         // SAFETY: sequence s's rows of `out` start at `s * per`, inside `out` (checked above).
-        .map(|(s, (&(keys, values), &len))| DecodeQuery {
+        .map(|(s, ((keys, values), &position))| DecodeQuery {
             q: &q[s * per..(s + 1) * per],
-            keys,
-            values,
-            len,
+            keys: CachePtr(keys.as_mut_ptr()),
+            values: CachePtr(values.as_mut_ptr()),
+            len: position + 1,
+            entry: Some(entry(s)),
             out: OutPtr(unsafe { base.add(s * per) }),
+            caches: std::marker::PhantomData,
         })
         .collect();
     grouped_decode(path, pool, shape, &queries, 1.0 / (d as f32).sqrt());
     Ok(())
+}
+
+/// Writes KV head `kvh`'s part of a new entry (`k`, `v` `[kv_heads, head_dim]`) at `position`
+/// of caches in [`attention_decode`]'s layouts.
+///
+/// # Safety
+/// `keys` and `values` point to caches of `shape`, `position` is inside them, and nothing else
+/// reads or writes that head's entry meanwhile.
+unsafe fn write_entry(
+    keys: *mut f32,
+    values: *mut f32,
+    k: &[f32],
+    v: &[f32],
+    shape: AttentionShape,
+    kvh: usize,
+    position: usize,
+) {
+    let AttentionShape { head_dim: d, capacity: c, .. } = shape;
+    let (k, v) = (&k[kvh * d..(kvh + 1) * d], &v[kvh * d..(kvh + 1) * d]);
+    // SAFETY: the caller's promise; every index is below `kv_heads * d * c`.
+    unsafe {
+        for (j, &kj) in k.iter().enumerate() {
+            *keys.add((kvh * d + j) * c + position) = kj;
+        }
+        std::ptr::copy_nonoverlapping(v.as_ptr(), values.add((kvh * c + position) * d), d);
+    }
 }
 
 /// Whether the query heads of `shape` share its KV heads evenly.
@@ -156,7 +208,16 @@ pub fn attention_causal(
         return Ok(());
     }
     if let (1, Some(path)) = (tokens, Grouped::of(isa, d)) {
-        let query = DecodeQuery { q, keys, values, len: position + 1, out: out_ptr };
+        // Read only: no entry is written through the pointers.
+        let query = DecodeQuery {
+            q,
+            keys: CachePtr(keys.as_ptr().cast_mut()),
+            values: CachePtr(values.as_ptr().cast_mut()),
+            len: position + 1,
+            entry: None,
+            out: out_ptr,
+            caches: std::marker::PhantomData,
+        };
         grouped_decode(path, pool, shape, &[query], scale);
         return Ok(());
     }
@@ -220,11 +281,24 @@ thread_local! {
 /// attends to, and where its result goes.
 struct DecodeQuery<'a> {
     q: &'a [f32],
-    keys: &'a [f32],
-    values: &'a [f32],
+    keys: CachePtr,
+    values: CachePtr,
     len: usize,
+    /// The step's entry for position `len - 1` (keys and values `[kv_heads, head_dim]`), written
+    /// before the caches are read; `None` where the caches already hold it.
+    entry: Option<(&'a [f32], &'a [f32])>,
     out: OutPtr,
+    /// The caches are borrowed for the call (mutably where there is an entry to write).
+    caches: std::marker::PhantomData<&'a mut [f32]>,
 }
+
+/// A cache's first element, shared by the tasks of a call: each writes only its own KV heads'
+/// entries, before any task reads them (see [`grouped_decode`]).
+#[derive(Clone, Copy)]
+struct CachePtr(*mut f32);
+// SAFETY: as above; the tasks never write what another task reads.
+unsafe impl Sync for CachePtr {}
+unsafe impl Send for CachePtr {}
 
 /// How [`grouped_decode`] splits one query's positions: `spans` spans of `span` positions (the
 /// last one shorter).
@@ -315,6 +389,18 @@ fn grouped_decode(path: Grouped, pool: &Pool, shape: AttentionShape, queries: &[
     let passes = group.div_ceil(per_pass);
     let units = kv_heads * passes;
     let plans: Vec<Spans> = queries.iter().map(|query| Spans::of(units, query.len, pool.threads())).collect();
+    // A query whose KV heads are one task each has each head's entry written by that task; one
+    // split into passes or spans has its entries written here first, as several tasks read them.
+    let in_task = |plan: &Spans| passes == 1 && plan.spans == 1;
+    for (query, plan) in queries.iter().zip(&plans) {
+        if let (Some((k, v)), false) = (query.entry, in_task(plan)) {
+            for kvh in 0..kv_heads {
+                // SAFETY: the caller hands over the caches of a query with an entry for writing;
+                // no task runs yet.
+                unsafe { write_entry(query.keys.0, query.values.0, k, v, shape, kvh, query.len - 1) };
+            }
+        }
+    }
     // Each query's first task and first row of partial results (`spans * heads` rows each).
     let mut firsts = Vec::with_capacity(queries.len() + 1);
     let (mut tasks, mut rows) = (0, 0);
@@ -338,6 +424,18 @@ fn grouped_decode(path: Grouped, pool: &Pool, shape: AttentionShape, queries: &[
             let first = kvh * group + pass * per_pass;
             let n = per_pass.min(group - pass * per_pass);
             let (lo, hi) = (at * plan.span, query.len.min((at + 1) * plan.span));
+            if let (Some((k, v)), true) = (query.entry, in_task(&plan)) {
+                // SAFETY: this task is the only one of KV head `kvh` of this query.
+                unsafe { write_entry(query.keys.0, query.values.0, k, v, shape, kvh, query.len - 1) };
+            }
+            // SAFETY: the caches hold `kv_heads` heads (checked by the callers); this head's
+            // entry is written, and no task writes what this one reads.
+            let (keys, values) = unsafe {
+                (
+                    std::slice::from_raw_parts(query.keys.0.add(kvh * d * c), d * c),
+                    std::slice::from_raw_parts(query.values.0.add(kvh * c * d), c * d),
+                )
+            };
             SCORES.with(|scores| {
                 let mut scores = scores.borrow_mut();
                 let need = n * (hi - lo).next_multiple_of(16);
@@ -351,8 +449,8 @@ fn grouped_decode(path: Grouped, pool: &Pool, shape: AttentionShape, queries: &[
                     let part = std::slice::from_raw_parts_mut(part, n * stride);
                     path.attend_heads(
                         &query.q[first * d..(first + n) * d],
-                        &query.keys[kvh * d * c..(kvh + 1) * d * c],
-                        &query.values[kvh * c * d..(kvh + 1) * c * d],
+                        keys,
+                        values,
                         c,
                         lo..hi,
                         scale,

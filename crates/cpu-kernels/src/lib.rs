@@ -55,7 +55,9 @@ mod simd;
 mod vnni;
 
 pub use argmax::argmax_rows;
-pub use attention::{attention_causal, attention_decode, attention_decode_batch, AttentionShape, CausalQueries};
+pub use attention::{
+    attention_causal, attention_decode, attention_decode_batch, AttentionShape, CausalQueries, StepEntries,
+};
 pub use isa::Isa;
 pub use linear::{linear, LinearInput, LinearWeights};
 pub use matmul::{

@@ -4,7 +4,7 @@
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
     argmax_rows, attention_causal, attention_decode, attention_decode_batch, matmul_f16, matmul_int4, matmul_int8,
-    scalar, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
+    scalar, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, StepEntries, GROUP_SIZE,
 };
 use half::f16;
 
@@ -286,37 +286,60 @@ fn attention_matches_scalar_and_reads_only_the_filled_span() {
 }
 
 #[test]
-fn a_batch_of_decode_attentions_gives_each_sequence_its_solo_result() {
+fn a_batch_of_decode_attentions_writes_its_entries_and_gives_each_sequence_its_solo_result() {
     let mut rng = Rng(11);
     for pool in [Pool::new(1), Pool::new(2), Pool::new(3)] {
         for &(heads, kv_heads, d, c) in &[(9, 3, 64, 2100), (32, 8, 64, 700), (8, 2, 128, 1200), (4, 4, 16, 64)] {
             let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
-            // Lengths from one position to the whole cache, long ones split into spans.
+            // Lengths from one position to the whole cache, long ones split into spans, groups
+            // of up to eight heads taken in several passes: entries written inside the tasks and
+            // before them.
             let lens: Vec<usize> = [1, c / 3, c, 17, c - 1, 64, 65].iter().map(|&n: &usize| n.clamp(1, c)).collect();
-            let caches: Vec<(Vec<f32>, Vec<f32>)> =
-                lens.iter().map(|&len| cache_filled_to(&mut rng, shape, len)).collect();
-            let views: Vec<(&[f32], &[f32])> = caches.iter().map(|(k, v)| (&k[..], &v[..])).collect();
+            let positions: Vec<usize> = lens.iter().map(|&len| len - 1).collect();
+            // Filled up to the new entry's position, NaN from there on.
+            let fresh: Vec<(Vec<f32>, Vec<f32>)> =
+                positions.iter().map(|&p| cache_filled_to(&mut rng, shape, p)).collect();
             let per = heads * d;
             let q: Vec<f32> = (0..lens.len() * per).map(|_| rng.f32()).collect();
+            let new_k: Vec<f32> = (0..lens.len() * kv_heads * d).map(|_| rng.f32()).collect();
+            let new_v: Vec<f32> = (0..lens.len() * kv_heads * d).map(|_| rng.f32()).collect();
+            let entries = StepEntries { keys: &new_k, values: &new_v, positions: &positions };
             for isa in Isa::supported() {
+                let mut caches = fresh.clone();
+                let mut views: Vec<(&mut [f32], &mut [f32])> =
+                    caches.iter_mut().map(|(k, v)| (&mut k[..], &mut v[..])).collect();
                 let mut out = vec![f32::NAN; lens.len() * per];
-                attention_decode_batch(isa, &pool, shape, &q, &views, &lens, &mut out).unwrap();
-                for (s, (&(keys, values), &len)) in views.iter().zip(&lens).enumerate() {
+                attention_decode_batch(isa, &pool, shape, &q, entries, &mut views, &mut out).unwrap();
+                for (s, ((keys, values), &p)) in caches.iter().zip(&positions).enumerate() {
+                    for kvh in 0..kv_heads {
+                        for j in 0..d {
+                            let at = (s * kv_heads + kvh) * d + j;
+                            assert_eq!(keys[(kvh * d + j) * c + p].to_bits(), new_k[at].to_bits(), "{isa:?} key");
+                            assert_eq!(values[(kvh * c + p) * d + j].to_bits(), new_v[at].to_bits(), "{isa:?} value");
+                        }
+                    }
                     let mut alone = vec![f32::NAN; per];
-                    attention_decode(isa, &pool, shape, &q[s * per..(s + 1) * per], keys, values, len, &mut alone)
+                    attention_decode(isa, &pool, shape, &q[s * per..(s + 1) * per], keys, values, p + 1, &mut alone)
                         .unwrap();
                     let got = &out[s * per..(s + 1) * per];
                     assert!(
-                        got.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()),
-                        "{isa:?} {heads}/{kv_heads}x{d}, sequence {s} of {len} positions differs from its solo result"
+                        got.iter().zip(&alone).all(|(a, b)| a.to_bits() == b.to_bits()) && !got[0].is_nan(),
+                        "{isa:?} {heads}/{kv_heads}x{d}, sequence {s} at position {p} differs from its solo result"
                     );
                 }
             }
+            let mut caches = fresh.clone();
+            let mut views: Vec<(&mut [f32], &mut [f32])> =
+                caches.iter_mut().map(|(k, v)| (&mut k[..], &mut v[..])).collect();
             let mut out = vec![0.0; lens.len() * per];
-            assert!(attention_decode_batch(Isa::best(), &pool, shape, &q, &views, &lens[1..], &mut out).is_err());
-            let mut too_long = lens.clone();
-            too_long[2] = c + 1;
-            assert!(attention_decode_batch(Isa::best(), &pool, shape, &q, &views, &too_long, &mut out).is_err());
+            let short = StepEntries { positions: &positions[1..], ..entries };
+            assert!(attention_decode_batch(Isa::best(), &pool, shape, &q, short, &mut views, &mut out).is_err());
+            let mut too_far = positions.clone();
+            too_far[2] = c;
+            let too_far = StepEntries { positions: &too_far, ..entries };
+            assert!(attention_decode_batch(Isa::best(), &pool, shape, &q, too_far, &mut views, &mut out).is_err());
+            let missing = StepEntries { keys: &new_k[1..], ..entries };
+            assert!(attention_decode_batch(Isa::best(), &pool, shape, &q, missing, &mut views, &mut out).is_err());
         }
     }
 }
