@@ -541,8 +541,9 @@ unsafe fn avx2_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::
     for row0 in run.clone().step_by(PANEL_ROWS) {
         let width = PANEL_ROWS.min(rows - row0);
         for half in 0..width.div_ceil(PANEL_ROWS / 2) {
-            for first in (0..tokens).step_by(avx2::TOKEN_BLOCK) {
-                let count = avx2::TOKEN_BLOCK.min(tokens - first);
+            let size = avx2::block_size(prepared.parts);
+            for first in (0..tokens).step_by(size) {
+                let count = size.min(tokens - first);
                 let block = prepared.block(first, cols);
                 // SAFETY: as this function's; `block` holds `count` tokens from `first`, and the
                 // half has rows.
@@ -562,6 +563,10 @@ mod avx2 {
     use super::{Block, Panels};
 
     pub(super) const TOKEN_BLOCK: usize = 4;
+
+    pub(super) fn block_size(_: usize) -> usize {
+        TOKEN_BLOCK
+    }
 
     pub(super) unsafe fn panel_to_f32(_: Panels<'_>, _: usize, _: usize, _: &mut [f32]) {
         unreachable!("the AVX2 path is never chosen off x86-64")

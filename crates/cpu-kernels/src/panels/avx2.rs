@@ -72,12 +72,27 @@ pub(super) unsafe fn split_group(src: &[f32], codes: &mut [i8], starts: &mut [i3
 /// Rows per half panel: one i32 lane each in a 256-bit register.
 const HALF_ROWS: usize = 8;
 
-/// Tokens per block: one f32 accumulator each, beside a half panel's eight registers of codes
-/// (sixteen registers in all).
+/// Tokens per block of exact activations (three parts): one f32 accumulator each, beside a half
+/// panel's eight registers of codes (sixteen registers in all).
 pub(super) const TOKEN_BLOCK: usize = 4;
 
-/// The half `half` (0 or 1) of the panel of `width` rows from `row0` times `count` (1..=4)
-/// tokens of `block`, each carried as `parts` (1 or 3) int8 parts, written to
+/// Tokens per block of activations in one part: a token's sums of a group take one register
+/// (int4: one i16 sum; int8: one i32 sum), so eight tokens' sums fit beside a chunk's codes, and
+/// each chunk is loaded and unpacked once for eight tokens instead of twice (their f32
+/// accumulators, touched once per group, live in L1).
+const ONE_PART_BLOCK: usize = 8;
+
+/// Tokens per block of activations in `parts` parts.
+pub(super) fn block_size(parts: usize) -> usize {
+    if parts == 1 {
+        ONE_PART_BLOCK
+    } else {
+        TOKEN_BLOCK
+    }
+}
+
+/// The half `half` (0 or 1) of the panel of `width` rows from `row0` times `count` (up to
+/// [`block_size`]) tokens of `block`, each carried as `parts` (1 or 3) int8 parts, written to
 /// `out[t * stride + row0 + 8 half + r]`.
 ///
 /// # Safety
@@ -99,22 +114,22 @@ pub(super) unsafe fn half_panel(
 ) {
     let half = Half::new(row0, width, half);
     macro_rules! blocks {
-        ($p:literal; $($r:literal),+) => {
+        ($p:literal; int4 $($r4:literal),+; int8 $($r8:literal),+) => {
             match (count, w, half.full()) {
-                $(($r, Panels::Int4(w), true) => int4_half::<$r, $p, true>(block, w, &half, out, stride),)+
-                $(($r, Panels::Int4(w), false) => int4_half::<$r, $p, false>(block, w, &half, out, stride),)+
-                $(($r, Panels::Int8(w), true) => int8_half::<$r, $p, true>(block, w, &half, out, stride),)+
-                $(($r, Panels::Int8(w), false) => int8_half::<$r, $p, false>(block, w, &half, out, stride),)+
+                $(($r4, Panels::Int4(w), true) => int4_half::<$r4, $p, true>(block, w, &half, out, stride),)+
+                $(($r4, Panels::Int4(w), false) => int4_half::<$r4, $p, false>(block, w, &half, out, stride),)+
+                $(($r8, Panels::Int8(w), true) => int8_half::<$r8, $p, true>(block, w, &half, out, stride),)+
+                $(($r8, Panels::Int8(w), false) => int8_half::<$r8, $p, false>(block, w, &half, out, stride),)+
                 (other, ..) => unreachable!("a token block of {other} tokens"),
             }
         };
     }
-    // The literal lists below are the block's size and the parts: a change of either constant
-    // fails here.
-    const _: () = assert!(TOKEN_BLOCK == 4 && super::EXACT_PARTS == 3);
+    // The literal lists below are the blocks' sizes and the parts: a change of any of these
+    // constants fails here.
+    const _: () = assert!(TOKEN_BLOCK == 4 && ONE_PART_BLOCK == 8 && super::EXACT_PARTS == 3);
     match parts {
-        1 => blocks!(1; 1, 2, 3, 4),
-        3 => blocks!(3; 1, 2, 3, 4),
+        1 => blocks!(1; int4 1, 2, 3, 4, 5, 6, 7, 8; int8 1, 2, 3, 4, 5, 6, 7, 8),
+        3 => blocks!(3; int4 1, 2, 3, 4; int8 1, 2, 3, 4),
         other => unreachable!("activations in {other} parts"),
     }
 }
