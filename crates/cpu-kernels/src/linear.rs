@@ -93,9 +93,7 @@ pub fn linear(
                 let key = [1, tokens as u64, k as u64, u64::from(eps.to_bits())];
                 if !p.source.matches(&key, &[x, weight]) {
                     p.values.resize(tokens * k, 0.0);
-                    for (row, dst) in x.chunks_exact(k).zip(p.values.chunks_exact_mut(k)) {
-                        rms_norm(row, weight, eps, dst);
-                    }
+                    rms_norm_rows(x, weight, eps, &mut p.values);
                     p.source.remember(&key, &[x, weight]);
                 }
                 run(&p.values, out)
@@ -123,11 +121,64 @@ pub fn linear(
     Ok(())
 }
 
-/// RMSNorm of one row, in the reference's order of operations.
-fn rms_norm(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
-    let mean_square = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
-    let inv = 1.0 / (mean_square + eps).sqrt();
-    for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
-        *o = w * (v * inv);
+/// Rows normalized together by [`rms_norm_rows`].
+const NORM_ROWS: usize = 8;
+
+/// RMSNorm of each row of `x` (rows of `weight.len()` values), in the reference's order of
+/// operations: each row's sum of squares is one sequential sum, as the reference's, but the sums
+/// of up to [`NORM_ROWS`] rows advance together, so a batch's rows overlap their chains of
+/// dependent additions instead of waiting out one row's after another's.
+fn rms_norm_rows(x: &[f32], weight: &[f32], eps: f32, out: &mut [f32]) {
+    let k = weight.len();
+    for (x, out) in x.chunks(NORM_ROWS * k).zip(out.chunks_mut(NORM_ROWS * k)) {
+        let mut sums = [0.0f32; NORM_ROWS];
+        if x.len() == NORM_ROWS * k {
+            let rows: [&[f32]; NORM_ROWS] = std::array::from_fn(|r| &x[r * k..][..k]);
+            for i in 0..k {
+                for (sum, row) in sums.iter_mut().zip(rows) {
+                    let v = row[i];
+                    *sum += v * v;
+                }
+            }
+        } else {
+            for (sum, row) in sums.iter_mut().zip(x.chunks_exact(k)) {
+                *sum = row.iter().map(|v| v * v).sum::<f32>();
+            }
+        }
+        for ((x, out), sum) in x.chunks_exact(k).zip(out.chunks_exact_mut(k)).zip(sums) {
+            let inv = 1.0 / (sum / k as f32 + eps).sqrt();
+            for ((o, &v), &w) in out.iter_mut().zip(x).zip(weight) {
+                *o = w * (v * inv);
+            }
+        }
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// RMSNorm of one row as the reference writes it.
+    fn one_row(x: &[f32], weight: &[f32], eps: f32) -> Vec<f32> {
+        let mean_square = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
+        let inv = 1.0 / (mean_square + eps).sqrt();
+        x.iter().zip(weight).map(|(&v, &w)| w * (v * inv)).collect()
+    }
+
+    #[test]
+    fn rows_normalized_together_match_one_row_at_a_time_bit_for_bit() {
+        let k = 37;
+        let weight: Vec<f32> = (0..k).map(|i| 0.5 + (i % 7) as f32 * 0.1).collect();
+        for tokens in [1, 3, 8, 9, 19] {
+            // Magnitudes spread over several orders, so that the order of the additions shows.
+            let x: Vec<f32> =
+                (0..tokens * k).map(|i| ((i * 7919 % 1009) as f32 - 504.0) * 10f32.powi((i % 5) as i32 - 2)).collect();
+            let mut out = vec![f32::NAN; tokens * k];
+            rms_norm_rows(&x, &weight, 1e-5, &mut out);
+            for (t, (row, got)) in x.chunks_exact(k).zip(out.chunks_exact(k)).enumerate() {
+                let want = one_row(row, &weight, 1e-5);
+                assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()), "{tokens} rows, row {t}");
+            }
+        }
     }
 }
