@@ -1,8 +1,12 @@
 //! seam's CPU kernels (`cpu-kernels`) as XLA custom-call targets of the CPU plugin.
 //!
 //! [`register`] hands the handlers below to the plugin's FFI extension under the names the graphs
-//! call ([`stablehlo_llama::linear_targets`], [`stablehlo_llama::ATTENTION_DECODE_TARGET`],
-//! [`stablehlo_llama::ATTENTION_CAUSAL_TARGET`]). XLA then calls them from
+//! call ([`stablehlo_llama::linear_targets`], the attention targets over per-layer caches
+//! ([`stablehlo_llama::ATTENTION_DECODE_TARGET`], [`stablehlo_llama::ATTENTION_CAUSAL_TARGET`])
+//! and over caches stacked over the layers, which they also write
+//! ([`stablehlo_llama::ATTENTION_DECODE_WRITE_TARGET`],
+//! [`stablehlo_llama::ATTENTION_CAUSAL_WRITE_TARGET`],
+//! [`stablehlo_llama::ATTENTION_DECODE_BATCH_TARGET`]), and the argmax). XLA then calls them from
 //! its executor threads with the argument arrays in host memory; each handler checks the shapes
 //! and element types against what the graph emitter promises, runs the kernel on the kernels'
 //! own worker pool, and returns an XLA error (never a panic across the C boundary) when something
@@ -42,6 +46,8 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
                 .collect();
             handlers.push((stablehlo_llama::ATTENTION_DECODE_TARGET.to_string(), attention_decode));
             handlers.push((stablehlo_llama::ATTENTION_CAUSAL_TARGET.to_string(), attention_causal));
+            handlers.push((stablehlo_llama::ATTENTION_DECODE_WRITE_TARGET.to_string(), attention_decode_write));
+            handlers.push((stablehlo_llama::ATTENTION_CAUSAL_WRITE_TARGET.to_string(), attention_causal_write));
             handlers.push((stablehlo_llama::ATTENTION_DECODE_BATCH_TARGET.to_string(), attention_decode_batch));
             handlers.push((stablehlo_llama::ARGMAX_TARGET.to_string(), argmax));
             for (target, handler) in handlers {
@@ -236,47 +242,180 @@ unsafe extern "C" fn attention_decode(frame: *mut CallFrame) -> *mut XlaError {
     }
 }
 
-/// `(q f32[S, H, D], positions i32[S], k f32[S, KVH, D], v f32[S, KVH, D], keys_0 f32[KVH, D, C],
-/// values_0 f32[KVH, C, D], ...) -> (f32[S, H, D], keys_0, values_0, ...)`: sequence `s`'s new
-/// key and value written at `positions[s]` of its caches (the cache results, which alias the
-/// cache operands: read and written there, so a copy XLA made first is as right as the operand
-/// itself), then its attention over positions `0..=positions[s]`.
+/// A non-negative i32 scalar argument.
+///
+/// # Safety
+/// As [`elements`].
+unsafe fn index(buffer: &Buffer, what: &str) -> Result<usize, String> {
+    // SAFETY: the caller's promise.
+    let value =
+        *unsafe { elements::<i32>(buffer, dtype::S32, &[], what) }?.first().ok_or(format!("{what}: no element"))?;
+    usize::try_from(value).map_err(|_| format!("{what} {value} is negative"))
+}
+
+/// Each sequence's keys and values of one layer, writable.
+type LayerCaches<'a> = Vec<(&'a mut [f32], &'a mut [f32])>;
+
+/// Layer `layer` of the caches of `sequences` sequences, stacked over the layers: the call's
+/// results `1..=2 sequences` (keys `f32[L, KVH, D, C]` then values `f32[L, KVH, C, D]` of each
+/// sequence in turn), which alias the cache operands, so they are read and written there (a copy
+/// XLA made first is as right as the operand). Returns the caches' capacity and each sequence's
+/// layer.
+///
+/// # Safety
+/// As [`result_elements`]; no two results share memory.
+#[allow(clippy::mut_from_ref)] // the memory is XLA's result buffers, not the frame's
+unsafe fn layer_caches(
+    frame: &CallFrame,
+    layer: usize,
+    sequences: usize,
+    kv_heads: usize,
+    d: usize,
+) -> Result<(usize, LayerCaches<'_>), String> {
+    let [layers, _, _, capacity] = frame.ret(1)?.dims()[..] else {
+        return Err(format!("keys: rank {} where 4 was expected", frame.ret(1)?.rank));
+    };
+    if layer >= layers {
+        return Err(format!("layer {layer} of {layers}"));
+    }
+    let per = kv_heads * d * capacity;
+    let at = layer * per..(layer + 1) * per;
+    (0..sequences)
+        .map(|s| {
+            // SAFETY: the caller's promise; the shapes are checked here.
+            let (keys, values) = unsafe {
+                (
+                    result_elements::<f32>(
+                        frame.ret(1 + 2 * s)?,
+                        dtype::F32,
+                        &[layers, kv_heads, d, capacity],
+                        "keys",
+                    )?,
+                    result_elements::<f32>(
+                        frame.ret(2 + 2 * s)?,
+                        dtype::F32,
+                        &[layers, kv_heads, capacity, d],
+                        "values",
+                    )?,
+                )
+            };
+            Ok((&mut keys[at.clone()], &mut values[at.clone()]))
+        })
+        .collect::<Result<_, String>>()
+        .map(|caches| (capacity, caches))
+}
+
+/// Each sequence's entry written at its position of layer `layer` of its stacked caches (the
+/// call's results after the first, [`layer_caches`]), then its decode attention into the first
+/// result (of dimensions `out_dims`): what one position's and a batch's calls share.
+///
+/// # Safety
+/// As [`layer_caches`].
+unsafe fn decode_with_entries(
+    frame: &CallFrame,
+    q: &[f32],
+    [heads, kv_heads, d]: [usize; 3],
+    entries: StepEntries<'_>,
+    layer: usize,
+    out_dims: &[usize],
+) -> Result<(), String> {
+    // SAFETY: the caller's promise.
+    let (capacity, mut caches) = unsafe { layer_caches(frame, layer, entries.positions.len(), kv_heads, d) }?;
+    // SAFETY: as above; the first result is the attention's output, no cache's.
+    let out = unsafe { result_elements::<f32>(frame.ret(0)?, dtype::F32, out_dims, "result") }?;
+    let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
+    cpu_kernels::attention_decode_batch(Isa::best(), Pool::global(), shape, q, entries, &mut caches, out)
+        .map_err(|e| e.to_string())
+}
+
+/// `(q f32[H, D], k f32[1, KVH, D], v f32[1, KVH, D], position i32[], layer i32[], keys f32[L,
+/// KVH, D, C], values f32[L, KVH, C, D]) -> (f32[H, D], keys, values)`: the new key and value
+/// written at `position` of layer `layer`'s caches (the cache results, aliasing the operands),
+/// then the attention over positions `0..=position`.
+unsafe extern "C" fn attention_decode_write(frame: *mut CallFrame) -> *mut XlaError {
+    // SAFETY: as for `linear`.
+    unsafe {
+        handle(frame, |frame| {
+            let q = frame.arg(0)?;
+            let (heads, d) = rows_cols(q, "query")?;
+            let [1, kv_heads, _] = frame.arg(1)?.dims()[..] else {
+                return Err(format!("new key: dimensions {:?} where [1, KVH, D] was expected", frame.arg(1)?.dims()));
+            };
+            let q = elements::<f32>(q, dtype::F32, &[heads, d], "query")?;
+            let k = elements::<f32>(frame.arg(1)?, dtype::F32, &[1, kv_heads, d], "new key")?;
+            let v = elements::<f32>(frame.arg(2)?, dtype::F32, &[1, kv_heads, d], "new value")?;
+            let (position, layer) = (index(frame.arg(3)?, "position")?, index(frame.arg(4)?, "layer")?);
+            let entries = StepEntries { keys: k, values: v, positions: &[position] };
+            decode_with_entries(frame, q, [heads, kv_heads, d], entries, layer, &[heads, d])
+        })
+    }
+}
+
+/// `(q f32[T, H, D], k f32[T, KVH, D], v f32[T, KVH, D], position i32[], rows i32[], layer i32[],
+/// keys f32[L, KVH, D, C], values f32[L, KVH, C, D]) -> (f32[T, H, D], keys, values)`: the first
+/// `rows` rows' keys and values written from `position` into layer `layer`'s caches (the cache
+/// results, aliasing the operands), then row `t` over positions `0..=position + t`, rows from
+/// `rows` on zero.
+unsafe extern "C" fn attention_causal_write(frame: *mut CallFrame) -> *mut XlaError {
+    // SAFETY: as for `linear`.
+    unsafe {
+        handle(frame, |frame| {
+            let (q, out) = (frame.arg(0)?, frame.ret(0)?);
+            let [tokens, heads, d] = q.dims()[..] else {
+                return Err(format!("query: rank {} where 3 was expected", q.rank));
+            };
+            let [_, kv_heads, _] = frame.arg(1)?.dims()[..] else {
+                return Err(format!("new keys: rank {} where 3 was expected", frame.arg(1)?.rank));
+            };
+            let q = elements::<f32>(q, dtype::F32, &[tokens, heads, d], "query")?;
+            let k = elements::<f32>(frame.arg(1)?, dtype::F32, &[tokens, kv_heads, d], "new keys")?;
+            let v = elements::<f32>(frame.arg(2)?, dtype::F32, &[tokens, kv_heads, d], "new values")?;
+            let (position, rows) = (index(frame.arg(3)?, "position")?, index(frame.arg(4)?, "rows")?);
+            let layer = index(frame.arg(5)?, "layer")?;
+            if rows > tokens {
+                return Err(format!("{rows} real rows of {tokens}"));
+            }
+            let (capacity, mut caches) = layer_caches(frame, layer, 1, kv_heads, d)?;
+            let (keys, values) = &mut caches[0];
+            let out = result_elements::<f32>(out, dtype::F32, &[tokens, heads, d], "result")?;
+            let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
+            cpu_kernels::write_cache_entries(shape, keys, values, (k, v), position, rows).map_err(|e| e.to_string())?;
+            let queries = CausalQueries { tokens, position, rows };
+            cpu_kernels::attention_causal(Isa::best(), Pool::global(), shape, q, queries, keys, values, out)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// `(q f32[S, H, D], positions i32[S], k f32[S, KVH, D], v f32[S, KVH, D], layer i32[], keys_0
+/// f32[L, KVH, D, C], values_0 f32[L, KVH, C, D], ...) -> (f32[S, H, D], keys_0, values_0, ...)`:
+/// sequence `s`'s new key and value written at `positions[s]` of layer `layer` of its caches (the
+/// cache results, aliasing the operands), then its attention over positions `0..=positions[s]`.
 unsafe extern "C" fn attention_decode_batch(frame: *mut CallFrame) -> *mut XlaError {
     // SAFETY: as for `linear`.
     unsafe {
         handle(frame, |frame| {
-            let (q, positions, out) = (frame.arg(0)?, frame.arg(1)?, frame.ret(0)?);
+            let (q, positions) = (frame.arg(0)?, frame.arg(1)?);
             let [sequences, heads, d] = q.dims()[..] else {
                 return Err(format!("query: rank {} where 3 was expected", q.rank));
             };
-            if frame.arg_count() != 4 + 2 * sequences {
+            if frame.arg_count() != 5 + 2 * sequences {
                 return Err(format!("{} arguments for {sequences} sequences", frame.arg_count()));
             }
-            let [kv_heads, _, capacity] = frame.arg(4)?.dims()[..] else {
-                return Err(format!("keys: rank {} where 3 was expected", frame.arg(4)?.rank));
+            let [_, kv_heads, _] = frame.arg(2)?.dims()[..] else {
+                return Err(format!("new keys: rank {} where 3 was expected", frame.arg(2)?.rank));
             };
             let q = elements::<f32>(q, dtype::F32, &[sequences, heads, d], "query")?;
             let positions = elements::<i32>(positions, dtype::S32, &[sequences], "positions")?;
             let k = elements::<f32>(frame.arg(2)?, dtype::F32, &[sequences, kv_heads, d], "new keys")?;
             let v = elements::<f32>(frame.arg(3)?, dtype::F32, &[sequences, kv_heads, d], "new values")?;
-            let mut cache_positions = Vec::with_capacity(sequences);
-            let mut caches = Vec::with_capacity(sequences);
-            for (s, &position) in positions.iter().enumerate() {
-                let p = usize::try_from(position)
-                    .ok()
-                    .filter(|&p| p < capacity)
-                    .ok_or_else(|| format!("position {position} outside a {capacity}-position cache"))?;
-                let keys = result_elements::<f32>(frame.ret(1 + 2 * s)?, dtype::F32, &[kv_heads, d, capacity], "keys")?;
-                let values =
-                    result_elements::<f32>(frame.ret(2 + 2 * s)?, dtype::F32, &[kv_heads, capacity, d], "values")?;
-                cache_positions.push(p);
-                caches.push((keys, values));
-            }
-            let out = result_elements::<f32>(out, dtype::F32, &[sequences, heads, d], "result")?;
-            let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
-            let entries = StepEntries { keys: k, values: v, positions: &cache_positions };
-            cpu_kernels::attention_decode_batch(Isa::best(), Pool::global(), shape, q, entries, &mut caches, out)
-                .map_err(|e| e.to_string())
+            let layer = index(frame.arg(4)?, "layer")?;
+            let positions = positions
+                .iter()
+                .map(|&p| usize::try_from(p).map_err(|_| format!("position {p} is negative")))
+                .collect::<Result<Vec<usize>, String>>()?;
+            let entries = StepEntries { keys: k, values: v, positions: &positions };
+            decode_with_entries(frame, q, [heads, kv_heads, d], entries, layer, &[sequences, heads, d])
         })
     }
 }

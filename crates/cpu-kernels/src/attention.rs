@@ -126,6 +126,49 @@ pub fn attention_decode_batch(
     Ok(())
 }
 
+/// Writes `rows` consecutive entries into caches in [`attention_decode`]'s layouts (keys
+/// `[kv_heads, head_dim, capacity]`, values `[kv_heads, capacity, head_dim]`): row `t` of `k` and
+/// `v` (`[rows, kv_heads, head_dim]` each; longer arrays' further rows are ignored) at position
+/// `position + t`. What a prefill chunk's attention reads after its rows are written.
+pub fn write_cache_entries(
+    shape: AttentionShape,
+    keys: &mut [f32],
+    values: &mut [f32],
+    (k, v): (&[f32], &[f32]),
+    position: usize,
+    rows: usize,
+) -> Result<(), ShapeError> {
+    let AttentionShape { kv_heads, head_dim: d, capacity: c, .. } = shape;
+    if position + rows > c {
+        return Err(ShapeError(format!("{rows} entries at position {position} do not fit a {c}-position cache")));
+    }
+    check_len("keys", keys.len(), kv_heads * d * c)?;
+    check_len("values", values.len(), kv_heads * c * d)?;
+    let per = kv_heads * d;
+    if k.len() < rows * per || v.len() < rows * per {
+        return Err(ShapeError(format!("{rows} entries of {per} values from {} keys and {} values", k.len(), v.len())));
+    }
+    for t in 0..rows {
+        let row = t * per..(t + 1) * per;
+        for kvh in 0..kv_heads {
+            // SAFETY: the caches hold `kv_heads` heads of `c` positions and `position + t < c`
+            // (both checked above); they are borrowed mutably here.
+            unsafe {
+                write_entry(
+                    keys.as_mut_ptr(),
+                    values.as_mut_ptr(),
+                    &k[row.clone()],
+                    &v[row.clone()],
+                    shape,
+                    kvh,
+                    position + t,
+                )
+            };
+        }
+    }
+    Ok(())
+}
+
 /// Writes KV head `kvh`'s part of a new entry (`k`, `v` `[kv_heads, head_dim]`) at `position`
 /// of caches in [`attention_decode`]'s layouts.
 ///

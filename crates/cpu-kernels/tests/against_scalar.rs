@@ -345,6 +345,37 @@ fn a_batch_of_decode_attentions_writes_its_entries_and_gives_each_sequence_its_s
 }
 
 #[test]
+fn a_chunks_entries_land_at_their_positions_and_nothing_else_moves() {
+    let mut rng = Rng(5);
+    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 16, capacity: 40 };
+    let AttentionShape { kv_heads, head_dim: d, capacity: c, .. } = shape;
+    let (keys, values) = cache_filled_to(&mut rng, shape, 11);
+    // Six rows of a bucket, four of them real, from position 11.
+    let k: Vec<f32> = (0..6 * kv_heads * d).map(|_| rng.f32()).collect();
+    let v: Vec<f32> = (0..6 * kv_heads * d).map(|_| rng.f32()).collect();
+    let (mut written_k, mut written_v) = (keys.clone(), values.clone());
+    cpu_kernels::write_cache_entries(shape, &mut written_k, &mut written_v, (&k, &v), 11, 4).unwrap();
+    for kvh in 0..kv_heads {
+        for j in 0..d {
+            for p in 0..c {
+                let (at_k, at_v) = ((kvh * d + j) * c + p, (kvh * c + p) * d + j);
+                let (want_k, want_v) = if (11..15).contains(&p) {
+                    let row = ((p - 11) * kv_heads + kvh) * d + j;
+                    (k[row], v[row])
+                } else {
+                    (keys[at_k], values[at_v])
+                };
+                assert_eq!(written_k[at_k].to_bits(), want_k.to_bits(), "key {kvh} {j} at {p}");
+                assert_eq!(written_v[at_v].to_bits(), want_v.to_bits(), "value {kvh} {j} at {p}");
+            }
+        }
+    }
+    // Rows past the cache, and fewer entries than rows, are refused.
+    assert!(cpu_kernels::write_cache_entries(shape, &mut written_k, &mut written_v, (&k, &v), 37, 4).is_err());
+    assert!(cpu_kernels::write_cache_entries(shape, &mut written_k, &mut written_v, (&k, &v), 0, 7).is_err());
+}
+
+#[test]
 fn argmax_rows_matches_scalar_with_ties_nan_and_infinities() {
     let mut rng = Rng(13);
     for pool in [Pool::new(1), Pool::new(2), Pool::new(3)] {

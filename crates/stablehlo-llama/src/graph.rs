@@ -49,7 +49,9 @@ pub enum LayerMode {
     /// layer writes its new keys and values at `position` first and then attends over its whole
     /// updated cache. Each cache argument then has one in-place update whose result alone is
     /// read, which XLA's copy insertion keeps in place; with the stacked caches it copies both
-    /// caches on every step (docs/backends/pjrt.md).
+    /// caches on every step (docs/backends/pjrt.md). Where the kernels attend as XLA custom calls
+    /// the layers still write and then read their entries, but through the attention calls, over
+    /// two caches stacked over the layers ([`GraphOptions::caches_in_kernels`]).
     UnrolledCachePerLayer,
 }
 
@@ -62,13 +64,16 @@ impl LayerMode {
 
 /// The shapes of a graph's cache arguments, in argument (and result) order: `[L, KVH, D, C]` and
 /// `[L, KVH, C, D]`, or for [`LayerMode::UnrolledCachePerLayer`] `[KVH, D, C]` and `[KVH, C, D]`
-/// for each layer in turn.
+/// for each layer in turn, unless the kernels write the caches
+/// ([`GraphOptions::caches_in_kernels`]: stacked).
 pub fn cache_arg_shapes(config: &LlamaConfig, options: &GraphOptions) -> Vec<Vec<usize>> {
     let (layers, n_kv, d, c) =
         (config.num_hidden_layers, config.num_key_value_heads, config.head_dim, options.max_context);
     match options.layers {
-        LayerMode::Unrolled | LayerMode::Loop => vec![vec![layers, n_kv, d, c], vec![layers, n_kv, c, d]],
-        LayerMode::UnrolledCachePerLayer => (0..layers).flat_map(|_| [vec![n_kv, d, c], vec![n_kv, c, d]]).collect(),
+        LayerMode::UnrolledCachePerLayer if !options.caches_in_kernels() => {
+            (0..layers).flat_map(|_| [vec![n_kv, d, c], vec![n_kv, c, d]]).collect()
+        }
+        _ => vec![vec![layers, n_kv, d, c], vec![layers, n_kv, c, d]],
     }
 }
 
@@ -230,13 +235,31 @@ pub const ARGMAX_TARGET: &str = "seam_argmax";
 
 /// The custom-call target of a batched decode's attention, every sequence in one call that also
 /// writes the step's entries: `(q f32[S, H, D], positions i32[S], k f32[S, KVH, D], v f32[S, KVH,
-/// D], keys_0 f32[KVH, D, C], values_0 f32[KVH, C, D], ..., keys_{S-1}, values_{S-1}) ->
-/// (f32[S, H, D], keys_0, values_0, ...)`: sequence `s`'s new key and value (`k[s]`, `v[s]`, rope
-/// applied) go to position `positions[s]` of its caches, each cache result the operand updated in
-/// place (`output_operand_aliases`), and it attends over positions `0..=positions[s]`. Emitted
-/// only where the kernels are XLA custom calls ([`KernelCalls::XlaCustomCall`]); IREE's
-/// dispatches keep one call per sequence.
+/// D], layer i32[], keys_0 f32[L, KVH, D, C], values_0 f32[L, KVH, C, D], ..., keys_{S-1},
+/// values_{S-1}) -> (f32[S, H, D], keys_0, values_0, ...)`: sequence `s`'s new key and value
+/// (`k[s]`, `v[s]`, rope applied) go to position `positions[s]` of layer `layer` of its caches
+/// (stacked over the layers, [`GraphOptions::caches_in_kernels`]), each cache result the operand
+/// updated in place (`output_operand_aliases`), and it attends over positions
+/// `0..=positions[s]`. Emitted only where the kernels are XLA custom calls
+/// ([`KernelCalls::XlaCustomCall`]); IREE's dispatches keep one call per sequence.
 pub const ATTENTION_DECODE_BATCH_TARGET: &str = "seam_attention_decode_batch";
+
+/// The custom-call target that writes one position's entry into caches stacked over the layers
+/// and attends for it ([`GraphOptions::caches_in_kernels`]): `(q f32[H, D], k f32[1, KVH, D],
+/// v f32[1, KVH, D], position i32[], layer i32[], keys f32[L, KVH, D, C], values f32[L, KVH, C,
+/// D]) -> (f32[H, D], keys, values)`: the new key and value (rope applied) go to `position` of
+/// layer `layer`'s caches, each cache result the operand updated in place
+/// (`output_operand_aliases`), then the query attends over positions `0..=position` of them.
+pub const ATTENTION_DECODE_WRITE_TARGET: &str = "seam_attention_decode_write";
+
+/// The custom-call target that writes a run of consecutive positions' entries into caches
+/// stacked over the layers and attends causally for them ([`GraphOptions::caches_in_kernels`]):
+/// `(q f32[T, H, D], k f32[T, KVH, D], v f32[T, KVH, D], position i32[], rows i32[], layer
+/// i32[], keys f32[L, KVH, D, C], values f32[L, KVH, C, D]) -> (f32[T, H, D], keys, values)`:
+/// the first `rows` rows' entries go to positions `position..position + rows` of layer `layer`'s
+/// caches (updated in place as [`ATTENTION_DECODE_WRITE_TARGET`]'s), then row `t` attends over
+/// positions `0..=position + t` (padding rows zero).
+pub const ATTENTION_CAUSAL_WRITE_TARGET: &str = "seam_attention_causal_write";
 
 /// Graphs that call seam's CPU kernels (the `cpu-kernels` crate) as custom calls, for a runtime
 /// that registers them under [`linear_targets`] and [`ATTENTION_DECODE_TARGET`] (XLA's CPU plugin through the PJRT FFI extension, ADR 0011).
@@ -313,6 +336,17 @@ impl GraphOptions {
         self.host_kernels.is_some()
             && self.layers == LayerMode::UnrolledCachePerLayer
             && self.cache == StorageDtype::F32
+    }
+
+    /// Whether the caches are stacked over the layers and written only by the attention kernels'
+    /// calls ([`ATTENTION_DECODE_WRITE_TARGET`], [`ATTENTION_CAUSAL_WRITE_TARGET`],
+    /// [`ATTENTION_DECODE_BATCH_TARGET`]), each call returning the caches it updated in place:
+    /// where the kernels attend as XLA custom calls (an XLA call can alias its results to its
+    /// operands; an IREE dispatch cannot). A sequence then has two cache buffers instead of two
+    /// per layer, and PJRT's work per buffer and step (holds, usage events, the results' buffers)
+    /// no longer grows with the layers (ADR 0033).
+    pub fn caches_in_kernels(&self) -> bool {
+        self.attention_kernel() && kernels_are_custom_calls(self)
     }
 
     /// The layout of the graphs' weight arguments under these options.
@@ -1119,6 +1153,9 @@ enum LayerKv {
     Stacked(NewKv),
     /// The layer's own caches (`[KVH, D, C]`, `[KVH, C, D]`): written first, then read whole.
     Own { k: Val, v: Val },
+    /// Caches stacked over the layers, written and read by the layer's attention call, which
+    /// returns them for the next layer ([`GraphOptions::caches_in_kernels`]).
+    InKernels { k: Val, v: Val },
 }
 
 /// One decoder layer at index `layer` (an i32 scalar): attention over the cached positions plus
@@ -1189,20 +1226,20 @@ fn decoder_layer(
         // cache result aliases its operand) and attends for all of them, where writing them in
         // the graph took two small operations per sequence and layer, each a step of XLA's
         // executor between the kernels' calls.
-        let mut operands = vec![q.clone(), positions.clone(), k.clone(), v.clone()];
+        let mut operands = vec![q.clone(), positions.clone(), k.clone(), v.clone(), layer.clone()];
         let mut tys = vec![Ty::new(&[t, n_heads, d], Elem::F32)];
         for kv in kv {
-            let LayerKv::Own { k: k_cache, v: v_cache } = kv else {
-                unreachable!("a batched attention call is emitted for per-layer caches only")
+            let LayerKv::InKernels { k: k_cache, v: v_cache } = kv else {
+                unreachable!("a batched attention call is emitted for caches in the kernels only")
             };
             tys.extend([k_cache.ty.clone(), v_cache.ty.clone()]);
             operands.extend([k_cache, v_cache]);
         }
-        let aliases: Vec<(usize, usize)> = (1..tys.len()).map(|result| (result, result + 3)).collect();
+        let aliases: Vec<(usize, usize)> = (1..tys.len()).map(|result| (result, result + 4)).collect();
         let results =
             b.custom_call_aliased(ATTENTION_DECODE_BATCH_TARGET, &operands.iter().collect::<Vec<_>>(), &tys, &aliases);
         outputs.push(b.reshape(&results[0], &[t, n_heads * d]));
-        updated.extend(results[1..].chunks(2).map(|kv| LayerKv::Own { k: kv[0].clone(), v: kv[1].clone() }));
+        updated.extend(results[1..].chunks(2).map(|kv| LayerKv::InKernels { k: kv[0].clone(), v: kv[1].clone() }));
     } else {
         for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
             let own_rows = |b: &mut FnBuilder, x: &Val| {
@@ -1389,6 +1426,26 @@ fn attend(
             };
             (attn, LayerKv::Own { k: k_cache, v: v_cache })
         }
+        (LayerKv::InKernels { k: k_cache, v: v_cache }, Masks::PerLayer { visible: None }) => {
+            // The call writes this call's entries into layer `layer` of the stacked caches and
+            // attends over them, returning the caches (each aliasing its operand) for the next
+            // layer; the graph neither writes nor copies a cache.
+            let cache_tys = [k_cache.ty.clone(), v_cache.ty.clone()];
+            let results = if t == 1 {
+                let q = b.reshape(q, &[n_heads, d]);
+                let tys = [Ty::new(&[n_heads, d], Elem::F32), cache_tys[0].clone(), cache_tys[1].clone()];
+                let operands = [&q, k, v, position, layer, &k_cache, &v_cache];
+                b.custom_call_aliased(ATTENTION_DECODE_WRITE_TARGET, &operands, &tys, &[(1, 5), (2, 6)])
+            } else {
+                let all_rows = inputs.rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
+                let rows = inputs.rows.as_ref().or(all_rows.as_ref()).expect("one of the two is set");
+                let tys = [Ty::new(&[t, n_heads, d], Elem::F32), cache_tys[0].clone(), cache_tys[1].clone()];
+                let operands = [q, k, v, position, rows, layer, &k_cache, &v_cache];
+                b.custom_call_aliased(ATTENTION_CAUSAL_WRITE_TARGET, &operands, &tys, &[(1, 6), (2, 7)])
+            };
+            let attn = b.reshape(&results[0], &[t, n_heads * d]);
+            (attn, LayerKv::InKernels { k: results[1].clone(), v: results[2].clone() })
+        }
         _ => unreachable!("the masks are built for the layout of the caches"),
     };
     (attn, kv)
@@ -1467,7 +1524,7 @@ fn forward(
             .map(|(i, shape)| {
                 let (which, layout) =
                     if i % 2 == 0 { ("k", "head_dim, max_context") } else { ("v", "max_context, head_dim") };
-                let doc = if per_layer {
+                let doc = if per_layer && !options.caches_in_kernels() {
                     format!("{which} cache of layer {} [kv_heads, {layout}]{whose}, updated in place", i / 2)
                 } else {
                     format!("{which} cache [layers, kv_heads, {layout}]{whose}, updated in place")
@@ -1606,9 +1663,26 @@ fn forward(
             }
             let new_kvs = kv.into_iter().map(|kv| match kv {
                 LayerKv::Stacked(new_kv) => new_kv,
-                LayerKv::Own { .. } => unreachable!("stacked in, stacked out"),
+                LayerKv::Own { .. } | LayerKv::InKernels { .. } => unreachable!("stacked in, stacked out"),
             });
             (x, write_all(&mut b, new_kvs.collect()))
+        }
+        LayerMode::UnrolledCachePerLayer if options.caches_in_kernels() => {
+            // Each layer's attention call takes every sequence's stacked caches and returns them
+            // updated for the next layer.
+            let mut x = x;
+            let mut kv: Vec<LayerKv> =
+                caches.iter().map(|own| LayerKv::InKernels { k: own[0].clone(), v: own[1].clone() }).collect();
+            for layer in 0..layers {
+                b.comment(&format!("layer {layer}"));
+                let index = b.const_int(layer as i64, Elem::I32, &[]);
+                (x, kv) = decoder_layer(&mut b, config, &mut w, &shared, &index, x, kv);
+            }
+            let updated = kv.into_iter().flat_map(|kv| match kv {
+                LayerKv::InKernels { k, v } => [k, v],
+                _ => unreachable!("caches in the kernels in, caches in the kernels out"),
+            });
+            (x, updated.collect())
         }
         LayerMode::UnrolledCachePerLayer => {
             let mut x = x;
@@ -2109,6 +2183,7 @@ mod tests {
             let exact = |o: &GraphOptions, spec: GraphSpec, target: &str| {
                 emit_module(&c, o, &[spec]).unwrap().matches(&format!("call_target_name = \"{target}\"")).count()
             };
+            assert_eq!(exact(&with, DECODE, ATTENTION_DECODE_WRITE_TARGET), layers, "{format}");
             assert_eq!(exact(&with, batch, ATTENTION_DECODE_BATCH_TARGET), layers, "{format}");
             assert_eq!(exact(&with, batch, ATTENTION_DECODE_TARGET), 0, "{format}");
             // ... which writes the sequences' new entries into the caches it returns in place of
@@ -2217,9 +2292,9 @@ mod tests {
 
         // A padded call tells every product and every causal attention how many of its rows
         // are real: its `count` argument (the third) is the last operand of each of the layers'
-        // calls; the LM head, one row, gets a constant, and the greedy token is the argmax
-        // kernel's. Attention reads the cache through the causal kernel, with no mask left in
-        // the graph.
+        // products and the fifth of each attention call; the LM head, one row, gets a constant,
+        // and the greedy token is the argmax kernel's. Attention writes and reads the stacked
+        // caches through the causal kernel, with no mask and no cache update left in the graph.
         let kernels = GraphOptions {
             layers: LayerMode::UnrolledCachePerLayer,
             cache: StorageDtype::F32,
@@ -2233,12 +2308,21 @@ mod tests {
         let text = emit_module(&c, &kernels, &[prefill]).unwrap();
         let calls: Vec<&str> = text.lines().filter(|l| l.contains("stablehlo.custom_call")).collect();
         assert_eq!(calls.len(), 8 * layers + 2);
-        assert_eq!(calls.iter().filter(|l| l.contains(ATTENTION_CAUSAL_TARGET)).count(), layers);
+        let attention: Vec<&&str> =
+            calls.iter().filter(|l| l.contains(&format!("\"{ATTENTION_CAUSAL_WRITE_TARGET}\""))).collect();
+        assert_eq!(attention.len(), layers);
         assert_eq!(calls.iter().filter(|l| l.contains(&format!("\"{ARGMAX_TARGET}\""))).count(), 1);
-        let last_operand = |line: &str| line.split(')').next().unwrap().rsplit(", ").next().unwrap().to_string();
-        let counted = calls.iter().filter(|l| last_operand(l) == "%arg2").count();
-        assert_eq!(counted, 8 * layers, "{}", calls[0]);
+        let operands = |line: &str| {
+            let inside = line.split("custom_call\"(").nth(1).unwrap().split(')').next().unwrap();
+            inside.split(", ").map(str::to_string).collect::<Vec<_>>()
+        };
+        let counted = calls.iter().filter(|l| operands(l).last().unwrap() == "%arg2").count();
+        assert_eq!(counted, 7 * layers, "{}", calls[0]);
+        assert!(attention.iter().all(|l| operands(l)[4] == "%arg2"), "{}", attention[0]);
         assert!(!text.contains("stablehlo.dot_general"), "no product or attention left in the graph");
+        assert!(!text.contains("dynamic_update_slice"), "no cache update left in the graph");
+        assert_eq!(text.matches("#stablehlo.output_operand_alias<").count(), 2 * layers);
+        assert_eq!(cache_arg_shapes(&c, &kernels).len(), 2, "caches stacked over the layers");
     }
 
     #[test]

@@ -25,6 +25,6 @@ pub use error::GraphError;
 pub use graph::{
     cache_arg_shapes, emit_entry_module, emit_module, linear_target, linear_targets, GraphKind, GraphOptions,
     GraphSpec, HostKernels, KernelActivations, KernelCalls, KernelInput, LayerMode, LinearTarget, VectorProducts,
-    ARGMAX_TARGET, ATTENTION_CAUSAL_TARGET, ATTENTION_DECODE_BATCH_TARGET, ATTENTION_DECODE_TARGET,
-    PREFILL_DEQUANTIZE_MIN_TOKENS,
+    ARGMAX_TARGET, ATTENTION_CAUSAL_TARGET, ATTENTION_CAUSAL_WRITE_TARGET, ATTENTION_DECODE_BATCH_TARGET,
+    ATTENTION_DECODE_TARGET, ATTENTION_DECODE_WRITE_TARGET, PREFILL_DEQUANTIZE_MIN_TOKENS,
 };
