@@ -96,11 +96,7 @@ pub fn attention_decode_batch(
     };
     let Some(path) = Grouped::of(isa, d) else {
         for (s, ((keys, values), &position)) in caches.iter_mut().zip(entries.positions).enumerate() {
-            let (k, v) = entry(s);
-            for kvh in 0..kv_heads {
-                // SAFETY: the caches hold `kv_heads` heads of `c` positions (checked above).
-                unsafe { write_entry(keys.as_mut_ptr(), values.as_mut_ptr(), k, v, shape, kvh, position) };
-            }
+            write_cache_entries(shape, keys, values, entry(s), position, 1)?;
             let (q, out) = (&q[s * per..(s + 1) * per], &mut out[s * per..(s + 1) * per]);
             attention_decode(isa, pool, shape, q, keys, values, position + 1, out)?;
         }
