@@ -1,12 +1,10 @@
 //! seam's CPU kernels (`cpu-kernels`) as XLA custom-call targets of the CPU plugin.
 //!
 //! [`register`] hands the handlers below to the plugin's FFI extension under the names the graphs
-//! call ([`stablehlo_llama::linear_targets`], the attention targets over per-layer caches
-//! ([`stablehlo_llama::ATTENTION_DECODE_TARGET`], [`stablehlo_llama::ATTENTION_CAUSAL_TARGET`])
-//! and over caches stacked over the layers, which they also write
-//! ([`stablehlo_llama::ATTENTION_DECODE_WRITE_TARGET`],
+//! call ([`stablehlo_llama::linear_targets`], the attention targets, which also write the caches
+//! stacked over the layers ([`stablehlo_llama::ATTENTION_DECODE_WRITE_TARGET`],
 //! [`stablehlo_llama::ATTENTION_CAUSAL_WRITE_TARGET`],
-//! [`stablehlo_llama::ATTENTION_DECODE_BATCH_TARGET`]), and the argmax). XLA then calls them from
+//! [`stablehlo_llama::ATTENTION_DECODE_BATCH_TARGET`], ADR 0033), and the argmax). XLA then calls them from
 //! its executor threads with the argument arrays in host memory; each handler checks the shapes
 //! and element types against what the graph emitter promises, runs the kernel on the kernels'
 //! own worker pool, and returns an XLA error (never a panic across the C boundary) when something
@@ -44,8 +42,6 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
                     (target.name, handler)
                 })
                 .collect();
-            handlers.push((stablehlo_llama::ATTENTION_DECODE_TARGET.to_string(), attention_decode));
-            handlers.push((stablehlo_llama::ATTENTION_CAUSAL_TARGET.to_string(), attention_causal));
             handlers.push((stablehlo_llama::ATTENTION_DECODE_WRITE_TARGET.to_string(), attention_decode_write));
             handlers.push((stablehlo_llama::ATTENTION_CAUSAL_WRITE_TARGET.to_string(), attention_causal_write));
             handlers.push((stablehlo_llama::ATTENTION_DECODE_BATCH_TARGET.to_string(), attention_decode_batch));
@@ -214,31 +210,6 @@ impl LinearEntry for LinearHandlers {
     type Entry = Handler;
     fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>() -> Handler {
         linear::<FORMAT, INPUT, RESIDUAL, Q8>
-    }
-}
-
-/// `(q f32[H, D], keys f32[KVH, D, C], values f32[KVH, C, D], position i32[]) -> f32[H, D]`.
-unsafe extern "C" fn attention_decode(frame: *mut CallFrame) -> *mut XlaError {
-    // SAFETY: as for `linear`.
-    unsafe {
-        handle(frame, |frame| {
-            let (q, keys, values, position, out) =
-                (frame.arg(0)?, frame.arg(1)?, frame.arg(2)?, frame.arg(3)?, frame.ret(0)?);
-            let (heads, d) = rows_cols(q, "query")?;
-            let [kv_heads, _, capacity] = keys.dims()[..] else {
-                return Err(format!("keys: rank {} where 3 was expected", keys.rank));
-            };
-            let q = elements::<f32>(q, dtype::F32, &[heads, d], "query")?;
-            let keys = elements::<f32>(keys, dtype::F32, &[kv_heads, d, capacity], "keys")?;
-            let values = elements::<f32>(values, dtype::F32, &[kv_heads, capacity, d], "values")?;
-            let position = elements::<i32>(position, dtype::S32, &[], "position")?;
-            let out = result_elements::<f32>(out, dtype::F32, &[heads, d], "result")?;
-            let position = *position.first().ok_or("position: no element")?;
-            let len = usize::try_from(position).map_err(|_| format!("position {position} is negative"))? + 1;
-            let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
-            cpu_kernels::attention_decode(Isa::best(), Pool::global(), shape, q, keys, values, len, out)
-                .map_err(|e| e.to_string())
-        })
     }
 }
 
@@ -435,38 +406,6 @@ unsafe extern "C" fn argmax(frame: *mut CallFrame) -> *mut XlaError {
                 *o = i32::try_from(id).map_err(|_| format!("token {id} beyond i32"))?;
             }
             Ok(())
-        })
-    }
-}
-
-/// `(q f32[T, H, D], keys f32[KVH, D, C], values f32[KVH, C, D], position i32[], rows i32[])
-/// -> f32[T, H, D]`: row `t` over cache positions `0..=position + t`, rows from `rows` on zero.
-unsafe extern "C" fn attention_causal(frame: *mut CallFrame) -> *mut XlaError {
-    // SAFETY: as for `linear`.
-    unsafe {
-        handle(frame, |frame| {
-            let (q, keys, values, position, rows, out) =
-                (frame.arg(0)?, frame.arg(1)?, frame.arg(2)?, frame.arg(3)?, frame.arg(4)?, frame.ret(0)?);
-            let [tokens, heads, d] = q.dims()[..] else {
-                return Err(format!("query: rank {} where 3 was expected", q.rank));
-            };
-            let [kv_heads, _, capacity] = keys.dims()[..] else {
-                return Err(format!("keys: rank {} where 3 was expected", keys.rank));
-            };
-            let q = elements::<f32>(q, dtype::F32, &[tokens, heads, d], "query")?;
-            let keys = elements::<f32>(keys, dtype::F32, &[kv_heads, d, capacity], "keys")?;
-            let values = elements::<f32>(values, dtype::F32, &[kv_heads, capacity, d], "values")?;
-            let scalar = |buffer, what: &str| -> Result<usize, String> {
-                let value =
-                    *elements::<i32>(buffer, dtype::S32, &[], what)?.first().ok_or(format!("{what}: no element"))?;
-                usize::try_from(value).map_err(|_| format!("{what} {value} is negative"))
-            };
-            let (position, rows) = (scalar(position, "position")?, scalar(rows, "rows")?);
-            let out = result_elements::<f32>(out, dtype::F32, &[tokens, heads, d], "result")?;
-            let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
-            let queries = CausalQueries { tokens, position, rows };
-            cpu_kernels::attention_causal(Isa::best(), Pool::global(), shape, q, queries, keys, values, out)
-                .map_err(|e| e.to_string())
         })
     }
 }

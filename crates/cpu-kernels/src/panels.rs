@@ -538,10 +538,10 @@ unsafe fn vnni_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::
 /// AVX2, FMA and F16C; as [`vnni_run`]'s otherwise.
 unsafe fn avx2_run(prepared: &Prepared, tokens: usize, w: Panels<'_>, run: std::ops::Range<usize>, out: &SendPtr) {
     let (rows, cols) = w.shape();
+    let size = avx2::block_size(prepared.parts);
     for row0 in run.clone().step_by(PANEL_ROWS) {
         let width = PANEL_ROWS.min(rows - row0);
         for half in 0..width.div_ceil(PANEL_ROWS / 2) {
-            let size = avx2::block_size(prepared.parts);
             for first in (0..tokens).step_by(size) {
                 let count = size.min(tokens - first);
                 let block = prepared.block(first, cols);

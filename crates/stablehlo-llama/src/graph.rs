@@ -261,8 +261,10 @@ pub const ATTENTION_DECODE_WRITE_TARGET: &str = "seam_attention_decode_write";
 /// positions `0..=position + t` (padding rows zero).
 pub const ATTENTION_CAUSAL_WRITE_TARGET: &str = "seam_attention_causal_write";
 
-/// Graphs that call seam's CPU kernels (the `cpu-kernels` crate) as custom calls, for a runtime
-/// that registers them under [`linear_targets`] and [`ATTENTION_DECODE_TARGET`] (XLA's CPU plugin through the PJRT FFI extension, ADR 0011).
+/// Graphs that call seam's CPU kernels (the `cpu-kernels` crate): as custom calls, for a runtime
+/// that registers them under [`linear_targets`] and the attention targets (XLA's CPU plugin
+/// through the PJRT FFI extension, ADR 0011; [`GraphOptions::caches_in_kernels`]), or as IREE
+/// dispatches of executable imports ([`KernelCalls`]).
 ///
 /// With them, fp16 matrices are laid out row-major ([`crate::DenseLayout::RowMajor`]), the
 /// layout the kernels read; calls of more than `max_tokens` rows keep the dots; with per-layer f32
@@ -1451,6 +1453,24 @@ fn attend(
     (attn, kv)
 }
 
+/// Every decoder layer written out in turn, each sequence's caches (`kv`) carried from one layer
+/// to the next.
+fn unrolled_layers(
+    b: &mut FnBuilder,
+    config: &LlamaConfig,
+    w: &mut Weights,
+    inputs: &LayerInputs,
+    mut x: Val,
+    mut kv: Vec<LayerKv>,
+) -> (Val, Vec<LayerKv>) {
+    for layer in 0..config.num_hidden_layers {
+        b.comment(&format!("layer {layer}"));
+        let index = b.const_int(layer as i64, Elem::I32, &[]);
+        (x, kv) = decoder_layer(b, config, w, inputs, &index, x, kv);
+    }
+    (x, kv)
+}
+
 /// One function of the module (see the module docs for its signature).
 fn forward(
     config: &LlamaConfig,
@@ -1524,7 +1544,8 @@ fn forward(
             .map(|(i, shape)| {
                 let (which, layout) =
                     if i % 2 == 0 { ("k", "head_dim, max_context") } else { ("v", "max_context, head_dim") };
-                let doc = if per_layer && !options.caches_in_kernels() {
+                // A layer's own cache is `[KVH, ...]`; stacked ones `[L, KVH, ...]`.
+                let doc = if shape.len() == 3 {
                     format!("{which} cache of layer {} [kv_heads, {layout}]{whose}, updated in place", i / 2)
                 } else {
                     format!("{which} cache [layers, kv_heads, {layout}]{whose}, updated in place")
@@ -1641,8 +1662,7 @@ fn forward(
         eps,
         rows: count.clone(),
         prepare_in_graph: prepares_in_graph(options, t),
-        batch_attention: (batched && per_layer && options.attention_kernel() && kernels_are_custom_calls(options))
-            .then(|| position.clone()),
+        batch_attention: (batched && options.caches_in_kernels()).then(|| position.clone()),
     };
     let write_all = |b: &mut FnBuilder, new_kvs: Vec<NewKv>| -> Vec<Val> {
         new_kvs
@@ -1654,13 +1674,8 @@ fn forward(
     };
     let (x, updated_caches) = match options.layers {
         LayerMode::Unrolled => {
-            let mut x = x;
-            let mut kv: Vec<LayerKv> = new_kvs.into_iter().map(LayerKv::Stacked).collect();
-            for layer in 0..layers {
-                b.comment(&format!("layer {layer}"));
-                let index = b.const_int(layer as i64, Elem::I32, &[]);
-                (x, kv) = decoder_layer(&mut b, config, &mut w, &shared, &index, x, kv);
-            }
+            let kv = new_kvs.into_iter().map(LayerKv::Stacked).collect();
+            let (x, kv) = unrolled_layers(&mut b, config, &mut w, &shared, x, kv);
             let new_kvs = kv.into_iter().map(|kv| match kv {
                 LayerKv::Stacked(new_kv) => new_kv,
                 LayerKv::Own { .. } | LayerKv::InKernels { .. } => unreachable!("stacked in, stacked out"),
@@ -1670,14 +1685,8 @@ fn forward(
         LayerMode::UnrolledCachePerLayer if options.caches_in_kernels() => {
             // Each layer's attention call takes every sequence's stacked caches and returns them
             // updated for the next layer.
-            let mut x = x;
-            let mut kv: Vec<LayerKv> =
-                caches.iter().map(|own| LayerKv::InKernels { k: own[0].clone(), v: own[1].clone() }).collect();
-            for layer in 0..layers {
-                b.comment(&format!("layer {layer}"));
-                let index = b.const_int(layer as i64, Elem::I32, &[]);
-                (x, kv) = decoder_layer(&mut b, config, &mut w, &shared, &index, x, kv);
-            }
+            let kv = caches.iter().map(|own| LayerKv::InKernels { k: own[0].clone(), v: own[1].clone() }).collect();
+            let (x, kv) = unrolled_layers(&mut b, config, &mut w, &shared, x, kv);
             let updated = kv.into_iter().flat_map(|kv| match kv {
                 LayerKv::InKernels { k, v } => [k, v],
                 _ => unreachable!("caches in the kernels in, caches in the kernels out"),
@@ -2174,7 +2183,7 @@ mod tests {
                 }
             };
             assert_eq!(calls(&with, DECODE, target), 7 * layers + head, "{format}");
-            assert_eq!(calls(&with, DECODE, ATTENTION_DECODE_TARGET), layers, "{format}");
+            assert_eq!(calls(&with, DECODE, ATTENTION_DECODE_WRITE_TARGET), layers, "{format}");
             // Longer calls keep the dots, and without kernels nothing is a custom call.
             assert_eq!(calls(&with, prefill, target), 0, "{format}");
             assert_eq!(calls(&with, prefill, ATTENTION_DECODE_TARGET), 0, "{format}");
@@ -2183,7 +2192,7 @@ mod tests {
             let exact = |o: &GraphOptions, spec: GraphSpec, target: &str| {
                 emit_module(&c, o, &[spec]).unwrap().matches(&format!("call_target_name = \"{target}\"")).count()
             };
-            assert_eq!(exact(&with, DECODE, ATTENTION_DECODE_WRITE_TARGET), layers, "{format}");
+            assert_eq!(exact(&with, DECODE, ATTENTION_DECODE_TARGET), 0, "{format}");
             assert_eq!(exact(&with, batch, ATTENTION_DECODE_BATCH_TARGET), layers, "{format}");
             assert_eq!(exact(&with, batch, ATTENTION_DECODE_TARGET), 0, "{format}");
             // ... which writes the sequences' new entries into the caches it returns in place of
