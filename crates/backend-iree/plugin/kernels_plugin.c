@@ -44,6 +44,9 @@ typedef struct {
 typedef struct {
   const char* name;
   void* function;
+  // Passed to every call of the import (one function may serve several imports, each with its
+  // own context).
+  void* context;
 } seam_kernel_entry_t;
 
 static const seam_kernel_entry_t* g_entries = NULL;
@@ -77,16 +80,16 @@ static void* plugin_resolve(void* self, const resolve_params_t* params, uint32_t
     const char* name = params->symbol_names[i];
     int optional = name[0] == '?';
     if (optional) ++name;
-    void* found = NULL;
+    const seam_kernel_entry_t* found = NULL;
     for (size_t e = 0; e < g_entry_count; ++e) {
       if (strcmp(g_entries[e].name, name) == 0) {
-        found = g_entries[e].function;
+        found = &g_entries[e];
         break;
       }
     }
     if (found) {
-      params->out_fn_ptrs[i] = found;
-      params->out_fn_contexts[i] = NULL;
+      params->out_fn_ptrs[i] = found->function;
+      params->out_fn_contexts[i] = found->context;
     } else if (optional) {
       *out_resolution |= RESOLUTION_MISSING_OPTIONAL;
     } else {

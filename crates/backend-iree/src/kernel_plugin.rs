@@ -41,6 +41,9 @@ type ImportFn = unsafe extern "C" fn(params: *mut c_void, context: *mut c_void, 
 struct Entry {
     name: *const c_char,
     function: ImportFn,
+    /// What the import's calls receive as their context: the batch size of a batched
+    /// attention's import, else nothing.
+    context: usize,
 }
 
 /// The imports seam provides, by the names the executables declare.
@@ -51,23 +54,29 @@ unsafe impl Sync for Table {}
 // SAFETY: as above.
 unsafe impl Send for Table {}
 
-/// Every import: each linear target of `stablehlo_llama::linear_targets`, and the two attention
-/// targets.
+/// Every import: each linear target of `stablehlo_llama::linear_targets`, and the three
+/// attention targets.
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
-        let entry = |name: &str, function: ImportFn| Entry {
+        let entry = |name: &str, function: ImportFn, context: usize| Entry {
             // Leaked once per process: the plugin keeps pointers to the names.
             name: CString::new(name).expect("import names have no NUL").into_raw(),
             function,
+            context,
         };
         let entries = stablehlo_llama::linear_targets()
             .into_iter()
-            .map(|target| entry(&target.name, linear_entry::<LinearImports>(&target)))
+            .map(|target| entry(&target.name, linear_entry::<LinearImports>(&target), 0))
             .chain([
-                entry(stablehlo_llama::ATTENTION_DECODE_TARGET, attention::<false>),
-                entry(stablehlo_llama::ATTENTION_CAUSAL_TARGET, attention::<true>),
+                entry(stablehlo_llama::ATTENTION_DECODE_TARGET, attention::<false>, 0),
+                entry(stablehlo_llama::ATTENTION_CAUSAL_TARGET, attention::<true>, 0),
             ])
+            // A batched attention's operands are counted by its batch, which its words (after
+            // them) cannot tell: each batch size has its import, its size the context.
+            .chain((2..=stablehlo_llama::MAX_DECODE_BATCH).map(|sequences| {
+                entry(&stablehlo_llama::attention_decode_many_target(sequences), attention_many, sequences)
+            }))
             .collect();
         Table(entries)
     })
@@ -353,33 +362,8 @@ unsafe extern "C" fn attention<const CAUSAL: bool>(
             let group = heads / kv_heads;
             let span = d * capacity;
             if !CAUSAL {
-                // A decode's query heads are rows of [H, D]: each KV head's heads in this share
-                // attend in one call, which reads its keys and values once for all of them.
-                let mut h = first;
-                while h < first + count {
-                    let kvh = h / group;
-                    let n = ((kvh + 1) * group).min(first + count) - h;
-                    let shape = AttentionShape { heads: n, kv_heads: 1, head_dim: d, capacity };
-                    let out = std::slice::from_raw_parts_mut(out.add(h * d), n * d);
-                    let ok = ONE_THREAD.with(|pool| {
-                        cpu_kernels::attention_decode(
-                            isa(),
-                            pool,
-                            shape,
-                            &q[h * d..(h + n) * d],
-                            &keys[kvh * span..(kvh + 1) * span],
-                            &values[kvh * span..(kvh + 1) * span],
-                            position + 1,
-                            out,
-                        )
-                        .is_ok()
-                    });
-                    if !ok {
-                        return false;
-                    }
-                    h += n;
-                }
-                return true;
+                let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
+                return decode_heads(shape, q, (keys, values), position, first..first + count, out);
             }
             let shape = AttentionShape { heads: 1, kv_heads: 1, head_dim: d, capacity };
             let queries = CausalQueries { tokens, position, rows };
@@ -412,6 +396,101 @@ unsafe extern "C" fn attention<const CAUSAL: bool>(
                     ok
                 })
             })
+        }
+    })
+}
+
+/// Query heads `heads` (of `[H, D]` rows) of one decode position over one sequence's caches
+/// (`keys` `[KVH, D, C]`, `values` `[KVH, C, D]`, positions `0..=position`), each KV head's heads
+/// in one call of the kernel, which reads its keys and values once for all of them; written to
+/// the same rows of `out`.
+///
+/// # Safety
+/// `out` points to `[H, D]` values this call alone writes, over `heads`' rows.
+unsafe fn decode_heads(
+    shape: AttentionShape,
+    q: &[f32],
+    (keys, values): (&[f32], &[f32]),
+    position: usize,
+    heads: std::ops::Range<usize>,
+    out: *mut f32,
+) -> bool {
+    let AttentionShape { heads: all, kv_heads, head_dim: d, capacity } = shape;
+    let group = all / kv_heads;
+    let span = d * capacity;
+    let mut h = heads.start;
+    while h < heads.end {
+        let kvh = h / group;
+        let n = ((kvh + 1) * group).min(heads.end) - h;
+        let shape = AttentionShape { heads: n, kv_heads: 1, head_dim: d, capacity };
+        // SAFETY: the caller's promise; rows `h..h + n` are in `heads`.
+        let out = unsafe { std::slice::from_raw_parts_mut(out.add(h * d), n * d) };
+        let ok = ONE_THREAD.with(|pool| {
+            cpu_kernels::attention_decode(
+                isa(),
+                pool,
+                shape,
+                &q[h * d..(h + n) * d],
+                &keys[kvh * span..(kvh + 1) * span],
+                &values[kvh * span..(kvh + 1) * span],
+                position + 1,
+                out,
+            )
+            .is_ok()
+        });
+        if !ok {
+            return false;
+        }
+        h += n;
+    }
+    true
+}
+
+/// One workgroup's share of a batched decode's attention
+/// (`stablehlo_llama::attention_decode_many_target`): `(q f32[S, H, D], positions i32[S], keys_0
+/// f32[KVH, D, C], values_0 f32[KVH, C, D], ...) -> f32[S, H, D]`, the workgroup's query heads
+/// `first..first + count` of the `S * H` in the batch, each sequence's over its own caches as
+/// [`decode_heads`] (the numbers of a sequence's own dispatch). `context` is `S`, as the import's
+/// table entry gives it.
+unsafe extern "C" fn attention_many(params: *mut c_void, context: *mut c_void, _reserved: *mut c_void) -> c_int {
+    let p = Packed(params as *const usize);
+    let sequences = context as usize;
+    let result = 2 + 2 * sequences;
+    guarded(|| {
+        // SAFETY: the executable of this batch size passes `result + 1` pointer/offset pairs and
+        // seven words, over buffers of the shapes the graph emitter gave the dispatch (its
+        // words); this workgroup alone writes its heads' rows of the result.
+        unsafe {
+            let word = |i| p.word(result + 1, i);
+            let (batch, heads, kv_heads, d, capacity, first, count) =
+                (word(0), word(1), word(2), word(3), word(4), word(5), word(6));
+            if batch != sequences || kv_heads == 0 || heads % kv_heads != 0 || first + count > sequences * heads {
+                return false;
+            }
+            let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
+            let q = p.operand::<f32>(0, sequences * heads * d);
+            let positions = p.operand::<i32>(1, sequences);
+            let out = p.operand_mut::<f32>(result);
+            let mut h = first;
+            while h < first + count {
+                // This share's heads of sequence `s`.
+                let s = h / heads;
+                let end = (first + count).min((s + 1) * heads);
+                let Ok(position) = usize::try_from(positions[s]) else { return false };
+                let caches = (
+                    p.operand::<f32>(2 + 2 * s, kv_heads * d * capacity),
+                    p.operand::<f32>(3 + 2 * s, kv_heads * capacity * d),
+                );
+                let per = heads * d;
+                let (q, out) = (&q[s * per..(s + 1) * per], out.add(s * per));
+                if position >= capacity
+                    || !decode_heads(shape, q, caches, position, h - s * heads..end - s * heads, out)
+                {
+                    return false;
+                }
+                h = end;
+            }
+            true
         }
     })
 }

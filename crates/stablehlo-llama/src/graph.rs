@@ -241,8 +241,23 @@ pub const ARGMAX_TARGET: &str = "seam_argmax";
 /// (stacked over the layers, [`GraphOptions::caches_in_kernels`]), each cache result the operand
 /// updated in place (`output_operand_aliases`), and it attends over positions
 /// `0..=positions[s]`. Emitted only where the kernels are XLA custom calls
-/// ([`KernelCalls::XlaCustomCall`]); IREE's dispatches keep one call per sequence.
+/// ([`KernelCalls::XlaCustomCall`]); IREE's dispatches take [`ATTENTION_DECODE_MANY_TARGET`].
 pub const ATTENTION_DECODE_BATCH_TARGET: &str = "seam_attention_decode_batch";
+
+/// The target of a batched decode's attention over per-layer caches the graph has written,
+/// every sequence in one call that only reads them: `(q f32[S, H, D], positions i32[S], keys_0
+/// f32[KVH, D, C], values_0 f32[KVH, C, D], ..., keys_{S-1}, values_{S-1}) -> f32[S, H, D]`,
+/// sequence `s` over positions `0..=positions[s]` of its own caches. Emitted where the kernels
+/// are IREE dispatches ([`KernelCalls::IreeDispatch`]), which cannot update an operand in place
+/// and so leave the writes to the graph: one dispatch per layer instead of one per sequence and
+/// layer, its workgroups each a sequence's KV head. The target of a batch of `S` is this name
+/// with `_S` ([`attention_decode_many_target`]): its operands' count depends on `S`.
+pub const ATTENTION_DECODE_MANY_TARGET: &str = "seam_attention_decode_many";
+
+/// The [`ATTENTION_DECODE_MANY_TARGET`] of a batch of `sequences`.
+pub fn attention_decode_many_target(sequences: usize) -> String {
+    format!("{ATTENTION_DECODE_MANY_TARGET}_{sequences}")
+}
 
 /// The custom-call target that writes one position's entry into caches stacked over the layers
 /// and attends for it ([`GraphOptions::caches_in_kernels`]): `(q f32[H, D], k f32[1, KVH, D],
@@ -1089,9 +1104,20 @@ struct LayerInputs {
     /// Whether the products' RMSNorm and SwiGLU run as the graph's own ops instead of inside the
     /// kernels' calls ([`prepares_in_graph`]).
     prepare_in_graph: bool,
-    /// A batched decode's positions (`i32[S]`) where its sequences attend in one kernel call
-    /// ([`ATTENTION_DECODE_BATCH_TARGET`]); `None` where each sequence attends on its own.
-    batch_attention: Option<Val>,
+    /// How a batched decode's sequences attend where one kernel call takes them all; `None`
+    /// where each sequence attends on its own.
+    batch_attention: Option<BatchAttention>,
+}
+
+/// One kernel call for a batched decode's attention in a layer, with the sequences' positions
+/// (`i32[S]`).
+enum BatchAttention {
+    /// The call writes the entries into caches stacked over the layers and returns them
+    /// ([`ATTENTION_DECODE_BATCH_TARGET`], [`GraphOptions::caches_in_kernels`]).
+    WritesCaches(Val),
+    /// The graph writes each sequence's entries into its per-layer caches and the call reads them
+    /// ([`ATTENTION_DECODE_MANY_TARGET`], IREE's dispatches).
+    ReadsCaches(Val),
 }
 
 /// From this many rows per call on (a batch of four sequences or more, a prefill chunk),
@@ -1223,7 +1249,26 @@ fn decoder_layer(
     let r = t / sequences.len();
     let mut outputs = Vec::with_capacity(sequences.len());
     let mut updated = Vec::with_capacity(sequences.len());
-    if let Some(positions) = &inputs.batch_attention {
+    if let Some(BatchAttention::ReadsCaches(positions)) = &inputs.batch_attention {
+        // Each sequence's entries into its own caches, then one call (one IREE dispatch) attends
+        // for all of them, where a call per sequence cost the dispatch's fixed work each time
+        // and gave IREE's workers one sequence's few KV heads to share.
+        let mut operands = vec![q.clone(), positions.clone()];
+        for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
+            let LayerKv::Own { k: k_cache, v: v_cache } = kv else {
+                unreachable!("a batch's attention over per-layer caches is emitted for per-layer caches only")
+            };
+            let own = |b: &mut FnBuilder, x: &Val| b.slice(x, &[s * r, 0, 0], &[(s + 1) * r, n_kv, d]);
+            let (k, v) = (own(b, &k), own(b, &v));
+            let (k_cache, v_cache) = write_entries(b, inputs, &sequence.position, [&k, &v], [k_cache, v_cache]);
+            operands.extend([k_cache.clone(), v_cache.clone()]);
+            updated.push(LayerKv::Own { k: k_cache, v: v_cache });
+        }
+        let ty = Ty::new(&[t, n_heads, d], Elem::F32);
+        let target = attention_decode_many_target(sequences.len());
+        let attn = b.custom_call(&target, &operands.iter().collect::<Vec<_>>(), ty);
+        outputs.push(b.reshape(&attn, &[t, n_heads * d]));
+    } else if let Some(BatchAttention::WritesCaches(positions)) = &inputs.batch_attention {
         // One call writes each sequence's new entries into its caches (updated in place: each
         // cache result aliases its operand) and attends for all of them, where writing them in
         // the graph took two small operations per sequence and layer, each a step of XLA's
@@ -1662,7 +1707,11 @@ fn forward(
         eps,
         rows: count.clone(),
         prepare_in_graph: prepares_in_graph(options, t),
-        batch_attention: (batched && options.caches_in_kernels()).then(|| position.clone()),
+        batch_attention: match (batched, options.caches_in_kernels(), options.attention_kernel()) {
+            (false, ..) | (true, false, false) => None,
+            (true, true, _) => Some(BatchAttention::WritesCaches(position.clone())),
+            (true, false, true) => Some(BatchAttention::ReadsCaches(position.clone())),
+        },
     };
     let write_all = |b: &mut FnBuilder, new_kvs: Vec<NewKv>| -> Vec<Val> {
         new_kvs
@@ -2401,6 +2450,24 @@ mod tests {
         assert_eq!(dispatches(chunk, ""), 7 * layers + 1);
         let text = emit_module(&c, &options, &[chunk]).unwrap();
         assert!(text.contains("stablehlo.sqrt") && text.contains("stablehlo.exponential"), "the norm and SwiGLU");
+
+        // A batched decode attends in one dispatch per layer for all its sequences, after the
+        // graph wrote each sequence's entries: workgroups of one KV head of one sequence.
+        for batch in [2, 5] {
+            let spec = GraphSpec { kind: GraphKind::DecodeBatch { batch }, logits: true };
+            let text = emit_module(&c, &options, &[spec]).unwrap();
+            let target = attention_decode_many_target(batch);
+            assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{target}_")).count(), layers, "{batch}");
+            assert!(!text.contains(&format!("func.func private @{ATTENTION_DECODE_TARGET}(")), "no per-sequence call");
+            assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * batch * layers, "{batch}");
+            let line = text.lines().find(|l| l.contains(&format!("func.func private @{target}("))).unwrap();
+            // q, positions, two caches per sequence, result: pointer and offset each; five
+            // shape words, first and count.
+            assert_eq!(line.matches("index").count(), 2 * batch + 3 + 7, "{line}");
+            let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
+            assert!(text.contains(&format!("s0 ceildiv {}", heads / kv_heads)), "a KV head's heads per workgroup");
+            assert!(text.contains(&format!("= arith.constant {} : index\n    %", batch * heads)), "the batch's heads");
+        }
     }
 
     #[test]

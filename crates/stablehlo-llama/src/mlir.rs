@@ -717,6 +717,9 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 ///   are `tokens`, `heads`, `kv_heads`, `head_dim` and `capacity` (the cache's positions); a
 ///   workgroup computes query heads `first..first + count` of every token (a decode's: the
 ///   heads of one KV head).
+/// - A batched attention's ([`crate::attention_decode_many_target`]) are `sequences`, `heads`, `kv_heads`, `head_dim`
+///   and `capacity`; the workgroups share the `sequences * heads` query heads of the batch, each
+///   taking the heads of one KV head of one sequence.
 #[derive(Debug, Default, Clone)]
 pub struct KernelDispatches {
     /// (export name, target, operand types, result type), in first-use order.
@@ -736,6 +739,18 @@ struct Split {
 impl Split {
     fn of(target: &str, operands: &[Ty], result: &Ty) -> Split {
         let dims = &result.dims;
+        if target.starts_with(crate::ATTENTION_DECODE_MANY_TARGET) {
+            // result [S, H, D]; operands q, positions, then keys [KVH, D, C] and values per
+            // sequence.
+            let (sequences, heads, head_dim) = (dims[0], dims[1], dims[2]);
+            let keys = &operands[2].dims;
+            let per_group = heads / keys[0].max(1);
+            return Split {
+                extent: sequences * heads,
+                per_group,
+                words: vec![sequences, heads, keys[0], head_dim, keys[2]],
+            };
+        }
         if target == crate::ATTENTION_DECODE_TARGET || target == crate::ATTENTION_CAUSAL_TARGET {
             // result [T, H, D] (causal) or [H, D] (decode); keys [KVH, D, C]. A decode's
             // workgroup takes the query heads of one KV head, which the kernel serves with one
