@@ -483,9 +483,8 @@ unsafe extern "C" fn attention_many(params: *mut c_void, context: *mut c_void, _
                 );
                 let per = heads * d;
                 let (q, out) = (&q[s * per..(s + 1) * per], out.add(s * per));
-                if position >= capacity
-                    || !decode_heads(shape, q, caches, position, h - s * heads..end - s * heads, out)
-                {
+                // `attention_decode` refuses a position outside the caches.
+                if !decode_heads(shape, q, caches, position, h - s * heads..end - s * heads, out) {
                     return false;
                 }
                 h = end;
