@@ -1249,6 +1249,16 @@ fn decoder_layer(
     let r = t / sequences.len();
     let mut outputs = Vec::with_capacity(sequences.len());
     let mut updated = Vec::with_capacity(sequences.len());
+    // Sequence `s`'s rows of `x`; a lone sequence's are all of them.
+    let own_rows = |b: &mut FnBuilder, x: &Val, s: usize| {
+        if sequences.len() == 1 {
+            return x.clone();
+        }
+        let mut start = vec![0; x.rank()];
+        let mut limit = x.dims().to_vec();
+        (start[0], limit[0]) = (s * r, (s + 1) * r);
+        b.slice(x, &start, &limit)
+    };
     if let Some(BatchAttention::ReadsCaches(positions)) = &inputs.batch_attention {
         // Each sequence's entries into its own caches, then one call (one IREE dispatch) attends
         // for all of them, where a call per sequence cost the dispatch's fixed work each time
@@ -1258,8 +1268,7 @@ fn decoder_layer(
             let LayerKv::Own { k: k_cache, v: v_cache } = kv else {
                 unreachable!("a batch's attention over per-layer caches is emitted for per-layer caches only")
             };
-            let own = |b: &mut FnBuilder, x: &Val| b.slice(x, &[s * r, 0, 0], &[(s + 1) * r, n_kv, d]);
-            let (k, v) = (own(b, &k), own(b, &v));
+            let (k, v) = (own_rows(b, &k, s), own_rows(b, &v, s));
             let (k_cache, v_cache) = write_entries(b, inputs, &sequence.position, [&k, &v], [k_cache, v_cache]);
             operands.extend([k_cache.clone(), v_cache.clone()]);
             updated.push(LayerKv::Own { k: k_cache, v: v_cache });
@@ -1289,16 +1298,7 @@ fn decoder_layer(
         updated.extend(results[1..].chunks(2).map(|kv| LayerKv::InKernels { k: kv[0].clone(), v: kv[1].clone() }));
     } else {
         for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
-            let own_rows = |b: &mut FnBuilder, x: &Val| {
-                if sequences.len() == 1 {
-                    return x.clone();
-                }
-                let mut start = vec![0; x.rank()];
-                let mut limit = x.dims().to_vec();
-                (start[0], limit[0]) = (s * r, (s + 1) * r);
-                b.slice(x, &start, &limit)
-            };
-            let (q, k, v) = (own_rows(b, &q), own_rows(b, &k), own_rows(b, &v));
+            let (q, k, v) = (own_rows(b, &q, s), own_rows(b, &k, s), own_rows(b, &v, s));
             let (attn, kv) = attend(b, config, inputs, sequence, layer, [&q, &k, &v], kv);
             outputs.push(attn);
             updated.push(kv);

@@ -717,9 +717,9 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 ///   are `tokens`, `heads`, `kv_heads`, `head_dim` and `capacity` (the cache's positions); a
 ///   workgroup computes query heads `first..first + count` of every token (a decode's: the
 ///   heads of one KV head).
-/// - A batched attention's ([`crate::attention_decode_many_target`]) are `sequences`, `heads`, `kv_heads`, `head_dim`
-///   and `capacity`; the workgroups share the `sequences * heads` query heads of the batch, each
-///   taking the heads of one KV head of one sequence.
+/// - A batched attention's ([`crate::attention_decode_many_target`]) are `sequences`, `heads`,
+///   `kv_heads`, `head_dim` and `capacity`; the workgroups share the `sequences * heads` query
+///   heads of the batch, each taking the heads of one KV head of one sequence.
 #[derive(Debug, Default, Clone)]
 pub struct KernelDispatches {
     /// (export name, target, operand types, result type), in first-use order.
