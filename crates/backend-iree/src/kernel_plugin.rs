@@ -447,19 +447,23 @@ unsafe fn decode_heads(
 }
 
 /// One workgroup's share of a batched decode's attention
-/// (`stablehlo_llama::attention_decode_many_target`): `(q f32[S, H, D], positions i32[S], keys_0
-/// f32[KVH, D, C], values_0 f32[KVH, C, D], ...) -> f32[S, H, D]`, the workgroup's query heads
-/// `first..first + count` of the `S * H` in the batch, each sequence's over its own caches as
+/// (`stablehlo_llama::attention_decode_many_target`): `(q f32[S, H, D], positions i32[S], k f32[S,
+/// KVH, D], v f32[S, KVH, D], keys_0 f32[KVH, D, C], values_0 f32[KVH, C, D], ...) -> f32[S, H,
+/// D]`, the caches being the dispatch's tied operands. The workgroup's query heads `first..first +
+/// count` of the `S * H` in the batch are whole KV heads' groups: for each, it writes that KV
+/// head's new entry of its sequence at the sequence's position, then attends over it as
 /// [`decode_heads`] (the numbers of a sequence's own dispatch). `context` is `S`, as the import's
 /// table entry gives it.
 unsafe extern "C" fn attention_many(params: *mut c_void, context: *mut c_void, _reserved: *mut c_void) -> c_int {
     let p = Packed(params as *const usize);
     let sequences = context as usize;
-    let result = 2 + 2 * sequences;
+    let result = 4 + 2 * sequences;
     guarded(|| {
         // SAFETY: the executable of this batch size passes `result + 1` pointer/offset pairs and
         // seven words, over buffers of the shapes the graph emitter gave the dispatch (its
-        // words); this workgroup alone writes its heads' rows of the result.
+        // words); this workgroup alone writes its heads' rows of the result and its KV heads'
+        // parts of its sequences' caches (whole groups, checked below), and reads nothing of the
+        // caches but those parts.
         unsafe {
             let word = |i| p.word(result + 1, i);
             let (batch, heads, kv_heads, d, capacity, first, count) =
@@ -467,27 +471,38 @@ unsafe extern "C" fn attention_many(params: *mut c_void, context: *mut c_void, _
             if batch != sequences || kv_heads == 0 || heads % kv_heads != 0 || first + count > sequences * heads {
                 return false;
             }
-            let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
-            let q = p.operand::<f32>(0, sequences * heads * d);
+            let group = heads / kv_heads;
+            if first % group != 0 || count % group != 0 {
+                return false;
+            }
+            let per = heads * d;
+            let q = p.operand::<f32>(0, sequences * per);
             let positions = p.operand::<i32>(1, sequences);
+            let (k, v) = (p.operand::<f32>(2, sequences * kv_heads * d), p.operand::<f32>(3, sequences * kv_heads * d));
             let out = p.operand_mut::<f32>(result);
-            let mut h = first;
-            while h < first + count {
-                // This share's heads of sequence `s`.
-                let s = h / heads;
-                let end = (first + count).min((s + 1) * heads);
+            let span = d * capacity;
+            let one = AttentionShape { heads: group, kv_heads: 1, head_dim: d, capacity };
+            for h in (first..first + count).step_by(group) {
+                let (s, kvh) = (h / heads, h % heads / group);
                 let Ok(position) = usize::try_from(positions[s]) else { return false };
-                let caches = (
-                    p.operand::<f32>(2 + 2 * s, kv_heads * d * capacity),
-                    p.operand::<f32>(3 + 2 * s, kv_heads * capacity * d),
-                );
-                let per = heads * d;
-                let (q, out) = (&q[s * per..(s + 1) * per], out.add(s * per));
-                // `attention_decode` refuses a position outside the caches.
-                if !decode_heads(shape, q, caches, position, h - s * heads..end - s * heads, out) {
+                // This KV head's part of the sequence's caches, which no other workgroup touches.
+                let keys = std::slice::from_raw_parts_mut(p.operand_mut::<f32>(4 + 2 * s).add(kvh * span), span);
+                let values = std::slice::from_raw_parts_mut(p.operand_mut::<f32>(5 + 2 * s).add(kvh * span), span);
+                let entry = (s * kv_heads + kvh) * d..(s * kv_heads + kvh + 1) * d;
+                // `write_cache_entries` refuses a position outside the caches.
+                if cpu_kernels::write_cache_entries(one, keys, values, (&k[entry.clone()], &v[entry]), position, 1)
+                    .is_err()
+                {
                     return false;
                 }
-                h = end;
+                let out = std::slice::from_raw_parts_mut(out.add(h * d), group * d);
+                let q = &q[h * d..(h + group) * d];
+                let ok = ONE_THREAD.with(|pool| {
+                    cpu_kernels::attention_decode(isa(), pool, one, q, keys, values, position + 1, out).is_ok()
+                });
+                if !ok {
+                    return false;
+                }
             }
             true
         }

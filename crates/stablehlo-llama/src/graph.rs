@@ -241,16 +241,19 @@ pub const ARGMAX_TARGET: &str = "seam_argmax";
 /// (stacked over the layers, [`GraphOptions::caches_in_kernels`]), each cache result the operand
 /// updated in place (`output_operand_aliases`), and it attends over positions
 /// `0..=positions[s]`. Emitted only where the kernels are XLA custom calls
-/// ([`KernelCalls::XlaCustomCall`]); IREE's dispatches take [`ATTENTION_DECODE_MANY_TARGET`].
+/// ([`KernelCalls::XlaCustomCall`]); IREE's dispatches take [`ATTENTION_DECODE_MANY_TARGET`],
+/// whose caches are per layer.
 pub const ATTENTION_DECODE_BATCH_TARGET: &str = "seam_attention_decode_batch";
 
-/// The target of a batched decode's attention over per-layer caches the graph has written,
-/// every sequence in one call that only reads them: `(q f32[S, H, D], positions i32[S], keys_0
-/// f32[KVH, D, C], values_0 f32[KVH, C, D], ..., keys_{S-1}, values_{S-1}) -> f32[S, H, D]`,
-/// sequence `s` over positions `0..=positions[s]` of its own caches. Emitted where the kernels
-/// are IREE dispatches ([`KernelCalls::IreeDispatch`]), which cannot update an operand in place
-/// and so leave the writes to the graph: one dispatch per layer instead of one per sequence and
-/// layer, its workgroups each a sequence's KV head. The target of a batch of `S` is this name
+/// The IREE dispatch target of a batched decode's attention over per-layer caches, every
+/// sequence in one dispatch per layer that also writes the step's entries: `(q f32[S, H, D],
+/// positions i32[S], k f32[S, KVH, D], v f32[S, KVH, D], keys_0 f32[KVH, D, C], values_0 f32[KVH,
+/// C, D], ..., keys_{S-1}, values_{S-1}) -> (f32[S, H, D], keys_0, values_0, ...)`: sequence `s`'s
+/// new key and value (`k[s]`, `v[s]`, rope applied) go to position `positions[s]` of its caches,
+/// which are the dispatch's tied operands (updated in place, [`crate::mlir::FnBuilder::dispatch_tied`]),
+/// and it attends over positions `0..=positions[s]`; its workgroups are each one KV head of one
+/// sequence, which writes that head's entries and then reads them. Emitted where the kernels are
+/// IREE dispatches ([`KernelCalls::IreeDispatch`]). The target of a batch of `S` is this name
 /// with `_S` ([`attention_decode_many_target`]): its operands' count depends on `S`.
 pub const ATTENTION_DECODE_MANY_TARGET: &str = "seam_attention_decode_many";
 
@@ -358,10 +361,11 @@ impl GraphOptions {
     /// Whether the caches are stacked over the layers and written only by the attention kernels'
     /// calls ([`ATTENTION_DECODE_WRITE_TARGET`], [`ATTENTION_CAUSAL_WRITE_TARGET`],
     /// [`ATTENTION_DECODE_BATCH_TARGET`]), each call returning the caches it updated in place:
-    /// where the kernels attend as XLA custom calls (an XLA call can alias its results to its
-    /// operands; an IREE dispatch cannot). A sequence then has two cache buffers instead of two
-    /// per layer, and PJRT's work per buffer and step (holds, usage events, the results' buffers)
-    /// no longer grows with the layers (ADR 0033).
+    /// where the kernels attend as XLA custom calls. A sequence then has two cache buffers
+    /// instead of two per layer, and PJRT's work per buffer and step (holds, usage events, the
+    /// results' buffers) no longer grows with the layers (ADR 0033). IREE's graphs keep a pair of
+    /// caches per layer, which only their batched attention dispatch writes in place (its tied
+    /// operands, ADR 0035).
     pub fn caches_in_kernels(&self) -> bool {
         self.attention_kernel() && kernels_are_custom_calls(self)
     }
@@ -1115,9 +1119,9 @@ enum BatchAttention {
     /// The call writes the entries into caches stacked over the layers and returns them
     /// ([`ATTENTION_DECODE_BATCH_TARGET`], [`GraphOptions::caches_in_kernels`]).
     WritesCaches(Val),
-    /// The graph writes each sequence's entries into its per-layer caches and the call reads them
-    /// ([`ATTENTION_DECODE_MANY_TARGET`], IREE's dispatches).
-    ReadsCaches(Val),
+    /// One IREE dispatch writes the entries into each sequence's per-layer caches, its tied
+    /// operands, and attends ([`ATTENTION_DECODE_MANY_TARGET`]).
+    WritesTiedCaches(Val),
 }
 
 /// From this many rows per call on (a batch of four sequences or more, a prefill chunk),
@@ -1259,24 +1263,24 @@ fn decoder_layer(
         (start[0], limit[0]) = (s * r, (s + 1) * r);
         b.slice(x, &start, &limit)
     };
-    if let Some(BatchAttention::ReadsCaches(positions)) = &inputs.batch_attention {
-        // Each sequence's entries into its own caches, then one call (one IREE dispatch) attends
-        // for all of them, where a call per sequence cost the dispatch's fixed work each time
-        // and gave IREE's workers one sequence's few KV heads to share.
-        let mut operands = vec![q.clone(), positions.clone()];
-        for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
+    if let Some(BatchAttention::WritesTiedCaches(positions)) = &inputs.batch_attention {
+        // One dispatch writes every sequence's entries into its own caches (tied operands,
+        // updated in place) and attends for all of them: a dispatch per sequence cost the
+        // dispatch's fixed work each time, and the graph's own writes two more dispatches per
+        // sequence and layer.
+        let mut operands = vec![q.clone(), positions.clone(), k.clone(), v.clone()];
+        for kv in kv {
             let LayerKv::Own { k: k_cache, v: v_cache } = kv else {
                 unreachable!("a batch's attention over per-layer caches is emitted for per-layer caches only")
             };
-            let (k, v) = (own_rows(b, &k, s), own_rows(b, &v, s));
-            let (k_cache, v_cache) = write_entries(b, inputs, &sequence.position, [&k, &v], [k_cache, v_cache]);
-            operands.extend([k_cache.clone(), v_cache.clone()]);
-            updated.push(LayerKv::Own { k: k_cache, v: v_cache });
+            operands.extend([k_cache, v_cache]);
         }
+        let tied: Vec<usize> = (4..operands.len()).collect();
         let ty = Ty::new(&[t, n_heads, d], Elem::F32);
         let target = attention_decode_many_target(sequences.len());
-        let attn = b.custom_call(&target, &operands.iter().collect::<Vec<_>>(), ty);
-        outputs.push(b.reshape(&attn, &[t, n_heads * d]));
+        let results = b.dispatch_tied(&target, &operands.iter().collect::<Vec<_>>(), ty, &tied);
+        outputs.push(b.reshape(&results[0], &[t, n_heads * d]));
+        updated.extend(results[1..].chunks(2).map(|kv| LayerKv::Own { k: kv[0].clone(), v: kv[1].clone() }));
     } else if let Some(BatchAttention::WritesCaches(positions)) = &inputs.batch_attention {
         // One call writes each sequence's new entries into its caches (updated in place: each
         // cache result aliases its operand) and attends for all of them, where writing them in
@@ -1710,7 +1714,7 @@ fn forward(
         batch_attention: match (batched, options.caches_in_kernels(), options.attention_kernel()) {
             (false, ..) | (true, false, false) => None,
             (true, true, _) => Some(BatchAttention::WritesCaches(position.clone())),
-            (true, false, true) => Some(BatchAttention::ReadsCaches(position.clone())),
+            (true, false, true) => Some(BatchAttention::WritesTiedCaches(position.clone())),
         },
     };
     let write_all = |b: &mut FnBuilder, new_kvs: Vec<NewKv>| -> Vec<Val> {
@@ -2451,19 +2455,24 @@ mod tests {
         let text = emit_module(&c, &options, &[chunk]).unwrap();
         assert!(text.contains("stablehlo.sqrt") && text.contains("stablehlo.exponential"), "the norm and SwiGLU");
 
-        // A batched decode attends in one dispatch per layer for all its sequences, after the
-        // graph wrote each sequence's entries: workgroups of one KV head of one sequence.
+        // A batched decode attends in one dispatch per layer for all its sequences, which also
+        // writes their entries into their caches, its tied operands: workgroups of one KV head
+        // of one sequence.
         for batch in [2, 5] {
             let spec = GraphSpec { kind: GraphKind::DecodeBatch { batch }, logits: true };
             let text = emit_module(&c, &options, &[spec]).unwrap();
             let target = attention_decode_many_target(batch);
             assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{target}_")).count(), layers, "{batch}");
             assert!(!text.contains(&format!("func.func private @{ATTENTION_DECODE_TARGET}(")), "no per-sequence call");
-            assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * batch * layers, "{batch}");
+            assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 0, "{batch}");
+            let dispatch = text.lines().find(|l| l.contains(&format!("@seam_kernels::@{target}_"))).unwrap();
+            let ties: Vec<&str> = dispatch.rsplit_once("-> (").unwrap().1.trim_end_matches(')').split(", ").collect();
+            assert_eq!(ties.len(), 1 + 2 * batch, "{dispatch}");
+            assert!(ties[0].starts_with("tensor<") && ties[1..].iter().all(|t| t.starts_with("%arg")), "{dispatch}");
             let line = text.lines().find(|l| l.contains(&format!("func.func private @{target}("))).unwrap();
-            // q, positions, two caches per sequence, result: pointer and offset each; five
-            // shape words, first and count.
-            assert_eq!(line.matches("index").count(), 2 * batch + 3 + 7, "{line}");
+            // q, positions, the new keys and values, two caches per sequence, result: pointer
+            // and offset each; five shape words, first and count.
+            assert_eq!(line.matches("index").count(), 2 * batch + 5 + 7, "{line}");
             let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
             assert!(text.contains(&format!("s0 ceildiv {}", heads / kv_heads)), "a KV head's heads per workgroup");
             assert!(text.contains(&format!("= arith.constant {} : index\n    %", batch * heads)), "the batch's heads");

@@ -195,7 +195,7 @@ impl FnBuilder {
     pub fn custom_call(&mut self, target: &str, operands: &[&Val], ty: Ty) -> Val {
         if let Some(dispatches) = &mut self.dispatches {
             let (export, workload) = dispatches.export_for(target, operands, &ty);
-            return self.flow_dispatch(&export, workload, operands, ty);
+            return self.flow_dispatch(&export, workload, operands, ty, &[]).remove(0);
         }
         self.op("custom_call", operands, &custom_call_attrs(target), ty)
     }
@@ -226,6 +226,21 @@ impl FnBuilder {
         self.op_results("custom_call", operands, &attrs, tys)
     }
 
+    /// An IREE kernel dispatch ([`FnBuilder::dispatch_kernels_into`]) of `target` over
+    /// `operands` that returns one new array of type `ty` and updates the operands `tied` in
+    /// place: the results are the new array, then each tied operand as the dispatch left it
+    /// (`flow.dispatch ... -> (ty, %operand, ...)`). A tied operand is one read-write binding of
+    /// the dispatch, so the import writes into the buffer it reads (IREE copies the operand first
+    /// only where something else still reads its old contents). The import's parameters are the
+    /// operands' and the new array's, as for [`FnBuilder::custom_call`].
+    pub fn dispatch_tied(&mut self, target: &str, operands: &[&Val], ty: Ty, tied: &[usize]) -> Vec<Val> {
+        let Some(dispatches) = &mut self.dispatches else {
+            panic!("{target}: a dispatch with tied operands is IREE's form only");
+        };
+        let (export, workload) = dispatches.export_for(target, operands, &ty);
+        self.flow_dispatch(&export, workload, operands, ty, tied)
+    }
+
     /// From now on, [`FnBuilder::custom_call`] emits IREE dispatches of kernel executables,
     /// adding the executables it needs to `dispatches` (see [`KernelDispatches`]).
     pub fn dispatch_kernels_into(&mut self, dispatches: KernelDispatches) {
@@ -237,9 +252,10 @@ impl FnBuilder {
         self.dispatches.take()
     }
 
-    /// `flow.dispatch @seam_kernels::@export[workload](operands) -> ty`: the workload is what the
-    /// export's workgroups share (see [`KernelDispatches`]).
-    fn flow_dispatch(&mut self, export: &str, extent: usize, operands: &[&Val], ty: Ty) -> Val {
+    /// `flow.dispatch @seam_kernels::@export[workload](operands) -> ty`, or with operands `tied`
+    /// `-> (ty, %operand, ...)`: the workload is what the export's workgroups share (see
+    /// [`KernelDispatches`]). Returns the new array, then the tied operands' results.
+    fn flow_dispatch(&mut self, export: &str, extent: usize, operands: &[&Val], ty: Ty, tied: &[usize]) -> Vec<Val> {
         let workload = format!("%{}", self.next);
         self.next += 1;
         writeln!(self.body, "    {workload} = arith.constant {extent} : index").unwrap();
@@ -247,15 +263,28 @@ impl FnBuilder {
         self.next += 1;
         let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
         let types: Vec<String> = operands.iter().map(|v| v.ty.mlir()).collect();
+        let (declared, results) = if tied.is_empty() {
+            (result.clone(), ty.mlir())
+        } else {
+            let results: Vec<String> =
+                std::iter::once(ty.mlir()).chain(tied.iter().map(|&i| operands[i].name.clone())).collect();
+            (format!("{result}:{}", 1 + tied.len()), format!("({})", results.join(", ")))
+        };
         writeln!(
             self.body,
-            "    {result} = flow.dispatch @{KERNEL_EXECUTABLE}::@{export}[{workload}]({}) : ({}) -> {}",
+            "    {declared} = flow.dispatch @{KERNEL_EXECUTABLE}::@{export}[{workload}]({}) : ({}) -> {results}",
             names.join(", "),
             types.join(", "),
-            ty.mlir()
         )
         .unwrap();
-        Val { name: result, ty }
+        if tied.is_empty() {
+            return vec![Val { name: result, ty }];
+        }
+        std::iter::once(ty)
+            .chain(tied.iter().map(|&i| operands[i].ty.clone()))
+            .enumerate()
+            .map(|(i, ty)| Val { name: format!("{result}#{i}"), ty })
+            .collect()
     }
 
     /// A splat f32 constant of shape `dims`.
@@ -720,6 +749,9 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 /// - A batched attention's ([`crate::attention_decode_many_target`]) are `sequences`, `heads`,
 ///   `kv_heads`, `head_dim` and `capacity`; the workgroups share the `sequences * heads` query
 ///   heads of the batch, each taking the heads of one KV head of one sequence.
+///
+/// A dispatch with tied operands ([`FnBuilder::dispatch_tied`]) passes each of them once, as an
+/// operand, which the import may write in place; its one new array is the result.
 #[derive(Debug, Default, Clone)]
 pub struct KernelDispatches {
     /// (export name, target, operand types, result type), in first-use order.
@@ -740,10 +772,10 @@ impl Split {
     fn of(target: &str, operands: &[Ty], result: &Ty) -> Split {
         let dims = &result.dims;
         if target.starts_with(crate::ATTENTION_DECODE_MANY_TARGET) {
-            // result [S, H, D]; operands q, positions, then keys [KVH, D, C] and values per
-            // sequence.
+            // result [S, H, D]; operands q, positions, the new keys and values [S, KVH, D],
+            // then keys [KVH, D, C] and values per sequence.
             let (sequences, heads, head_dim) = (dims[0], dims[1], dims[2]);
-            let keys = &operands[2].dims;
+            let keys = &operands[4].dims;
             let per_group = heads / keys[0].max(1);
             return Split {
                 extent: sequences * heads,
