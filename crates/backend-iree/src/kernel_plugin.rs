@@ -68,13 +68,10 @@ fn table() -> &'static Table {
         let entries = stablehlo_llama::linear_targets()
             .into_iter()
             .map(|target| entry(&target.name, linear_entry::<LinearImports>(&target), 0))
-            .chain([
-                entry(stablehlo_llama::ATTENTION_DECODE_TARGET, attention::<false>, 0),
-                entry(stablehlo_llama::ATTENTION_CAUSAL_TARGET, attention::<true>, 0),
-            ])
+            .chain([entry(stablehlo_llama::ATTENTION_CAUSAL_TARGET, attention_causal, 0)])
             // A batched attention's operands are counted by its batch, which its words (after
             // them) cannot tell: each batch size has its import, its size the context.
-            .chain((2..=stablehlo_llama::MAX_DECODE_BATCH).map(|sequences| {
+            .chain((1..=stablehlo_llama::MAX_DECODE_BATCH).map(|sequences| {
                 entry(&stablehlo_llama::attention_decode_many_target(sequences), attention_many, sequences)
             }))
             .collect();
@@ -327,17 +324,12 @@ thread_local! {
     static HEAD_ROWS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// One workgroup's query heads of an attention call: `(q f32[T, H, D] (decode: [H, D]), keys
-/// f32[KVH, D, C], values f32[KVH, C, D], position i32[] [, rows i32[]]) -> f32[T, H, D]`, row
-/// `t` over cache positions `0..=position + t` and zero from `rows` on (decode: one row), as
-/// `cpu_kernels::attention_causal` on the calling thread: a decode's heads a KV head at a time,
-/// a causal call's one head at a time.
-unsafe extern "C" fn attention<const CAUSAL: bool>(
-    params: *mut c_void,
-    _context: *mut c_void,
-    _reserved: *mut c_void,
-) -> c_int {
-    let result = if CAUSAL { 5 } else { 4 };
+/// One workgroup's query heads of a causal attention call: `(q f32[T, H, D], keys f32[KVH, D, C],
+/// values f32[KVH, C, D], position i32[], rows i32[]) -> f32[T, H, D]`, row `t` over cache
+/// positions `0..=position + t` and zero from `rows` on, as `cpu_kernels::attention_causal` on the
+/// calling thread, one head at a time.
+unsafe extern "C" fn attention_causal(params: *mut c_void, _context: *mut c_void, _reserved: *mut c_void) -> c_int {
+    let result = 5;
     let p = Packed(params as *const usize);
     guarded(|| {
         // SAFETY: the executable passes `result + 1` pointer/offset pairs and seven words, over
@@ -351,7 +343,7 @@ unsafe extern "C" fn attention<const CAUSAL: bool>(
                 return false;
             }
             let position = p.operand::<i32>(3, 1)[0];
-            let rows = if CAUSAL { p.operand::<i32>(4, 1)[0] } else { 1 };
+            let rows = p.operand::<i32>(4, 1)[0];
             let (Ok(position), Ok(rows)) = (usize::try_from(position), usize::try_from(rows)) else {
                 return false;
             };
@@ -361,10 +353,6 @@ unsafe extern "C" fn attention<const CAUSAL: bool>(
             let out = p.operand_mut::<f32>(result);
             let group = heads / kv_heads;
             let span = d * capacity;
-            if !CAUSAL {
-                let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
-                return decode_heads(shape, q, (keys, values), position, first..first + count, out);
-            }
             let shape = AttentionShape { heads: 1, kv_heads: 1, head_dim: d, capacity };
             let queries = CausalQueries { tokens, position, rows };
             HEAD_ROWS.with(|rows_buffers| {
@@ -400,60 +388,15 @@ unsafe extern "C" fn attention<const CAUSAL: bool>(
     })
 }
 
-/// Query heads `heads` (of `[H, D]` rows) of one decode position over one sequence's caches
-/// (`keys` `[KVH, D, C]`, `values` `[KVH, C, D]`, positions `0..=position`), each KV head's heads
-/// in one call of the kernel, which reads its keys and values once for all of them; written to
-/// the same rows of `out`.
-///
-/// # Safety
-/// `out` points to `[H, D]` values this call alone writes, over `heads`' rows.
-unsafe fn decode_heads(
-    shape: AttentionShape,
-    q: &[f32],
-    (keys, values): (&[f32], &[f32]),
-    position: usize,
-    heads: std::ops::Range<usize>,
-    out: *mut f32,
-) -> bool {
-    let AttentionShape { heads: all, kv_heads, head_dim: d, capacity } = shape;
-    let group = all / kv_heads;
-    let span = d * capacity;
-    let mut h = heads.start;
-    while h < heads.end {
-        let kvh = h / group;
-        let n = ((kvh + 1) * group).min(heads.end) - h;
-        let shape = AttentionShape { heads: n, kv_heads: 1, head_dim: d, capacity };
-        // SAFETY: the caller's promise; rows `h..h + n` are in `heads`.
-        let out = unsafe { std::slice::from_raw_parts_mut(out.add(h * d), n * d) };
-        let ok = ONE_THREAD.with(|pool| {
-            cpu_kernels::attention_decode(
-                isa(),
-                pool,
-                shape,
-                &q[h * d..(h + n) * d],
-                &keys[kvh * span..(kvh + 1) * span],
-                &values[kvh * span..(kvh + 1) * span],
-                position + 1,
-                out,
-            )
-            .is_ok()
-        });
-        if !ok {
-            return false;
-        }
-        h += n;
-    }
-    true
-}
-
-/// One workgroup's share of a batched decode's attention
+/// One workgroup's share of a decode's attention, one sequence's or a batch's
 /// (`stablehlo_llama::attention_decode_many_target`): `(q f32[S, H, D], positions i32[S], k f32[S,
 /// KVH, D], v f32[S, KVH, D], keys_0 f32[KVH, D, C], values_0 f32[KVH, C, D], ...) -> f32[S, H,
 /// D]`, the caches being the dispatch's tied operands. The workgroup's query heads `first..first +
 /// count` of the `S * H` in the batch are whole KV heads' groups: for each, it writes that KV
-/// head's new entry of its sequence at the sequence's position, then attends over it as
-/// [`decode_heads`] (the numbers of a sequence's own dispatch). `context` is `S`, as the import's
-/// table entry gives it.
+/// head's new entry of its sequence at the sequence's position, then attends for that KV head's
+/// query heads in one kernel call, which reads its keys and values once for all of them (ADR
+/// 0031): each sequence gets the numbers it gets alone. `context` is `S`, as the import's table
+/// entry gives it.
 unsafe extern "C" fn attention_many(params: *mut c_void, context: *mut c_void, _reserved: *mut c_void) -> c_int {
     let p = Packed(params as *const usize);
     let sequences = context as usize;

@@ -219,10 +219,6 @@ pub fn linear_targets() -> Vec<LinearTarget> {
     out
 }
 
-/// The custom-call target of one position's attention: `(q f32[H, D], keys f32[KVH, D, C],
-/// values f32[KVH, C, D], position i32[]) -> f32[H, D]`, over cache positions `0..=position`.
-pub const ATTENTION_DECODE_TARGET: &str = "seam_attention_decode";
-
 /// The custom-call target of a run of consecutive positions' causal attention (a prefill chunk
 /// whose keys and values are already in the cache): `(q f32[T, H, D], keys f32[KVH, D, C], values
 /// f32[KVH, C, D], position i32[], rows i32[]) -> f32[T, H, D]`, row `t` over cache positions
@@ -349,9 +345,10 @@ impl GraphOptions {
         }
     }
 
-    /// Whether the graphs attend through the kernels ([`ATTENTION_DECODE_TARGET`] for one
-    /// position, [`ATTENTION_CAUSAL_TARGET`] for a run of them), each query reading only the cache
-    /// positions it may see: host kernels, per-layer caches, an f32 cache (what the kernels read).
+    /// Whether the graphs attend through the kernels (the decodes' and prefills' targets of
+    /// [`Self::caches_in_kernels`] on XLA, [`ATTENTION_DECODE_MANY_TARGET`] and
+    /// [`ATTENTION_CAUSAL_TARGET`] on IREE), each query reading only the cache positions it may
+    /// see: host kernels, per-layer caches, an f32 cache (what the kernels read).
     pub fn attention_kernel(&self) -> bool {
         self.host_kernels.is_some()
             && self.layers == LayerMode::UnrolledCachePerLayer
@@ -1449,13 +1446,6 @@ fn attend(
             let c = k_cache.dims()[2];
             let (k_cache, v_cache) = write_entries(b, inputs, position, [k, v], [k_cache, v_cache]);
             let attn = match visible {
-                None if t == 1 => {
-                    // One query row per head; the kernel reads cache positions 0..=position only.
-                    let q = b.reshape(q, &[n_heads, d]);
-                    let ty = Ty::new(&[n_heads, d], Elem::F32);
-                    let attn = b.custom_call(ATTENTION_DECODE_TARGET, &[&q, &k_cache, &v_cache, position], ty);
-                    b.reshape(&attn, &[t, n_heads * d])
-                }
                 None => {
                     // Row t reads cache positions 0..=position + t only; padding rows are zero.
                     let all_rows = inputs.rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
@@ -1712,9 +1702,13 @@ fn forward(
         rows: count.clone(),
         prepare_in_graph: prepares_in_graph(options, t),
         batch_attention: match (batched, options.caches_in_kernels(), options.attention_kernel()) {
-            (false, ..) | (true, false, false) => None,
             (true, true, _) => Some(BatchAttention::WritesCaches(position.clone())),
             (true, false, true) => Some(BatchAttention::WritesTiedCaches(position.clone())),
+            // A decode through IREE's dispatches takes the batch's dispatch for its one sequence:
+            // it writes the entry in place, where the graph's own write kept IREE from recording
+            // the step's command buffer once (ADR 0035).
+            (false, false, true) if t == 1 => Some(BatchAttention::WritesTiedCaches(b.reshape(&position, &[1]))),
+            _ => None,
         },
     };
     let write_all = |b: &mut FnBuilder, new_kvs: Vec<NewKv>| -> Vec<Val> {
@@ -2239,15 +2233,14 @@ mod tests {
             assert_eq!(calls(&with, DECODE, ATTENTION_DECODE_WRITE_TARGET), layers, "{format}");
             // Longer calls keep the dots, and without kernels nothing is a custom call.
             assert_eq!(calls(&with, prefill, target), 0, "{format}");
-            assert_eq!(calls(&with, prefill, ATTENTION_DECODE_TARGET), 0, "{format}");
+            assert_eq!(calls(&with, prefill, ATTENTION_DECODE_WRITE_TARGET), 0, "{format}");
             // A batched decode attends for all its sequences in one call per layer.
             let batch = GraphSpec { kind: GraphKind::DecodeBatch { batch: 4 }, logits: true };
             let exact = |o: &GraphOptions, spec: GraphSpec, target: &str| {
                 emit_module(&c, o, &[spec]).unwrap().matches(&format!("call_target_name = \"{target}\"")).count()
             };
-            assert_eq!(exact(&with, DECODE, ATTENTION_DECODE_TARGET), 0, "{format}");
             assert_eq!(exact(&with, batch, ATTENTION_DECODE_BATCH_TARGET), layers, "{format}");
-            assert_eq!(exact(&with, batch, ATTENTION_DECODE_TARGET), 0, "{format}");
+            assert_eq!(exact(&with, batch, ATTENTION_DECODE_WRITE_TARGET), 0, "{format}");
             // ... which writes the sequences' new entries into the caches it returns in place of
             // its cache operands: the graph updates no cache itself.
             let text = emit_module(&c, &with, &[batch]).unwrap();
@@ -2350,7 +2343,7 @@ mod tests {
             }),
             ..options(WeightFormat::F16)
         };
-        assert!(!emit_module(&c, &f16_cache, &[DECODE]).unwrap().contains(ATTENTION_DECODE_TARGET));
+        assert!(!emit_module(&c, &f16_cache, &[DECODE]).unwrap().contains("seam_attention"));
 
         // A padded call tells every product and every causal attention how many of its rows
         // are real: its `count` argument (the third) is the last operand of each of the layers'
@@ -2417,23 +2410,28 @@ mod tests {
         }
         assert!(text.contains("stablehlo.dot_general"), "attention is the graph's own");
 
-        // With per-layer f32 caches each layer's attention is a dispatch too, one query head per
-        // workgroup: the workload is the heads.
+        // With per-layer f32 caches each layer's attention is a dispatch too: a prefill's one
+        // query head per workgroup (the workload is the heads), a decode's through the batch's
+        // dispatch of one sequence, which also writes its entries into its caches (tied
+        // operands): the decode has no cache write of its own.
         let options = GraphOptions { layers: LayerMode::UnrolledCachePerLayer, cache: StorageDtype::F32, ..options };
         assert!(options.attention_kernel());
         let text = emit_module(&c, &options, &[DECODE, prefill]).unwrap();
+        let one = attention_decode_many_target(1);
         assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (8 * layers + 1));
-        assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{ATTENTION_DECODE_TARGET}_")).count(), layers);
+        assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{one}_")).count(), layers);
         assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{ATTENTION_CAUSAL_TARGET}_")).count(), layers);
         assert!(!text.contains("stablehlo.dot_general"), "every product and attention is a kernel");
         let heads = c.num_attention_heads;
         assert!(text.contains(&format!("= arith.constant {heads} : index\n    %")), "workload of the heads");
-        for target in [ATTENTION_DECODE_TARGET, ATTENTION_CAUSAL_TARGET] {
+        let decode = emit_module(&c, &options, &[DECODE]).unwrap();
+        assert!(!decode.contains("dynamic_update_slice"), "the decode's entries are the dispatch's to write");
+        for target in [one.as_str(), ATTENTION_CAUSAL_TARGET] {
             let line = text.lines().find(|l| l.contains(&format!("func.func private @{target}("))).unwrap();
-            // q, keys, values, position (and rows), result: pointer and offset each; five shape
-            // words, first and count.
-            let pairs = if target == ATTENTION_DECODE_TARGET { 5 } else { 6 };
-            assert_eq!(line.matches("index").count(), pairs + 7, "{line}");
+            // Pointer and offset each of q, positions, the new keys and values, the caches and
+            // the result (a decode), or of q, keys, values, position, rows and the result;
+            // five shape words, first and count.
+            assert_eq!(line.matches("index").count(), 6 + 7 + usize::from(target == one), "{line}");
         }
 
         // A decode normalizes and gates inside the kernels' calls; a call of four rows and more
@@ -2463,7 +2461,8 @@ mod tests {
             let text = emit_module(&c, &options, &[spec]).unwrap();
             let target = attention_decode_many_target(batch);
             assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{target}_")).count(), layers, "{batch}");
-            assert!(!text.contains(&format!("func.func private @{ATTENTION_DECODE_TARGET}(")), "no per-sequence call");
+            let one = attention_decode_many_target(1);
+            assert!(!text.contains(&format!("func.func private @{one}(")), "no per-sequence call");
             assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 0, "{batch}");
             let dispatch = text.lines().find(|l| l.contains(&format!("@seam_kernels::@{target}_"))).unwrap();
             let ties: Vec<&str> = dispatch.rsplit_once("-> (").unwrap().1.trim_end_matches(')').split(", ").collect();

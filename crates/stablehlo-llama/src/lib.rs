@@ -26,6 +26,6 @@ pub use graph::{
     attention_decode_many_target, cache_arg_shapes, emit_entry_module, emit_module, linear_target, linear_targets,
     GraphKind, GraphOptions, GraphSpec, HostKernels, KernelActivations, KernelCalls, KernelInput, LayerMode,
     LinearTarget, VectorProducts, ARGMAX_TARGET, ATTENTION_CAUSAL_TARGET, ATTENTION_CAUSAL_WRITE_TARGET,
-    ATTENTION_DECODE_BATCH_TARGET, ATTENTION_DECODE_MANY_TARGET, ATTENTION_DECODE_TARGET,
-    ATTENTION_DECODE_WRITE_TARGET, MAX_DECODE_BATCH, PREFILL_DEQUANTIZE_MIN_TOKENS,
+    ATTENTION_DECODE_BATCH_TARGET, ATTENTION_DECODE_MANY_TARGET, ATTENTION_DECODE_WRITE_TARGET, MAX_DECODE_BATCH,
+    PREFILL_DEQUANTIZE_MIN_TOKENS,
 };

@@ -742,13 +742,13 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 /// - A linear target's shape words are `tokens` (the result's rows), `k` (the first operand's
 ///   columns) and `n` (the result's columns); a workgroup computes output columns
 ///   `first..first + count` of every token.
-/// - An attention target's ([`crate::ATTENTION_DECODE_TARGET`], [`crate::ATTENTION_CAUSAL_TARGET`])
-///   are `tokens`, `heads`, `kv_heads`, `head_dim` and `capacity` (the cache's positions); a
-///   workgroup computes query heads `first..first + count` of every token (a decode's: the
-///   heads of one KV head).
-/// - A batched attention's ([`crate::attention_decode_many_target`]) are `sequences`, `heads`,
-///   `kv_heads`, `head_dim` and `capacity`; the workgroups share the `sequences * heads` query
-///   heads of the batch, each taking the heads of one KV head of one sequence.
+/// - A causal attention's ([`crate::ATTENTION_CAUSAL_TARGET`]) are `tokens`, `heads`, `kv_heads`,
+///   `head_dim` and `capacity` (the cache's positions); a workgroup computes query heads
+///   `first..first + count` of every token.
+/// - A decode's attention ([`crate::attention_decode_many_target`], one sequence or a batch's)
+///   are `sequences`, `heads`, `kv_heads`, `head_dim` and `capacity`; the workgroups share the
+///   `sequences * heads` query heads, each taking the heads of one KV head of one sequence, which
+///   the kernel serves with one read of its keys and values (ADR 0031).
 ///
 /// A dispatch with tied operands ([`FnBuilder::dispatch_tied`]) passes each of them once, as an
 /// operand, which the import may write in place; its one new array is the result.
@@ -783,15 +783,11 @@ impl Split {
                 words: vec![sequences, heads, keys[0], head_dim, keys[2]],
             };
         }
-        if target == crate::ATTENTION_DECODE_TARGET || target == crate::ATTENTION_CAUSAL_TARGET {
-            // result [T, H, D] (causal) or [H, D] (decode); keys [KVH, D, C]. A decode's
-            // workgroup takes the query heads of one KV head, which the kernel serves with one
-            // read of the keys and values (ADR 0031); a causal call's takes one query head.
-            let (heads, head_dim) = (dims[dims.len() - 2], dims[dims.len() - 1]);
-            let tokens = if dims.len() == 3 { dims[0] } else { 1 };
+        if target == crate::ATTENTION_CAUSAL_TARGET {
+            // result [T, H, D]; keys [KVH, D, C]. A workgroup takes one query head.
+            let (tokens, heads, head_dim) = (dims[0], dims[1], dims[2]);
             let keys = &operands[1].dims;
-            let per_group = if target == crate::ATTENTION_DECODE_TARGET { heads / keys[0].max(1) } else { 1 };
-            return Split { extent: heads, per_group, words: vec![tokens, heads, keys[0], head_dim, keys[2]] };
+            return Split { extent: heads, per_group: 1, words: vec![tokens, heads, keys[0], head_dim, keys[2]] };
         }
         let n = dims[dims.len() - 1];
         let tokens: usize = dims[..dims.len() - 1].iter().product();
