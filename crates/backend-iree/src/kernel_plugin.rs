@@ -68,7 +68,10 @@ fn table() -> &'static Table {
         let entries = stablehlo_llama::linear_targets()
             .into_iter()
             .map(|target| entry(&target.name, linear_entry::<LinearImports>(&target), 0))
-            .chain([entry(stablehlo_llama::ATTENTION_CAUSAL_TARGET, attention_causal, 0)])
+            .chain([
+                entry(stablehlo_llama::ATTENTION_CAUSAL_TARGET, attention_causal, 0),
+                entry(stablehlo_llama::WRITE_ENTRIES_TARGET, write_entries, 0),
+            ])
             // A batched attention's operands are counted by its batch, which its words (after
             // them) cannot tell: each batch size has its import, its size the context.
             .chain((1..=stablehlo_llama::MAX_DECODE_BATCH).map(|sequences| {
@@ -382,6 +385,48 @@ unsafe extern "C" fn attention_causal(params: *mut c_void, _context: *mut c_void
                         dst.copy_from_slice(&out_head[t * d..(t + 1) * d]);
                     }
                     ok
+                })
+            })
+        }
+    })
+}
+
+/// One workgroup's share of a prefill chunk's cache writes (`stablehlo_llama::WRITE_ENTRIES_TARGET`):
+/// `(k f32[T, KVH, D], v f32[T, KVH, D], position i32[], rows i32[], keys f32[KVH, D, C], values
+/// f32[KVH, C, D])`, the caches being the dispatch's tied operands: for KV heads `first..first +
+/// count`, rows `0..rows` of `k` and `v` at positions `position..`.
+unsafe extern "C" fn write_entries(params: *mut c_void, _context: *mut c_void, _reserved: *mut c_void) -> c_int {
+    let p = Packed(params as *const usize);
+    guarded(|| {
+        // SAFETY: the executable passes six pointer/offset pairs and six words, over buffers of
+        // the shapes the graph emitter gave the dispatch (its words); this workgroup alone writes
+        // its KV heads' parts of the caches.
+        unsafe {
+            let word = |i| p.word(6, i);
+            let (tokens, kv_heads, d, capacity, first, count) = (word(0), word(1), word(2), word(3), word(4), word(5));
+            if first + count > kv_heads {
+                return false;
+            }
+            let (Ok(position), Ok(rows)) =
+                (usize::try_from(p.operand::<i32>(2, 1)[0]), usize::try_from(p.operand::<i32>(3, 1)[0]))
+            else {
+                return false;
+            };
+            if rows > tokens {
+                return false;
+            }
+            let (k, v) = (p.operand::<f32>(0, tokens * kv_heads * d), p.operand::<f32>(1, tokens * kv_heads * d));
+            let span = d * capacity;
+            let one = AttentionShape { heads: 1, kv_heads: 1, head_dim: d, capacity };
+            (first..first + count).all(|kvh| {
+                // This KV head's part of the caches, which no other workgroup touches.
+                let keys = std::slice::from_raw_parts_mut(p.operand_mut::<f32>(4).add(kvh * span), span);
+                let values = std::slice::from_raw_parts_mut(p.operand_mut::<f32>(5).add(kvh * span), span);
+                (0..rows).all(|t| {
+                    let entry = (t * kv_heads + kvh) * d..(t * kv_heads + kvh + 1) * d;
+                    // `write_cache_entries` refuses a position outside the caches.
+                    cpu_kernels::write_cache_entries(one, keys, values, (&k[entry.clone()], &v[entry]), position + t, 1)
+                        .is_ok()
                 })
             })
         }

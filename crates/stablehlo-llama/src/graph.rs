@@ -253,6 +253,14 @@ pub const ATTENTION_DECODE_BATCH_TARGET: &str = "seam_attention_decode_batch";
 /// with `_S` ([`attention_decode_many_target`]): its operands' count depends on `S`.
 pub const ATTENTION_DECODE_MANY_TARGET: &str = "seam_attention_decode_many";
 
+/// The IREE dispatch target that writes a prefill chunk's entries into one sequence's per-layer
+/// caches, its tied operands (updated in place): `(k f32[T, KVH, D], v f32[T, KVH, D], position
+/// i32[], rows i32[], keys f32[KVH, D, C], values f32[KVH, C, D]) -> (keys, values)`, rows
+/// `0..rows` (the real ones) at positions `position..`, one workgroup per KV head. The graph's own
+/// writes at the chunk's position made the VM read the position back to place them, so IREE
+/// recorded the chunk's command buffer on every call (ADR 0035).
+pub const WRITE_ENTRIES_TARGET: &str = "seam_write_entries";
+
 /// The [`ATTENTION_DECODE_MANY_TARGET`] of a batch of `sequences`.
 pub fn attention_decode_many_target(sequences: usize) -> String {
     format!("{ATTENTION_DECODE_MANY_TARGET}_{sequences}")
@@ -1275,7 +1283,7 @@ fn decoder_layer(
         let tied: Vec<usize> = (4..operands.len()).collect();
         let ty = Ty::new(&[t, n_heads, d], Elem::F32);
         let target = attention_decode_many_target(sequences.len());
-        let results = b.dispatch_tied(&target, &operands.iter().collect::<Vec<_>>(), ty, &tied);
+        let results = b.dispatch_tied(&target, &operands.iter().collect::<Vec<_>>(), Some(ty), &tied);
         outputs.push(b.reshape(&results[0], &[t, n_heads * d]));
         updated.extend(results[1..].chunks(2).map(|kv| LayerKv::Own { k: kv[0].clone(), v: kv[1].clone() }));
     } else if let Some(BatchAttention::WritesCaches(positions)) = &inputs.batch_attention {
@@ -1444,17 +1452,23 @@ fn attend(
         }
         (LayerKv::Own { k: k_cache, v: v_cache }, Masks::PerLayer { visible }) => {
             let c = k_cache.dims()[2];
-            let (k_cache, v_cache) = write_entries(b, inputs, position, [k, v], [k_cache, v_cache]);
-            let attn = match visible {
+            let (attn, k_cache, v_cache) = match visible {
                 None => {
-                    // Row t reads cache positions 0..=position + t only; padding rows are zero.
+                    // The kernels attend, as IREE's dispatches (XLA's calls take the stacked
+                    // caches): one dispatch writes the real rows' entries into the caches, its
+                    // tied operands, then row t reads cache positions 0..=position + t only;
+                    // padding rows are zero.
                     let all_rows = inputs.rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
                     let rows = inputs.rows.as_ref().or(all_rows.as_ref()).expect("one of the two is set");
+                    let operands = [k, v, position, rows, &k_cache, &v_cache];
+                    let caches = b.dispatch_tied(WRITE_ENTRIES_TARGET, &operands, None, &[4, 5]);
+                    let (k_cache, v_cache) = (caches[0].clone(), caches[1].clone());
                     let ty = Ty::new(&[t, n_heads, d], Elem::F32);
                     let attn = b.custom_call(ATTENTION_CAUSAL_TARGET, &[q, &k_cache, &v_cache, position, rows], ty);
-                    b.reshape(&attn, &[t, n_heads * d])
+                    (b.reshape(&attn, &[t, n_heads * d]), k_cache, v_cache)
                 }
                 Some(visible) => {
+                    let (k_cache, v_cache) = write_entries(b, inputs, position, [k, v], [k_cache, v_cache]);
                     let keys = b.convert(&k_cache, Elem::F32); // [KVH, D, C]
                     let values = b.convert(&v_cache, Elem::F32); // [KVH, C, D]
                     let q = grouped_queries(b);
@@ -1462,7 +1476,7 @@ fn attend(
                     let probs = softmax_last(b, &scores); // [KVH, G, T, C]
                     let probs = b.reshape(&probs, &[n_kv, group * t, c]);
                     let attn = b.dot_general(&probs, &values, (&[0], &[0]), (&[2], &[1])); // [KVH, G*T, D]
-                    heads_last(b, &attn)
+                    (heads_last(b, &attn), k_cache, v_cache)
                 }
             };
             (attn, LayerKv::Own { k: k_cache, v: v_cache })
@@ -1824,6 +1838,21 @@ fn forward(
     b.comment("last real position: final norm, LM head, argmax");
     let final_norm = w.norm();
     let last = match &count {
+        Some(count) if matches!(options.host_kernels, Some(HostKernels { calls: KernelCalls::IreeDispatch, .. })) => {
+            // The row as a masked sum (exact: the other rows add zeros), computed on the device:
+            // IREE made a slice at a computed row a copy whose offset the VM read back after
+            // running the rest, so it recorded the call's command buffer again every time (ADR
+            // 0035).
+            let one = b.const_int(1, Elem::I32, &[]);
+            let row = b.sub(count, &one);
+            let row = b.broadcast(&row, &[t, h], &[]);
+            let rows = b.iota(&[t, h], 0);
+            let is_last = b.compare(&rows, &row, Cmp::Eq);
+            let zeros = b.const_f32(0.0, &[t, h]);
+            let masked = b.select(&is_last, &x, &zeros);
+            let sum = b.reduce(&masked, &[0], Reduction::Sum);
+            b.reshape(&sum, &[1, h])
+        }
         Some(count) => {
             let one = b.const_int(1, Elem::I32, &[]);
             let row = b.sub(count, &one);
@@ -2411,21 +2440,31 @@ mod tests {
         assert!(text.contains("stablehlo.dot_general"), "attention is the graph's own");
 
         // With per-layer f32 caches each layer's attention is a dispatch too: a prefill's one
-        // query head per workgroup (the workload is the heads), a decode's through the batch's
-        // dispatch of one sequence, which also writes its entries into its caches (tied
-        // operands): the decode has no cache write of its own.
+        // query head per workgroup (the workload is the heads) after a dispatch that writes the
+        // chunk's entries, a decode's through the batch's dispatch of one sequence, which also
+        // writes its entries; both update the caches as tied operands, and the graph writes no
+        // cache itself.
         let options = GraphOptions { layers: LayerMode::UnrolledCachePerLayer, cache: StorageDtype::F32, ..options };
         assert!(options.attention_kernel());
         let text = emit_module(&c, &options, &[DECODE, prefill]).unwrap();
         let one = attention_decode_many_target(1);
-        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (8 * layers + 1));
+        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (8 * layers + 1) + layers);
         assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{one}_")).count(), layers);
         assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{ATTENTION_CAUSAL_TARGET}_")).count(), layers);
+        let writes: Vec<&str> = text
+            .lines()
+            .filter(|l| l.contains(&format!("flow.dispatch @seam_kernels::@{WRITE_ENTRIES_TARGET}_")))
+            .collect();
+        assert_eq!(writes.len(), layers);
+        for line in &writes {
+            // No new array: the results are the two caches, the layer's own arguments.
+            let ties: Vec<&str> = line.rsplit_once("-> (").unwrap().1.trim_end_matches(')').split(", ").collect();
+            assert!(ties.len() == 2 && ties.iter().all(|t| t.starts_with("%arg")), "{line}");
+        }
         assert!(!text.contains("stablehlo.dot_general"), "every product and attention is a kernel");
+        assert!(!text.contains("dynamic_update_slice"), "the caches are the dispatches' to write");
         let heads = c.num_attention_heads;
         assert!(text.contains(&format!("= arith.constant {heads} : index\n    %")), "workload of the heads");
-        let decode = emit_module(&c, &options, &[DECODE]).unwrap();
-        assert!(!decode.contains("dynamic_update_slice"), "the decode's entries are the dispatch's to write");
         for target in [one.as_str(), ATTENTION_CAUSAL_TARGET] {
             let line = text.lines().find(|l| l.contains(&format!("func.func private @{target}("))).unwrap();
             // Pointer and offset each of q, positions, the new keys and values, the caches and

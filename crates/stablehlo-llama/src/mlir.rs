@@ -194,8 +194,8 @@ impl FnBuilder {
     /// returns one array of type `ty`. Only a runtime that registered `target` can compile it.
     pub fn custom_call(&mut self, target: &str, operands: &[&Val], ty: Ty) -> Val {
         if let Some(dispatches) = &mut self.dispatches {
-            let (export, workload) = dispatches.export_for(target, operands, &ty);
-            return self.flow_dispatch(&export, workload, operands, ty, &[]).remove(0);
+            let (export, workload) = dispatches.export_for(target, operands, Some(&ty));
+            return self.flow_dispatch(&export, workload, operands, Some(ty), &[]).remove(0);
         }
         self.op("custom_call", operands, &custom_call_attrs(target), ty)
     }
@@ -227,17 +227,18 @@ impl FnBuilder {
     }
 
     /// An IREE kernel dispatch ([`FnBuilder::dispatch_kernels_into`]) of `target` over
-    /// `operands` that returns one new array of type `ty` and updates the operands `tied` in
-    /// place: the results are the new array, then each tied operand as the dispatch left it
+    /// `operands` that returns one new array of type `ty` (if any) and updates the operands `tied`
+    /// in place: the results are the new array, then each tied operand as the dispatch left it
     /// (`flow.dispatch ... -> (ty, %operand, ...)`). A tied operand is one read-write binding of
     /// the dispatch, so the import writes into the buffer it reads (IREE copies the operand first
     /// only where something else still reads its old contents). The import's parameters are the
     /// operands' and the new array's, as for [`FnBuilder::custom_call`].
-    pub fn dispatch_tied(&mut self, target: &str, operands: &[&Val], ty: Ty, tied: &[usize]) -> Vec<Val> {
+    pub fn dispatch_tied(&mut self, target: &str, operands: &[&Val], ty: Option<Ty>, tied: &[usize]) -> Vec<Val> {
         let Some(dispatches) = &mut self.dispatches else {
             panic!("{target}: a dispatch with tied operands is IREE's form only");
         };
-        let (export, workload) = dispatches.export_for(target, operands, &ty);
+        assert!(ty.is_some() || !tied.is_empty(), "{target}: a dispatch with no result");
+        let (export, workload) = dispatches.export_for(target, operands, ty.as_ref());
         self.flow_dispatch(&export, workload, operands, ty, tied)
     }
 
@@ -253,9 +254,17 @@ impl FnBuilder {
     }
 
     /// `flow.dispatch @seam_kernels::@export[workload](operands) -> ty`, or with operands `tied`
-    /// `-> (ty, %operand, ...)`: the workload is what the export's workgroups share (see
-    /// [`KernelDispatches`]). Returns the new array, then the tied operands' results.
-    fn flow_dispatch(&mut self, export: &str, extent: usize, operands: &[&Val], ty: Ty, tied: &[usize]) -> Vec<Val> {
+    /// `-> (ty, %operand, ...)` (`ty` may be absent then): the workload is what the export's
+    /// workgroups share (see [`KernelDispatches`]). Returns the new array, then the tied operands'
+    /// results.
+    fn flow_dispatch(
+        &mut self,
+        export: &str,
+        extent: usize,
+        operands: &[&Val],
+        ty: Option<Ty>,
+        tied: &[usize],
+    ) -> Vec<Val> {
         let workload = format!("%{}", self.next);
         self.next += 1;
         writeln!(self.body, "    {workload} = arith.constant {extent} : index").unwrap();
@@ -263,12 +272,14 @@ impl FnBuilder {
         self.next += 1;
         let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
         let types: Vec<String> = operands.iter().map(|v| v.ty.mlir()).collect();
-        let (declared, results) = if tied.is_empty() {
-            (result.clone(), ty.mlir())
-        } else {
-            let results: Vec<String> =
-                std::iter::once(ty.mlir()).chain(tied.iter().map(|&i| operands[i].name.clone())).collect();
-            (format!("{result}:{}", 1 + tied.len()), format!("({})", results.join(", ")))
+        let tys: Vec<Ty> = ty.iter().cloned().chain(tied.iter().map(|&i| operands[i].ty.clone())).collect();
+        let (declared, results) = match (&ty, tied) {
+            (Some(ty), []) => (result.clone(), ty.mlir()),
+            _ => {
+                let results: Vec<String> =
+                    ty.iter().map(Ty::mlir).chain(tied.iter().map(|&i| operands[i].name.clone())).collect();
+                (format!("{result}:{}", tys.len()), format!("({})", results.join(", ")))
+            }
         };
         writeln!(
             self.body,
@@ -277,14 +288,10 @@ impl FnBuilder {
             types.join(", "),
         )
         .unwrap();
-        if tied.is_empty() {
-            return vec![Val { name: result, ty }];
+        if tys.len() == 1 && tied.is_empty() {
+            return vec![Val { name: result, ty: tys[0].clone() }];
         }
-        std::iter::once(ty)
-            .chain(tied.iter().map(|&i| operands[i].ty.clone()))
-            .enumerate()
-            .map(|(i, ty)| Val { name: format!("{result}#{i}"), ty })
-            .collect()
+        tys.into_iter().enumerate().map(|(i, ty)| Val { name: format!("{result}#{i}"), ty }).collect()
     }
 
     /// A splat f32 constant of shape `dims`.
@@ -750,12 +757,15 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 ///   `sequences * heads` query heads, each taking the heads of one KV head of one sequence, which
 ///   the kernel serves with one read of its keys and values (ADR 0031).
 ///
+/// - The entries' writes ([`crate::WRITE_ENTRIES_TARGET`]) are `tokens`, `kv_heads`, `head_dim`
+///   and `capacity`; a workgroup writes KV heads `first..first + count`.
+///
 /// A dispatch with tied operands ([`FnBuilder::dispatch_tied`]) passes each of them once, as an
-/// operand, which the import may write in place; its one new array is the result.
+/// operand, which the import may write in place; its new array, if any, is the result.
 #[derive(Debug, Default, Clone)]
 pub struct KernelDispatches {
-    /// (export name, target, operand types, result type), in first-use order.
-    exports: Vec<(String, String, Vec<Ty>, Ty)>,
+    /// (export name, target, operand types, result type if any), in first-use order.
+    exports: Vec<(String, String, Vec<Ty>, Option<Ty>)>,
 }
 
 /// How one kernel call is shared among workgroups, and the shape words its import receives.
@@ -769,8 +779,15 @@ struct Split {
 }
 
 impl Split {
-    fn of(target: &str, operands: &[Ty], result: &Ty) -> Split {
-        let dims = &result.dims;
+    fn of(target: &str, operands: &[Ty], result: Option<&Ty>) -> Split {
+        if target == crate::WRITE_ENTRIES_TARGET {
+            // operands k and v [T, KVH, D], position, rows, keys [KVH, D, C], values: a workgroup
+            // writes one KV head's entries.
+            let (tokens, kv_heads, head_dim) = (operands[0].dims[0], operands[0].dims[1], operands[0].dims[2]);
+            let capacity = operands[4].dims[2];
+            return Split { extent: kv_heads, per_group: 1, words: vec![tokens, kv_heads, head_dim, capacity] };
+        }
+        let dims = &result.expect("the kernel dispatches but the entries' writes return a new array").dims;
         if target.starts_with(crate::ATTENTION_DECODE_MANY_TARGET) {
             // result [S, H, D]; operands q, positions, the new keys and values [S, KVH, D],
             // then keys [KVH, D, C] and values per sequence.
@@ -799,14 +816,16 @@ impl Split {
 impl KernelDispatches {
     /// The export for `target` over these operands (made on first use), and the workload of a
     /// dispatch of it.
-    fn export_for(&mut self, target: &str, operands: &[&Val], result: &Ty) -> (String, usize) {
+    fn export_for(&mut self, target: &str, operands: &[&Val], result: Option<&Ty>) -> (String, usize) {
         let types: Vec<Ty> = operands.iter().map(|v| v.ty.clone()).collect();
         let extent = Split::of(target, &types, result).extent;
-        if let Some((name, ..)) = self.exports.iter().find(|(_, t, o, r)| t == target && *o == types && r == result) {
+        if let Some((name, ..)) =
+            self.exports.iter().find(|(_, t, o, r)| t == target && *o == types && r.as_ref() == result)
+        {
             return (name.clone(), extent);
         }
         let name = format!("{target}_{}", self.exports.len());
-        self.exports.push((name.clone(), target.to_string(), types, result.clone()));
+        self.exports.push((name.clone(), target.to_string(), types, result.cloned()));
         (name, extent)
     }
 
@@ -818,7 +837,7 @@ impl KernelDispatches {
         let mut s = String::new();
         writeln!(s, "  stream.executable private @{KERNEL_EXECUTABLE} {{").unwrap();
         for (name, target, operands, result) in &self.exports {
-            let per_group = Split::of(target, operands, result).per_group;
+            let per_group = Split::of(target, operands, result.as_ref()).per_group;
             writeln!(
                 s,
                 "    stream.executable.export public @{name} workgroups(%workload: index) -> (index, index, index) {{"
@@ -837,11 +856,11 @@ impl KernelDispatches {
                 continue;
             }
             declared.push(target);
-            let params = import_params(target, operands, result);
+            let params = import_params(target, operands, result.as_ref());
             writeln!(s, "      func.func private @{target}({params}) attributes {{llvm.bareptr = true}}").unwrap();
         }
         for (name, target, operands, result) in &self.exports {
-            s.push_str(&export_function(name, target, operands, result));
+            s.push_str(&export_function(name, target, operands, result.as_ref()));
         }
         writeln!(s, "    }}").unwrap();
         writeln!(s, "  }}").unwrap();
@@ -859,10 +878,10 @@ fn rows_per_workgroup(n: usize) -> usize {
 /// The parameter types of a target's import, in the calling convention of [`KernelDispatches`]:
 /// a bare pointer and an element offset for each operand and the result, then the shape words,
 /// `first` and `count`, each an `index`.
-fn import_params(target: &str, operands: &[Ty], result: &Ty) -> String {
+fn import_params(target: &str, operands: &[Ty], result: Option<&Ty>) -> String {
     let words = Split::of(target, operands, result).words.len() + 2;
     let mut params: Vec<String> =
-        operands.iter().chain(std::iter::once(result)).map(|t| format!("memref<{}>, index", t.elem.mlir())).collect();
+        operands.iter().chain(result).map(|t| format!("memref<{}>, index", t.elem.mlir())).collect();
     params.extend(std::iter::repeat_n("index".to_string(), words));
     params.join(", ")
 }
@@ -884,9 +903,9 @@ fn memref(ty: &Ty) -> String {
 
 /// The function of one export: its bindings as memrefs, their base pointers and offsets, and
 /// the import call for this workgroup's share.
-fn export_function(name: &str, target: &str, operands: &[Ty], result: &Ty) -> String {
+fn export_function(name: &str, target: &str, operands: &[Ty], result: Option<&Ty>) -> String {
     let Split { extent, per_group, words } = Split::of(target, operands, result);
-    let all: Vec<&Ty> = operands.iter().chain(std::iter::once(result)).collect();
+    let all: Vec<&Ty> = operands.iter().chain(result).collect();
     let mut s = String::new();
     let bindings: Vec<String> = (0..all.len()).map(|i| format!("%b{i}: !stream.binding")).collect();
     writeln!(s, "      func.func @{name}({}) {{", bindings.join(", ")).unwrap();
