@@ -369,8 +369,8 @@ impl GraphOptions {
     /// where the kernels attend as XLA custom calls. A sequence then has two cache buffers
     /// instead of two per layer, and PJRT's work per buffer and step (holds, usage events, the
     /// results' buffers) no longer grows with the layers (ADR 0033). IREE's graphs keep a pair of
-    /// caches per layer, which only their batched attention dispatch writes in place (its tied
-    /// operands, ADR 0035).
+    /// caches per layer, which a decode's attention dispatch and a prefill chunk's write dispatch
+    /// update in place (their tied operands, ADR 0035).
     pub fn caches_in_kernels(&self) -> bool {
         self.attention_kernel() && kernels_are_custom_calls(self)
     }
@@ -1840,9 +1840,9 @@ fn forward(
     let last = match &count {
         Some(count) if matches!(options.host_kernels, Some(HostKernels { calls: KernelCalls::IreeDispatch, .. })) => {
             // The row as a masked sum (exact: the other rows add zeros), computed on the device:
-            // IREE made a slice at a computed row a copy whose offset the VM read back after
-            // running the rest, so it recorded the call's command buffer again every time (ADR
-            // 0035).
+            // IREE made a slice at a computed row a copy whose offset the VM read back in the
+            // middle of the call, so it recorded the rest of the call's command buffer every time
+            // (ADR 0035).
             let one = b.const_int(1, Elem::I32, &[]);
             let row = b.sub(count, &one);
             let row = b.broadcast(&row, &[t, h], &[]);
@@ -2463,6 +2463,7 @@ mod tests {
         }
         assert!(!text.contains("stablehlo.dot_general"), "every product and attention is a kernel");
         assert!(!text.contains("dynamic_update_slice"), "the caches are the dispatches' to write");
+        assert!(!text.contains("stablehlo.dynamic_slice"), "the head's row is no slice at a computed offset");
         let heads = c.num_attention_heads;
         assert!(text.contains(&format!("= arith.constant {heads} : index\n    %")), "workload of the heads");
         for target in [one.as_str(), ATTENTION_CAUSAL_TARGET] {
