@@ -756,7 +756,6 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 ///   are `sequences`, `heads`, `kv_heads`, `head_dim` and `capacity`; the workgroups share the
 ///   `sequences * heads` query heads, each taking the heads of one KV head of one sequence, which
 ///   the kernel serves with one read of its keys and values (ADR 0031).
-///
 /// - The entries' writes ([`crate::WRITE_ENTRIES_TARGET`]) are `tokens`, `kv_heads`, `head_dim`
 ///   and `capacity`; a workgroup writes KV heads `first..first + count`.
 ///
