@@ -194,6 +194,19 @@ impl Packed {
         unsafe { (*self.0.add(2 * i) as *mut T).add(*self.0.add(2 * i + 1)) }
     }
 
+    /// KV head `kvh`'s part (`span` elements from `kvh * span`) of the keys at operand `keys` and
+    /// of the values at the next operand: what a workgroup that owns that head writes.
+    ///
+    /// # Safety
+    /// Both operands are caches of more than `kvh` heads of `span` elements, and nothing else
+    /// reads or writes that head's part while the slices live.
+    unsafe fn head_caches<'a>(&self, keys: usize, kvh: usize, span: usize) -> (&'a mut [f32], &'a mut [f32]) {
+        unsafe {
+            let part = |i| std::slice::from_raw_parts_mut(self.operand_mut::<f32>(i).add(kvh * span), span);
+            (part(keys), part(keys + 1))
+        }
+    }
+
     /// Word `i` after the `pairs` pointer/offset pairs.
     ///
     /// # Safety
@@ -420,8 +433,7 @@ unsafe extern "C" fn write_entries(params: *mut c_void, _context: *mut c_void, _
             let one = AttentionShape { heads: 1, kv_heads: 1, head_dim: d, capacity };
             (first..first + count).all(|kvh| {
                 // This KV head's part of the caches, which no other workgroup touches.
-                let keys = std::slice::from_raw_parts_mut(p.operand_mut::<f32>(4).add(kvh * span), span);
-                let values = std::slice::from_raw_parts_mut(p.operand_mut::<f32>(5).add(kvh * span), span);
+                let (keys, values) = p.head_caches(4, kvh, span);
                 (0..rows).all(|t| {
                     let entry = (t * kv_heads + kvh) * d..(t * kv_heads + kvh + 1) * d;
                     // `write_cache_entries` refuses a position outside the caches.
@@ -474,8 +486,7 @@ unsafe extern "C" fn attention_many(params: *mut c_void, context: *mut c_void, _
                 let (s, kvh) = (h / heads, h % heads / group);
                 let Ok(position) = usize::try_from(positions[s]) else { return false };
                 // This KV head's part of the sequence's caches, which no other workgroup touches.
-                let keys = std::slice::from_raw_parts_mut(p.operand_mut::<f32>(4 + 2 * s).add(kvh * span), span);
-                let values = std::slice::from_raw_parts_mut(p.operand_mut::<f32>(5 + 2 * s).add(kvh * span), span);
+                let (keys, values) = p.head_caches(4 + 2 * s, kvh, span);
                 let entry = (s * kv_heads + kvh) * d..(s * kv_heads + kvh + 1) * d;
                 // `write_cache_entries` refuses a position outside the caches.
                 if cpu_kernels::write_cache_entries(one, keys, values, (&k[entry.clone()], &v[entry]), position, 1)

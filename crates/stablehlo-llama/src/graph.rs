@@ -1141,13 +1141,17 @@ const PREPARE_IN_GRAPH_FROM_ROWS: usize = 4;
 /// Whether a call of `t` rows prepares the kernels' inputs in the graph (see
 /// [`PREPARE_IN_GRAPH_FROM_ROWS`]): only where each call is split over IREE workgroups.
 fn prepares_in_graph(options: &GraphOptions, t: usize) -> bool {
-    matches!(options.host_kernels, Some(HostKernels { calls: KernelCalls::IreeDispatch, .. }))
-        && t >= PREPARE_IN_GRAPH_FROM_ROWS
+    kernels_are_dispatches(options) && t >= PREPARE_IN_GRAPH_FROM_ROWS
 }
 
 /// Whether the graphs call the kernels as XLA custom calls (rather than IREE dispatches).
 fn kernels_are_custom_calls(options: &GraphOptions) -> bool {
     matches!(options.host_kernels, Some(HostKernels { calls: KernelCalls::XlaCustomCall, .. }))
+}
+
+/// Whether the graphs call the kernels as IREE dispatches.
+fn kernels_are_dispatches(options: &GraphOptions) -> bool {
+    matches!(options.host_kernels, Some(HostKernels { calls: KernelCalls::IreeDispatch, .. }))
 }
 
 /// What one sequence of a call attends with.
@@ -1838,7 +1842,7 @@ fn forward(
     b.comment("last real position: final norm, LM head, argmax");
     let final_norm = w.norm();
     let last = match &count {
-        Some(count) if matches!(options.host_kernels, Some(HostKernels { calls: KernelCalls::IreeDispatch, .. })) => {
+        Some(count) if kernels_are_dispatches(options) => {
             // The row as a masked sum (exact: the other rows add zeros), computed on the device:
             // IREE made a slice at a computed row a copy whose offset the VM read back in the
             // middle of the call, so it recorded the rest of the call's command buffer every time
