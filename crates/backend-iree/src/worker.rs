@@ -45,6 +45,26 @@ impl CacheShape {
 /// `seam_llama.<function>` inside the module that holds them.
 const VM_MODULE: &str = "seam_llama";
 
+/// Takes the calling thread (the runtime thread) out of wakeup preemption: Linux's
+/// `SCHED_BATCH` policy (sched(7)), which keeps its nice value and so its share of the CPU.
+///
+/// Why (ADR 0036): the runtime thread sleeps in IREE's fence wait while the workers run a call,
+/// and the worker that finishes the call wakes it. Under the normal policy the woken thread
+/// preempts that worker on its own CPU and then spins in the wait's cleanup
+/// (`iree_async_semaphore_multi_wait` waits with `pause` for the waking callback to return) until
+/// the preempted worker runs again; with no idle CPU (as many workers as CPUs) that is up to a
+/// scheduler slice per call. Without wakeup preemption the worker returns first and the thread
+/// runs as soon as a CPU is free. Failing to set it only loses that, so a failure is ignored.
+fn disfavor_wakeup_preemption() {
+    #[cfg(target_os = "linux")]
+    {
+        let param = libc::sched_param { sched_priority: 0 };
+        // SAFETY: `param` outlives the call; pid 0 is the calling thread. SCHED_BATCH needs no
+        // privilege.
+        let _ = unsafe { libc::sched_setscheduler(0, libc::SCHED_BATCH, &param) };
+    }
+}
+
 /// Work for the runtime thread: a closure over the state only that thread may touch.
 type Job = Box<dyn FnOnce(&mut WorkerState) + Send>;
 
@@ -67,6 +87,7 @@ impl WorkerHandle {
         std::thread::Builder::new()
             .name("seam-iree-runtime".into())
             .spawn(move || {
+                disfavor_wakeup_preemption();
                 let created = match device {
                     IreeDevice::Cpu => task_flags::create_cpu_device(&task),
                     IreeDevice::Cuda => Device::create(driver).map_err(IreeError::from),
@@ -332,5 +353,23 @@ pub(crate) fn element_type(dtype: ArgDtype) -> ElementType {
         ArgDtype::F16 => ElementType::F16,
         ArgDtype::I32 => ElementType::I32,
         ArgDtype::I8 => ElementType::I8,
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+
+    /// The runtime thread runs without wakeup preemption (ADR 0036).
+    #[cfg(target_os = "linux")]
+    #[test]
+    fn runtime_thread_is_batch_scheduled() {
+        let worker = WorkerHandle::spawn(IreeDevice::Cpu, &TaskSettings { workers: Some(1), plugin: None }, false)
+            .expect("a CPU runtime thread");
+        // SAFETY: queries the calling thread's policy.
+        let policy = worker.run(|_| Ok(unsafe { libc::sched_getscheduler(0) })).expect("the runtime thread runs jobs");
+        assert_eq!(policy, libc::SCHED_BATCH);
+        // SAFETY: as above, on the test's own thread, which keeps the normal policy.
+        assert_eq!(unsafe { libc::sched_getscheduler(0) }, libc::SCHED_OTHER);
     }
 }
