@@ -1,6 +1,6 @@
 //! The Llama forward pass as StableHLO functions.
 //!
-//! One emitter, [`forward`], builds every graph: the decode step is the prefill graph with a bucket
+//! One emitter, `forward`, builds every graph: the decode step is the prefill graph with a bucket
 //! of one token and no `count` argument. Every function has the signature
 //!
 //! ```text

@@ -743,7 +743,7 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 /// An export's workgroups each call the executable import named like the target with the
 /// operands' buffers and one share of the work, in this calling convention (the runtime's
 /// import reads it as a packed struct of pointer-sized words): for each operand, then the
-/// result, a bare pointer and its element offset; then the call's shape words ([`Split`]); then
+/// result, a bare pointer and its element offset; then the call's shape words (`Split`); then
 /// `first` and `count`, this workgroup's share.
 ///
 /// - A linear target's shape words are `tokens` (the result's rows), `k` (the first operand's
