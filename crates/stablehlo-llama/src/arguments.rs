@@ -529,17 +529,46 @@ fn layer_of(name: &str) -> Option<(usize, &str)> {
 /// layer 0's tensor was. This is the argument list of graphs that loop over the layers
 /// ([`crate::LayerMode::Loop`]).
 pub fn stack_weight_args(args: Vec<WeightArg>) -> Vec<WeightArg> {
+    stack_weight_args_where(args, Stacked::All)
+}
+
+/// Which per-layer weight arguments a graph takes stacked over the layers.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub enum Stacked {
+    /// None: one argument per layer and tensor.
+    None,
+    /// Every per-layer tensor ([`crate::LayerMode::Loop`]).
+    All,
+    /// The matrices' arguments, each norm one argument per layer
+    /// ([`crate::GraphOptions::stacked_weights`]).
+    Matrices,
+}
+
+impl Stacked {
+    /// Whether `arg` (a per-layer tensor's argument) is stacked.
+    fn takes(self, arg: &WeightArg) -> bool {
+        match self {
+            Stacked::None => false,
+            Stacked::All => true,
+            Stacked::Matrices => arg.part != WeightPart::Norm,
+        }
+    }
+}
+
+/// [`stack_weight_args`] for the per-layer tensors `which` stacks; the others stay one argument
+/// per layer, in their places.
+pub fn stack_weight_args_where(args: Vec<WeightArg>, which: Stacked) -> Vec<WeightArg> {
     let layers = args.iter().filter_map(|a| layer_of(&a.name)).map(|(i, _)| i + 1).max().unwrap_or(0);
     let mut out = Vec::new();
     for arg in args {
         match layer_of(&arg.name) {
-            Some((0, rest)) => {
+            Some((0, rest)) if which.takes(&arg) => {
                 let mut shape = vec![layers];
                 shape.extend_from_slice(&arg.shape);
                 out.push(WeightArg { name: format!("model.layers.*.{rest}"), shape, ..arg });
             }
-            Some(_) => {}
-            None => out.push(arg),
+            Some(_) if which.takes(&arg) => {}
+            _ => out.push(arg),
         }
     }
     out
@@ -548,12 +577,17 @@ pub fn stack_weight_args(args: Vec<WeightArg>) -> Vec<WeightArg> {
 /// [`host_args`] stacked like [`stack_weight_args`]: each stacked argument's bytes are its layers'
 /// bytes one after the other (row-major `[layers, ...]`).
 pub fn stack_host_args(args: Vec<HostArg>) -> Result<Vec<HostArg>, GraphError> {
-    let specs = stack_weight_args(args.iter().map(|a| a.spec.clone()).collect());
+    stack_host_args_where(args, Stacked::All)
+}
+
+/// [`stack_host_args`] for the per-layer tensors `which` stacks.
+pub fn stack_host_args_where(args: Vec<HostArg>, which: Stacked) -> Result<Vec<HostArg>, GraphError> {
+    let specs = stack_weight_args_where(args.iter().map(|a| a.spec.clone()).collect(), which);
     let mut out: Vec<HostArg> = specs.into_iter().map(|spec| HostArg { bytes: Vec::new(), spec }).collect();
     for arg in args {
         let stacked_name = match layer_of(&arg.spec.name) {
-            Some((_, rest)) => format!("model.layers.*.{rest}"),
-            None => arg.spec.name.clone(),
+            Some((_, rest)) if which.takes(&arg.spec) => format!("model.layers.*.{rest}"),
+            _ => arg.spec.name.clone(),
         };
         let target = out.iter_mut().find(|o| o.spec.name == stacked_name).ok_or_else(|| GraphError::Weight {
             name: arg.spec.name.clone(),
@@ -575,20 +609,12 @@ pub fn stack_host_args(args: Vec<HostArg>) -> Result<Vec<HostArg>, GraphError> {
 
 /// The weight arguments of graphs emitted with `options` (stacked when they loop over layers).
 pub fn graph_weight_args(config: &LlamaConfig, options: &crate::GraphOptions) -> Vec<WeightArg> {
-    let args = weight_args_with(config, options.format, options.arg_layout());
-    match options.layers {
-        crate::LayerMode::Unrolled | crate::LayerMode::UnrolledCachePerLayer => args,
-        crate::LayerMode::Loop => stack_weight_args(args),
-    }
+    stack_weight_args_where(weight_args_with(config, options.format, options.arg_layout()), options.stacked_weights())
 }
 
 /// The bytes to upload for [`graph_weight_args`].
 pub fn graph_host_args(weights: &LlamaWeights, options: &crate::GraphOptions) -> Result<Vec<HostArg>, GraphError> {
-    let args = host_args_with(weights, options.format, options.arg_layout())?;
-    match options.layers {
-        crate::LayerMode::Unrolled | crate::LayerMode::UnrolledCachePerLayer => Ok(args),
-        crate::LayerMode::Loop => stack_host_args(args),
-    }
+    stack_host_args_where(host_args_with(weights, options.format, options.arg_layout())?, options.stacked_weights())
 }
 
 /// The bytes of [`graph_weight_args`] one piece at a time, for a caller that writes them
@@ -602,13 +628,13 @@ pub fn for_each_graph_host_arg(
     each: &mut dyn FnMut(usize, usize, HostArg) -> Result<(), GraphError>,
 ) -> Result<(), GraphError> {
     let graph_args = graph_weight_args(&weights.config, options);
-    let stacked = options.layers == crate::LayerMode::Loop;
+    let stacked = options.stacked_weights();
     // Argument names are unique: a piece goes to the argument of its own name, or, for one layer
     // of a stacked argument, to `model.layers.*.{rest}` at that layer's offset.
     let index_of: std::collections::HashMap<&str, usize> =
         graph_args.iter().enumerate().map(|(i, a)| (a.name.as_str(), i)).collect();
     visit_host_args(weights, options.format, options.arg_layout(), &mut |piece| {
-        let (name, offset) = match layer_of(&piece.spec.name).filter(|_| stacked) {
+        let (name, offset) = match layer_of(&piece.spec.name).filter(|_| stacked.takes(&piece.spec)) {
             Some((layer, rest)) => (format!("model.layers.*.{rest}"), layer * piece.bytes.len()),
             None => (piece.spec.name.clone(), 0),
         };
@@ -786,6 +812,38 @@ mod tests {
     }
 
     #[test]
+    fn stacking_the_matrices_keeps_each_norm_in_its_place() {
+        let c = tiny_config();
+        let args = weight_args(&c, WeightFormat::Int4);
+        let stacked = stack_weight_args_where(args.clone(), Stacked::Matrices);
+        let layers = c.num_hidden_layers;
+        let norms_per_layer = 2;
+        let per_layer = args.iter().filter(|a| a.name.starts_with("model.layers.0.")).count();
+        assert_eq!(stacked.len(), args.len() - (layers - 1) * (per_layer - norms_per_layer));
+        // Layer 0's places hold its norms and the stacked matrices; later layers their norms.
+        let layer0: Vec<&str> = stacked
+            .iter()
+            .map(|a| a.name.as_str())
+            .skip_while(|n| !n.starts_with("model.layers."))
+            .take(per_layer)
+            .collect();
+        assert_eq!(layer0[0], "model.layers.0.input_layernorm.weight");
+        assert!(layer0[1].starts_with("model.layers.*.self_attn.q_proj."), "{layer0:?}");
+        let after: Vec<&str> = stacked
+            .iter()
+            .map(|a| a.name.as_str())
+            .skip_while(|n| !n.starts_with("model.layers."))
+            .skip(per_layer)
+            .take(2)
+            .collect();
+        assert_eq!(after, ["model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight"]);
+        for arg in stacked.iter().filter(|a| a.name.starts_with("model.layers.*.")) {
+            assert_ne!(arg.part, WeightPart::Norm, "{}", arg.name);
+            assert_eq!(arg.shape[0], layers, "{}", arg.name);
+        }
+    }
+
+    #[test]
     fn pieces_cover_the_graph_arguments_exactly() {
         let c = tiny_config();
         let f16 = random_weights(&c, 7).unwrap();
@@ -796,8 +854,19 @@ mod tests {
             (&int4, WeightFormat::Int4, Int4Layout::DEFAULT),
             (&all_int4, WeightFormat::Int4, Int4Layout::ALL_INT4),
         ] {
-            for layers in [crate::LayerMode::Unrolled, crate::LayerMode::Loop] {
-                let options = crate::GraphOptions { layers, int4_layout, ..crate::GraphOptions::new(64, format) };
+            // The IREE kernel dispatches' unrolled layers, which stack the matrices only.
+            let dispatches = Some(crate::HostKernels {
+                max_tokens: usize::MAX,
+                calls: crate::KernelCalls::IreeDispatch,
+                activations: crate::KernelActivations::Exact,
+            });
+            for (layers, host_kernels) in [
+                (crate::LayerMode::Unrolled, None),
+                (crate::LayerMode::Loop, None),
+                (crate::LayerMode::UnrolledCachePerLayer, dispatches),
+            ] {
+                let options =
+                    crate::GraphOptions { layers, int4_layout, host_kernels, ..crate::GraphOptions::new(64, format) };
                 let whole = graph_host_args(weights, &options).unwrap();
                 let mut assembled: Vec<Vec<u8>> = whole.iter().map(|a| vec![0xAA; a.bytes.len()]).collect();
                 let mut covered: Vec<usize> = vec![0; whole.len()];

@@ -385,6 +385,19 @@ impl GraphOptions {
         }
     }
 
+    /// Which per-layer weights the graphs take stacked over the layers: all of them in a loop
+    /// over the layers (sliced by the loop index); where the kernels are IREE dispatches, the
+    /// matrices (each dispatch binds a stacked argument whole and its import reads the layer's
+    /// part, ADR 0037), which leaves a call about a tenth of the arguments the VM checks on
+    /// every call; else none.
+    pub fn stacked_weights(&self) -> crate::Stacked {
+        match self.layers {
+            LayerMode::Loop => crate::Stacked::All,
+            LayerMode::UnrolledCachePerLayer if kernels_are_dispatches(self) => crate::Stacked::Matrices,
+            _ => crate::Stacked::None,
+        }
+    }
+
     /// How the quantized matrices are ordered (`crate::weight_args_with` says which): in panels
     /// of 16 rows when the kernels take every call (the only products that read that order), else
     /// row-major.
@@ -585,6 +598,9 @@ struct Weights {
     vals: Vec<Val>,
     specs: Vec<WeightArg>,
     next: usize,
+    /// The layer whose part of the stacked matrix arguments (`model.layers.*.…`) among `vals`
+    /// this layer's products read ([`crate::Stacked::Matrices`]).
+    layer: Option<usize>,
     /// [`GraphOptions::int4_dequantize_from`].
     dequantize_from: usize,
     /// Whether this function's products go through the host kernels.
@@ -602,6 +618,8 @@ enum MatrixArg {
         transposed: bool,
         kernel: bool,
         products: VectorProducts,
+        /// The layer whose part of a stacked `w` (`[layers, ...]`) the kernel reads.
+        layer: Option<usize>,
     },
     Int4 {
         packed: Val,
@@ -612,6 +630,8 @@ enum MatrixArg {
         activations: KernelActivations,
         order: MatrixOrder,
         products: VectorProducts,
+        /// The layer whose part of stacked operands (`[layers, ...]`) the kernel reads.
+        layer: Option<usize>,
     },
     Int8 {
         codes: Val,
@@ -621,10 +641,26 @@ enum MatrixArg {
         activations: KernelActivations,
         order: MatrixOrder,
         products: VectorProducts,
+        /// The layer whose part of stacked operands (`[layers, ...]`) the kernel reads.
+        layer: Option<usize>,
     },
 }
 
 impl Weights {
+    /// Other arguments (one layer's) read with this function's settings.
+    fn sharing_settings(&self, vals: Vec<Val>, specs: Vec<WeightArg>, layer: Option<usize>) -> Weights {
+        Weights {
+            vals,
+            specs,
+            next: 0,
+            layer,
+            dequantize_from: self.dequantize_from,
+            kernels: self.kernels,
+            activations: self.activations,
+            products: self.products,
+        }
+    }
+
     fn norm(&mut self) -> Val {
         let v = self.vals[self.next].clone();
         debug_assert_eq!(self.specs[self.next].part, WeightPart::Norm);
@@ -634,6 +670,7 @@ impl Weights {
 
     fn matrix(&mut self) -> MatrixArg {
         let i = self.next;
+        let layer = self.layer.filter(|_| self.specs[i].name.starts_with("model.layers.*."));
         match self.specs[i].part {
             WeightPart::DenseRowMajor | WeightPart::DenseTransposed => {
                 self.next += 1;
@@ -643,6 +680,7 @@ impl Weights {
                     // The kernel reads f16; matrices held in f32 (`dense=f32`) keep the dot.
                     kernel: self.kernels && self.specs[i].dtype == crate::ArgDtype::F16,
                     products: self.products,
+                    layer,
                 }
             }
             WeightPart::Int4Packed(order) => {
@@ -656,6 +694,7 @@ impl Weights {
                     activations: self.activations,
                     order,
                     products: self.products,
+                    layer,
                 }
             }
             WeightPart::Int8Codes(order) => {
@@ -668,6 +707,7 @@ impl Weights {
                     activations: self.activations,
                     order,
                     products: self.products,
+                    layer,
                 }
             }
             other => unreachable!("argument order of weight_args: {other:?} where a matrix starts"),
@@ -683,6 +723,7 @@ pub const PREFILL_DEQUANTIZE_MIN_TOKENS: usize = 8;
 
 /// `y = x W^T` for `x` f32 `[T, K]` and a weight of Hugging Face shape `[M, K]`: f32 `[T, M]`.
 fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
+    assert!(w.is_kernel() || w.layer().is_none(), "a stacked matrix is only read by the kernels");
     match w {
         MatrixArg::Dense { kernel: true, .. }
         | MatrixArg::Int4 { kernel: true, .. }
@@ -938,28 +979,44 @@ fn kernel_linear(
     residual: Option<&Val>,
 ) -> Val {
     let t = inputs[0].dims()[0];
-    let (format, activations, order, mut operands, m) = match w {
+    let (format, activations, order, mut operands) = match w {
         MatrixArg::Dense { w, transposed: false, .. } => {
-            (MatrixFormat::F16, KernelActivations::Exact, MatrixOrder::RowMajor, vec![w], w.dims()[0])
+            (MatrixFormat::F16, KernelActivations::Exact, MatrixOrder::RowMajor, vec![w])
         }
         MatrixArg::Int4 { packed, scales, biases, activations, order, .. } => {
-            (MatrixFormat::Int4, *activations, *order, vec![packed, scales, biases], packed.dims()[0])
+            (MatrixFormat::Int4, *activations, *order, vec![packed, scales, biases])
         }
         MatrixArg::Int8 { codes, scales, activations, order, .. } => {
-            (MatrixFormat::Int8, *activations, *order, vec![codes, scales], codes.dims()[0])
+            (MatrixFormat::Int8, *activations, *order, vec![codes, scales])
         }
         MatrixArg::Dense { transposed: true, .. } => unreachable!("the kernels read row-major matrices"),
     };
+    // A stacked matrix's operands are `[layers, rows, ...]`: the import reads this layer's part.
+    let layer = w.layer();
+    let m = operands[0].dims()[usize::from(layer.is_some())];
     let all_rows = rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
+    let mut offsets = vec![0; inputs.len()];
+    offsets.extend(operands.iter().map(|o| layer.map_or(0, |l| l * o.dims()[1..].iter().product::<usize>())));
     let mut all: Vec<&Val> = inputs.to_vec();
     all.append(&mut operands);
     all.extend(residual);
     all.extend(rows.or(all_rows.as_ref()));
     let target = linear_target(format, input, residual.is_some(), activations, order);
-    b.custom_call(&target, &all, Ty::new(&[t, m], Elem::F32))
+    let ty = Ty::new(&[t, m], Elem::F32);
+    match layer {
+        Some(_) => b.custom_call_at(&target, &all, &offsets, ty),
+        None => b.custom_call(&target, &all, ty),
+    }
 }
 
 impl MatrixArg {
+    /// The layer whose part of stacked operands the kernel reads, if the matrix is stacked.
+    fn layer(&self) -> Option<usize> {
+        match self {
+            MatrixArg::Dense { layer, .. } | MatrixArg::Int4 { layer, .. } | MatrixArg::Int8 { layer, .. } => *layer,
+        }
+    }
+
     /// Whether products with this matrix go through the runtime's kernel.
     fn is_kernel(&self) -> bool {
         matches!(
@@ -1152,6 +1209,42 @@ fn kernels_are_custom_calls(options: &GraphOptions) -> bool {
 /// Whether the graphs call the kernels as IREE dispatches.
 fn kernels_are_dispatches(options: &GraphOptions) -> bool {
     matches!(options.host_kernels, Some(HostKernels { calls: KernelCalls::IreeDispatch, .. }))
+}
+
+/// Unrolled layer `layer`'s weights where the matrices are stacked over the layers
+/// ([`crate::Stacked::Matrices`]): the stacked arguments stand in layer 0's places, among layer
+/// 0's own arguments (its norms). Layer 0 takes all of its places' arguments from `w` and keeps
+/// them in `places` (`Some` for a stacked one); a later layer takes its own arguments from `w`
+/// and the stacked ones from `places`. The products then read their layer's part of the stacked
+/// arguments ([`MatrixArg::layer`]).
+fn stacked_layer_weights(w: &mut Weights, places: &mut Vec<Option<(Val, WeightArg)>>, layer: usize) -> Weights {
+    let stacked = |spec: &WeightArg| spec.name.starts_with("model.layers.*.");
+    let (mut vals, mut specs) = (Vec::new(), Vec::new());
+    if layer == 0 {
+        let own = |spec: &WeightArg| stacked(spec) || spec.name.starts_with("model.layers.0.");
+        let count = w.specs[w.next..].iter().take_while(|spec| own(spec)).count();
+        places.clear();
+        for i in w.next..w.next + count {
+            let (val, spec) = (w.vals[i].clone(), w.specs[i].clone());
+            places.push(stacked(&spec).then(|| (val.clone(), spec.clone())));
+            vals.push(val);
+            specs.push(spec);
+        }
+        w.next += count;
+    } else {
+        for place in places.iter() {
+            let (val, spec) = match place {
+                Some((val, spec)) => (val.clone(), spec.clone()),
+                None => {
+                    w.next += 1;
+                    (w.vals[w.next - 1].clone(), w.specs[w.next - 1].clone())
+                }
+            };
+            vals.push(val);
+            specs.push(spec);
+        }
+    }
+    w.sharing_settings(vals, specs, Some(layer))
 }
 
 /// What one sequence of a call attends with.
@@ -1619,8 +1712,16 @@ fn forward(
     let kernels = options.kernel_rows(t);
     let activations = options.host_kernels.map(|h| h.activations).unwrap_or_default();
     let products = options.products_for(t);
-    let mut w =
-        Weights { vals, specs, next: 0, dequantize_from: options.int4_dequantize_from, kernels, activations, products };
+    let mut w = Weights {
+        vals,
+        specs,
+        next: 0,
+        layer: None,
+        dequantize_from: options.int4_dequantize_from,
+        kernels,
+        activations,
+        products,
+    };
 
     let mut b = FnBuilder::new();
     if options.highest_precision {
@@ -1761,6 +1862,8 @@ fn forward(
         LayerMode::UnrolledCachePerLayer => {
             let mut x = x;
             let mut updated: Vec<Vec<Val>> = vec![Vec::with_capacity(2 * layers); sequences];
+            let stacked = options.stacked_weights() == crate::Stacked::Matrices;
+            let mut places = Vec::new();
             for layer in 0..layers {
                 b.comment(&format!("layer {layer}"));
                 let index = b.const_int(layer as i64, Elem::I32, &[]);
@@ -1769,7 +1872,12 @@ fn forward(
                     .map(|own| LayerKv::Own { k: own[2 * layer].clone(), v: own[2 * layer + 1].clone() })
                     .collect();
                 let kv;
-                (x, kv) = decoder_layer(&mut b, config, &mut w, &shared, &index, x, own);
+                (x, kv) = if stacked {
+                    let mut layer_weights = stacked_layer_weights(&mut w, &mut places, layer);
+                    decoder_layer(&mut b, config, &mut layer_weights, &shared, &index, x, own)
+                } else {
+                    decoder_layer(&mut b, config, &mut w, &shared, &index, x, own)
+                };
                 for (sequence, kv) in kv.into_iter().enumerate() {
                     let LayerKv::Own { k, v } = kv else { unreachable!("own caches in, own caches out") };
                     updated[sequence].extend([k, v]);
@@ -1810,15 +1918,7 @@ fn forward(
                         vals.push(b.reshape(&one, &dims[1..]));
                         specs.push(WeightArg { shape: dims[1..].to_vec(), ..spec.clone() });
                     }
-                    let mut layer_weights = Weights {
-                        vals,
-                        specs,
-                        next: 0,
-                        dequantize_from: options.int4_dequantize_from,
-                        kernels,
-                        activations,
-                        products,
-                    };
+                    let mut layer_weights = w.sharing_settings(vals, specs, None);
                     let kv = carried[2..]
                         .chunks(2)
                         .map(|kv| LayerKv::Stacked(NewKv { k: kv[0].clone(), v: kv[1].clone() }))
@@ -2468,6 +2568,24 @@ mod tests {
         assert!(!text.contains("stablehlo.dot_general"), "every product and attention is a kernel");
         assert!(!text.contains("dynamic_update_slice"), "the caches are the dispatches' to write");
         assert!(!text.contains("stablehlo.dynamic_slice"), "the head's row is no slice at a computed offset");
+        // The matrices are stacked over the layers (seven int4 matrices of three arguments),
+        // the norms not: a dispatch binds a stacked argument whole and its export hands the
+        // import the layer's part, from an element offset (no slice in the graph, which IREE
+        // would copy on every call, ADR 0037).
+        let args = graph_weight_args(&c, &options);
+        assert_eq!(args.iter().filter(|a| a.name.starts_with("model.layers.*.")).count(), 7 * 3);
+        assert_eq!(args.iter().filter(|a| a.part == WeightPart::Norm).count(), 2 * layers + 1);
+        let weight_slices = text
+            .lines()
+            .filter(|l| l.contains("stablehlo.slice") && (l.contains("xi8>) ->") || l.contains("xf16>) ->")))
+            .count();
+        assert_eq!(weight_slices, 0, "no layer sliced out of a stacked argument");
+        // An export function offsets none of its operands (layer 0, and the other kernels) or
+        // the three of an int4 matrix (a later layer's).
+        let offset_counts: Vec<usize> =
+            text.split("      func.func @").skip(1).map(|f| f.matches("= arith.addi %o").count()).collect();
+        assert!(offset_counts.iter().all(|&n| n == 0 || n == 3), "{offset_counts:?}");
+        assert!(offset_counts.contains(&3), "a later layer's products read from an offset");
         let heads = c.num_attention_heads;
         assert!(text.contains(&format!("= arith.constant {heads} : index\n    %")), "workload of the heads");
         for target in [one.as_str(), ATTENTION_CAUSAL_TARGET] {

@@ -17,7 +17,7 @@ pub mod mlir;
 
 pub use arguments::{
     for_each_graph_host_arg, graph_host_args, graph_weight_args, host_args, host_args_with, stack_host_args,
-    stack_weight_args, weight_args, weight_args_with, ArgDtype, ArgLayout, DenseLayout, HostArg, MatrixOrder,
+    stack_weight_args, weight_args, weight_args_with, ArgDtype, ArgLayout, DenseLayout, HostArg, MatrixOrder, Stacked,
     StorageDtype, WeightArg, WeightPart,
 };
 pub use buckets::{buckets_for_context, plan_prefill, plan_prefill_embeddings, PlannedCall, DEFAULT_BUCKETS};

@@ -194,10 +194,22 @@ impl FnBuilder {
     /// returns one array of type `ty`. Only a runtime that registered `target` can compile it.
     pub fn custom_call(&mut self, target: &str, operands: &[&Val], ty: Ty) -> Val {
         if let Some(dispatches) = &mut self.dispatches {
-            let (export, workload) = dispatches.export_for(target, operands, Some(&ty));
+            let (export, workload) = dispatches.export_for(target, operands, Some(&ty), &[]);
             return self.flow_dispatch(&export, workload, operands, Some(ty), &[]).remove(0);
         }
         self.op("custom_call", operands, &custom_call_attrs(target), ty)
+    }
+
+    /// [`FnBuilder::custom_call`] as an IREE kernel dispatch whose import sees operand `i` from
+    /// element `offsets[i]` on (absent or 0: from its start), as though that operand were its
+    /// part there: one layer's part of an argument stacked over the layers, which the dispatch
+    /// binds whole (a slice in the graph would be a copy, ADR 0037). IREE's form only.
+    pub fn custom_call_at(&mut self, target: &str, operands: &[&Val], offsets: &[usize], ty: Ty) -> Val {
+        let Some(dispatches) = &mut self.dispatches else {
+            panic!("{target}: a dispatch at operand offsets is IREE's form only");
+        };
+        let (export, workload) = dispatches.export_for(target, operands, Some(&ty), offsets);
+        self.flow_dispatch(&export, workload, operands, Some(ty), &[]).remove(0)
     }
 
     /// [`FnBuilder::custom_call`] with several results, `tys`, where each `(result, operand)`
@@ -238,7 +250,7 @@ impl FnBuilder {
             panic!("{target}: a dispatch with tied operands is IREE's form only");
         };
         assert!(ty.is_some() || !tied.is_empty(), "{target}: a dispatch with no result");
-        let (export, workload) = dispatches.export_for(target, operands, ty.as_ref());
+        let (export, workload) = dispatches.export_for(target, operands, ty.as_ref(), &[]);
         self.flow_dispatch(&export, workload, operands, ty, tied)
     }
 
@@ -763,8 +775,20 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 /// operand, which the import may write in place; its new array, if any, is the result.
 #[derive(Debug, Default, Clone)]
 pub struct KernelDispatches {
-    /// (export name, target, operand types, result type if any), in first-use order.
-    exports: Vec<(String, String, Vec<Ty>, Option<Ty>)>,
+    /// The exports, in first-use order.
+    exports: Vec<Export>,
+}
+
+/// One export of the kernel executable.
+#[derive(Debug, Clone)]
+struct Export {
+    name: String,
+    target: String,
+    operands: Vec<Ty>,
+    result: Option<Ty>,
+    /// Where the import's view of each operand starts, in elements (empty: every operand from
+    /// its start; [`FnBuilder::custom_call_at`]).
+    offsets: Vec<usize>,
 }
 
 /// How one kernel call is shared among workgroups, and the shape words its import receives.
@@ -815,16 +839,33 @@ impl Split {
 impl KernelDispatches {
     /// The export for `target` over these operands (made on first use), and the workload of a
     /// dispatch of it.
-    fn export_for(&mut self, target: &str, operands: &[&Val], result: Option<&Ty>) -> (String, usize) {
+    fn export_for(
+        &mut self,
+        target: &str,
+        operands: &[&Val],
+        result: Option<&Ty>,
+        offsets: &[usize],
+    ) -> (String, usize) {
         let types: Vec<Ty> = operands.iter().map(|v| v.ty.clone()).collect();
         let extent = Split::of(target, &types, result).extent;
-        if let Some((name, ..)) =
-            self.exports.iter().find(|(_, t, o, r)| t == target && *o == types && r.as_ref() == result)
+        // Trailing zero offsets are no offsets: one export serves both spellings.
+        let used = offsets.iter().rposition(|&o| o != 0).map_or(0, |i| i + 1);
+        let offsets = offsets[..used].to_vec();
+        if let Some(export) = self
+            .exports
+            .iter()
+            .find(|e| e.target == target && e.operands == types && e.result.as_ref() == result && e.offsets == offsets)
         {
-            return (name.clone(), extent);
+            return (export.name.clone(), extent);
         }
         let name = format!("{target}_{}", self.exports.len());
-        self.exports.push((name.clone(), target.to_string(), types, result.cloned()));
+        self.exports.push(Export {
+            name: name.clone(),
+            target: target.to_string(),
+            operands: types,
+            result: result.cloned(),
+            offsets,
+        });
         (name, extent)
     }
 
@@ -835,7 +876,7 @@ impl KernelDispatches {
         }
         let mut s = String::new();
         writeln!(s, "  stream.executable private @{KERNEL_EXECUTABLE} {{").unwrap();
-        for (name, target, operands, result) in &self.exports {
+        for Export { name, target, operands, result, .. } in &self.exports {
             let per_group = Split::of(target, operands, result.as_ref()).per_group;
             writeln!(
                 s,
@@ -850,7 +891,7 @@ impl KernelDispatches {
         }
         writeln!(s, "    builtin.module {{").unwrap();
         let mut declared: Vec<&str> = Vec::new();
-        for (_, target, operands, result) in &self.exports {
+        for Export { target, operands, result, .. } in &self.exports {
             if declared.contains(&target.as_str()) {
                 continue;
             }
@@ -858,8 +899,8 @@ impl KernelDispatches {
             let params = import_params(target, operands, result.as_ref());
             writeln!(s, "      func.func private @{target}({params}) attributes {{llvm.bareptr = true}}").unwrap();
         }
-        for (name, target, operands, result) in &self.exports {
-            s.push_str(&export_function(name, target, operands, result.as_ref()));
+        for export in &self.exports {
+            s.push_str(&export_function(export));
         }
         writeln!(s, "    }}").unwrap();
         writeln!(s, "  }}").unwrap();
@@ -902,7 +943,9 @@ fn memref(ty: &Ty) -> String {
 
 /// The function of one export: its bindings as memrefs, their base pointers and offsets, and
 /// the import call for this workgroup's share.
-fn export_function(name: &str, target: &str, operands: &[Ty], result: Option<&Ty>) -> String {
+fn export_function(export: &Export) -> String {
+    let Export { name, target, operands, result, offsets } = export;
+    let result = result.as_ref();
     let Split { extent, per_group, words } = Split::of(target, operands, result);
     let all: Vec<&Ty> = operands.iter().chain(result).collect();
     let mut s = String::new();
@@ -934,7 +977,14 @@ fn export_function(name: &str, target: &str, operands: &[Ty], result: Option<&Ty
             out_types.join(", ")
         )
         .unwrap();
-        args.push(format!("%p{i}, %o{i}"));
+        match offsets.get(i) {
+            Some(&offset) if offset != 0 => {
+                writeln!(s, "        %d{i} = arith.constant {offset} : index").unwrap();
+                writeln!(s, "        %q{i} = arith.addi %o{i}, %d{i} : index").unwrap();
+                args.push(format!("%p{i}, %q{i}"));
+            }
+            _ => args.push(format!("%p{i}, %o{i}")),
+        }
     }
     args.extend((0..words.len()).map(|i| format!("%w{i}")));
     args.push("%first, %count".to_string());
