@@ -772,7 +772,9 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 ///   and `capacity`; a workgroup writes KV heads `first..first + count`.
 ///
 /// A dispatch with tied operands ([`FnBuilder::dispatch_tied`]) passes each of them once, as an
-/// operand, which the import may write in place; its new array, if any, is the result.
+/// operand, which the import may write in place; its new array, if any, is the result. A
+/// dispatch at operand offsets ([`FnBuilder::custom_call_at`]) has exports of its own that add
+/// each operand's offset to the element offset they pass, so the import sees that part only.
 #[derive(Debug, Default, Clone)]
 pub struct KernelDispatches {
     /// The exports, in first-use order.
