@@ -517,6 +517,22 @@ fn visit_host_args(
     Ok(())
 }
 
+/// How the name of a per-layer tensor's argument stacked over the layers starts
+/// ([`stack_weight_args`]).
+const STACKED_PREFIX: &str = "model.layers.*.";
+
+/// The stacked argument's name of the per-layer tensors `model.layers.{i}.{rest}`.
+fn stacked_name(rest: &str) -> String {
+    format!("{STACKED_PREFIX}{rest}")
+}
+
+impl WeightArg {
+    /// Whether this argument holds a per-layer tensor of every layer (`[layers, ...]`).
+    pub(crate) fn is_stacked(&self) -> bool {
+        self.name.starts_with(STACKED_PREFIX)
+    }
+}
+
 /// The layer index and the rest of a per-layer tensor name (`model.layers.{i}.{rest}`).
 fn layer_of(name: &str) -> Option<(usize, &str)> {
     let rest = name.strip_prefix("model.layers.")?;
@@ -565,7 +581,7 @@ pub fn stack_weight_args_where(args: Vec<WeightArg>, which: Stacked) -> Vec<Weig
             Some((0, rest)) if which.takes(&arg) => {
                 let mut shape = vec![layers];
                 shape.extend_from_slice(&arg.shape);
-                out.push(WeightArg { name: format!("model.layers.*.{rest}"), shape, ..arg });
+                out.push(WeightArg { name: stacked_name(rest), shape, ..arg });
             }
             Some(_) if which.takes(&arg) => {}
             _ => out.push(arg),
@@ -586,7 +602,7 @@ pub fn stack_host_args_where(args: Vec<HostArg>, which: Stacked) -> Result<Vec<H
     let mut out: Vec<HostArg> = specs.into_iter().map(|spec| HostArg { bytes: Vec::new(), spec }).collect();
     for arg in args {
         let stacked_name = match layer_of(&arg.spec.name) {
-            Some((_, rest)) if which.takes(&arg.spec) => format!("model.layers.*.{rest}"),
+            Some((_, rest)) if which.takes(&arg.spec) => stacked_name(rest),
             _ => arg.spec.name.clone(),
         };
         let target = out.iter_mut().find(|o| o.spec.name == stacked_name).ok_or_else(|| GraphError::Weight {
@@ -635,7 +651,7 @@ pub fn for_each_graph_host_arg(
         graph_args.iter().enumerate().map(|(i, a)| (a.name.as_str(), i)).collect();
     visit_host_args(weights, options.format, options.arg_layout(), &mut |piece| {
         let (name, offset) = match layer_of(&piece.spec.name).filter(|_| stacked.takes(&piece.spec)) {
-            Some((layer, rest)) => (format!("model.layers.*.{rest}"), layer * piece.bytes.len()),
+            Some((layer, rest)) => (stacked_name(rest), layer * piece.bytes.len()),
             None => (piece.spec.name.clone(), 0),
         };
         let index = *index_of.get(name.as_str()).ok_or_else(|| GraphError::Weight {
@@ -821,21 +837,11 @@ mod tests {
         let per_layer = args.iter().filter(|a| a.name.starts_with("model.layers.0.")).count();
         assert_eq!(stacked.len(), args.len() - (layers - 1) * (per_layer - norms_per_layer));
         // Layer 0's places hold its norms and the stacked matrices; later layers their norms.
-        let layer0: Vec<&str> = stacked
-            .iter()
-            .map(|a| a.name.as_str())
-            .skip_while(|n| !n.starts_with("model.layers."))
-            .take(per_layer)
-            .collect();
+        let names: Vec<&str> =
+            stacked.iter().map(|a| a.name.as_str()).skip_while(|n| !n.starts_with("model.layers.")).collect();
+        let (layer0, after) = (&names[..per_layer], &names[per_layer..per_layer + 2]);
         assert_eq!(layer0[0], "model.layers.0.input_layernorm.weight");
         assert!(layer0[1].starts_with("model.layers.*.self_attn.q_proj."), "{layer0:?}");
-        let after: Vec<&str> = stacked
-            .iter()
-            .map(|a| a.name.as_str())
-            .skip_while(|n| !n.starts_with("model.layers."))
-            .skip(per_layer)
-            .take(2)
-            .collect();
         assert_eq!(after, ["model.layers.1.input_layernorm.weight", "model.layers.1.post_attention_layernorm.weight"]);
         for arg in stacked.iter().filter(|a| a.name.starts_with("model.layers.*.")) {
             assert_ne!(arg.part, WeightPart::Norm, "{}", arg.name);

@@ -388,7 +388,7 @@ impl GraphOptions {
     /// Which per-layer weights the graphs take stacked over the layers: all of them in a loop
     /// over the layers (sliced by the loop index); where the kernels are IREE dispatches, the
     /// matrices (each dispatch binds a stacked argument whole and its import reads the layer's
-    /// part, ADR 0037), which leaves a call about a tenth of the arguments the VM checks on
+    /// part, ADR 0037), which leaves a call about a fifth of the arguments the VM checks on
     /// every call; else none.
     pub fn stacked_weights(&self) -> crate::Stacked {
         match self.layers {
@@ -670,7 +670,7 @@ impl Weights {
 
     fn matrix(&mut self) -> MatrixArg {
         let i = self.next;
-        let layer = self.layer.filter(|_| self.specs[i].name.starts_with("model.layers.*."));
+        let layer = self.layer.filter(|_| self.specs[i].is_stacked());
         match self.specs[i].part {
             WeightPart::DenseRowMajor | WeightPart::DenseTransposed => {
                 self.next += 1;
@@ -1218,15 +1218,14 @@ fn kernels_are_dispatches(options: &GraphOptions) -> bool {
 /// and the stacked ones from `places`. The products then read their layer's part of the stacked
 /// arguments ([`MatrixArg::layer`]).
 fn stacked_layer_weights(w: &mut Weights, places: &mut Vec<Option<(Val, WeightArg)>>, layer: usize) -> Weights {
-    let stacked = |spec: &WeightArg| spec.name.starts_with("model.layers.*.");
     let (mut vals, mut specs) = (Vec::new(), Vec::new());
     if layer == 0 {
-        let own = |spec: &WeightArg| stacked(spec) || spec.name.starts_with("model.layers.0.");
+        let own = |spec: &WeightArg| spec.is_stacked() || spec.name.starts_with("model.layers.0.");
         let count = w.specs[w.next..].iter().take_while(|spec| own(spec)).count();
         places.clear();
         for i in w.next..w.next + count {
             let (val, spec) = (w.vals[i].clone(), w.specs[i].clone());
-            places.push(stacked(&spec).then(|| (val.clone(), spec.clone())));
+            places.push(spec.is_stacked().then(|| (val.clone(), spec.clone())));
             vals.push(val);
             specs.push(spec);
         }
@@ -1889,7 +1888,7 @@ fn forward(
             // The stacked per-layer weights are the arguments up to the final norm; the loop body
             // slices layer `i` out of each.
             let first = w.next;
-            let per_layer = w.specs[first..].iter().take_while(|s| s.name.starts_with("model.layers.*.")).count();
+            let per_layer = w.specs[first..].iter().take_while(|s| s.is_stacked()).count();
             w.next += per_layer;
             let stacked: Vec<(Val, WeightArg)> =
                 (first..first + per_layer).map(|i| (w.vals[i].clone(), w.specs[i].clone())).collect();
