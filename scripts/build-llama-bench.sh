@@ -20,8 +20,9 @@ esac
 LLAMA_CPP_PYTHON_VERSION="0.3.36"
 dir="$PWD/.seam/llama.cpp"
 bin="$dir/build/bin/$target"
-# Some virtual machines report AMX (amx_tile in /proc/cpuinfo) but fault on its instructions
-# (llama-bench died with SIGILL on `tilezero` in ggml's AMX path on an Intel Xeon VM, 2026-11-26),
+# Some virtual machines report AMX (amx_tile in /proc/cpuinfo) but ggml's AMX path faults there
+# (llama-bench died with SIGILL on `tilezero` on an Intel Xeon VM, 2026-11-26; llama-server did
+# too on 2026-11-28, on a VM where AMX tile products otherwise ran: docs/performance.md, run 33),
 # so the native build leaves AMX out; llama.cpp then takes its AVX-512 (VNNI) paths. The flags
 # are recorded beside the build, and a build made with other flags is configured again.
 cflags="-mno-amx-tile -mno-amx-int8 -mno-amx-bf16"
