@@ -54,8 +54,8 @@ unsafe impl Sync for Table {}
 // SAFETY: as above.
 unsafe impl Send for Table {}
 
-/// Every import: each linear target of `stablehlo_llama::linear_targets`, and the three
-/// attention targets.
+/// Every import: each linear target of `stablehlo_llama::linear_targets`, the attention
+/// targets and the greedy tokens' argmax.
 fn table() -> &'static Table {
     static TABLE: OnceLock<Table> = OnceLock::new();
     TABLE.get_or_init(|| {
@@ -71,6 +71,7 @@ fn table() -> &'static Table {
             .chain([
                 entry(stablehlo_llama::ATTENTION_CAUSAL_TARGET, attention_causal, 0),
                 entry(stablehlo_llama::WRITE_ENTRIES_TARGET, write_entries, 0),
+                entry(stablehlo_llama::ARGMAX_TARGET, argmax, 0),
             ])
             // A batched attention's operands are counted by its batch, which its words (after
             // them) cannot tell: each batch size has its import, its size the context.
@@ -502,6 +503,35 @@ unsafe extern "C" fn attention_many(params: *mut c_void, context: *mut c_void, _
                 if !ok {
                     return false;
                 }
+            }
+            true
+        }
+    })
+}
+
+/// One workgroup's rows of a greedy pick: `(logits f32[R, V]) -> i32[R]`, row `r` the first index
+/// of its largest value, as `cpu_kernels::argmax_rows` on the calling thread (the numbers of
+/// `session_api`'s argmax, and of pjrt-cpu's custom call).
+unsafe extern "C" fn argmax(params: *mut c_void, _context: *mut c_void, _reserved: *mut c_void) -> c_int {
+    let p = Packed(params as *const usize);
+    guarded(|| {
+        // SAFETY: the executable passes two pointer/offset pairs and four words, over buffers of
+        // the shapes the graph emitter gave the dispatch; this workgroup alone writes its rows of
+        // the result.
+        unsafe {
+            let (rows, cols, first, count) = (p.word(2, 0), p.word(2, 1), p.word(2, 2), p.word(2, 3));
+            if first + count > rows {
+                return false;
+            }
+            let logits = &p.operand::<f32>(0, rows * cols)[first * cols..(first + count) * cols];
+            let mut ids = vec![0u32; count];
+            if ONE_THREAD.with(|pool| cpu_kernels::argmax_rows(isa(), pool, logits, cols, &mut ids)).is_err() {
+                return false;
+            }
+            let out = p.operand_mut::<i32>(1).add(first);
+            for (r, id) in ids.into_iter().enumerate() {
+                let Ok(id) = i32::try_from(id) else { return false };
+                *out.add(r) = id;
             }
             true
         }

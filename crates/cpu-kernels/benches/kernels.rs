@@ -12,9 +12,9 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    attention_causal, attention_decode, matmul_f16, matmul_int4, matmul_int4_panels, matmul_int4_panels_q8,
-    matmul_int4_q8, matmul_int8, matmul_int8_panels, matmul_int8_panels_q8, matmul_int8_q8, AttentionShape,
-    CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, GROUP_SIZE,
+    attention_causal, attention_decode, attention_decode_batch, matmul_f16, matmul_int4, matmul_int4_panels,
+    matmul_int4_panels_q8, matmul_int4_q8, matmul_int8, matmul_int8_panels, matmul_int8_panels_q8, matmul_int8_q8,
+    AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, StepEntries, GROUP_SIZE,
 };
 use std::time::Instant;
 
@@ -271,6 +271,36 @@ fn main() {
             attention_decode(Isa::best(), pool, shape, &q, &keys, &values, len, &mut out).unwrap();
         });
         println!("attention 9/3 heads x 64, {len:>4} of 2048 positions: {:>8.1} us", secs * 1e6);
+    }
+    // A batched decode step's attention, all 30 layers, each sequence with its own caches of 512
+    // positions (as `seam serve --max-context 512` holds them): the caches far exceed the last
+    // level cache, so this is what serving at a batch of eight reads from memory per step.
+    {
+        let c = 512;
+        let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, capacity: c };
+        let sequences = 8;
+        let mut caches: Vec<(Vec<f32>, Vec<f32>)> =
+            (0..30 * sequences).map(|_| (vec![0.01f32; 3 * 64 * c], vec![0.02f32; 3 * c * 64])).collect();
+        let q = vec![0.1f32; sequences * 9 * 64];
+        let new = vec![0.03f32; sequences * 3 * 64];
+        let mut out = vec![0.0f32; sequences * 9 * 64];
+        for len in [64usize, 128, 256] {
+            let positions = vec![len - 1; sequences];
+            let secs = time(1, |_| {
+                for layer in caches.chunks_mut(sequences) {
+                    let mut views: Vec<(&mut [f32], &mut [f32])> =
+                        layer.iter_mut().map(|(k, v)| (&mut k[..], &mut v[..])).collect();
+                    let entries = StepEntries { keys: &new, values: &new, positions: &positions };
+                    attention_decode_batch(Isa::best(), pool, shape, &q, entries, &mut views, &mut out).unwrap();
+                }
+            });
+            let bytes = 30 * sequences * 2 * 3 * 64 * len * 4;
+            println!(
+                "batched attention x30 layers, {sequences} sequences at {len:>3} of {c}: {:>8.2} ms, {:>6.1} GB/s",
+                secs * 1e3,
+                bytes as f64 / secs / 1e9
+            );
+        }
     }
     // A prefill chunk's causal attention, all 30 layers (the keys and values already cached).
     for (tokens, position) in [(256usize, 0usize), (256, 256)] {

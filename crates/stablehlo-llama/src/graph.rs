@@ -1973,11 +1973,12 @@ fn forward(
         linear(&mut b, &last, &head)
     };
     // First index of the maximum, like session_api's argmax (per row for a batch): through the
-    // kernels where they are XLA custom calls (XLA's reduction over (value, index) pairs is a
-    // scalar loop on one thread), else the graph's own reduction.
+    // kernels where the graphs call them (XLA's and IREE's reductions over (value, index) pairs
+    // are each a scalar loop, IREE's one workgroup for all of a batch's rows), else the graph's
+    // own reduction.
     let rows = logits;
     let logits = if batched { rows.clone() } else { b.reshape(&rows, &[vocab]) };
-    let token = if kernels_are_custom_calls(options) {
+    let token = if options.host_kernels.is_some() {
         let ids = b.custom_call(ARGMAX_TARGET, &[&rows], Ty::new(&rows.dims()[..1], Elem::I32));
         if batched {
             ids
@@ -2527,9 +2528,11 @@ mod tests {
         let prefill = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: false };
         let text = emit_module(&c, &options, &[DECODE, prefill]).unwrap();
         assert!(!text.contains("custom_call"), "no XLA custom call in IREE's form");
-        // Seven products per layer and the LM head, in both functions; attention stays in the
-        // graph (the kernels' attention reads f32 per-layer caches, which these options lack).
-        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (7 * layers + 1));
+        // Seven products per layer, the LM head and the greedy token, in both functions;
+        // attention stays in the graph (the kernels' attention reads f32 per-layer caches, which
+        // these options lack).
+        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (7 * layers + 2));
+        assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{ARGMAX_TARGET}_")).count(), 2);
         assert_eq!(text.matches("stream.executable private @seam_kernels").count(), 1);
         // One export per target and shape: the layers' same-shaped products share theirs.
         let exports = text.matches("stream.executable.export public @").count();
@@ -2551,7 +2554,7 @@ mod tests {
         assert!(options.attention_kernel());
         let text = emit_module(&c, &options, &[DECODE, prefill]).unwrap();
         let one = attention_decode_many_target(1);
-        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (8 * layers + 1) + layers);
+        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (8 * layers + 2) + layers);
         assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{one}_")).count(), layers);
         assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{ATTENTION_CAUSAL_TARGET}_")).count(), layers);
         let writes: Vec<&str> = text

@@ -770,6 +770,8 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 ///   the kernel serves with one read of its keys and values (ADR 0031).
 /// - The entries' writes ([`crate::WRITE_ENTRIES_TARGET`]) are `tokens`, `kv_heads`, `head_dim`
 ///   and `capacity`; a workgroup writes KV heads `first..first + count`.
+/// - The greedy tokens ([`crate::ARGMAX_TARGET`]) are `rows` and `cols` of the logits; a
+///   workgroup takes rows `first..first + count`.
 ///
 /// A dispatch with tied operands ([`FnBuilder::dispatch_tied`]) passes each of them once, as an
 /// operand, which the import may write in place; its new array, if any, is the result. A
@@ -824,6 +826,11 @@ impl Split {
                 per_group,
                 words: vec![sequences, heads, keys[0], head_dim, keys[2]],
             };
+        }
+        if target == crate::ARGMAX_TARGET {
+            // operand logits [R, V], result [R]: a workgroup takes one row.
+            let (rows, cols) = (operands[0].dims[0], operands[0].dims[1]);
+            return Split { extent: rows, per_group: 1, words: vec![rows, cols] };
         }
         if target == crate::ATTENTION_CAUSAL_TARGET {
             // result [T, H, D]; keys [KVH, D, C]. A workgroup takes one query head.
