@@ -751,11 +751,19 @@ mod x86 {
         }
     }
 
-    /// Asks for the `lines` cache lines of a group's codes a little ahead.
+    /// How far ahead of the group being multiplied the panels are prefetched: sixteen int4
+    /// groups of a full panel (eight int8 ones). A panel's group is read once for every token
+    /// of the call, so a call of several tokens spends longer on each byte than a one-token
+    /// call, and the one-token products' distance (a quarter of this) no longer hid the
+    /// memory's latency: the kernels bench's steps of one and of eight tokens both ran faster
+    /// at this distance (docs/performance.md, run 34).
+    const PANEL_PREFETCH_AHEAD: usize = 4096;
+
+    /// Asks for the `lines` cache lines of a group's codes [`PANEL_PREFETCH_AHEAD`] ahead.
     #[inline(always)]
     unsafe fn prefetch(group: *const i8, lines: usize) {
         for l in 0..lines {
-            _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(crate::matmul::PREFETCH_AHEAD + 64 * l));
+            _mm_prefetch::<_MM_HINT_T0>(group.wrapping_add(PANEL_PREFETCH_AHEAD + 64 * l));
         }
     }
 
