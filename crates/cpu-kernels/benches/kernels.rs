@@ -9,6 +9,8 @@
 //! step's int8 head in panels too, `matmul_int8_panels_q8`);
 //! `int4pe` and `int8pe` the exact products over panels (`matmul_int4_panels`,
 //! `matmul_int8_panels`; a step's int8 head in panels too).
+//!
+//! `-- --batched-attention` times only a batched decode step's attention over caches in memory.
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
@@ -43,6 +45,10 @@ fn time<F: FnMut(usize)>(copies: usize, mut f: F) -> f64 {
 fn main() {
     let quick = std::env::args().any(|a| a == "--quick");
     let pool = Pool::global();
+    if std::env::args().any(|a| a == "--batched-attention") {
+        batched_attention(pool);
+        return;
+    }
     let bandwidth = probe(pool);
     println!("threads {}, paths {:?}", pool.threads(), Isa::supported().iter().map(|i| i.name()).collect::<Vec<_>>());
     println!("read probe: {:.1} GB/s", bandwidth / 1e9);
@@ -272,36 +278,7 @@ fn main() {
         });
         println!("attention 9/3 heads x 64, {len:>4} of 2048 positions: {:>8.1} us", secs * 1e6);
     }
-    // A batched decode step's attention, all 30 layers, each sequence with its own caches of 512
-    // positions (as `seam serve --max-context 512` holds them): the caches far exceed the last
-    // level cache, so this is what serving at a batch of eight reads from memory per step.
-    {
-        let c = 512;
-        let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, capacity: c };
-        let sequences = 8;
-        let mut caches: Vec<(Vec<f32>, Vec<f32>)> =
-            (0..30 * sequences).map(|_| (vec![0.01f32; 3 * 64 * c], vec![0.02f32; 3 * c * 64])).collect();
-        let q = vec![0.1f32; sequences * 9 * 64];
-        let new = vec![0.03f32; sequences * 3 * 64];
-        let mut out = vec![0.0f32; sequences * 9 * 64];
-        for len in [64usize, 128, 256] {
-            let positions = vec![len - 1; sequences];
-            let secs = time(1, |_| {
-                for layer in caches.chunks_mut(sequences) {
-                    let mut views: Vec<(&mut [f32], &mut [f32])> =
-                        layer.iter_mut().map(|(k, v)| (&mut k[..], &mut v[..])).collect();
-                    let entries = StepEntries { keys: &new, values: &new, positions: &positions };
-                    attention_decode_batch(Isa::best(), pool, shape, &q, entries, &mut views, &mut out).unwrap();
-                }
-            });
-            let bytes = 30 * sequences * 2 * 3 * 64 * len * 4;
-            println!(
-                "batched attention x30 layers, {sequences} sequences at {len:>3} of {c}: {:>8.2} ms, {:>6.1} GB/s",
-                secs * 1e3,
-                bytes as f64 / secs / 1e9
-            );
-        }
-    }
+    batched_attention(pool);
     // A prefill chunk's causal attention, all 30 layers (the keys and values already cached).
     for (tokens, position) in [(256usize, 0usize), (256, 256)] {
         let q = vec![0.1f32; tokens * 9 * 64];
@@ -346,4 +323,35 @@ fn report(name: &str, n: usize, k: usize, kernel: &str, secs: f64, bytes: usize,
         rate / 1e9,
         100.0 * rate / bandwidth
     );
+}
+
+/// A batched decode step's attention, all 30 layers, each sequence with its own caches of 512
+/// positions (as `seam serve --max-context 512` holds them): the caches far exceed the last
+/// level cache, so this is what serving at a batch of eight reads from memory per step.
+fn batched_attention(pool: &Pool) {
+    let c = 512;
+    let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, capacity: c };
+    let sequences = 8;
+    let mut caches: Vec<(Vec<f32>, Vec<f32>)> =
+        (0..30 * sequences).map(|_| (vec![0.01f32; 3 * 64 * c], vec![0.02f32; 3 * c * 64])).collect();
+    let q = vec![0.1f32; sequences * 9 * 64];
+    let new = vec![0.03f32; sequences * 3 * 64];
+    let mut out = vec![0.0f32; sequences * 9 * 64];
+    for len in [64usize, 128, 256] {
+        let positions = vec![len - 1; sequences];
+        let secs = time(1, |_| {
+            for layer in caches.chunks_mut(sequences) {
+                let mut views: Vec<(&mut [f32], &mut [f32])> =
+                    layer.iter_mut().map(|(k, v)| (&mut k[..], &mut v[..])).collect();
+                let entries = StepEntries { keys: &new, values: &new, positions: &positions };
+                attention_decode_batch(Isa::best(), pool, shape, &q, entries, &mut views, &mut out).unwrap();
+            }
+        });
+        let bytes = 30 * sequences * 2 * 3 * 64 * len * 4;
+        println!(
+            "batched attention x30 layers, {sequences} sequences at {len:>3} of {c}: {:>8.2} ms, {:>6.1} GB/s",
+            secs * 1e3,
+            bytes as f64 / secs / 1e9
+        );
+    }
 }
