@@ -797,6 +797,8 @@ mod tiled {
         tail: Vec<f32>,
     }
 
+    crate::scratch::footprint!(Buffers: scores, tail);
+
     static BUFFERS: Scratch<Buffers> = Scratch::new();
 
     /// [`super::attention_causal`] for `head_dim` a multiple of [`PANEL_WIDTH`], `isa` with AVX2

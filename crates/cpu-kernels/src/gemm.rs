@@ -60,6 +60,8 @@ struct Buffers {
     panels: Vec<f32>,
 }
 
+crate::scratch::footprint!(Buffers: rows, panels);
+
 static BUFFERS: Scratch<Buffers> = Scratch::new();
 
 /// `out[t, r] = x[t, :] · W[r, :]` for `x` `[tokens, k]` and `out` `[tokens, n]`, `W` read

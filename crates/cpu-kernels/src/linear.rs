@@ -55,6 +55,8 @@ struct Prepared {
     source: crate::reuse::Source,
 }
 
+crate::scratch::footprint!(Prepared: values, source);
+
 static PREPARED: Scratch<Prepared> = Scratch::new();
 
 /// `out = residual + prepare(input) W^T` (`residual` optional), for `tokens` rows; `out` is

@@ -162,6 +162,8 @@ struct Int4Scratch {
     sums: Vec<f32>,
 }
 
+crate::scratch::footprint!(Int4Scratch: quantized, steps, sums);
+
 static INT4_SCRATCH: Scratch<Int4Scratch> = Scratch::new();
 
 /// `out[t, n] = x[t, :] · W[n, :]` for int4 `W`: `x` is `[tokens, cols]`, `out` `[tokens, rows]`.

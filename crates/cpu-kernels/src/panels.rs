@@ -337,6 +337,8 @@ struct RowMajor {
     out: Vec<f32>,
 }
 
+crate::scratch::footprint!(RowMajor: packed, codes, scales, biases, out);
+
 static ROW_MAJOR: Scratch<RowMajor> = Scratch::new();
 
 /// Rows `run` (whole panels) of the product over the activations `x` (rounded already where the
@@ -410,6 +412,8 @@ struct Prepared {
     sums: Vec<f32>,
     starts: Vec<i32>,
 }
+
+crate::scratch::footprint!(Prepared: source, codes, steps, sums, starts);
 
 impl Prepared {
     /// The block of tokens from `first` (of `cols` columns each).

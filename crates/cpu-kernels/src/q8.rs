@@ -88,6 +88,8 @@ pub(crate) struct Prepared {
     sums: Vec<f32>,
 }
 
+crate::scratch::footprint!(Prepared: codes, lane_steps, starts, sums);
+
 /// The lengths of one token's share of [`Prepared`] for `k` inputs, by weight format.
 #[derive(Clone, Copy)]
 struct Lengths {

@@ -73,6 +73,8 @@ impl Source {
     }
 }
 
+crate::scratch::footprint!(Source: key, bits);
+
 /// The values' bits, to compare and copy as plain memory.
 fn bits(values: &[f32]) -> &[u32] {
     // SAFETY: f32 and u32 have the same size and alignment, and every bit pattern is a u32.
