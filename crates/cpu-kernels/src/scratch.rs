@@ -13,8 +13,9 @@
 //! cannot (a slot in use, or shared by two threads past the first [`SLOTS`]). Only small buffers
 //! (a decode step's, up to [`SLOT_MAX_BYTES`]) stay in a slot: a buffer grown by a long call
 //! first gives back what its last call did not use, and one still large (its last call was a
-//! prefill's) goes back to the list. So the large buffers are still at most as many as calls
-//! ever ran at once, and a thread adds at most one small buffer per scratch.
+//! prefill's) goes back to the list. A thread thus keeps at most one small buffer per scratch,
+//! and the list at most one large buffer per call that ran at once plus one per thread whose slot
+//! buffer grew in a long call.
 
 use std::sync::atomic::{AtomicUsize, Ordering};
 use std::sync::Mutex;
