@@ -28,7 +28,7 @@ if [ $# -ne 3 ]; then
   exit 2
 fi
 function="$1" instruction="$2" count="$3"
-for tool in objdump llvm-mca; do
+for tool in nm objdump llvm-mca; do
   command -v "$tool" >/dev/null || { echo "$tool is missing (Debian: apt-get install binutils llvm)" >&2; exit 1; }
 done
 [ -f "$binary" ] || { echo "no binary at $binary (build it first: cargo build -p cli)" >&2; exit 1; }
