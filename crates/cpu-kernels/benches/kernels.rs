@@ -16,7 +16,7 @@ use cpu_kernels::pool::Pool;
 use cpu_kernels::{
     attention_causal, attention_decode, attention_decode_batch, matmul_f16, matmul_int4, matmul_int4_panels,
     matmul_int4_panels_q8, matmul_int4_q8, matmul_int8, matmul_int8_panels, matmul_int8_panels_q8, matmul_int8_q8,
-    AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, StepEntries, GROUP_SIZE,
+    AttentionShape, CacheElement, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, StepEntries, GROUP_SIZE,
 };
 use std::time::Instant;
 
@@ -329,11 +329,19 @@ fn report(name: &str, n: usize, k: usize, kernel: &str, secs: f64, bytes: usize,
 /// positions (as `seam serve --max-context 512` holds them): the caches far exceed the last
 /// level cache, so this is what serving at a batch of eight reads from memory per step.
 fn batched_attention(pool: &Pool) {
+    batched_attention_over::<f32>(pool, "f32");
+    batched_attention_over::<half::f16>(pool, "f16");
+}
+
+fn batched_attention_over<E: CacheElement>(pool: &Pool, name: &str) {
     let c = 512;
     let shape = AttentionShape { heads: 9, kv_heads: 3, head_dim: 64, capacity: c };
     let sequences = 8;
-    let mut caches: Vec<(Vec<f32>, Vec<f32>)> =
-        (0..30 * sequences).map(|_| (vec![0.01f32; 3 * 64 * c], vec![0.02f32; 3 * c * 64])).collect();
+    let mut keys = vec![E::default(); 3 * 64 * c];
+    E::round_into(&vec![0.01f32; 3 * 64 * c], &mut keys);
+    let mut values = keys.clone();
+    E::round_into(&vec![0.02f32; 3 * 64 * c], &mut values);
+    let mut caches: Vec<(Vec<E>, Vec<E>)> = (0..30 * sequences).map(|_| (keys.clone(), values.clone())).collect();
     let q = vec![0.1f32; sequences * 9 * 64];
     let new = vec![0.03f32; sequences * 3 * 64];
     let mut out = vec![0.0f32; sequences * 9 * 64];
@@ -341,15 +349,15 @@ fn batched_attention(pool: &Pool) {
         let positions = vec![len - 1; sequences];
         let secs = time(1, |_| {
             for layer in caches.chunks_mut(sequences) {
-                let mut views: Vec<(&mut [f32], &mut [f32])> =
+                let mut views: Vec<(&mut [E], &mut [E])> =
                     layer.iter_mut().map(|(k, v)| (&mut k[..], &mut v[..])).collect();
                 let entries = StepEntries { keys: &new, values: &new, positions: &positions };
                 attention_decode_batch(Isa::best(), pool, shape, &q, entries, &mut views, &mut out).unwrap();
             }
         });
-        let bytes = 30 * sequences * 2 * 3 * 64 * len * 4;
+        let bytes = 30 * sequences * 2 * 3 * 64 * len * std::mem::size_of::<E>();
         println!(
-            "batched attention x30 layers, {sequences} sequences at {len:>3} of {c}: {:>8.2} ms, {:>6.1} GB/s",
+            "batched attention x30 layers, {sequences} sequences at {len:>3} of {c}, {name} caches: {:>8.2} ms, {:>6.1} GB/s",
             secs * 1e3,
             bytes as f64 / secs / 1e9
         );

@@ -17,8 +17,61 @@ pub struct AttentionShape {
     pub capacity: usize,
 }
 
+mod sealed {
+    pub trait Sealed {}
+    impl Sealed for f32 {}
+    impl Sealed for half::f16 {}
+}
+
+/// The element type of the KV caches the attention kernels read and write: `f32`, or
+/// `half::f16` (half the memory, and half the bytes a decode step reads from its caches). An f16
+/// entry is rounded to the nearest f16 when written and widened to f32 when read, so every sum
+/// and every softmax stays in f32: f16 caches give what f32 caches holding the same rounded
+/// entries give.
+pub trait CacheElement: Copy + Default + Send + Sync + 'static + sealed::Sealed {
+    /// Whether the elements are f16 (the vector loads widen them).
+    const HALF: bool;
+    /// `value` rounded to this type (to nearest, ties to even).
+    fn from_f32(value: f32) -> Self;
+    /// Rounds `src` into `dst` (of the same length).
+    fn round_into(src: &[f32], dst: &mut [Self]);
+    /// Widens `src` into `dst` (of the same length).
+    fn widen_into(src: &[Self], dst: &mut [f32]);
+}
+
+impl CacheElement for f32 {
+    const HALF: bool = false;
+    fn from_f32(value: f32) -> f32 {
+        value
+    }
+    fn round_into(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+    fn widen_into(src: &[f32], dst: &mut [f32]) {
+        dst.copy_from_slice(src);
+    }
+}
+
+impl CacheElement for half::f16 {
+    const HALF: bool = true;
+    fn from_f32(value: f32) -> half::f16 {
+        half::f16::from_f32(value)
+    }
+    fn round_into(src: &[f32], dst: &mut [half::f16]) {
+        use half::slice::HalfFloatSliceExt;
+        dst.convert_from_f32_slice(src);
+    }
+    fn widen_into(src: &[half::f16], dst: &mut [f32]) {
+        use half::slice::HalfFloatSliceExt;
+        src.convert_to_f32_slice(dst);
+    }
+}
+
 thread_local! {
     static SCORES: RefCell<Vec<f32>> = const { RefCell::new(Vec::new()) };
+    /// f16 caches widened for the paths that read f32 ([`attention_causal`]'s rows and the
+    /// scalar path): keys and values of the visible positions.
+    static WIDENED: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
 /// Attention of one query position: `q` `[heads, head_dim]` against positions `0..len` of
@@ -26,13 +79,13 @@ thread_local! {
 /// scaled by `1 / sqrt(head_dim)`; the result `[heads, head_dim]` goes to `out`. Positions from
 /// `len` on are never read, so a step's cost grows with the conversation, not the capacity.
 #[allow(clippy::too_many_arguments)] // the three arrays of one attention, each with its own layout
-pub fn attention_decode(
+pub fn attention_decode<E: CacheElement>(
     isa: Isa,
     pool: &Pool,
     shape: AttentionShape,
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[E],
+    values: &[E],
     len: usize,
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
@@ -62,13 +115,13 @@ pub struct StepEntries<'a> {
 /// reads it where one task takes that head (ADR 0031): the lines it stores to are the ones the
 /// task loads next, and the writes run on every worker instead of before the call on one.
 #[allow(clippy::too_many_arguments)] // the arrays of the batch's attentions, each with its own layout
-pub fn attention_decode_batch(
+pub fn attention_decode_batch<E: CacheElement>(
     isa: Isa,
     pool: &Pool,
     shape: AttentionShape,
     q: &[f32],
     entries: StepEntries<'_>,
-    caches: &mut [(&mut [f32], &mut [f32])],
+    caches: &mut [(&mut [E], &mut [E])],
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
     let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
@@ -103,7 +156,7 @@ pub fn attention_decode_batch(
         return Ok(());
     };
     let base = out.as_mut_ptr();
-    let queries: Vec<DecodeQuery<'_>> = caches
+    let queries: Vec<DecodeQuery<'_, E>> = caches
         .iter_mut()
         .zip(entries.positions)
         .enumerate()
@@ -126,10 +179,10 @@ pub fn attention_decode_batch(
 /// `[kv_heads, head_dim, capacity]`, values `[kv_heads, capacity, head_dim]`): row `t` of `k` and
 /// `v` (`[rows, kv_heads, head_dim]` each; longer arrays' further rows are ignored) at position
 /// `position + t`. What a prefill chunk's attention reads after its rows are written.
-pub fn write_cache_entries(
+pub fn write_cache_entries<E: CacheElement>(
     shape: AttentionShape,
-    keys: &mut [f32],
-    values: &mut [f32],
+    keys: &mut [E],
+    values: &mut [E],
     (k, v): (&[f32], &[f32]),
     position: usize,
     rows: usize,
@@ -171,9 +224,9 @@ pub fn write_cache_entries(
 /// # Safety
 /// `keys` and `values` point to caches of `shape`, `position` is inside them, and nothing else
 /// reads or writes that head's entry meanwhile.
-unsafe fn write_entry(
-    keys: *mut f32,
-    values: *mut f32,
+unsafe fn write_entry<E: CacheElement>(
+    keys: *mut E,
+    values: *mut E,
     k: &[f32],
     v: &[f32],
     shape: AttentionShape,
@@ -185,9 +238,9 @@ unsafe fn write_entry(
     // SAFETY: the caller's promise; every index is below `kv_heads * d * c`.
     unsafe {
         for (j, &kj) in k.iter().enumerate() {
-            *keys.add((kvh * d + j) * c + position) = kj;
+            *keys.add((kvh * d + j) * c + position) = E::from_f32(kj);
         }
-        std::ptr::copy_nonoverlapping(v.as_ptr(), values.add((kvh * c + position) * d), d);
+        E::round_into(v, std::slice::from_raw_parts_mut(values.add((kvh * c + position) * d), d));
     }
 }
 
@@ -216,14 +269,14 @@ pub struct CausalQueries {
 /// padding rows. Positions past the last real row are never read, so a chunk early in a long
 /// context costs what its own span does.
 #[allow(clippy::too_many_arguments)] // the three arrays of one attention, each with its own layout
-pub fn attention_causal(
+pub fn attention_causal<E: CacheElement>(
     isa: Isa,
     pool: &Pool,
     shape: AttentionShape,
     q: &[f32],
     queries: CausalQueries,
-    keys: &[f32],
-    values: &[f32],
+    keys: &[E],
+    values: &[E],
     out: &mut [f32],
 ) -> Result<(), ShapeError> {
     let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
@@ -260,6 +313,11 @@ pub fn attention_causal(
         grouped_decode(path, pool, shape, &[query], scale);
         return Ok(());
     }
+    if E::HALF {
+        return widened_causal(isa, pool, shape, q, queries, keys, values, out);
+    }
+    // The paths below read f32 (checked just above).
+    let (keys, values) = (as_f32(keys), as_f32(values));
     if isa.has_avx2() && tokens > 1 && d % gemm::PANEL_WIDTH == 0 {
         tiled::causal(isa, pool, shape, q, queries, keys, values, out_ptr);
         return Ok(());
@@ -304,6 +362,45 @@ pub fn attention_causal(
     Ok(())
 }
 
+/// `x` as f32, which it is (`E::HALF` is false).
+fn as_f32<E: CacheElement>(x: &[E]) -> &[f32] {
+    assert!(!E::HALF && std::mem::size_of::<E>() == 4);
+    // SAFETY: the only non-half cache element is f32 (the trait is sealed).
+    unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<f32>(), x.len()) }
+}
+
+/// [`attention_causal`] over f16 caches on the paths that read f32: the visible positions'
+/// keys and values widened into caches of just that many positions first. A prefill chunk's
+/// products read each of them many times (once per row block and query head), so widening them
+/// once costs little beside it.
+#[allow(clippy::too_many_arguments)] // as attention_causal
+fn widened_causal<E: CacheElement>(
+    isa: Isa,
+    pool: &Pool,
+    shape: AttentionShape,
+    q: &[f32],
+    queries: CausalQueries,
+    keys: &[E],
+    values: &[E],
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    let AttentionShape { kv_heads, head_dim: d, capacity: c, .. } = shape;
+    let span = queries.position + queries.rows;
+    WIDENED.with(|widened| {
+        let (wide_keys, wide_values) = &mut *widened.borrow_mut();
+        wide_keys.resize(kv_heads * d * span, 0.0);
+        wide_values.resize(kv_heads * span * d, 0.0);
+        for (j, row) in wide_keys.chunks_exact_mut(span).enumerate() {
+            E::widen_into(&keys[j * c..j * c + span], row);
+        }
+        for (kvh, head) in wide_values.chunks_exact_mut(span * d).enumerate() {
+            E::widen_into(&values[kvh * c * d..kvh * c * d + span * d], head);
+        }
+        let narrow = AttentionShape { capacity: span, ..shape };
+        attention_causal(isa, pool, narrow, q, queries, &wide_keys[..], &wide_values[..], out)
+    })
+}
+
 /// Query rows per task of [`attention_causal`].
 const ROWS_PER_TASK: usize = 16;
 
@@ -318,26 +415,31 @@ thread_local! {
 
 /// One decode query of a batch: its queries `[heads, head_dim]`, its KV cache, the positions it
 /// attends to, and where its result goes.
-struct DecodeQuery<'a> {
+struct DecodeQuery<'a, E: CacheElement> {
     q: &'a [f32],
-    keys: CachePtr,
-    values: CachePtr,
+    keys: CachePtr<E>,
+    values: CachePtr<E>,
     len: usize,
     /// The step's entry for position `len - 1` (keys and values `[kv_heads, head_dim]`), written
     /// before the caches are read; `None` where the caches already hold it.
     entry: Option<(&'a [f32], &'a [f32])>,
     out: OutPtr,
     /// The caches are borrowed for the call (mutably where there is an entry to write).
-    caches: std::marker::PhantomData<&'a mut [f32]>,
+    caches: std::marker::PhantomData<&'a mut [E]>,
 }
 
 /// A cache's first element, shared by the tasks of a call: each writes only its own KV heads'
 /// entries, before any task reads them (see [`grouped_decode`]).
-#[derive(Clone, Copy)]
-struct CachePtr(*mut f32);
+struct CachePtr<E>(*mut E);
+impl<E> Clone for CachePtr<E> {
+    fn clone(&self) -> Self {
+        *self
+    }
+}
+impl<E> Copy for CachePtr<E> {}
 // SAFETY: as above; the tasks never write what another task reads.
-unsafe impl Sync for CachePtr {}
-unsafe impl Send for CachePtr {}
+unsafe impl<E> Sync for CachePtr<E> {}
+unsafe impl<E> Send for CachePtr<E> {}
 
 /// How [`grouped_decode`] splits one query's positions: `spans` spans of `span` positions (the
 /// last one shorter).
@@ -363,16 +465,19 @@ impl Spans {
 /// The registers decode attention by KV head runs in.
 #[derive(Clone, Copy, PartialEq, Eq)]
 enum Grouped {
-    /// 512-bit (AVX-512F): [`wide`].
+    /// 512-bit (AVX-512F, BW and VL): [`wide`].
     Wide,
     /// 256-bit (AVX2 and FMA): [`narrow`].
     Narrow,
 }
 
 impl Grouped {
-    /// The path for heads of `d` values on `isa` (one this CPU runs), if one takes them.
+    /// The path for heads of `d` values on `isa` (one this CPU runs), if one takes them: both
+    /// take f32 and f16 caches.
     fn of(isa: Isa, d: usize) -> Option<Grouped> {
-        if isa.has_avx512() && wide::fits(d) {
+        // The 512-bit path loads f16 with 16-bit masks (BW and VL), which every AVX-512 CPU
+        // but the Xeon Phis has; the others take the 256-bit path.
+        if isa.has_avx512_bw_vl() && wide::fits(d) {
             Some(Grouped::Wide)
         } else if isa.has_avx2() && narrow::fits(d) {
             Some(Grouped::Narrow)
@@ -394,11 +499,11 @@ impl Grouped {
     /// # Safety
     /// The path's ISA, and the arguments its `attend_heads` requires.
     #[allow(clippy::too_many_arguments)]
-    unsafe fn attend_heads(
+    unsafe fn attend_heads<E: CacheElement>(
         self,
         q: &[f32],
-        keys: &[f32],
-        values: &[f32],
+        keys: &[E],
+        values: &[E],
         c: usize,
         span: std::ops::Range<usize>,
         scale: f32,
@@ -421,7 +526,13 @@ impl Grouped {
 /// them rather than once per query head; long contexts are split into spans ([`Spans::of`]),
 /// whose softmax parts are merged here (each span's maximum, sum of exponentials and
 /// unnormalized output, rescaled to the largest maximum). One call of the pool for the batch.
-fn grouped_decode(path: Grouped, pool: &Pool, shape: AttentionShape, queries: &[DecodeQuery<'_>], scale: f32) {
+fn grouped_decode<E: CacheElement>(
+    path: Grouped,
+    pool: &Pool,
+    shape: AttentionShape,
+    queries: &[DecodeQuery<'_, E>],
+    scale: f32,
+) {
     let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
     let group = heads / kv_heads;
     let per_pass = path.heads_per_pass(d);
@@ -580,8 +691,24 @@ unsafe fn attend_avx2(
 /// sums of the values in registers over every position.
 #[cfg(target_arch = "x86_64")]
 mod wide {
+    use super::CacheElement;
     use crate::simd::exp512;
     use std::arch::x86_64::*;
+
+    /// Sixteen elements from `p` (the lanes of `m`; zero elsewhere), widened to f32 if the caches
+    /// are f16.
+    ///
+    /// # Safety
+    /// AVX-512F, BW and VL; the lanes of `m` lie inside the cache.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c")]
+    #[inline]
+    unsafe fn load<E: CacheElement>(p: *const E, m: __mmask16) -> __m512 {
+        if E::HALF {
+            _mm512_cvtph_ps(_mm256_maskz_loadu_epi16(m, p.cast::<i16>()))
+        } else {
+            _mm512_maskz_loadu_ps(m, p.cast::<f32>())
+        }
+    }
 
     /// Whether a head of `d` values takes this path.
     pub(super) fn fits(d: usize) -> bool {
@@ -606,14 +733,13 @@ mod wide {
     /// least `n` times the span's length rounded up to 16.
     ///
     /// # Safety
-    /// AVX-512F; `keys` `[d, c]` and `values` `[c, d]` of one KV head, `span` within `0..c` and
-    /// not empty, `d` of [`fits`] size.
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    /// AVX-512F, BW and VL; `keys` `[d, c]` and `values` `[c, d]` of one KV head, `span` within `0..c` and not empty, `d` of [`fits`] size.
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attend_heads(
+    pub(super) unsafe fn attend_heads<E: CacheElement>(
         q: &[f32],
-        keys: &[f32],
-        values: &[f32],
+        keys: &[E],
+        values: &[E],
         c: usize,
         span: std::ops::Range<usize>,
         scale: f32,
@@ -623,12 +749,12 @@ mod wide {
         let n = (part.len() - q.len()) / 2;
         debug_assert!(n >= 1 && n <= heads_per_pass(q.len() / n) && part.len() == q.len() + 2 * n);
         match (q.len() / n, n) {
-            (64, 1) => attend_hs::<4, 1>(q, keys, values, c, span, scale, scores, part),
-            (64, 2) => attend_hs::<4, 2>(q, keys, values, c, span, scale, scores, part),
-            (64, 3) => attend_hs::<4, 3>(q, keys, values, c, span, scale, scores, part),
-            (64, 4) => attend_hs::<4, 4>(q, keys, values, c, span, scale, scores, part),
-            (128, 1) => attend_hs::<8, 1>(q, keys, values, c, span, scale, scores, part),
-            (128, 2) => attend_hs::<8, 2>(q, keys, values, c, span, scale, scores, part),
+            (64, 1) => attend_hs::<E, 4, 1>(q, keys, values, c, span, scale, scores, part),
+            (64, 2) => attend_hs::<E, 4, 2>(q, keys, values, c, span, scale, scores, part),
+            (64, 3) => attend_hs::<E, 4, 3>(q, keys, values, c, span, scale, scores, part),
+            (64, 4) => attend_hs::<E, 4, 4>(q, keys, values, c, span, scale, scores, part),
+            (128, 1) => attend_hs::<E, 8, 1>(q, keys, values, c, span, scale, scores, part),
+            (128, 2) => attend_hs::<E, 8, 2>(q, keys, values, c, span, scale, scores, part),
             (d, n) => unreachable!("{n} heads of {d} values in one pass"),
         }
     }
@@ -654,12 +780,12 @@ mod wide {
     /// four registers per head over the whole head dimension (each row of keys loaded once for
     /// the `S` heads), the exponentials sixteen at a time, and the weighted sum of the values in
     /// registers over every position (each row of values loaded once).
-    #[target_feature(enable = "avx512f,avx2,fma")]
+    #[target_feature(enable = "avx512f,avx512bw,avx512vl,f16c,avx2,fma")]
     #[allow(clippy::too_many_arguments)]
-    unsafe fn attend_hs<const V: usize, const S: usize>(
+    unsafe fn attend_hs<E: CacheElement, const V: usize, const S: usize>(
         q: &[f32],
-        keys: &[f32],
-        values: &[f32],
+        keys: &[E],
+        values: &[E],
         c: usize,
         span: std::ops::Range<usize>,
         scale: f32,
@@ -683,12 +809,14 @@ mod wide {
                 if j + KEY_ROWS_AHEAD < d {
                     let ahead = row.add(KEY_ROWS_AHEAD * c) as *const i8;
                     for (v, &lanes) in m.iter().enumerate() {
-                        if lanes != 0 {
-                            _mm_prefetch::<_MM_HINT_T0>(ahead.add(64 * v));
+                        // One prefetch per line: a register's 16 positions are a line of f32, half of one of f16.
+                        let at = 16 * v * std::mem::size_of::<E>();
+                        if lanes != 0 && at.is_multiple_of(64) {
+                            _mm_prefetch::<_MM_HINT_T0>(ahead.add(at));
                         }
                     }
                 }
-                let k: [__m512; 4] = std::array::from_fn(|v| _mm512_maskz_loadu_ps(m[v], row.add(16 * v)));
+                let k: [__m512; 4] = std::array::from_fn(|v| load(row.add(16 * v), m[v]));
                 for (s, acc) in acc.iter_mut().enumerate() {
                     let qj = _mm512_set1_ps(*qp.add(s * d + j));
                     for v in 0..4 {
@@ -725,7 +853,7 @@ mod wide {
         let mut acc = [[_mm512_setzero_ps(); V]; S];
         for pos in lo..hi {
             let row = values.as_ptr().add(pos * d);
-            let vals: [__m512; V] = std::array::from_fn(|v| _mm512_loadu_ps(row.add(16 * v)));
+            let vals: [__m512; V] = std::array::from_fn(|v| load(row.add(16 * v), !0));
             for (s, acc) in acc.iter_mut().enumerate() {
                 let p = _mm512_set1_ps(*sp.add(s * stride + pos - lo));
                 for v in 0..V {
@@ -761,10 +889,10 @@ mod wide {
         1
     }
     #[allow(clippy::too_many_arguments)]
-    pub(super) unsafe fn attend_heads(
+    pub(super) unsafe fn attend_heads<E>(
         _: &[f32],
-        _: &[f32],
-        _: &[f32],
+        _: &[E],
+        _: &[E],
         _: usize,
         _: std::ops::Range<usize>,
         _: f32,

@@ -46,6 +46,13 @@ impl Isa {
         matches!(self, Isa::Avx512 | Isa::Avx512Vnni)
     }
 
+    /// Whether the path includes AVX-512F and this machine has AVX-512BW and VL too (16-bit
+    /// masked loads: f16 caches in 512-bit registers). Every AVX-512 CPU but the Xeon Phis has
+    /// them.
+    pub(crate) fn has_avx512_bw_vl(self) -> bool {
+        self.has_avx512() && avx512_bw_vl_supported()
+    }
+
     /// Whether this machine can run the path.
     pub fn is_supported(self) -> bool {
         match self {
@@ -104,6 +111,16 @@ fn avx512_supported() -> bool {
 
 #[cfg(not(target_arch = "x86_64"))]
 fn avx512_supported() -> bool {
+    false
+}
+
+#[cfg(target_arch = "x86_64")]
+fn avx512_bw_vl_supported() -> bool {
+    std::arch::is_x86_feature_detected!("avx512bw") && std::arch::is_x86_feature_detected!("avx512vl")
+}
+
+#[cfg(not(target_arch = "x86_64"))]
+fn avx512_bw_vl_supported() -> bool {
     false
 }
 

@@ -56,8 +56,8 @@ mod vnni;
 
 pub use argmax::argmax_rows;
 pub use attention::{
-    attention_causal, attention_decode, attention_decode_batch, write_cache_entries, AttentionShape, CausalQueries,
-    StepEntries,
+    attention_causal, attention_decode, attention_decode_batch, write_cache_entries, AttentionShape, CacheElement,
+    CausalQueries, StepEntries,
 };
 pub use isa::Isa;
 pub use linear::{linear, LinearInput, LinearWeights};

@@ -484,6 +484,86 @@ fn causal_attention_matches_scalar_row_by_row_and_reads_only_visible_positions()
     }
 }
 
+/// `cache` rounded to f16, and those rounded values widened back: an f16 cache and the f32 cache
+/// that holds the same entries (NaN stays NaN).
+fn rounded(cache: &[f32]) -> (Vec<f16>, Vec<f32>) {
+    let half: Vec<f16> = cache.iter().map(|&x| f16::from_f32(x)).collect();
+    let wide = half.iter().map(|x| x.to_f32()).collect();
+    (half, wide)
+}
+
+fn same_bits(a: &[f32], b: &[f32]) -> bool {
+    a.iter().zip(b).all(|(x, y)| x.to_bits() == y.to_bits()) && a.len() == b.len()
+}
+
+#[test]
+fn f16_caches_give_what_f32_caches_of_the_same_rounded_entries_give() {
+    let mut rng = Rng(17);
+    let pool = Pool::new(2);
+    // Decode (grouped passes, spans of long contexts, the scalar path) and batched decode.
+    for &(heads, kv_heads, d, c, len) in
+        &[(9, 3, 64, 100, 37), (8, 2, 128, 200, 131), (9, 3, 64, 1200, 1029), (4, 4, 16, 64, 5)]
+    {
+        let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
+        let q: Vec<f32> = (0..heads * d).map(|_| rng.f32()).collect();
+        let (keys, values) = cache_filled_to(&mut rng, shape, len);
+        let ((k16, k32), (v16, v32)) = (rounded(&keys), rounded(&values));
+        for isa in Isa::supported() {
+            let (mut half, mut full) = (vec![f32::NAN; heads * d], vec![f32::NAN; heads * d]);
+            attention_decode(isa, &pool, shape, &q, &k16, &v16, len, &mut half).unwrap();
+            attention_decode(isa, &pool, shape, &q, &k32, &v32, len, &mut full).unwrap();
+            assert!(same_bits(&half, &full) && !half[0].is_nan(), "{isa:?} decode {heads}/{kv_heads}x{d} at {len}");
+        }
+        // A batch of three: each writes its new entry (rounded) at its position, then attends.
+        let positions = [len - 1, len.min(c - 1), 0];
+        let fresh: Vec<_> = positions.iter().map(|&p| cache_filled_to(&mut rng, shape, p)).collect();
+        let per = heads * d;
+        let q: Vec<f32> = (0..3 * per).map(|_| rng.f32()).collect();
+        let new_k: Vec<f32> = (0..3 * kv_heads * d).map(|_| rng.f32()).collect();
+        let new_v: Vec<f32> = (0..3 * kv_heads * d).map(|_| rng.f32()).collect();
+        let (rounded_k, rounded_v) = (rounded(&new_k).1, rounded(&new_v).1);
+        for isa in Isa::supported() {
+            let mut halves: Vec<(Vec<f16>, Vec<f16>)> =
+                fresh.iter().map(|(k, v)| (rounded(k).0, rounded(v).0)).collect();
+            let mut fulls: Vec<(Vec<f32>, Vec<f32>)> =
+                fresh.iter().map(|(k, v)| (rounded(k).1, rounded(v).1)).collect();
+            let mut half_views: Vec<(&mut [f16], &mut [f16])> =
+                halves.iter_mut().map(|(k, v)| (&mut k[..], &mut v[..])).collect();
+            let mut full_views: Vec<(&mut [f32], &mut [f32])> =
+                fulls.iter_mut().map(|(k, v)| (&mut k[..], &mut v[..])).collect();
+            let (mut half, mut full) = (vec![f32::NAN; 3 * per], vec![f32::NAN; 3 * per]);
+            let entries = StepEntries { keys: &new_k, values: &new_v, positions: &positions };
+            attention_decode_batch(isa, &pool, shape, &q, entries, &mut half_views, &mut half).unwrap();
+            let entries = StepEntries { keys: &rounded_k, values: &rounded_v, positions: &positions };
+            attention_decode_batch(isa, &pool, shape, &q, entries, &mut full_views, &mut full).unwrap();
+            assert!(same_bits(&half, &full), "{isa:?} batch {heads}/{kv_heads}x{d}");
+            for ((hk, hv), (fk, fv)) in halves.iter().zip(&fulls) {
+                let widened = |x: &[f16]| x.iter().map(|h| h.to_f32()).collect::<Vec<f32>>();
+                assert!(same_bits(&widened(hk), fk) && same_bits(&widened(hv), fv), "{isa:?} written entries");
+            }
+        }
+    }
+    // Causal rows (a prefill chunk): the f16 caches widened over the visible positions.
+    for &(heads, kv_heads, d, c, tokens, position, rows) in
+        &[(9, 3, 64, 100, 16, 20, 16), (4, 2, 16, 64, 37, 5, 30), (8, 2, 32, 50, 13, 30, 11), (9, 3, 64, 80, 1, 40, 1)]
+    {
+        let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
+        let q: Vec<f32> = (0..tokens * heads * d).map(|_| rng.f32()).collect();
+        let (keys, values) = cache_filled_to(&mut rng, shape, position + rows);
+        let ((k16, k32), (v16, v32)) = (rounded(&keys), rounded(&values));
+        let queries = CausalQueries { tokens, position, rows };
+        for isa in Isa::supported() {
+            let (mut half, mut full) = (vec![f32::NAN; tokens * heads * d], vec![f32::NAN; tokens * heads * d]);
+            attention_causal(isa, &pool, shape, &q, queries, &k16, &v16, &mut half).unwrap();
+            attention_causal(isa, &pool, shape, &q, queries, &k32, &v32, &mut full).unwrap();
+            assert!(
+                same_bits(&half, &full) && !half[0].is_nan(),
+                "{isa:?} causal {heads}/{kv_heads}x{d}, {rows} rows at {position}"
+            );
+        }
+    }
+}
+
 /// The int8-activation products equal the exact scalar products over the rounded activations
 /// (`round_int8`) on every path, up to the order of f32 operations: the VNNI rows with every
 /// token block (one to eight, then a remainder), partial 64-byte blocks (576 and 544 columns),

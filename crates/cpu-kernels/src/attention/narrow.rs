@@ -6,8 +6,41 @@
 //! row's slice loaded once for the heads of the pass. Sixteen registers bound a pass to three
 //! heads.
 
+use super::CacheElement;
 use crate::simd::{exp, first_lanes, max8, sum8};
 use std::arch::x86_64::*;
+
+/// Eight elements from `p`, widened to f32 if the caches are f16.
+///
+/// # Safety
+/// AVX2 and F16C; eight elements from `p` lie inside the cache.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load<E: CacheElement>(p: *const E) -> __m256 {
+    if E::HALF {
+        _mm256_cvtph_ps(_mm_loadu_si128(p.cast::<__m128i>()))
+    } else {
+        _mm256_loadu_ps(p.cast::<f32>())
+    }
+}
+
+/// The first `n` (under eight) elements from `p` as [`load`] widens them, zero in the other
+/// lanes (`lanes` is the mask of the first `n`): AVX2 has no 16-bit masked load, so f16 goes
+/// through a zeroed copy.
+///
+/// # Safety
+/// As [`load`], for `n` elements.
+#[target_feature(enable = "avx2,fma,f16c")]
+#[inline]
+unsafe fn load_first<E: CacheElement>(p: *const E, n: usize, lanes: __m256i) -> __m256 {
+    if E::HALF {
+        let mut copy = [0u16; 8];
+        std::ptr::copy_nonoverlapping(p.cast::<u16>(), copy.as_mut_ptr(), n.min(8));
+        _mm256_cvtph_ps(_mm_loadu_si128(copy.as_ptr().cast::<__m128i>()))
+    } else {
+        _mm256_maskload_ps(p.cast::<f32>(), lanes)
+    }
+}
 
 /// Whether a head of `d` values takes this path: whole slices of 16 values.
 pub(super) fn fits(d: usize) -> bool {
@@ -46,12 +79,12 @@ const VALUES: usize = 16;
 /// # Safety
 /// AVX2 and FMA; `keys` `[d, c]` and `values` `[c, d]` of one KV head, `span` within `0..c` and
 /// not empty, `d` of [`fits`] size.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-pub(super) unsafe fn attend_heads(
+pub(super) unsafe fn attend_heads<E: CacheElement>(
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[E],
+    values: &[E],
     c: usize,
     span: std::ops::Range<usize>,
     scale: f32,
@@ -61,9 +94,9 @@ pub(super) unsafe fn attend_heads(
     let n = (part.len() - q.len()) / 2;
     debug_assert!(n >= 1 && part.len() == q.len() + 2 * n);
     match n {
-        1 => attend_hs::<1>(q, keys, values, c, span, scale, scores, part),
-        2 => attend_hs::<2>(q, keys, values, c, span, scale, scores, part),
-        3 => attend_hs::<3>(q, keys, values, c, span, scale, scores, part),
+        1 => attend_hs::<E, 1>(q, keys, values, c, span, scale, scores, part),
+        2 => attend_hs::<E, 2>(q, keys, values, c, span, scale, scores, part),
+        3 => attend_hs::<E, 3>(q, keys, values, c, span, scale, scores, part),
         n => unreachable!("{n} heads in one pass"),
     }
 }
@@ -77,12 +110,12 @@ unsafe fn lanes(first: usize, end: usize) -> __m256i {
 }
 
 /// [`attend_heads`] for `S` heads.
-#[target_feature(enable = "avx2,fma")]
+#[target_feature(enable = "avx2,fma,f16c")]
 #[allow(clippy::too_many_arguments)]
-unsafe fn attend_hs<const S: usize>(
+unsafe fn attend_hs<E: CacheElement, const S: usize>(
     q: &[f32],
-    keys: &[f32],
-    values: &[f32],
+    keys: &[E],
+    values: &[E],
     c: usize,
     span: std::ops::Range<usize>,
     scale: f32,
@@ -103,7 +136,7 @@ unsafe fn attend_hs<const S: usize>(
     // of keys, and each pass asks for the next pass's keys (never past the span, where a
     // prefetch fetches keys no pass reads).
     let first_values = values.as_ptr().add(lo * d) as *const i8;
-    let value_lines = ((hi - lo) * d * std::mem::size_of::<f32>()).div_ceil(64).min(VALUE_LINES_AHEAD);
+    let value_lines = ((hi - lo) * d * std::mem::size_of::<E>()).div_ceil(64).min(VALUE_LINES_AHEAD);
     let value_lines_per_row = value_lines.div_ceil(d);
     // Scores, 24 positions per pass; lanes past the span are neither read nor kept.
     for p0 in (lo..hi).step_by(POSITIONS) {
@@ -127,9 +160,9 @@ unsafe fn attend_hs<const S: usize>(
             }
             let k: [__m256; POSITION_REGISTERS] = std::array::from_fn(|v| {
                 if whole {
-                    _mm256_loadu_ps(row.add(8 * v))
+                    load(row.add(8 * v))
                 } else {
-                    _mm256_maskload_ps(row.add(8 * v), m[v])
+                    load_first(row.add(8 * v), hi.saturating_sub(p0 + 8 * v), m[v])
                 }
             });
             for (s, acc) in acc.iter_mut().enumerate() {
@@ -170,7 +203,7 @@ unsafe fn attend_hs<const S: usize>(
         let mut acc = [[_mm256_setzero_ps(); 2]; S];
         for pos in lo..hi {
             let row = values.as_ptr().add(pos * d + d0);
-            let vals = [_mm256_loadu_ps(row), _mm256_loadu_ps(row.add(8))];
+            let vals = [load(row), load(row.add(8))];
             for (s, acc) in acc.iter_mut().enumerate() {
                 let p = _mm256_set1_ps(*sp.add(s * stride + pos - lo));
                 acc[0] = _mm256_fmadd_ps(p, vals[0], acc[0]);
