@@ -68,11 +68,11 @@ pub const STABLEHLO_SETTINGS: GraphSettings = GraphSettings {
 /// The CPU defaults (`kernels=seam`): every product and every attention is a dispatch of seam's
 /// kernels ([`kernel_plugin`], ADR 0021), the fp16 matrices row-major as the kernels read them;
 /// layers unrolled (with the kernels inside a loop over stacked weights, decode was no faster
-/// than without them: ADR 0021), each with its own f32 caches, which the attention kernel reads
-/// over the filled positions only (ADR 0022).
+/// than without them: ADR 0021), each with its own f16 caches (ADR 0038; `kv_cache=f32` for
+/// f32), which the attention kernel reads over the filled positions only (ADR 0022).
 pub const KERNEL_SETTINGS: GraphSettings = GraphSettings {
     layers: LayerMode::UnrolledCachePerLayer,
-    cache: StorageDtype::F32,
+    cache: StorageDtype::F16,
     host_kernels: Some(stablehlo_llama::HostKernels {
         max_tokens: usize::MAX,
         calls: stablehlo_llama::KernelCalls::IreeDispatch,

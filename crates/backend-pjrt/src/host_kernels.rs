@@ -12,8 +12,8 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    Activations, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput, LinearWeights,
-    StepEntries,
+    Activations, AttentionShape, CacheElement, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, LinearInput,
+    LinearWeights, StepEntries,
 };
 use graph_engine::linear_kernels::format::{INT4, INT4_PANELS, INT8, INT8_PANELS};
 use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
@@ -225,10 +225,33 @@ unsafe fn index(buffer: &Buffer, what: &str) -> Result<usize, String> {
 }
 
 /// Each sequence's keys and values of one layer, writable.
-type LayerCaches<'a> = Vec<(&'a mut [f32], &'a mut [f32])>;
+type LayerCaches<'a, E> = Vec<(&'a mut [E], &'a mut [E])>;
+
+/// A cache element the attention handlers take, with its XLA element type.
+trait HostCache: CacheElement {
+    const DTYPE: i32;
+}
+
+impl HostCache for f32 {
+    const DTYPE: i32 = dtype::F32;
+}
+
+impl HostCache for half::f16 {
+    const DTYPE: i32 = dtype::F16;
+}
+
+/// Whether the caches (the call's second result, the first layer-stacked keys) are f16 rather
+/// than f32: the graphs hold them in either (`kv_cache`).
+fn half_caches(frame: &CallFrame) -> Result<bool, String> {
+    match frame.ret(1)?.dtype {
+        dtype::F32 => Ok(false),
+        dtype::F16 => Ok(true),
+        other => Err(format!("caches of XLA element type {other} where f32 or f16 was expected")),
+    }
+}
 
 /// Layer `layer` of the caches of `sequences` sequences, stacked over the layers: the call's
-/// results `1..=2 sequences` (keys `f32[L, KVH, D, C]` then values `f32[L, KVH, C, D]` of each
+/// results `1..=2 sequences` (keys `[L, KVH, D, C]` then values `[L, KVH, C, D]` of `E`, for each
 /// sequence in turn), which alias the cache operands, so they are read and written there (a copy
 /// XLA made first is as right as the operand). Returns the caches' capacity and each sequence's
 /// layer.
@@ -236,13 +259,13 @@ type LayerCaches<'a> = Vec<(&'a mut [f32], &'a mut [f32])>;
 /// # Safety
 /// As [`result_elements`]; no two results share memory.
 #[allow(clippy::mut_from_ref)] // the memory is XLA's result buffers, not the frame's
-unsafe fn layer_caches(
+unsafe fn layer_caches<E: HostCache>(
     frame: &CallFrame,
     layer: usize,
     sequences: usize,
     kv_heads: usize,
     d: usize,
-) -> Result<(usize, LayerCaches<'_>), String> {
+) -> Result<(usize, LayerCaches<'_, E>), String> {
     let [layers, _, _, capacity] = frame.ret(1)?.dims()[..] else {
         return Err(format!("keys: rank {} where 4 was expected", frame.ret(1)?.rank));
     };
@@ -256,18 +279,8 @@ unsafe fn layer_caches(
             // SAFETY: the caller's promise; the shapes are checked here.
             let (keys, values) = unsafe {
                 (
-                    result_elements::<f32>(
-                        frame.ret(1 + 2 * s)?,
-                        dtype::F32,
-                        &[layers, kv_heads, d, capacity],
-                        "keys",
-                    )?,
-                    result_elements::<f32>(
-                        frame.ret(2 + 2 * s)?,
-                        dtype::F32,
-                        &[layers, kv_heads, capacity, d],
-                        "values",
-                    )?,
+                    result_elements::<E>(frame.ret(1 + 2 * s)?, E::DTYPE, &[layers, kv_heads, d, capacity], "keys")?,
+                    result_elements::<E>(frame.ret(2 + 2 * s)?, E::DTYPE, &[layers, kv_heads, capacity, d], "values")?,
                 )
             };
             Ok((&mut keys[at.clone()], &mut values[at.clone()]))
@@ -282,7 +295,7 @@ unsafe fn layer_caches(
 ///
 /// # Safety
 /// As [`layer_caches`].
-unsafe fn decode_with_entries(
+unsafe fn decode_with_entries<E: HostCache>(
     frame: &CallFrame,
     q: &[f32],
     [heads, kv_heads, d]: [usize; 3],
@@ -291,7 +304,7 @@ unsafe fn decode_with_entries(
     out_dims: &[usize],
 ) -> Result<(), String> {
     // SAFETY: the caller's promise.
-    let (capacity, mut caches) = unsafe { layer_caches(frame, layer, entries.positions.len(), kv_heads, d) }?;
+    let (capacity, mut caches) = unsafe { layer_caches::<E>(frame, layer, entries.positions.len(), kv_heads, d) }?;
     // SAFETY: as above; the first result is the attention's output, no cache's.
     let out = unsafe { result_elements::<f32>(frame.ret(0)?, dtype::F32, out_dims, "result") }?;
     let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
@@ -299,8 +312,8 @@ unsafe fn decode_with_entries(
         .map_err(|e| e.to_string())
 }
 
-/// `(q f32[H, D], k f32[1, KVH, D], v f32[1, KVH, D], position i32[], layer i32[], keys f32[L,
-/// KVH, D, C], values f32[L, KVH, C, D]) -> (f32[H, D], keys, values)`: the new key and value
+/// `(q f32[H, D], k f32[1, KVH, D], v f32[1, KVH, D], position i32[], layer i32[], keys [L, KVH,
+/// D, C], values [L, KVH, C, D]) -> (f32[H, D], keys, values)`, the caches f32 or f16: the new key and value
 /// written at `position` of layer `layer`'s caches (the cache results, aliasing the operands),
 /// then the attention over positions `0..=position`.
 unsafe extern "C" fn attention_decode_write(frame: *mut CallFrame) -> *mut XlaError {
@@ -317,13 +330,17 @@ unsafe extern "C" fn attention_decode_write(frame: *mut CallFrame) -> *mut XlaEr
             let v = elements::<f32>(frame.arg(2)?, dtype::F32, &[1, kv_heads, d], "new value")?;
             let (position, layer) = (index(frame.arg(3)?, "position")?, index(frame.arg(4)?, "layer")?);
             let entries = StepEntries { keys: k, values: v, positions: &[position] };
-            decode_with_entries(frame, q, [heads, kv_heads, d], entries, layer, &[heads, d])
+            let shape = [heads, kv_heads, d];
+            match half_caches(frame)? {
+                false => decode_with_entries::<f32>(frame, q, shape, entries, layer, &[heads, d]),
+                true => decode_with_entries::<half::f16>(frame, q, shape, entries, layer, &[heads, d]),
+            }
         })
     }
 }
 
 /// `(q f32[T, H, D], k f32[T, KVH, D], v f32[T, KVH, D], position i32[], rows i32[], layer i32[],
-/// keys f32[L, KVH, D, C], values f32[L, KVH, C, D]) -> (f32[T, H, D], keys, values)`: the first
+/// keys [L, KVH, D, C], values [L, KVH, C, D], f32 or f16) -> (f32[T, H, D], keys, values)`: the first
 /// `rows` rows' keys and values written from `position` into layer `layer`'s caches (the cache
 /// results, aliasing the operands), then row `t` over positions `0..=position + t`, rows from
 /// `rows` on zero.
@@ -346,20 +363,43 @@ unsafe extern "C" fn attention_causal_write(frame: *mut CallFrame) -> *mut XlaEr
             if rows > tokens {
                 return Err(format!("{rows} real rows of {tokens}"));
             }
-            let (capacity, mut caches) = layer_caches(frame, layer, 1, kv_heads, d)?;
-            let (keys, values) = &mut caches[0];
             let out = result_elements::<f32>(out, dtype::F32, &[tokens, heads, d], "result")?;
-            let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
-            cpu_kernels::write_cache_entries(shape, keys, values, (k, v), position, rows).map_err(|e| e.to_string())?;
             let queries = CausalQueries { tokens, position, rows };
-            cpu_kernels::attention_causal(Isa::best(), Pool::global(), shape, q, queries, keys, values, out)
-                .map_err(|e| e.to_string())
+            let new = (k, v);
+            match half_caches(frame)? {
+                false => causal_with_entries::<f32>(frame, q, [heads, kv_heads, d], new, queries, layer, out),
+                true => causal_with_entries::<half::f16>(frame, q, [heads, kv_heads, d], new, queries, layer, out),
+            }
         })
     }
 }
 
+/// The first `queries.rows` rows of `new` written from `queries.position` into layer `layer` of
+/// the caches (the call's results after the first), then the causal attention of the rows.
+///
+/// # Safety
+/// As [`layer_caches`].
+unsafe fn causal_with_entries<E: HostCache>(
+    frame: &CallFrame,
+    q: &[f32],
+    [heads, kv_heads, d]: [usize; 3],
+    new: (&[f32], &[f32]),
+    queries: CausalQueries,
+    layer: usize,
+    out: &mut [f32],
+) -> Result<(), String> {
+    // SAFETY: the caller's promise.
+    let (capacity, mut caches) = unsafe { layer_caches::<E>(frame, layer, 1, kv_heads, d) }?;
+    let (keys, values) = &mut caches[0];
+    let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity };
+    cpu_kernels::write_cache_entries(shape, keys, values, new, queries.position, queries.rows)
+        .map_err(|e| e.to_string())?;
+    cpu_kernels::attention_causal(Isa::best(), Pool::global(), shape, q, queries, keys, values, out)
+        .map_err(|e| e.to_string())
+}
+
 /// `(q f32[S, H, D], positions i32[S], k f32[S, KVH, D], v f32[S, KVH, D], layer i32[], keys_0
-/// f32[L, KVH, D, C], values_0 f32[L, KVH, C, D], ...) -> (f32[S, H, D], keys_0, values_0, ...)`:
+/// [L, KVH, D, C], values_0 [L, KVH, C, D], ..., the caches f32 or f16) -> (f32[S, H, D], keys_0, values_0, ...)`:
 /// sequence `s`'s new key and value written at `positions[s]` of layer `layer` of its caches (the
 /// cache results, aliasing the operands), then its attention over positions `0..=positions[s]`.
 unsafe extern "C" fn attention_decode_batch(frame: *mut CallFrame) -> *mut XlaError {
@@ -386,7 +426,11 @@ unsafe extern "C" fn attention_decode_batch(frame: *mut CallFrame) -> *mut XlaEr
                 .map(|&p| usize::try_from(p).map_err(|_| format!("position {p} is negative")))
                 .collect::<Result<Vec<usize>, String>>()?;
             let entries = StepEntries { keys: k, values: v, positions: &positions };
-            decode_with_entries(frame, q, [heads, kv_heads, d], entries, layer, &[sequences, heads, d])
+            let (shape, dims) = ([heads, kv_heads, d], [sequences, heads, d]);
+            match half_caches(frame)? {
+                false => decode_with_entries::<f32>(frame, q, shape, entries, layer, &dims),
+                true => decode_with_entries::<half::f16>(frame, q, shape, entries, layer, &dims),
+            }
         })
     }
 }

@@ -61,9 +61,11 @@ pub fn link() {}
 ///   (prefill buckets, large batches) as the kernels' blocked matrix-matrix product; one-token
 ///   calls attend through the kernel over the filled cache positions only.
 /// - fp16 matrices held as f16, row-major (the kernels' layout), never widened in the graph.
-/// - Layers unrolled with per-layer f32 caches: as [`CPU_SETTINGS`].
+/// - Layers unrolled as [`CPU_SETTINGS`], with f16 caches, which only the kernels read and write
+///   (ADR 0038; `kv_cache=f32` for f32).
 pub const CPU_KERNEL_SETTINGS: GraphSettings = GraphSettings {
     dense: StorageDtype::F16,
+    cache: StorageDtype::F16,
     host_kernels: Some(HostKernels {
         max_tokens: usize::MAX,
         calls: KernelCalls::XlaCustomCall,

@@ -356,11 +356,9 @@ impl GraphOptions {
     /// Whether the graphs attend through the kernels (the decodes' and prefills' targets of
     /// [`Self::caches_in_kernels`] on XLA, [`ATTENTION_DECODE_MANY_TARGET`] and
     /// [`ATTENTION_CAUSAL_TARGET`] on IREE), each query reading only the cache positions it may
-    /// see: host kernels, per-layer caches, an f32 cache (what the kernels read).
+    /// see: host kernels and per-layer caches (f32 or f16, both of which the kernels read).
     pub fn attention_kernel(&self) -> bool {
-        self.host_kernels.is_some()
-            && self.layers == LayerMode::UnrolledCachePerLayer
-            && self.cache == StorageDtype::F32
+        self.host_kernels.is_some() && self.layers == LayerMode::UnrolledCachePerLayer
     }
 
     /// Whether the caches are stacked over the layers and written only by the attention kernels'
@@ -2466,7 +2464,7 @@ mod tests {
         assert!(names.contains("seam_linear_int4p_q8_swiglu_residual"));
         assert!(names.contains("seam_linear_int4_q8_rmsnorm_residual"));
 
-        // An f16 cache keeps the attention in the graph (the kernel reads f32).
+        // An f16 cache is the kernels' too (ADR 0038): the attention calls take and return it.
         let f16_cache = GraphOptions {
             layers: LayerMode::UnrolledCachePerLayer,
             host_kernels: Some(HostKernels {
@@ -2476,7 +2474,8 @@ mod tests {
             }),
             ..options(WeightFormat::F16)
         };
-        assert!(!emit_module(&c, &f16_cache, &[DECODE]).unwrap().contains("seam_attention"));
+        let text = emit_module(&c, &f16_cache, &[DECODE]).unwrap();
+        assert!(text.contains("seam_attention") && text.contains("xf16>"), "the kernels attend over f16 caches");
 
         // A padded call tells every product and every causal attention how many of its rows
         // are real: its `count` argument (the third) is the last operand of each of the layers'
@@ -2529,7 +2528,7 @@ mod tests {
         let text = emit_module(&c, &options, &[DECODE, prefill]).unwrap();
         assert!(!text.contains("custom_call"), "no XLA custom call in IREE's form");
         // Seven products per layer, the LM head and the greedy token, in both functions;
-        // attention stays in the graph (the kernels' attention reads f32 per-layer caches, which
+        // attention stays in the graph (the kernels' attention reads per-layer caches, which
         // these options lack).
         assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (7 * layers + 2));
         assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{ARGMAX_TARGET}_")).count(), 2);
@@ -2545,11 +2544,13 @@ mod tests {
         }
         assert!(text.contains("stablehlo.dot_general"), "attention is the graph's own");
 
-        // With per-layer f32 caches each layer's attention is a dispatch too: a prefill's one
+        // With per-layer caches each layer's attention is a dispatch too: a prefill's one
         // query head per workgroup (the workload is the heads) after a dispatch that writes the
         // chunk's entries, a decode's through the batch's dispatch of one sequence, which also
         // writes its entries; both update the caches as tied operands, and the graph writes no
-        // cache itself.
+        // cache itself. f16 caches take the same dispatches (their words say the element size).
+        let f16 = GraphOptions { layers: LayerMode::UnrolledCachePerLayer, cache: StorageDtype::F16, ..options };
+        assert!(f16.attention_kernel());
         let options = GraphOptions { layers: LayerMode::UnrolledCachePerLayer, cache: StorageDtype::F32, ..options };
         assert!(options.attention_kernel());
         let text = emit_module(&c, &options, &[DECODE, prefill]).unwrap();
@@ -2594,8 +2595,8 @@ mod tests {
             let line = text.lines().find(|l| l.contains(&format!("func.func private @{target}("))).unwrap();
             // Pointer and offset each of q, positions, the new keys and values, the caches and
             // the result (a decode), or of q, keys, values, position, rows and the result;
-            // five shape words, first and count.
-            assert_eq!(line.matches("index").count(), 6 + 7 + usize::from(target == one), "{line}");
+            // six shape words (the last the caches' element size), first and count.
+            assert_eq!(line.matches("index").count(), 6 + 8 + usize::from(target == one), "{line}");
         }
 
         // A decode normalizes and gates inside the kernels' calls; a call of four rows and more
@@ -2634,8 +2635,8 @@ mod tests {
             assert!(ties[0].starts_with("tensor<") && ties[1..].iter().all(|t| t.starts_with("%arg")), "{dispatch}");
             let line = text.lines().find(|l| l.contains(&format!("func.func private @{target}("))).unwrap();
             // q, positions, the new keys and values, two caches per sequence, result: pointer
-            // and offset each; five shape words, first and count.
-            assert_eq!(line.matches("index").count(), 2 * batch + 5 + 7, "{line}");
+            // and offset each; six shape words, first and count.
+            assert_eq!(line.matches("index").count(), 2 * batch + 5 + 8, "{line}");
             let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
             assert!(text.contains(&format!("s0 ceildiv {}", heads / kv_heads)), "a KV head's heads per workgroup");
             assert!(text.contains(&format!("= arith.constant {} : index\n    %", batch * heads)), "the batch's heads");

@@ -762,14 +762,15 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 ///   columns) and `n` (the result's columns); a workgroup computes output columns
 ///   `first..first + count` of every token.
 /// - A causal attention's ([`crate::ATTENTION_CAUSAL_TARGET`]) are `tokens`, `heads`, `kv_heads`,
-///   `head_dim` and `capacity` (the cache's positions); a workgroup computes query heads
-///   `first..first + count` of every token.
+///   `head_dim`, `capacity` (the cache's positions) and `cache_bytes` (the bytes of a cache
+///   element: 4 for f32, 2 for f16); a workgroup computes query heads `first..first + count` of
+///   every token.
 /// - A decode's attention ([`crate::attention_decode_many_target`], one sequence or a batch's)
-///   are `sequences`, `heads`, `kv_heads`, `head_dim` and `capacity`; the workgroups share the
-///   `sequences * heads` query heads, each taking the heads of one KV head of one sequence, which
-///   the kernel serves with one read of its keys and values (ADR 0031).
-/// - The entries' writes ([`crate::WRITE_ENTRIES_TARGET`]) are `tokens`, `kv_heads`, `head_dim`
-///   and `capacity`; a workgroup writes KV heads `first..first + count`.
+///   are `sequences`, `heads`, `kv_heads`, `head_dim`, `capacity` and `cache_bytes`; the
+///   workgroups share the `sequences * heads` query heads, each taking the heads of one KV head of
+///   one sequence, which the kernel serves with one read of its keys and values (ADR 0031).
+/// - The entries' writes ([`crate::WRITE_ENTRIES_TARGET`]) are `tokens`, `kv_heads`, `head_dim`,
+///   `capacity` and `cache_bytes`; a workgroup writes KV heads `first..first + count`.
 /// - The greedy tokens ([`crate::ARGMAX_TARGET`]) are `rows` and `cols` of the logits; a
 ///   workgroup takes rows `first..first + count`.
 ///
@@ -812,7 +813,8 @@ impl Split {
             // writes one KV head's entries.
             let (tokens, kv_heads, head_dim) = (operands[0].dims[0], operands[0].dims[1], operands[0].dims[2]);
             let capacity = operands[4].dims[2];
-            return Split { extent: kv_heads, per_group: 1, words: vec![tokens, kv_heads, head_dim, capacity] };
+            let words = vec![tokens, kv_heads, head_dim, capacity, cache_bytes(&operands[4])];
+            return Split { extent: kv_heads, per_group: 1, words };
         }
         let dims = &result.expect("the kernel dispatches but the entries' writes return a new array").dims;
         if target.starts_with(crate::ATTENTION_DECODE_MANY_TARGET) {
@@ -824,7 +826,7 @@ impl Split {
             return Split {
                 extent: sequences * heads,
                 per_group,
-                words: vec![sequences, heads, keys[0], head_dim, keys[2]],
+                words: vec![sequences, heads, keys[0], head_dim, keys[2], cache_bytes(&operands[4])],
             };
         }
         if target == crate::ARGMAX_TARGET {
@@ -836,12 +838,21 @@ impl Split {
             // result [T, H, D]; keys [KVH, D, C]. A workgroup takes one query head.
             let (tokens, heads, head_dim) = (dims[0], dims[1], dims[2]);
             let keys = &operands[1].dims;
-            return Split { extent: heads, per_group: 1, words: vec![tokens, heads, keys[0], head_dim, keys[2]] };
+            let words = vec![tokens, heads, keys[0], head_dim, keys[2], cache_bytes(&operands[1])];
+            return Split { extent: heads, per_group: 1, words };
         }
         let n = dims[dims.len() - 1];
         let tokens: usize = dims[..dims.len() - 1].iter().product();
         let k = operands[0].dims[operands[0].dims.len() - 1];
         Split { extent: n, per_group: rows_per_workgroup(n), words: vec![tokens, k, n] }
+    }
+}
+
+/// The bytes of one element of a KV cache operand (the attention imports read f32 or f16).
+fn cache_bytes(cache: &Ty) -> usize {
+    match cache.elem {
+        Elem::F16 => 2,
+        _ => 4,
     }
 }
 
