@@ -343,19 +343,14 @@ thread_local! {
     static HEAD_ROWS: RefCell<(Vec<f32>, Vec<f32>)> = const { RefCell::new((Vec::new(), Vec::new())) };
 }
 
-/// Runs `body` over caches of the element size the dispatch's `cache_bytes` word gives (4: f32,
+/// `f32_body` or `f16_body`, by the element size the dispatch's `cache_bytes` word gives (4: f32,
 /// 2: f16; see `stablehlo_llama::mlir::KernelDispatches`); any other size fails the call.
-fn by_cache_bytes(cache_bytes: usize, body: impl CacheBody) -> bool {
+fn by_cache_bytes(cache_bytes: usize, f32_body: impl FnOnce() -> bool, f16_body: impl FnOnce() -> bool) -> bool {
     match cache_bytes {
-        4 => body.run::<f32>(),
-        2 => body.run::<half::f16>(),
+        4 => f32_body(),
+        2 => f16_body(),
         _ => false,
     }
-}
-
-/// An import's work over caches of some element type.
-trait CacheBody {
-    fn run<E: CacheElement>(self) -> bool;
 }
 
 /// One workgroup's query heads of a causal attention call: `(q f32[T, H, D], keys [KVH, D, C],
@@ -363,68 +358,72 @@ trait CacheBody {
 /// `t` over cache positions `0..=position + t` and zero from `rows` on, as
 /// `cpu_kernels::attention_causal` on the calling thread, one head at a time.
 unsafe extern "C" fn attention_causal(params: *mut c_void, _context: *mut c_void, _reserved: *mut c_void) -> c_int {
-    struct Causal(Packed);
-    impl CacheBody for Causal {
-        fn run<E: CacheElement>(self) -> bool {
-            let (p, result) = (self.0, 5);
-            // SAFETY: the executable passes `result + 1` pointer/offset pairs and eight words,
-            // over buffers of the shapes the graph emitter gave the dispatch (its words, the
-            // caches of `E`); this workgroup alone writes its heads' rows of the result.
-            unsafe {
-                let word = |i| p.word(result + 1, i);
-                let (tokens, heads, kv_heads, d, capacity, first, count) =
-                    (word(0), word(1), word(2), word(3), word(4), word(6), word(7));
-                if kv_heads == 0 || heads % kv_heads != 0 || first + count > heads {
-                    return false;
-                }
-                let position = p.operand::<i32>(3, 1)[0];
-                let rows = p.operand::<i32>(4, 1)[0];
-                let (Ok(position), Ok(rows)) = (usize::try_from(position), usize::try_from(rows)) else {
-                    return false;
-                };
-                let q = p.operand::<f32>(0, tokens * heads * d);
-                let keys = p.operand::<E>(1, kv_heads * d * capacity);
-                let values = p.operand::<E>(2, kv_heads * capacity * d);
-                let out = p.operand_mut::<f32>(result);
-                let group = heads / kv_heads;
-                let span = d * capacity;
-                let shape = AttentionShape { heads: 1, kv_heads: 1, head_dim: d, capacity };
-                let queries = CausalQueries { tokens, position, rows };
-                HEAD_ROWS.with(|rows_buffers| {
-                    let (q_head, out_head) = &mut *rows_buffers.borrow_mut();
-                    (first..first + count).all(|h| {
-                        let kvh = h / group;
-                        q_head.clear();
-                        for t in 0..tokens {
-                            q_head.extend_from_slice(&q[(t * heads + h) * d..(t * heads + h + 1) * d]);
-                        }
-                        out_head.resize(tokens * d, 0.0);
-                        let ok = ONE_THREAD.with(|pool| {
-                            cpu_kernels::attention_causal(
-                                isa(),
-                                pool,
-                                shape,
-                                q_head,
-                                queries,
-                                &keys[kvh * span..(kvh + 1) * span],
-                                &values[kvh * span..(kvh + 1) * span],
-                                out_head,
-                            )
-                            .is_ok()
-                        });
-                        for t in 0..tokens {
-                            let dst = std::slice::from_raw_parts_mut(out.add((t * heads + h) * d), d);
-                            dst.copy_from_slice(&out_head[t * d..(t + 1) * d]);
-                        }
-                        ok
-                    })
-                })
-            }
-        }
-    }
     let p = Packed(params as *const usize);
-    // SAFETY: the words are there (see `run`).
-    guarded(|| by_cache_bytes(unsafe { p.word(6, 5) }, Causal(p)))
+    // SAFETY: the executable passes six pointer/offset pairs and eight words (see `causal_heads`).
+    let bytes = unsafe { p.word(6, 5) };
+    // SAFETY: as above; the word says the caches' type.
+    guarded(|| unsafe { by_cache_bytes(bytes, || causal_heads::<f32>(&p), || causal_heads::<half::f16>(&p)) })
+}
+
+/// [`attention_causal`] over caches of `E`.
+///
+/// # Safety
+/// `p` is the packed arguments of that import, its caches of `E`.
+unsafe fn causal_heads<E: CacheElement>(p: &Packed) -> bool {
+    let result = 5;
+    // SAFETY: the executable passes `result + 1` pointer/offset pairs and eight words,
+    // over buffers of the shapes the graph emitter gave the dispatch (its words, the
+    // caches of `E`); this workgroup alone writes its heads' rows of the result.
+    unsafe {
+        let word = |i| p.word(result + 1, i);
+        let (tokens, heads, kv_heads, d, capacity, first, count) =
+            (word(0), word(1), word(2), word(3), word(4), word(6), word(7));
+        if kv_heads == 0 || heads % kv_heads != 0 || first + count > heads {
+            return false;
+        }
+        let position = p.operand::<i32>(3, 1)[0];
+        let rows = p.operand::<i32>(4, 1)[0];
+        let (Ok(position), Ok(rows)) = (usize::try_from(position), usize::try_from(rows)) else {
+            return false;
+        };
+        let q = p.operand::<f32>(0, tokens * heads * d);
+        let keys = p.operand::<E>(1, kv_heads * d * capacity);
+        let values = p.operand::<E>(2, kv_heads * capacity * d);
+        let out = p.operand_mut::<f32>(result);
+        let group = heads / kv_heads;
+        let span = d * capacity;
+        let shape = AttentionShape { heads: 1, kv_heads: 1, head_dim: d, capacity };
+        let queries = CausalQueries { tokens, position, rows };
+        HEAD_ROWS.with(|rows_buffers| {
+            let (q_head, out_head) = &mut *rows_buffers.borrow_mut();
+            (first..first + count).all(|h| {
+                let kvh = h / group;
+                q_head.clear();
+                for t in 0..tokens {
+                    q_head.extend_from_slice(&q[(t * heads + h) * d..(t * heads + h + 1) * d]);
+                }
+                out_head.resize(tokens * d, 0.0);
+                let ok = ONE_THREAD.with(|pool| {
+                    cpu_kernels::attention_causal(
+                        isa(),
+                        pool,
+                        shape,
+                        q_head,
+                        queries,
+                        &keys[kvh * span..(kvh + 1) * span],
+                        &values[kvh * span..(kvh + 1) * span],
+                        out_head,
+                    )
+                    .is_ok()
+                });
+                for t in 0..tokens {
+                    let dst = std::slice::from_raw_parts_mut(out.add((t * heads + h) * d), d);
+                    dst.copy_from_slice(&out_head[t * d..(t + 1) * d]);
+                }
+                ok
+            })
+        })
+    }
 }
 
 /// One workgroup's share of a prefill chunk's cache writes (`stablehlo_llama::WRITE_ENTRIES_TARGET`):
@@ -432,54 +431,49 @@ unsafe extern "C" fn attention_causal(params: *mut c_void, _context: *mut c_void
 /// C, D])`, the caches (f32 or f16) being the dispatch's tied operands: for KV heads
 /// `first..first + count`, rows `0..rows` of `k` and `v` at positions `position..`.
 unsafe extern "C" fn write_entries(params: *mut c_void, _context: *mut c_void, _reserved: *mut c_void) -> c_int {
-    struct Write(Packed);
-    impl CacheBody for Write {
-        fn run<E: CacheElement>(self) -> bool {
-            let p = self.0;
-            // SAFETY: the executable passes six pointer/offset pairs and seven words, over buffers
-            // of the shapes the graph emitter gave the dispatch (its words, the caches of `E`);
-            // this workgroup alone writes its KV heads' parts of the caches.
-            unsafe {
-                let word = |i| p.word(6, i);
-                let (tokens, kv_heads, d, capacity, first, count) =
-                    (word(0), word(1), word(2), word(3), word(5), word(6));
-                if first + count > kv_heads {
-                    return false;
-                }
-                let (Ok(position), Ok(rows)) =
-                    (usize::try_from(p.operand::<i32>(2, 1)[0]), usize::try_from(p.operand::<i32>(3, 1)[0]))
-                else {
-                    return false;
-                };
-                if rows > tokens {
-                    return false;
-                }
-                let (k, v) = (p.operand::<f32>(0, tokens * kv_heads * d), p.operand::<f32>(1, tokens * kv_heads * d));
-                let span = d * capacity;
-                let one = AttentionShape { heads: 1, kv_heads: 1, head_dim: d, capacity };
-                (first..first + count).all(|kvh| {
-                    // This KV head's part of the caches, which no other workgroup touches.
-                    let (keys, values) = p.head_caches::<E>(4, kvh, span);
-                    (0..rows).all(|t| {
-                        let entry = (t * kv_heads + kvh) * d..(t * kv_heads + kvh + 1) * d;
-                        // `write_cache_entries` refuses a position outside the caches.
-                        cpu_kernels::write_cache_entries(
-                            one,
-                            keys,
-                            values,
-                            (&k[entry.clone()], &v[entry]),
-                            position + t,
-                            1,
-                        )
-                        .is_ok()
-                    })
-                })
-            }
-        }
-    }
     let p = Packed(params as *const usize);
-    // SAFETY: the words are there (see `run`).
-    guarded(|| by_cache_bytes(unsafe { p.word(6, 4) }, Write(p)))
+    // SAFETY: the executable passes six pointer/offset pairs and seven words (see `write_heads`).
+    let bytes = unsafe { p.word(6, 4) };
+    // SAFETY: as above; the word says the caches' type.
+    guarded(|| unsafe { by_cache_bytes(bytes, || write_heads::<f32>(&p), || write_heads::<half::f16>(&p)) })
+}
+
+/// [`write_entries`] into caches of `E`.
+///
+/// # Safety
+/// `p` is the packed arguments of that import, its caches of `E`.
+unsafe fn write_heads<E: CacheElement>(p: &Packed) -> bool {
+    // SAFETY: the executable passes six pointer/offset pairs and seven words, over buffers
+    // of the shapes the graph emitter gave the dispatch (its words, the caches of `E`);
+    // this workgroup alone writes its KV heads' parts of the caches.
+    unsafe {
+        let word = |i| p.word(6, i);
+        let (tokens, kv_heads, d, capacity, first, count) = (word(0), word(1), word(2), word(3), word(5), word(6));
+        if first + count > kv_heads {
+            return false;
+        }
+        let (Ok(position), Ok(rows)) =
+            (usize::try_from(p.operand::<i32>(2, 1)[0]), usize::try_from(p.operand::<i32>(3, 1)[0]))
+        else {
+            return false;
+        };
+        if rows > tokens {
+            return false;
+        }
+        let (k, v) = (p.operand::<f32>(0, tokens * kv_heads * d), p.operand::<f32>(1, tokens * kv_heads * d));
+        let span = d * capacity;
+        let one = AttentionShape { heads: 1, kv_heads: 1, head_dim: d, capacity };
+        (first..first + count).all(|kvh| {
+            // This KV head's part of the caches, which no other workgroup touches.
+            let (keys, values) = p.head_caches::<E>(4, kvh, span);
+            (0..rows).all(|t| {
+                let entry = (t * kv_heads + kvh) * d..(t * kv_heads + kvh + 1) * d;
+                // `write_cache_entries` refuses a position outside the caches.
+                cpu_kernels::write_cache_entries(one, keys, values, (&k[entry.clone()], &v[entry]), position + t, 1)
+                    .is_ok()
+            })
+        })
+    }
 }
 
 /// One workgroup's share of a decode's attention, one sequence's or a batch's
@@ -492,64 +486,68 @@ unsafe extern "C" fn write_entries(params: *mut c_void, _context: *mut c_void, _
 /// 0031): each sequence gets the numbers it gets alone. `context` is `S`, as the import's table
 /// entry gives it.
 unsafe extern "C" fn attention_many(params: *mut c_void, context: *mut c_void, _reserved: *mut c_void) -> c_int {
-    struct Many(Packed, usize);
-    impl CacheBody for Many {
-        fn run<E: CacheElement>(self) -> bool {
-            let (p, sequences) = (self.0, self.1);
-            let result = 4 + 2 * sequences;
-            // SAFETY: the executable of this batch size passes `result + 1` pointer/offset pairs
-            // and eight words, over buffers of the shapes the graph emitter gave the dispatch (its
-            // words, the caches of `E`); this workgroup alone writes its heads' rows of the result
-            // and its KV heads' parts of its sequences' caches (whole groups, checked below), and
-            // reads nothing of the caches but those parts.
-            unsafe {
-                let word = |i| p.word(result + 1, i);
-                let (batch, heads, kv_heads, d, capacity, first, count) =
-                    (word(0), word(1), word(2), word(3), word(4), word(6), word(7));
-                if batch != sequences || kv_heads == 0 || heads % kv_heads != 0 || first + count > sequences * heads {
-                    return false;
-                }
-                let group = heads / kv_heads;
-                if first % group != 0 || count % group != 0 {
-                    return false;
-                }
-                let per = heads * d;
-                let q = p.operand::<f32>(0, sequences * per);
-                let positions = p.operand::<i32>(1, sequences);
-                let (k, v) =
-                    (p.operand::<f32>(2, sequences * kv_heads * d), p.operand::<f32>(3, sequences * kv_heads * d));
-                let out = p.operand_mut::<f32>(result);
-                let span = d * capacity;
-                let one = AttentionShape { heads: group, kv_heads: 1, head_dim: d, capacity };
-                for h in (first..first + count).step_by(group) {
-                    let (s, kvh) = (h / heads, h % heads / group);
-                    let Ok(position) = usize::try_from(positions[s]) else { return false };
-                    // This KV head's part of the sequence's caches, which no other workgroup touches.
-                    let (keys, values) = p.head_caches::<E>(4 + 2 * s, kvh, span);
-                    let entry = (s * kv_heads + kvh) * d..(s * kv_heads + kvh + 1) * d;
-                    // `write_cache_entries` refuses a position outside the caches.
-                    if cpu_kernels::write_cache_entries(one, keys, values, (&k[entry.clone()], &v[entry]), position, 1)
-                        .is_err()
-                    {
-                        return false;
-                    }
-                    let out = std::slice::from_raw_parts_mut(out.add(h * d), group * d);
-                    let q = &q[h * d..(h + group) * d];
-                    let ok = ONE_THREAD.with(|pool| {
-                        cpu_kernels::attention_decode(isa(), pool, one, q, keys, values, position + 1, out).is_ok()
-                    });
-                    if !ok {
-                        return false;
-                    }
-                }
-                true
-            }
-        }
-    }
     let p = Packed(params as *const usize);
     let sequences = context as usize;
-    // SAFETY: the words are there (see `run`).
-    guarded(|| by_cache_bytes(unsafe { p.word(4 + 2 * sequences + 1, 5) }, Many(p, sequences)))
+    // SAFETY: the executable of this batch size passes `4 + 2 * sequences + 1` pointer/offset
+    // pairs and eight words (see `attend_many`).
+    let bytes = unsafe { p.word(4 + 2 * sequences + 1, 5) };
+    // SAFETY: as above; the word says the caches' type.
+    guarded(|| unsafe {
+        by_cache_bytes(bytes, || attend_many::<f32>(&p, sequences), || attend_many::<half::f16>(&p, sequences))
+    })
+}
+
+/// [`attention_many`] over caches of `E`, for a batch of `sequences`.
+///
+/// # Safety
+/// `p` is the packed arguments of that import for this batch size, its caches of `E`.
+unsafe fn attend_many<E: CacheElement>(p: &Packed, sequences: usize) -> bool {
+    let result = 4 + 2 * sequences;
+    // SAFETY: the executable of this batch size passes `result + 1` pointer/offset pairs
+    // and eight words, over buffers of the shapes the graph emitter gave the dispatch (its
+    // words, the caches of `E`); this workgroup alone writes its heads' rows of the result
+    // and its KV heads' parts of its sequences' caches (whole groups, checked below), and
+    // reads nothing of the caches but those parts.
+    unsafe {
+        let word = |i| p.word(result + 1, i);
+        let (batch, heads, kv_heads, d, capacity, first, count) =
+            (word(0), word(1), word(2), word(3), word(4), word(6), word(7));
+        if batch != sequences || kv_heads == 0 || heads % kv_heads != 0 || first + count > sequences * heads {
+            return false;
+        }
+        let group = heads / kv_heads;
+        if first % group != 0 || count % group != 0 {
+            return false;
+        }
+        let per = heads * d;
+        let q = p.operand::<f32>(0, sequences * per);
+        let positions = p.operand::<i32>(1, sequences);
+        let (k, v) = (p.operand::<f32>(2, sequences * kv_heads * d), p.operand::<f32>(3, sequences * kv_heads * d));
+        let out = p.operand_mut::<f32>(result);
+        let span = d * capacity;
+        let one = AttentionShape { heads: group, kv_heads: 1, head_dim: d, capacity };
+        for h in (first..first + count).step_by(group) {
+            let (s, kvh) = (h / heads, h % heads / group);
+            let Ok(position) = usize::try_from(positions[s]) else { return false };
+            // This KV head's part of the sequence's caches, which no other workgroup touches.
+            let (keys, values) = p.head_caches::<E>(4 + 2 * s, kvh, span);
+            let entry = (s * kv_heads + kvh) * d..(s * kv_heads + kvh + 1) * d;
+            // `write_cache_entries` refuses a position outside the caches.
+            if cpu_kernels::write_cache_entries(one, keys, values, (&k[entry.clone()], &v[entry]), position, 1).is_err()
+            {
+                return false;
+            }
+            let out = std::slice::from_raw_parts_mut(out.add(h * d), group * d);
+            let q = &q[h * d..(h + group) * d];
+            let ok = ONE_THREAD.with(|pool| {
+                cpu_kernels::attention_decode(isa(), pool, one, q, keys, values, position + 1, out).is_ok()
+            });
+            if !ok {
+                return false;
+            }
+        }
+        true
+    }
 }
 
 /// One workgroup's rows of a greedy pick: `(logits f32[R, V]) -> i32[R]`, row `r` the first index

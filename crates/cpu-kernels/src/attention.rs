@@ -314,7 +314,16 @@ pub fn attention_causal<E: CacheElement>(
         return Ok(());
     }
     if E::HALF {
-        return widened_causal(isa, pool, shape, q, queries, keys, values, out);
+        // The paths below read f32: the visible positions widened into caches of just that many
+        // positions first. A prefill chunk's products read each of them many times (once per
+        // row block and query head), so widening them once costs little beside it.
+        let span = position + rows;
+        return WIDENED.with(|widened| {
+            let (wide_keys, wide_values) = &mut *widened.borrow_mut();
+            widen_visible(shape, span, (keys, values), (wide_keys, wide_values));
+            let narrow = AttentionShape { capacity: span, ..shape };
+            attention_causal(isa, pool, narrow, q, queries, &wide_keys[..], &wide_values[..], out)
+        });
     }
     // The paths below read f32 (checked just above).
     let (keys, values) = (as_f32(keys), as_f32(values));
@@ -369,36 +378,23 @@ fn as_f32<E: CacheElement>(x: &[E]) -> &[f32] {
     unsafe { std::slice::from_raw_parts(x.as_ptr().cast::<f32>(), x.len()) }
 }
 
-/// [`attention_causal`] over f16 caches on the paths that read f32: the visible positions'
-/// keys and values widened into caches of just that many positions first. A prefill chunk's
-/// products read each of them many times (once per row block and query head), so widening them
-/// once costs little beside it.
-#[allow(clippy::too_many_arguments)] // as attention_causal
-fn widened_causal<E: CacheElement>(
-    isa: Isa,
-    pool: &Pool,
+/// Positions `0..span` of `keys` and `values` (layouts as [`attention_decode`] in `shape`)
+/// widened to f32, into caches of `span` positions in the same layouts.
+fn widen_visible<E: CacheElement>(
     shape: AttentionShape,
-    q: &[f32],
-    queries: CausalQueries,
-    keys: &[E],
-    values: &[E],
-    out: &mut [f32],
-) -> Result<(), ShapeError> {
+    span: usize,
+    (keys, values): (&[E], &[E]),
+    (wide_keys, wide_values): (&mut Vec<f32>, &mut Vec<f32>),
+) {
     let AttentionShape { kv_heads, head_dim: d, capacity: c, .. } = shape;
-    let span = queries.position + queries.rows;
-    WIDENED.with(|widened| {
-        let (wide_keys, wide_values) = &mut *widened.borrow_mut();
-        wide_keys.resize(kv_heads * d * span, 0.0);
-        wide_values.resize(kv_heads * span * d, 0.0);
-        for (j, row) in wide_keys.chunks_exact_mut(span).enumerate() {
-            E::widen_into(&keys[j * c..j * c + span], row);
-        }
-        for (kvh, head) in wide_values.chunks_exact_mut(span * d).enumerate() {
-            E::widen_into(&values[kvh * c * d..kvh * c * d + span * d], head);
-        }
-        let narrow = AttentionShape { capacity: span, ..shape };
-        attention_causal(isa, pool, narrow, q, queries, &wide_keys[..], &wide_values[..], out)
-    })
+    wide_keys.resize(kv_heads * d * span, 0.0);
+    wide_values.resize(kv_heads * span * d, 0.0);
+    for (j, row) in wide_keys.chunks_exact_mut(span).enumerate() {
+        E::widen_into(&keys[j * c..j * c + span], row);
+    }
+    for (kvh, head) in wide_values.chunks_exact_mut(span * d).enumerate() {
+        E::widen_into(&values[kvh * c * d..kvh * c * d + span * d], head);
+    }
 }
 
 /// Query rows per task of [`attention_causal`].
