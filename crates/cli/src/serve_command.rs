@@ -40,6 +40,10 @@ pub struct ServeArgs {
     /// `max_tokens` for requests that give none (default: what the context leaves).
     #[arg(long)]
     default_max_tokens: Option<usize>,
+    /// Seconds a client may take to send a request's headers, and then its body; connections
+    /// idle for as long between requests are closed.
+    #[arg(long, default_value_t = 30, value_parser = clap::value_parser!(u64).range(1..))]
+    read_timeout: u64,
     /// The model id clients name (default: the model directory's name).
     #[arg(long)]
     model_name: Option<String>,
@@ -91,6 +95,7 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             request_time_limit: Duration::from_secs(args.request_timeout),
         },
         default_max_tokens: args.default_max_tokens,
+        read_timeout: Duration::from_secs(args.read_timeout),
     };
     let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
     runtime.block_on(async move {

@@ -4,8 +4,9 @@
 //!
 //! Checked: greedy output through the server equals `seam run`'s, streamed and not; concurrent
 //! requests (more than the slots, so some queue) each equal their output alone; a client that
-//! hangs up frees its slot; errors carry OpenAI's body and status (400, 404, 429 with
-//! Retry-After); SIGTERM lets a running request finish, then the process exits 0; resident
+//! hangs up frees its slot; errors carry OpenAI's body and status (400, 404, 405, 408, 413, 429
+//! with Retry-After); parameters the server does not serve are refused; a client that stops
+//! sending is cut off after the read timeout; SIGTERM lets a running request finish, then the process exits 0; resident
 //! memory stays flat over 1,000 requests.
 
 use serde_json::Value;
@@ -363,6 +364,73 @@ fn mistakes_get_openai_errors_and_a_full_queue_gets_429() {
     drop(running);
     let queued = queued.join().unwrap();
     assert_eq!(queued.status, 200, "the queued request runs once the slot is free: {}", queued.body);
+}
+
+#[test]
+fn what_the_server_does_not_do_is_refused_and_slow_clients_are_cut_off() {
+    let served = Served::start(&["--read-timeout", "1"]);
+    let error = |answer: &Response| answer.json()["error"].clone();
+    let user = r#"[{"role": "user", "content": "hi"}]"#;
+    // Asked for, not done: refused, never answered as if not asked.
+    for (path, body, param) in [
+        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "tools": [{{"type": "function"}}]}}"#), "tools"),
+        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "tool_choice": "required"}}"#), "tool_choice"),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{"messages": {user}, "response_format": {{"type": "json_object"}}}}"#),
+            "response_format",
+        ),
+        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "logit_bias": {{"42": 5}}}}"#), "logit_bias"),
+        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "top_logprobs": 2}}"#), "top_logprobs"),
+        ("/v1/chat/completions", r#"{"messages": [{"role": "wizard", "content": "hi"}]}"#.into(), "messages"),
+        ("/v1/chat/completions", r#"{"messages": [{"role": "tool", "content": "42"}]}"#.into(), "messages"),
+        ("/v1/chat/completions", r#"{"messages": [{"role": "user", "content": null}]}"#.into(), "messages"),
+        ("/v1/completions", r#"{"prompt": "x", "echo": true}"#.into(), "echo"),
+        ("/v1/completions", r#"{"prompt": "x", "suffix": "y"}"#.into(), "suffix"),
+        ("/v1/completions", r#"{"prompt": "x", "best_of": 3}"#.into(), "best_of"),
+        ("/v1/completions", format!(r#"{{"prompt": "{}"}}"#, "hello ".repeat(9000)), "prompt"),
+    ] {
+        let answer = served.post(path, &body);
+        assert_eq!(answer.status, 400, "{body:.80}: {}", answer.body);
+        assert_eq!(error(&answer)["param"], param, "{body:.80}");
+    }
+    // What is a no-op without tools, and the newer name of `system`, are served.
+    let served_anyway = served.post(
+        "/v1/chat/completions",
+        r#"{"messages": [{"role": "developer", "content": "Be brief."}, {"role": "user", "content": "hi"}],
+            "tool_choice": "none", "response_format": {"type": "text"}, "logit_bias": {}, "max_tokens": 2}"#,
+    );
+    assert_eq!(served_anyway.status, 200, "{}", served_anyway.body);
+
+    let wrong_method = served.get("/v1/completions");
+    assert_eq!(wrong_method.status, 405);
+    assert_eq!(error(&wrong_method)["type"], "invalid_request_error");
+
+    // A body declared over the limit is refused before any of it arrives.
+    let mut huge = TcpStream::connect(&served.address).unwrap();
+    write!(huge, "POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 10000000000\r\n\r\n{{").unwrap();
+    huge.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+    let mut answer = String::new();
+    let _ = huge.read_to_string(&mut answer);
+    assert!(answer.starts_with("HTTP/1.1 413"), "{answer}");
+    assert!(answer.contains("request_too_large"), "{answer}");
+
+    // A client that stops sending gets 408 (body) or loses the connection (headers) after the
+    // read timeout, instead of holding it.
+    for (partial, expect) in [
+        ("POST /v1/completions HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\n{\"prompt\"", "HTTP/1.1 408"),
+        ("POST /v1/completions HTTP/1.1\r\nHost: x\r\n", ""),
+    ] {
+        let mut slow = TcpStream::connect(&served.address).unwrap();
+        slow.write_all(partial.as_bytes()).unwrap();
+        slow.set_read_timeout(Some(Duration::from_secs(30))).unwrap();
+        let started = Instant::now();
+        let mut answer = String::new();
+        let _ = slow.read_to_string(&mut answer);
+        assert!(started.elapsed() < Duration::from_secs(20), "{partial:?}: held for {:?}", started.elapsed());
+        assert!(answer.starts_with(expect), "{partial:?}: {answer}");
+    }
+    assert_eq!(served.get("/health").status, 200);
 }
 
 #[test]

@@ -17,7 +17,7 @@ pub mod openai;
 pub mod scheduler;
 
 use axum::body::Bytes;
-use axum::extract::State;
+use axum::extract::{FromRequest, Request, State};
 use axum::http::{header, HeaderValue, StatusCode};
 use axum::response::sse::{Event, Sse};
 use axum::response::{IntoResponse, Response};
@@ -36,7 +36,7 @@ use std::future::Future;
 use std::net::SocketAddr;
 use std::sync::atomic::{AtomicU64, Ordering};
 use std::sync::Arc;
-use std::time::{SystemTime, UNIX_EPOCH};
+use std::time::{Duration, SystemTime, UNIX_EPOCH};
 use tokio::net::TcpListener;
 use tokio::sync::mpsc;
 
@@ -61,7 +61,14 @@ pub struct ServerOptions {
     pub scheduler: SchedulerConfig,
     /// `max_tokens` when a request gives none; `None` lets a generation fill the context.
     pub default_max_tokens: Option<usize>,
+    /// How long a client may take to send a request's headers, and then its body; a connection
+    /// idle for as long between requests is closed too. Without it a client that sends a few
+    /// bytes and stops holds its connection forever.
+    pub read_timeout: Duration,
 }
+
+/// The largest request body read (axum's default limit): prompts far longer than any context.
+const MAX_BODY_BYTES: usize = 2 * 1024 * 1024;
 
 /// What every handler shares.
 struct AppState {
@@ -118,14 +125,8 @@ impl Server {
     /// running ones finish, and stops the engine thread.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         let Server { listener, state, engine_thread } = self;
-        let closing = state.scheduler.clone();
-        let router = router(Arc::clone(&state));
-        axum::serve(listener, router)
-            .with_graceful_shutdown(async move {
-                shutdown.await;
-                closing.close();
-            })
-            .await?;
+        serve_connections(listener, router(Arc::clone(&state)), state.options.read_timeout, shutdown).await;
+        state.scheduler.close();
         drop(state);
         // The engine thread ends once the last scheduler handle is gone and its work is done.
         tokio::task::spawn_blocking(move || engine_thread.join())
@@ -133,6 +134,47 @@ impl Server {
             .map_err(std::io::Error::other)?
             .map_err(|_| std::io::Error::other("the engine thread panicked"))
     }
+}
+
+/// Answers each accepted connection with `router` (HTTP/1) until `shutdown` completes; then
+/// accepts no more and waits for the open connections to finish their running requests.
+///
+/// axum's own `serve` does this too, but sets no deadline for a request's headers: this loop
+/// gives hyper a timer and `read_timeout` as that deadline.
+async fn serve_connections(
+    listener: TcpListener,
+    router: Router,
+    read_timeout: Duration,
+    shutdown: impl Future<Output = ()> + Send + 'static,
+) {
+    use hyper_util::rt::{TokioIo, TokioTimer};
+    let graceful = hyper_util::server::graceful::GracefulShutdown::new();
+    let mut http = hyper::server::conn::http1::Builder::new();
+    http.timer(TokioTimer::new()).header_read_timeout(read_timeout);
+    let mut shutdown = std::pin::pin!(shutdown);
+    loop {
+        let stream = tokio::select! {
+            accepted = listener.accept() => match accepted {
+                Ok((stream, _)) => stream,
+                // Out of file descriptors, or a connection reset before it was taken: the
+                // listener itself is fine; a short pause lets descriptors free up.
+                Err(_) => {
+                    tokio::time::sleep(Duration::from_millis(50)).await;
+                    continue;
+                }
+            },
+            () = &mut shutdown => break,
+        };
+        let _ = stream.set_nodelay(true);
+        let service = hyper_util::service::TowerToHyperService::new(router.clone());
+        let connection = graceful.watch(http.serve_connection(TokioIo::new(stream), service));
+        tokio::spawn(async move {
+            // A connection's errors (a client gone, a header deadline missed) are its own.
+            let _ = connection.await;
+        });
+    }
+    drop(listener);
+    graceful.shutdown().await;
 }
 
 /// Completes on SIGTERM or Ctrl-C.
@@ -165,6 +207,7 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
+        .method_not_allowed_fallback(method_not_allowed)
         .with_state(state)
 }
 
@@ -215,6 +258,59 @@ impl IntoResponse for ApiError {
     }
 }
 
+/// A request's body, read within the server's read timeout and [`MAX_BODY_BYTES`]; what goes
+/// wrong is answered in OpenAI's error shape like any other mistake.
+struct RequestBody(Bytes);
+
+impl FromRequest<Arc<AppState>> for RequestBody {
+    type Rejection = ApiError;
+
+    async fn from_request(request: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
+        let too_large = |what: String| ApiError {
+            status: StatusCode::PAYLOAD_TOO_LARGE,
+            detail: ErrorDetail {
+                message: format!("{what}; the limit is {MAX_BODY_BYTES} bytes"),
+                kind: "invalid_request_error",
+                param: None,
+                code: Some("request_too_large"),
+            },
+            retry_after: None,
+        };
+        // A declared length over the limit is refused before any of the body is waited for.
+        let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
+        if let Some(length) = declared.filter(|&n| n > MAX_BODY_BYTES as u64) {
+            return Err(too_large(format!("the request body has {length} bytes")));
+        }
+        let timeout = state.options.read_timeout;
+        match tokio::time::timeout(timeout, Bytes::from_request(request, state)).await {
+            Ok(Ok(bytes)) => Ok(RequestBody(bytes)),
+            Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
+                Err(too_large("the request body is too large".into()))
+            }
+            Ok(Err(rejection)) => Err(ApiError {
+                status: rejection.status(),
+                detail: ErrorDetail {
+                    message: format!("the request body could not be read: {}", rejection.body_text()),
+                    kind: "invalid_request_error",
+                    param: None,
+                    code: None,
+                },
+                retry_after: None,
+            }),
+            Err(_) => Err(ApiError {
+                status: StatusCode::REQUEST_TIMEOUT,
+                detail: ErrorDetail {
+                    message: format!("the request body did not arrive within {} s", timeout.as_secs_f64()),
+                    kind: "invalid_request_error",
+                    param: None,
+                    code: Some("request_timeout"),
+                },
+                retry_after: None,
+            }),
+        }
+    }
+}
+
 /// A queued request: its events, and how to answer them.
 struct Submitted {
     events: mpsc::UnboundedReceiver<JobEvent>,
@@ -253,7 +349,14 @@ impl AppState {
     }
 
     /// Checks the parameters and the prompt's length against the context.
-    fn prepare(&self, prompt: Vec<u32>, params: &Params, max_tokens: Option<u64>) -> Result<Prepared, ApiError> {
+    /// `prompt_param` names the request's prompt field in errors (`prompt` or `messages`).
+    fn prepare(
+        &self,
+        prompt: Vec<u32>,
+        prompt_param: &'static str,
+        params: &Params,
+        max_tokens: Option<u64>,
+    ) -> Result<Prepared, ApiError> {
         if params.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
         }
@@ -267,6 +370,7 @@ impl AppState {
         if params.logprobs.as_ref().is_some_and(|v| !(v.is_null() || *v == serde_json::Value::Bool(false))) {
             return Err(ApiError::invalid("logprobs are not supported", Some("logprobs")));
         }
+        refuse_unserved(params)?;
         if let Some(t) = params.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
             return Err(ApiError::invalid(
                 format!("temperature must be between 0 and 2, got {t}"),
@@ -290,13 +394,13 @@ impl AppState {
             return Err(ApiError::invalid("a stop string needs text", Some("stop")));
         }
         if prompt.is_empty() {
-            return Err(ApiError::invalid("the prompt is empty", Some("prompt")));
+            return Err(ApiError::invalid("the prompt is empty", Some(prompt_param)));
         }
         let vocab_size = self.vocab_size;
         if let Some(&token) = prompt.iter().find(|&&t| t as usize >= vocab_size) {
             return Err(ApiError::invalid(
                 format!("token id {token} is outside the vocabulary (size {vocab_size})"),
-                Some("prompt"),
+                Some(prompt_param),
             ));
         }
         let capacity = self.max_context;
@@ -307,7 +411,7 @@ impl AppState {
                      leaving no room for a completion",
                     prompt.len()
                 ),
-                Some("messages"),
+                Some(prompt_param),
             )
             .with_code("context_length_exceeded"));
         }
@@ -370,6 +474,40 @@ impl AppState {
             Err(SubmitError::ShuttingDown) => Err(shutting_down()),
         }
     }
+}
+
+/// Refuses what a request asks that would change its answer and that this server does not do,
+/// instead of answering as if it had not been asked.
+fn refuse_unserved(params: &Params) -> Result<(), ApiError> {
+    let no_tools = "this server calls no tools";
+    if params.tools.as_ref().is_some_and(|t| !t.is_empty()) {
+        return Err(ApiError::invalid(format!("tools are not supported: {no_tools}"), Some("tools")));
+    }
+    if params.functions.as_ref().is_some_and(|f| !f.is_empty()) {
+        return Err(ApiError::invalid(format!("functions are not supported: {no_tools}"), Some("functions")));
+    }
+    for (choice, name) in [(&params.tool_choice, "tool_choice"), (&params.function_call, "function_call")] {
+        match choice {
+            None => {}
+            Some(ToolChoice::Mode(mode)) if mode == "none" || mode == "auto" => {}
+            Some(_) => {
+                return Err(ApiError::invalid(format!("{name} can only be none or auto: {no_tools}"), Some(name)))
+            }
+        }
+    }
+    if let Some(format) = params.response_format.as_ref().filter(|f| f.kind != "text") {
+        return Err(ApiError::invalid(
+            format!("response_format '{}' is not supported (only text)", format.kind),
+            Some("response_format"),
+        ));
+    }
+    if params.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
+        return Err(ApiError::invalid("logit_bias is not supported", Some("logit_bias")));
+    }
+    if params.top_logprobs.is_some_and(|n| n > 0) {
+        return Err(ApiError::invalid("top_logprobs are not supported", Some("top_logprobs")));
+    }
+    Ok(())
 }
 
 fn shutting_down() -> ApiError {
@@ -486,8 +624,11 @@ fn json_event<T: serde::Serialize>(value: &T) -> Event {
     Event::default().data(serde_json::to_string(value).unwrap_or_default())
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let response = chat_response(&state, body).await.unwrap_or_else(IntoResponse::into_response);
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
+    let response = match body {
+        Ok(RequestBody(body)) => chat_response(&state, body).await.unwrap_or_else(IntoResponse::into_response),
+        Err(error) => error.into_response(),
+    };
     state.metrics.answered("chat_completions", response.status().as_u16());
     response
 }
@@ -500,8 +641,33 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
     }
     let mut messages = Vec::with_capacity(request.messages.len());
     for message in &request.messages {
+        let role = match message.role.as_str() {
+            role @ ("system" | "user" | "assistant") => role,
+            // OpenAI's newer name for system instructions; chat templates know `system`.
+            "developer" => "system",
+            "tool" | "function" => {
+                return Err(ApiError::invalid(
+                    format!("'{}' messages are not supported: this server calls no tools", message.role),
+                    Some("messages"),
+                ))
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    format!("unknown message role '{other}' (system, developer, user or assistant)"),
+                    Some("messages"),
+                ))
+            }
+        };
+        if message.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty()) {
+            return Err(ApiError::invalid(
+                "tool calls are not supported: this server calls no tools",
+                Some("messages"),
+            ));
+        }
         let content = match &message.content {
-            None => String::new(),
+            // Only an assistant's turn may come without text (OpenAI's rule).
+            None if role == "assistant" => String::new(),
+            None => return Err(ApiError::invalid(format!("a '{role}' message needs content"), Some("messages"))),
             Some(Content::Text(text)) => text.clone(),
             Some(Content::Parts(parts)) => {
                 if let Some(part) = parts.iter().find(|p| p.kind != "text") {
@@ -513,7 +679,7 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
                 parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("")
             }
         };
-        messages.push(ChatMessage::new(&message.role, content));
+        messages.push(ChatMessage::new(role, content));
     }
     if state.model.chat_template.is_none() {
         return Err(ApiError::invalid("this model has no chat template; use /v1/completions", None));
@@ -527,8 +693,8 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
         shared.model.tokenizer.encode_chat(&rendered).map_err(|e| ApiError::from_seam(e.into()))
     })
     .await?;
-    let prepared =
-        state.prepare(prompt, &request.params, request.max_completion_tokens.or(request.params.max_tokens))?;
+    let max_tokens = request.max_completion_tokens.or(request.params.max_tokens);
+    let prepared = state.prepare(prompt, "messages", &request.params, max_tokens)?;
     let Submitted { events, stream, include_usage } = state.submit(prepared)?;
     let id = state.new_id("chatcmpl");
     let created = unix_now();
@@ -580,8 +746,11 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
     Ok(Sse::new(event_stream(events, Some(first), chunk, usage_chunk)).into_response())
 }
 
-async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Response {
-    let response = completion_response(&state, body).await.unwrap_or_else(IntoResponse::into_response);
+async fn completions(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
+    let response = match body {
+        Ok(RequestBody(body)) => completion_response(&state, body).await.unwrap_or_else(IntoResponse::into_response),
+        Err(error) => error.into_response(),
+    };
     state.metrics.answered("completions", response.status().as_u16());
     response
 }
@@ -589,6 +758,15 @@ async fn completions(State(state): State<Arc<AppState>>, body: Bytes) -> Respons
 async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let request: CompletionRequest = parse(&body)?;
     state.check_model(request.model.as_deref())?;
+    if request.echo {
+        return Err(ApiError::invalid("echo is not supported", Some("echo")));
+    }
+    if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
+        return Err(ApiError::invalid("suffix (insertion) is not supported", Some("suffix")));
+    }
+    if request.best_of.is_some_and(|n| n != 1) {
+        return Err(ApiError::invalid("only best_of = 1 is supported", Some("best_of")));
+    }
     let prompt = match request.prompt {
         Prompt::Tokens(tokens) => tokens,
         Prompt::Texts(texts) if texts.len() != 1 => {
@@ -606,7 +784,7 @@ async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Respo
                 .await?
         }
     };
-    let prepared = state.prepare(prompt, &request.params, request.params.max_tokens)?;
+    let prepared = state.prepare(prompt, "prompt", &request.params, request.params.max_tokens)?;
     let Submitted { events, stream, include_usage } = state.submit(prepared)?;
     let id = state.new_id("cmpl");
     let created = unix_now();
@@ -663,6 +841,21 @@ async fn health(State(state): State<Arc<AppState>>) -> Response {
 async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
     ([(header::CONTENT_TYPE, "application/openmetrics-text; version=1.0.0; charset=utf-8")], state.metrics.render())
         .into_response()
+}
+
+async fn method_not_allowed() -> ApiError {
+    ApiError {
+        status: StatusCode::METHOD_NOT_ALLOWED,
+        detail: ErrorDetail {
+            message: "this endpoint does not take that method (completions take POST; models, health and \
+                      metrics GET)"
+                .into(),
+            kind: "invalid_request_error",
+            param: None,
+            code: None,
+        },
+        retry_after: None,
+    }
 }
 
 async fn not_found() -> ApiError {

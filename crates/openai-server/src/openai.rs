@@ -1,6 +1,7 @@
 //! The OpenAI wire format: request bodies as they arrive, responses and stream chunks as clients
 //! expect them, and errors in OpenAI's `{"error": {...}}` shape.
 
+use serde::de::IgnoredAny;
 use serde::{Deserialize, Serialize};
 
 /// `POST /v1/chat/completions`.
@@ -24,6 +25,8 @@ pub struct ChatMessageIn {
     pub role: String,
     /// Text, or a list of parts of which text parts are read.
     pub content: Option<Content>,
+    /// Tool calls an assistant made; refused (this server calls no tools).
+    pub tool_calls: Option<Vec<IgnoredAny>>,
 }
 
 /// A message's content.
@@ -56,6 +59,13 @@ pub struct CompletionRequest {
     /// Shared sampling and stopping parameters.
     #[serde(flatten)]
     pub params: Params,
+    /// Echo the prompt before the completion; refused when true.
+    #[serde(default)]
+    pub echo: bool,
+    /// Text after the completion (insertion); refused when not empty.
+    pub suffix: Option<String>,
+    /// Completions to choose the best of; refused above 1.
+    pub best_of: Option<u64>,
 }
 
 /// A completion prompt.
@@ -102,6 +112,38 @@ pub struct Params {
     pub ignore_eos: bool,
     /// Log probabilities are not supported.
     pub logprobs: Option<serde_json::Value>,
+    /// Alternatives' log probabilities per token; refused above 0.
+    pub top_logprobs: Option<u64>,
+    /// Biases per token id; refused when not empty.
+    pub logit_bias: Option<std::collections::HashMap<String, IgnoredAny>>,
+    /// The output's format; only `{"type": "text"}` is served.
+    pub response_format: Option<ResponseFormat>,
+    /// Tools the model may call; refused when not empty (this server calls no tools).
+    pub tools: Option<Vec<IgnoredAny>>,
+    /// Which tool to call; only `none` and `auto` (without tools: no call) are served.
+    pub tool_choice: Option<ToolChoice>,
+    /// The older name of `tools`; refused when not empty.
+    pub functions: Option<Vec<IgnoredAny>>,
+    /// The older name of `tool_choice`.
+    pub function_call: Option<ToolChoice>,
+}
+
+/// `response_format`.
+#[derive(Debug, Deserialize)]
+pub struct ResponseFormat {
+    /// `text`, `json_object` or `json_schema`.
+    #[serde(rename = "type")]
+    pub kind: String,
+}
+
+/// `tool_choice` (or `function_call`): a mode, or a named tool.
+#[derive(Debug, Deserialize)]
+#[serde(untagged)]
+pub enum ToolChoice {
+    /// `none`, `auto` or `required`.
+    Mode(String),
+    /// A tool named to be called.
+    Named(IgnoredAny),
 }
 
 /// `stop`: one string or several.
