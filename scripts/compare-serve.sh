@@ -53,10 +53,15 @@ pids=()
 cleanup() { for pid in "${pids[@]}"; do kill "$pid" 2>/dev/null || true; done; }
 trap cleanup EXIT
 
-wait_healthy() {
+wait_healthy() {  # port pid log
   # seam serve compiles every graph it may use before it listens (minutes on a cold cache).
   for _ in $(seq 1 2400); do
     curl -sf "http://127.0.0.1:$1/health" >/dev/null 2>&1 && return 0
+    if ! kill -0 "$2" 2>/dev/null; then
+      echo "the server on port $1 exited before it answered; the end of $3:" >&2
+      tail -5 "$3" >&2
+      return 1
+    fi
     sleep 0.5
   done
   echo "the server on port $1 did not become healthy" >&2
@@ -86,7 +91,7 @@ context=$((parallel * 512))
 "$llama_server" -m "$q4_1" --host 127.0.0.1 --port "$port" --parallel "$parallel" --cont-batching \
   -c "$context" -t "$(nproc)" >"$work/results/llama-server.log" 2>&1 &
 pids+=($!)
-wait_healthy "$port"
+wait_healthy "$port" "${pids[-1]}" "$work/results/llama-server.log"
 measure llama-server "$port" "${pids[-1]}"
 
 IFS=',' read -ra backend_list <<<"$backends"
@@ -96,7 +101,7 @@ for backend in "${backend_list[@]}"; do
   "$seam" serve --backend "$backend" --weights int4 --model "$model_dir" --port "$port" \
     --parallel "$parallel" --max-context 512 ${settings[@]+"${settings[@]}"} >"$work/results/seam-serve-$backend.log" 2>&1 &
   pids+=($!)
-  wait_healthy "$port"
+  wait_healthy "$port" "${pids[-1]}" "$work/results/seam-serve-$backend.log"
   measure "$backend" "$port" "${pids[-1]}"
 done
 
