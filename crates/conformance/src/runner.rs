@@ -119,7 +119,9 @@ impl<'a> Suite<'a> {
             for model in &self.tiny {
                 self.run_model(target, &capabilities, model, format, TINY_PARITY_LENGTHS, rest, &mut sink);
             }
-            if self.options.real_model == RealModelParity::Skip || !self.wants(cases::parity::CASE.name) {
+            let real_cases = self.wants(cases::parity::CASE.name)
+                || (!self_comparison && self.wants(cases::batched::SEVENTEEN_CASE.name));
+            if self.options.real_model == RealModelParity::Skip || !real_cases {
                 continue;
             }
             match self.real_model() {
@@ -144,13 +146,19 @@ impl<'a> Suite<'a> {
     }
 
     /// The cases of `phase` for `model`: parity everywhere, the rest on the lifecycle model, the
-    /// memory case in its own phase.
+    /// memory case in its own phase; on the real model also the batch of seventeen (but for the
+    /// reference, whose batch is its sessions stepped in turn), whose narrow margins between
+    /// tokens show a batch that rounds differently from a lone decode where the tiny models'
+    /// wide ones did not.
     fn cases_for(&self, model: &TestModel, phase: Phase) -> Vec<Case> {
         let mut list = if model.kind == ModelKind::Tiny && model.name == LIFECYCLE_MODEL {
             cases::lifecycle_cases()
         } else {
             vec![]
         };
+        if model.kind == ModelKind::Real && phase == (Phase::Rest { self_comparison: false }) {
+            list.push(cases::batched::SEVENTEEN_CASE);
+        }
         list.push(cases::parity::CASE);
         let memory = cases::memory::CASE.name;
         list.retain(|c| self.wants(c.name) && (c.name == memory) == (phase == Phase::MemoryFirst));

@@ -1184,13 +1184,18 @@ enum BatchAttention {
     WritesTiedCaches(Val),
 }
 
-/// From this many rows per call on (a batch of four sequences or more, a prefill chunk),
-/// iree-cpu's graphs normalize and gate the products' inputs with their own ops: each of a kernel
-/// dispatch's workgroups prepares the whole input for its share of the output rows, so a fused
-/// preparation runs once per workgroup (eight times for a SmolLM2 layer's products), which at a
-/// prefill chunk's hundreds of rows costs as much as a sizeable part of the products, and at a
-/// batch of eight more than the three dispatches of the graph's own ops (docs/performance.md). A
-/// decode's one row keeps the fused call (its preparation is a few hundred values).
+/// The most sequences one [`ATTENTION_DECODE_MANY_TARGET`] dispatch attends for: each brings two
+/// cache bindings, and an IREE dispatch takes at most 32 bindings (a batch of 16 in one dispatch
+/// failed when the module was loaded: 35 bindings), so a larger batch takes a few dispatches.
+pub const MAX_SEQUENCES_PER_ATTENTION_DISPATCH: usize = 8;
+
+/// From this many rows per call on (a prefill chunk), iree-cpu's graphs normalize and gate the
+/// products' inputs with their own ops: each of a kernel dispatch's workgroups prepares the whole
+/// input for its share of the output rows, so a fused preparation could run once per workgroup,
+/// which at a prefill chunk's hundreds of rows costs as much as a sizeable part of the products
+/// (docs/performance.md). A decode's one row keeps the fused call (its preparation is a few
+/// hundred values), and so does a batched decode's row, which must round as that decode does;
+/// each worker prepares a call's input once since ADR 0030.
 const PREPARE_IN_GRAPH_FROM_ROWS: usize = 4;
 
 /// Whether a call of `t` rows prepares the kernels' inputs in the graph (see
@@ -1363,23 +1368,37 @@ fn decoder_layer(
         b.slice(x, &start, &limit)
     };
     if let Some(BatchAttention::WritesTiedCaches(positions)) = &inputs.batch_attention {
-        // One dispatch writes every sequence's entries into its own caches (tied operands,
+        // One dispatch writes each sequence's entries into its own caches (tied operands,
         // updated in place) and attends for all of them: a dispatch per sequence cost the
         // dispatch's fixed work each time, and the graph's own writes two more dispatches per
-        // sequence and layer.
-        let mut operands = vec![q.clone(), positions.clone(), k.clone(), v.clone()];
-        for kv in kv {
-            let LayerKv::Own { k: k_cache, v: v_cache } = kv else {
-                unreachable!("a batch's attention over per-layer caches is emitted for per-layer caches only")
+        // sequence and layer. A batch larger than a dispatch's bindings allow takes a few.
+        let mut kv = kv.into_iter();
+        for first in (0..sequences.len()).step_by(MAX_SEQUENCES_PER_ATTENTION_DISPATCH) {
+            let group = MAX_SEQUENCES_PER_ATTENTION_DISPATCH.min(sequences.len() - first);
+            // The group's part of `x`, which holds `per` rows for each sequence.
+            let part = |b: &mut FnBuilder, x: &Val, per: usize| {
+                if group == sequences.len() {
+                    return x.clone();
+                }
+                let mut start = vec![0; x.rank()];
+                let mut limit = x.dims().to_vec();
+                (start[0], limit[0]) = (first * per, (first + group) * per);
+                b.slice(x, &start, &limit)
             };
-            operands.extend([k_cache, v_cache]);
+            let mut operands = vec![part(b, &q, r), part(b, positions, 1), part(b, &k, r), part(b, &v, r)];
+            for kv in kv.by_ref().take(group) {
+                let LayerKv::Own { k: k_cache, v: v_cache } = kv else {
+                    unreachable!("a batch's attention over per-layer caches is emitted for per-layer caches only")
+                };
+                operands.extend([k_cache, v_cache]);
+            }
+            let tied: Vec<usize> = (4..operands.len()).collect();
+            let ty = Ty::new(&[group * r, n_heads, d], Elem::F32);
+            let target = attention_decode_many_target(group);
+            let results = b.dispatch_tied(&target, &operands.iter().collect::<Vec<_>>(), Some(ty), &tied);
+            outputs.push(b.reshape(&results[0], &[group * r, n_heads * d]));
+            updated.extend(results[1..].chunks(2).map(|kv| LayerKv::Own { k: kv[0].clone(), v: kv[1].clone() }));
         }
-        let tied: Vec<usize> = (4..operands.len()).collect();
-        let ty = Ty::new(&[t, n_heads, d], Elem::F32);
-        let target = attention_decode_many_target(sequences.len());
-        let results = b.dispatch_tied(&target, &operands.iter().collect::<Vec<_>>(), Some(ty), &tied);
-        outputs.push(b.reshape(&results[0], &[t, n_heads * d]));
-        updated.extend(results[1..].chunks(2).map(|kv| LayerKv::Own { k: kv[0].clone(), v: kv[1].clone() }));
     } else if let Some(BatchAttention::WritesCaches(positions)) = &inputs.batch_attention {
         // One call writes each sequence's new entries into its caches (updated in place: each
         // cache result aliases its operand) and attends for all of them, where writing them in
@@ -1816,7 +1835,10 @@ fn forward(
         t,
         eps,
         rows: count.clone(),
-        prepare_in_graph: prepares_in_graph(options, t),
+        // A batch's rows are prepared as a lone decode's row is, in the kernels: the graph's own
+        // norm and SwiGLU round differently, and a sequence must get the same tokens in a batch
+        // as alone (the contract's batched decode).
+        prepare_in_graph: !batched && prepares_in_graph(options, t),
         batch_attention: match (batched, options.caches_in_kernels(), options.attention_kernel()) {
             (true, true, _) => Some(BatchAttention::WritesCaches(position.clone())),
             (true, false, true) => Some(BatchAttention::WritesTiedCaches(position.clone())),
@@ -2617,6 +2639,10 @@ mod tests {
         assert_eq!(dispatches(chunk, ""), 7 * layers + 1);
         let text = emit_module(&c, &options, &[chunk]).unwrap();
         assert!(text.contains("stablehlo.sqrt") && text.contains("stablehlo.exponential"), "the norm and SwiGLU");
+        // A batched decode's rows are prepared as a lone decode's, in the kernels: the same bits.
+        let batch = GraphSpec { kind: GraphKind::DecodeBatch { batch: 8 }, logits: true };
+        assert_eq!(dispatches(batch, "_rmsnorm"), 5 * layers + 1);
+        assert_eq!(dispatches(batch, "_swiglu"), layers);
 
         // A batched decode attends in one dispatch per layer for all its sequences, which also
         // writes their entries into their caches, its tied operands: workgroups of one KV head
@@ -2640,6 +2666,20 @@ mod tests {
             let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
             assert!(text.contains(&format!("s0 ceildiv {}", heads / kv_heads)), "a KV head's heads per workgroup");
             assert!(text.contains(&format!("= arith.constant {} : index\n    %", batch * heads)), "the batch's heads");
+        }
+        // A batch over a dispatch's bindings takes a few dispatches: 16 as two of 8, 11 as 8 and 3.
+        for (batch, groups) in [(16, vec![8, 8]), (11, vec![8, 3])] {
+            let spec = GraphSpec { kind: GraphKind::DecodeBatch { batch }, logits: true };
+            let text = emit_module(&c, &options, &[spec]).unwrap();
+            let count = |size: usize| {
+                let target = attention_decode_many_target(size);
+                text.matches(&format!("flow.dispatch @seam_kernels::@{target}_")).count()
+            };
+            assert_eq!(count(batch), 0, "{batch}");
+            for size in [8, 3] {
+                assert_eq!(count(size), layers * groups.iter().filter(|&&g| g == size).count(), "{batch}: {size}");
+            }
+            assert!(groups.iter().all(|&g| g <= MAX_SEQUENCES_PER_ATTENTION_DISPATCH));
         }
     }
 
