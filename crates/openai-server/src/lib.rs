@@ -121,12 +121,17 @@ impl Server {
         self.listener.local_addr()
     }
 
-    /// Answers requests until `shutdown` completes; then refuses new requests (503), lets the
-    /// running ones finish, and stops the engine thread.
+    /// Answers requests until `shutdown` completes; then refuses new requests (503) and
+    /// connections, lets the running and queued ones finish (an idle keep-alive connection is
+    /// closed), and stops the engine thread.
     pub async fn run(self, shutdown: impl Future<Output = ()> + Send + 'static) -> std::io::Result<()> {
         let Server { listener, state, engine_thread } = self;
+        let closing = state.scheduler.clone();
+        let shutdown = async move {
+            shutdown.await;
+            closing.close();
+        };
         serve_connections(listener, router(Arc::clone(&state)), state.options.read_timeout, shutdown).await;
-        state.scheduler.close();
         drop(state);
         // The engine thread ends once the last scheduler handle is gone and its work is done.
         tokio::task::spawn_blocking(move || engine_thread.join())
