@@ -20,6 +20,10 @@ pub enum CliError {
     /// Writing the output failed (a closed pipe, a full disk).
     #[error("could not write output: {0}")]
     Output(#[from] std::io::Error),
+    /// `seam serve` could not listen (an address in use or not this machine's), or its
+    /// connection loop failed.
+    #[error("{0}")]
+    Server(String),
 }
 
 impl From<llama_model::ModelError> for CliError {

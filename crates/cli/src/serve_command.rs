@@ -97,10 +97,16 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
         default_max_tokens: args.default_max_tokens,
         read_timeout: Duration::from_secs(args.read_timeout),
     };
-    let runtime = tokio::runtime::Builder::new_multi_thread().enable_all().build()?;
+    let runtime = tokio::runtime::Builder::new_multi_thread()
+        .enable_all()
+        .build()
+        .map_err(|e| CliError::Server(format!("could not start the server's runtime: {e}")))?;
     runtime.block_on(async move {
         let id = served.id.clone();
-        let server = Server::bind(served, options, SocketAddr::new(args.host, args.port)).await?;
+        let wanted = SocketAddr::new(args.host, args.port);
+        let server = Server::bind(served, options, wanted)
+            .await
+            .map_err(|e| CliError::Server(format!("could not listen on {wanted}: {e}")))?;
         let address = server.local_addr()?;
         say!(
             "serving {id} on {} ({}, {}) at http://{address}/v1 ({} parallel); SIGTERM or Ctrl-C stops it",
@@ -109,7 +115,10 @@ pub fn run(args: ServeArgs) -> Result<(), CliError> {
             info.weights,
             args.parallel
         );
-        server.run(openai_server::shutdown_signal()).await?;
+        server
+            .run(openai_server::shutdown_signal())
+            .await
+            .map_err(|e| CliError::Server(format!("the server failed: {e}")))?;
         say!("stopped: every running request finished");
         Ok(())
     })

@@ -141,6 +141,16 @@ fn run_json_on_the_default_model_reports_ids_and_stats() {
     );
 }
 
+#[test]
+fn serve_on_an_address_in_use_says_it_cannot_listen_there() {
+    llama_model::default_model::ensure_default_model(None).unwrap();
+    let taken = std::net::TcpListener::bind("127.0.0.1:0").unwrap();
+    let port = taken.local_addr().unwrap().port().to_string();
+    let out = seam(&["serve", "--backend", "reference", "--port", &port]);
+    assert_clean_failure(&out, &format!("could not listen on 127.0.0.1:{port}: "));
+    assert!(!String::from_utf8_lossy(&out.stderr).contains("could not write output"));
+}
+
 /// With the IREE compiler pointed somewhere wrong, iree-cpu is unavailable: `seam run` without
 /// `--backend` says so and runs on the reference backend; naming iree-cpu is a clean error.
 #[test]
