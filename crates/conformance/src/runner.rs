@@ -146,17 +146,21 @@ impl<'a> Suite<'a> {
     }
 
     /// The cases of `phase` for `model`: parity everywhere, the rest on the lifecycle model, the
-    /// memory case in its own phase; on the real model also the batch of seventeen (but for the
-    /// reference, whose batch is its sessions stepped in turn), whose narrow margins between
-    /// tokens show a batch that rounds differently from a lone decode where the tiny models'
-    /// wide ones did not.
-    fn cases_for(&self, model: &TestModel, phase: Phase) -> Vec<Case> {
+    /// memory case in its own phase. On the real model also the batch of seventeen, whose narrow
+    /// margins between tokens show a batch that rounds differently from a lone decode where the
+    /// tiny models' wide ones did not: for engines that claim batched decode (any other steps
+    /// its sessions in turn, as alone), in int4, the format served, to keep the suite's time.
+    fn cases_for(&self, model: &TestModel, format: WeightFormat, claimed: &Capabilities, phase: Phase) -> Vec<Case> {
         let mut list = if model.kind == ModelKind::Tiny && model.name == LIFECYCLE_MODEL {
             cases::lifecycle_cases()
         } else {
             vec![]
         };
-        if model.kind == ModelKind::Real && phase == (Phase::Rest { self_comparison: false }) {
+        if model.kind == ModelKind::Real
+            && phase == (Phase::Rest { self_comparison: false })
+            && claimed.batched_decode
+            && format == WeightFormat::Int4
+        {
             list.push(cases::batched::SEVENTEEN_CASE);
         }
         list.push(cases::parity::CASE);
@@ -176,7 +180,7 @@ impl<'a> Suite<'a> {
         phase: Phase,
         sink: &mut ResultSink<'_>,
     ) {
-        let cases = self.cases_for(model, phase);
+        let cases = self.cases_for(model, format, claimed, phase);
         let self_comparison = matches!(phase, Phase::Rest { self_comparison: true });
         if cases.is_empty() {
             return;
