@@ -241,8 +241,9 @@ pub const ARGMAX_TARGET: &str = "seam_argmax";
 /// whose caches are per layer.
 pub const ATTENTION_DECODE_BATCH_TARGET: &str = "seam_attention_decode_batch";
 
-/// The IREE dispatch target of a batched decode's attention over per-layer caches, every
-/// sequence in one dispatch per layer that also writes the step's entries: `(q f32[S, H, D],
+/// The IREE dispatch target of a batched decode's attention over per-layer caches, up to
+/// [`MAX_SEQUENCES_PER_ATTENTION_DISPATCH`] sequences in one dispatch per layer that also writes
+/// the step's entries: `(q f32[S, H, D],
 /// positions i32[S], k f32[S, KVH, D], v f32[S, KVH, D], keys_0 f32[KVH, D, C], values_0 f32[KVH,
 /// C, D], ..., keys_{S-1}, values_{S-1}) -> (f32[S, H, D], keys_0, values_0, ...)`: sequence `s`'s
 /// new key and value (`k[s]`, `v[s]`, rope applied) go to position `positions[s]` of its caches,
