@@ -238,6 +238,11 @@ impl ApiError {
         self
     }
 
+    fn with_status(mut self, status: StatusCode) -> ApiError {
+        self.status = status;
+        self
+    }
+
     fn from_seam(error: SeamError) -> ApiError {
         let status = match error.kind() {
             ErrorKind::InvalidInput | ErrorKind::ContextOverflow | ErrorKind::Unsupported => StatusCode::BAD_REQUEST,
@@ -271,15 +276,10 @@ impl FromRequest<Arc<AppState>> for RequestBody {
     type Rejection = ApiError;
 
     async fn from_request(request: Request, state: &Arc<AppState>) -> Result<Self, ApiError> {
-        let too_large = |what: String| ApiError {
-            status: StatusCode::PAYLOAD_TOO_LARGE,
-            detail: ErrorDetail {
-                message: format!("{what}; the limit is {MAX_BODY_BYTES} bytes"),
-                kind: "invalid_request_error",
-                param: None,
-                code: Some("request_too_large"),
-            },
-            retry_after: None,
+        let too_large = |what: String| {
+            ApiError::invalid(format!("{what}; the limit is {MAX_BODY_BYTES} bytes"), None)
+                .with_status(StatusCode::PAYLOAD_TOO_LARGE)
+                .with_code("request_too_large")
         };
         // A declared length over the limit is refused before any of the body is waited for.
         let declared = request.headers().get(header::CONTENT_LENGTH).and_then(|v| v.to_str().ok()?.parse::<u64>().ok());
@@ -292,26 +292,16 @@ impl FromRequest<Arc<AppState>> for RequestBody {
             Ok(Err(rejection)) if rejection.status() == StatusCode::PAYLOAD_TOO_LARGE => {
                 Err(too_large("the request body is too large".into()))
             }
-            Ok(Err(rejection)) => Err(ApiError {
-                status: rejection.status(),
-                detail: ErrorDetail {
-                    message: format!("the request body could not be read: {}", rejection.body_text()),
-                    kind: "invalid_request_error",
-                    param: None,
-                    code: None,
-                },
-                retry_after: None,
-            }),
-            Err(_) => Err(ApiError {
-                status: StatusCode::REQUEST_TIMEOUT,
-                detail: ErrorDetail {
-                    message: format!("the request body did not arrive within {} s", timeout.as_secs_f64()),
-                    kind: "invalid_request_error",
-                    param: None,
-                    code: Some("request_timeout"),
-                },
-                retry_after: None,
-            }),
+            Ok(Err(rejection)) => {
+                Err(ApiError::invalid(format!("the request body could not be read: {}", rejection.body_text()), None)
+                    .with_status(rejection.status()))
+            }
+            Err(_) => Err(ApiError::invalid(
+                format!("the request body did not arrive within {} s", timeout.as_secs_f64()),
+                None,
+            )
+            .with_status(StatusCode::REQUEST_TIMEOUT)
+            .with_code("request_timeout")),
         }
     }
 }
@@ -849,18 +839,11 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
 }
 
 async fn method_not_allowed() -> ApiError {
-    ApiError {
-        status: StatusCode::METHOD_NOT_ALLOWED,
-        detail: ErrorDetail {
-            message: "this endpoint does not take that method (completions take POST; models, health and \
-                      metrics GET)"
-                .into(),
-            kind: "invalid_request_error",
-            param: None,
-            code: None,
-        },
-        retry_after: None,
-    }
+    ApiError::invalid(
+        "this endpoint does not take that method (completions take POST; models, health and metrics GET)",
+        None,
+    )
+    .with_status(StatusCode::METHOD_NOT_ALLOWED)
 }
 
 async fn not_found() -> ApiError {

@@ -1358,14 +1358,15 @@ fn decoder_layer(
     let r = t / sequences.len();
     let mut outputs = Vec::with_capacity(sequences.len());
     let mut updated = Vec::with_capacity(sequences.len());
-    // Sequence `s`'s rows of `x`; a lone sequence's are all of them.
-    let own_rows = |b: &mut FnBuilder, x: &Val, s: usize| {
-        if sequences.len() == 1 {
+    // The rows of `x` (`per` for each sequence) of sequences `first..first + count`; all of
+    // them when those are every sequence.
+    let rows_of = |b: &mut FnBuilder, x: &Val, first: usize, count: usize, per: usize| {
+        if count == sequences.len() {
             return x.clone();
         }
         let mut start = vec![0; x.rank()];
         let mut limit = x.dims().to_vec();
-        (start[0], limit[0]) = (s * r, (s + 1) * r);
+        (start[0], limit[0]) = (first * per, (first + count) * per);
         b.slice(x, &start, &limit)
     };
     if let Some(BatchAttention::WritesTiedCaches(positions)) = &inputs.batch_attention {
@@ -1376,16 +1377,7 @@ fn decoder_layer(
         let mut kv = kv.into_iter();
         for first in (0..sequences.len()).step_by(MAX_SEQUENCES_PER_ATTENTION_DISPATCH) {
             let group = MAX_SEQUENCES_PER_ATTENTION_DISPATCH.min(sequences.len() - first);
-            // The group's part of `x`, which holds `per` rows for each sequence.
-            let part = |b: &mut FnBuilder, x: &Val, per: usize| {
-                if group == sequences.len() {
-                    return x.clone();
-                }
-                let mut start = vec![0; x.rank()];
-                let mut limit = x.dims().to_vec();
-                (start[0], limit[0]) = (first * per, (first + group) * per);
-                b.slice(x, &start, &limit)
-            };
+            let part = |b: &mut FnBuilder, x: &Val, per: usize| rows_of(b, x, first, group, per);
             let mut operands = vec![part(b, &q, r), part(b, positions, 1), part(b, &k, r), part(b, &v, r)];
             for kv in kv.by_ref().take(group) {
                 let LayerKv::Own { k: k_cache, v: v_cache } = kv else {
@@ -1421,7 +1413,7 @@ fn decoder_layer(
         updated.extend(results[1..].chunks(2).map(|kv| LayerKv::InKernels { k: kv[0].clone(), v: kv[1].clone() }));
     } else {
         for (s, (sequence, kv)) in sequences.iter().zip(kv).enumerate() {
-            let (q, k, v) = (own_rows(b, &q, s), own_rows(b, &k, s), own_rows(b, &v, s));
+            let (q, k, v) = (rows_of(b, &q, s, 1, r), rows_of(b, &k, s, 1, r), rows_of(b, &v, s, 1, r));
             let (attn, kv) = attend(b, config, inputs, sequence, layer, [&q, &k, &v], kv);
             outputs.push(attn);
             updated.push(kv);

@@ -99,8 +99,9 @@ fn joins_and_leaves(ctx: &CaseContext<'_>) -> Checked<Verdict> {
 
 /// Tokens each sequence of [`SEVENTEEN`] generates beyond its plan on the real model: a batch
 /// that rounds differently from a lone decode changes a few of the real model's greedy tokens in
-/// a hundred (iree-cpu's graph-side norm once changed 7-8 of 16 answers of 24 tokens, ADR 0027; with ten more tokens this case did not show it),
-/// so the real model's sequences run long enough to show it.
+/// a hundred (iree-cpu's graph-side norm once changed 7-8 of 16 answers of 24 tokens, ADR 0027;
+/// with ten extra tokens this case did not show it), so the real model's sequences run long
+/// enough to show it.
 const REAL_MODEL_EXTRA_TOKENS: usize = 22;
 
 fn seventeen(ctx: &CaseContext<'_>) -> Checked<Verdict> {
