@@ -22,6 +22,7 @@
 //!
 //! Register with the binary by calling [`link`].
 
+pub mod cuda_plugin;
 pub mod host_kernels;
 pub mod plugin_search;
 pub mod runtime;
@@ -137,12 +138,13 @@ impl PjrtBackend {
     /// [`Backend::load`], returning the concrete engine (whose `compile_report` says how many
     /// graphs were compiled).
     pub fn load_engine(&self, request: &LoadRequest) -> Result<PjrtEngine> {
-        let target = self.target(request.device.as_deref())?;
+        let target = self.target(request.device.as_deref(), Install::IfMissing)?;
         load_engine(&target, request)
     }
 
-    /// The client of device `id` (the first device when `None`).
-    fn target(&self, id: Option<&str>) -> Result<Target> {
+    /// The client of device `id` (the first device when `None`); `install` says whether a
+    /// missing CUDA plugin may be installed ([`cuda_plugin`]).
+    fn target(&self, id: Option<&str>, install: Install) -> Result<Target> {
         let unavailable = |reason: String| SeamError::Unavailable { backend: BACKEND_NAME.to_string(), reason };
         match &self.plugin {
             Some(path) => {
@@ -161,12 +163,48 @@ impl PjrtBackend {
                         )))
                     }
                 };
-                let found = plugin_search::shared_client(kind).map_err(|failure| unavailable(failure.to_string()))?;
+                let found = match plugin_search::shared_client(kind) {
+                    Ok(found) => found,
+                    Err(failure) if kind == PjrtDevice::Cuda && failure.found_nothing() => {
+                        install_cuda_plugin(&failure.to_string(), install).map_err(unavailable)?;
+                        plugin_search::shared_client(kind).map_err(|failure| unavailable(failure.to_string()))?
+                    }
+                    Err(failure) => return Err(unavailable(failure.to_string())),
+                };
                 let device = describe(&found, Some(kind));
                 Ok(Target { found, device })
             }
         }
     }
+}
+
+/// Whether finding a CUDA plugin may install one.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Install {
+    /// A load: install the pinned plugin where none is found and the driver can run it.
+    IfMissing,
+    /// An availability check: say what a load would install, install nothing.
+    Never,
+}
+
+/// Installs the pinned CUDA plugin after a search found none (`searched` says where it looked),
+/// if this machine's NVIDIA driver sees a GPU and runs the plugin's CUDA; else, or when
+/// `install` is [`Install::Never`], says why there is no plugin.
+fn install_cuda_plugin(searched: &str, install: Install) -> std::result::Result<(), String> {
+    let set = &cuda_plugin::CUDA13;
+    let driver = cuda_plugin::probe_driver().map_err(|why| format!("{searched}; {why}"))?;
+    if let Some(why) = cuda_plugin::unsuitable(set, &driver) {
+        return Err(format!("{searched}; {why}"));
+    }
+    if install == Install::Never {
+        return Err(format!(
+            "{searched}; the first pjrt-cuda load installs {} ({}) into {} (or `seam install pjrt-cuda` now)",
+            set.name,
+            set.download,
+            cuda_plugin::install_dir(set).display()
+        ));
+    }
+    cuda_plugin::ensure_installed(set, &|message| eprintln!("seam: {message}")).map(drop)
 }
 
 /// The device of a plugin's client as data: `cpu`, `cuda:0`, or `<platform>:0` for another
@@ -205,7 +243,7 @@ impl Backend for PjrtBackend {
 
     fn availability(&self) -> Availability {
         if self.plugin.is_some() {
-            return match self.target(None) {
+            return match self.target(None, Install::Never) {
                 Ok(target) => Availability::Available { devices: vec![target.device] },
                 Err(e) => Availability::Unavailable { reason: e.to_string() },
             };
@@ -213,7 +251,7 @@ impl Backend for PjrtBackend {
         let mut devices = Vec::new();
         let mut reasons = Vec::new();
         for id in ["cpu", "cuda:0"] {
-            match self.target(Some(id)) {
+            match self.target(Some(id), Install::Never) {
                 Ok(target) => devices.push(target.device),
                 Err(e) => reasons.push(e.to_string()),
             }
@@ -226,7 +264,7 @@ impl Backend for PjrtBackend {
     }
 
     fn device_availability(&self, id: &str) -> Availability {
-        match self.target(Some(id)) {
+        match self.target(Some(id), Install::Never) {
             Ok(target) => Availability::Available { devices: vec![target.device] },
             Err(SeamError::Unavailable { reason, .. }) => Availability::Unavailable { reason },
             Err(e) => Availability::Unavailable { reason: e.to_string() },

@@ -4,6 +4,7 @@
 //! 1. an explicit path: `SEAM_PJRT_CPU_PLUGIN` / `SEAM_PJRT_CUDA_PLUGIN` (only that path is tried);
 //! 2. the project's own install, `.seam/pjrt` (where `scripts/build-prereqs.sh` puts the pinned
 //!    `xla-cpu-pjrt==0.0.1` wheel; `SEAM_HOME` moves `.seam`);
+//!    For CUDA also the plugin seam installs itself ([`crate::cuda_plugin`], `.seam/pjrt-cuda`);
 //! 3. the places pip installs the known plugin wheels: the active virtual environment, the user's
 //!    site-packages, the system's, and those of the `python3` on the `PATH` (a virtual environment
 //!    that is not activated, such as the one a GPU machine's image ships JAX in).
@@ -105,7 +106,8 @@ fn ask_python_site_packages() -> Vec<PathBuf> {
 
 /// The folders searched for plugin wheels, in order.
 fn search_folders() -> Vec<PathBuf> {
-    let mut folders = vec![llama_model::home::pjrt_plugin_dir()];
+    let mut folders =
+        vec![llama_model::home::pjrt_plugin_dir(), crate::cuda_plugin::install_dir(&crate::cuda_plugin::CUDA13)];
     folders.extend(site_packages().into_iter().filter(|p| p.is_dir()));
     folders
 }
@@ -157,7 +159,9 @@ impl std::fmt::Display for SearchFailure {
             }
             let wheel = match self.device {
                 PjrtDevice::Cpu => "xla-cpu-pjrt==0.0.1 (scripts/build-prereqs.sh installs it into .seam/pjrt)",
-                PjrtDevice::Cuda => "a CUDA PJRT plugin wheel (e.g. xla-cuda12-pjrt or jax-cuda12-pjrt)",
+                PjrtDevice::Cuda => {
+                    "a CUDA PJRT plugin wheel (`seam install pjrt-cuda`; or jax-cuda12-pjrt, jax-cuda13-pjrt)"
+                }
             };
             let folders: Vec<String> = self.folders.iter().map(|p| p.display().to_string()).collect();
             return write!(
@@ -170,6 +174,13 @@ impl std::fmt::Display for SearchFailure {
         }
         let outcomes: Vec<String> = self.tried.iter().map(|(path, why)| format!("{}: {why}", path.display())).collect();
         write!(f, "no usable {} PJRT plugin: {}", self.device.platform(), outcomes.join("; "))
+    }
+}
+
+impl SearchFailure {
+    /// Whether no candidate file existed (as opposed to files that failed to load).
+    pub fn found_nothing(&self) -> bool {
+        self.tried.is_empty() && !self.explicit
     }
 }
 

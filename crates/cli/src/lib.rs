@@ -34,6 +34,7 @@ mod compile_command;
 mod conformance_command;
 mod convert_command;
 mod export_gguf_command;
+mod install_command;
 mod linked_backends;
 pub use linked_backends::link_builtin_backends;
 mod perplexity_command;
@@ -70,6 +71,8 @@ enum Command {
     Perplexity(perplexity_command::PerplexityArgs),
     /// Compile a model's graphs into the on-disk cache ahead of time (for a machine that cannot compile).
     Compile(compile_command::CompileArgs),
+    /// Install ahead of time what a backend installs on its first load (the CUDA PJRT plugin).
+    Install(install_command::InstallArgs),
     /// Import a GGUF Llama file into a seam model directory (fp16 and int4 weights, tokenizer).
     Convert(convert_command::ConvertArgs),
     /// Write a model directory with deterministic random weights in a known shape (benchmarks).
@@ -89,6 +92,7 @@ pub fn main() -> ExitCode {
         Command::Backends(args) => backends_command::run(args),
         Command::Convert(args) => convert_command::run(args),
         Command::Compile(args) => compile_command::run(args),
+        Command::Install(args) => install_command::run(args),
         Command::Conformance(args) => conformance_command::run(args),
         Command::Bench(args) => bench_command::run(args),
         Command::Perplexity(args) => perplexity_command::run(args),

@@ -50,6 +50,25 @@ fn bad_flags_and_values_are_refused_by_the_parser() {
 }
 
 #[test]
+fn pjrt_cuda_without_a_driver_says_so_and_installs_nothing() {
+    if std::path::Path::new("/proc/driver/nvidia").exists() {
+        eprintln!("skipped: this machine has an NVIDIA driver (the load would install the CUDA plugin)");
+        return;
+    }
+    let home = tempfile::tempdir().unwrap();
+    let output = Command::new(env!("CARGO_BIN_EXE_seam"))
+        .args(["run", "--backend", "pjrt-cuda", "--prompt", "x"])
+        .env("SEAM_HOME", home.path())
+        .env_remove("SEAM_PJRT_CUDA_PLUGIN")
+        .output()
+        .unwrap();
+    assert_clean_failure(&output, "no NVIDIA driver");
+    assert_clean_failure(&output, "seam install pjrt-cuda");
+    assert!(!home.path().join("pjrt-cuda").exists(), "nothing installed without a driver");
+    assert_clean_failure(&seam(&["install", "pjrt-gpu"]), "pjrt-cuda");
+}
+
+#[test]
 fn bad_sampling_settings_are_refused() {
     let out = seam(&["run", "--temperature", "0.8", "--top-p", "1.5", "--prompt", "x", "--model", "/nonexistent"]);
     assert_clean_failure(&out, "top-p must be in (0, 1]");

@@ -17,6 +17,7 @@
 //! | [`prepared_weights_dir`]   | `cache_dir/weights`                  | (follows `cache_dir`)      |
 //! | [`py_iree_dir`]            | `root/py-iree`                       |                            |
 //! | [`pjrt_plugin_dir`]        | `root/pjrt`                          |                            |
+//! | [`pjrt_cuda_plugin_dir`]   | `root/pjrt-cuda`                     |                            |
 //! | [`py_build_dir`]           | `root/py-build`                      |                            |
 //! | [`conformance_models_dir`] | `root/conformance-models`            | `SEAM_CONFORMANCE_CACHE`   |
 //!
@@ -140,6 +141,13 @@ pub fn pjrt_plugin_dir() -> PathBuf {
     root().join("pjrt")
 }
 
+/// The project-local installs of a CUDA PJRT plugin and the NVIDIA libraries it loads, which
+/// `pjrt-cuda` makes on its first load on a machine with an NVIDIA driver (`seam install
+/// pjrt-cuda` ahead of time), one folder per pinned set: `root/pjrt-cuda`.
+pub fn pjrt_cuda_plugin_dir() -> PathBuf {
+    root().join("pjrt-cuda")
+}
+
 /// Build tools `scripts/build-prereqs.sh` installs when the system lacks them (cmake, libclang):
 /// `root/py-build`. Only the script writes here; the function names the place for everything
 /// else (documentation, cleanup).
@@ -175,6 +183,7 @@ mod tests {
         assert_eq!(downloads_dir(), home.join("downloads"));
         assert_eq!(py_iree_dir(), home.join("py-iree"));
         assert_eq!(pjrt_plugin_dir(), home.join("pjrt"));
+        assert_eq!(pjrt_cuda_plugin_dir(), home.join("pjrt-cuda"));
         assert_eq!(py_build_dir(), home.join("py-build"));
         assert_eq!(iree_cache_dir(), cache_dir().join("iree"));
         assert_eq!(pjrt_cache_dir(), cache_dir().join("pjrt"));
