@@ -35,6 +35,13 @@ LOG="$OUT/log.txt"
 WORK="$(mktemp -d)"
 export SEAM_HOME="$WORK/home"
 
+# The IREE CUDA modules, compiled ahead and packed (PTX is text: packed they take a fifth of the
+# room, and the device tool carries at most 64 MiB); unpacked on a dry run too, to check them.
+mkdir -p "$WORK/cache"
+if ! tar -xzf "$BUNDLE/cache.tgz" -C "$WORK/cache"; then
+  echo "run.sh: could not unpack $BUNDLE/cache.tgz; iree-cuda will have no modules" | tee -a "$LOG" >&2
+fi
+
 if [ "${SEAM_GPU_DRY_RUN:-}" = 1 ]; then
   device=cpu shape=tiny bench_args=(--prompt-lengths 16,64 --decode-tokens 16 --repeats 2)
   candidate_args=(--prompt-lengths 64 --decode-tokens 16 --repeats 2)
@@ -44,7 +51,7 @@ else
   candidate_args=(--prompt-lengths 512 --decode-tokens 64 --repeats 3)
   tiny_args=(--prompt-lengths 16 --decode-tokens 64 --repeats 3)
   # No compiler here: the IREE modules come from the bundle's cache, compiled ahead.
-  export SEAM_CACHE_DIR="$BUNDLE/cache" SEAM_IREE_COMPILER=none
+  export SEAM_CACHE_DIR="$WORK/cache" SEAM_IREE_COMPILER=none
 fi
 
 # The whole run ends by SEAM_GPU_DEADLINE_S seconds (default 540, under the device tool's ten
@@ -110,20 +117,28 @@ for backend in ${SEAM_GPU_BACKENDS:-pjrt iree}; do
   step "conformance $backend-$device" 120 "$SEAM" conformance --backend "$backend-$device" --precision f16 \
     --real-model skip --json "$OUT/conformance-$backend-$device.json"
 done
-# Candidate settings (comma-separated) against the defaults above, on the same model in the same
-# call, the open questions first: int4 and int8 read as 32-bit words in decode's reductions (the
+# Candidate settings (comma-separated; a SEAM_* one is an environment variable) against the
+# defaults above, on the same model in the same call, the open questions first: greedy steps not
+# launched ahead (ADR 0041: what launching the next step before reading the token back gains);
+# int4 and int8 read as 32-bit words in decode's reductions (the
 # byte-wide form moves a third of fp16's bytes per second); decode as dots over int4 dequantized in
 # the graph; the dots at XLA's default precision (TF32: what `dot_precision=highest` costs
 # prefill). iree-cuda's candidates were measured on 2026-11-27 (docs/performance.md).
-for candidate in "pjrt vector_products=reduce-words" "pjrt vector_products=dot,int4_dequantize_from=1" \
-  "pjrt dot_precision=default"; do
+for candidate in "pjrt SEAM_PJRT_LAUNCH_AHEAD=0" "pjrt vector_products=reduce-words" \
+  "pjrt vector_products=dot,int4_dequantize_from=1" "pjrt dot_precision=default"; do
   backend=${candidate%% *} settings=${candidate#* }
   case " ${SEAM_GPU_BACKENDS:-pjrt iree} " in *" $backend "*) ;; *) continue ;; esac
-  set_args=()
-  for setting in ${settings//,/ }; do set_args+=(--set "$setting"); done
+  set_args=() env_args=()
+  for setting in ${settings//,/ }; do
+    case $setting in
+      SEAM_*) env_args+=("$setting") ;;
+      *) set_args+=(--set "$setting") ;;
+    esac
+  done
   name=${settings//=/-}
-  step "bench $shape $backend $settings" 90 "$SEAM" bench --backend "$backend-$device" --model "$WORK/bench-model" \
-    --no-cold "${candidate_args[@]}" "${set_args[@]}" --json "$OUT/bench-$device-$backend-${name//,/-}.json"
+  step "bench $shape $backend $settings" 90 env "${env_args[@]}" "$SEAM" bench --backend "$backend-$device" \
+    --model "$WORK/bench-model" --no-cold "${candidate_args[@]}" "${set_args[@]}" \
+    --json "$OUT/bench-$device-$backend-${name//,/-}.json"
 done
 step "synth-model tiny" 30 "$SEAM" synth-model --shape tiny --out "$WORK/tiny-model"
 # XLA writes each graph it compiles, after optimization: the kernels a step launches.

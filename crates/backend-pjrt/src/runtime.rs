@@ -8,13 +8,20 @@
 //! (`tf.aliasing_output`), so XLA writes the step's keys and values into the same memory; the
 //! returned buffers replace the session's. A failed call may have consumed them: the cache is then
 //! empty until the engine replaces it.
+//!
+//! On a device (not the CPU plugin), a greedy decode step launches the next one before it returns
+//! (ADR 0041, [`Ahead`]): the next step takes this step's token and caches as they are on the
+//! device, so the device has it queued while the host reads this token back and the caller asks
+//! for the next; the host's launch of each step then overlaps the device's work on the one before.
 
 use graph_engine::{
     ArtifactCache, BatchCall, CacheOutcome, CompileReport, GraphCall, GraphInput, GraphOutput, GraphRuntime,
     LoadedModel, PreparedWeights,
 };
 use llama_model::LlamaConfig;
-use pjrt_runtime::{Buffer, Client, CompileOptions, ElementType, ExecuteArg, LoadedExecutable, PjrtError, Plugin};
+use pjrt_runtime::{
+    Buffer, Client, CompileOptions, Completion, ElementType, ExecuteArg, Launched, LoadedExecutable, PjrtError, Plugin,
+};
 use session_api::{Result, SeamError};
 use stablehlo_llama::{cache_arg_shapes, emit_entry_module, ArgDtype, GraphKind, GraphOptions, GraphSpec};
 use std::collections::HashMap;
@@ -49,7 +56,13 @@ pub struct PjrtRuntime {
     cache_element: ElementType,
     /// Where each graph's calls spend their time, when `SEAM_PJRT_STEP_PROFILE` is set.
     profile: Option<Mutex<StepProfile>>,
+    /// Whether greedy decode steps launch the next step ahead ([`Ahead`]).
+    launch_ahead: bool,
 }
+
+/// Turns launching decode steps ahead on (`1`) or off (`0`); by default it is on for a device
+/// and off on the CPU plugin, whose steps run on the cores the host would wait on.
+pub const LAUNCH_AHEAD_ENV: &str = "SEAM_PJRT_LAUNCH_AHEAD";
 
 /// Per graph: calls, then the total time of uploading the leading arguments, of launching the
 /// execution, and of waiting for it and reading the token (and logits) back. Printed to
@@ -92,6 +105,35 @@ impl PjrtRuntime {
             cache_shapes: cache_arg_shapes(model.config, model.options),
             cache_element: element(model.options.cache.arg_dtype()),
             profile: std::env::var_os("SEAM_PJRT_STEP_PROFILE").map(|_| Mutex::new(StepProfile::default())),
+            launch_ahead: match std::env::var(LAUNCH_AHEAD_ENV).as_deref() {
+                Ok("1") => true,
+                Ok("0") => false,
+                _ => !host_memory,
+            },
+        }
+    }
+
+    /// Whether `call` is a greedy decode step that launches the next step ahead: one token, no
+    /// logits read (the caller takes the device's token, so it is likely the next input), and
+    /// room in the cache for the next position (a step past the end would write into the last
+    /// position, clamped).
+    fn launches_ahead(&self, call: &GraphCall) -> bool {
+        self.launch_ahead
+            && call.graph.kind == GraphKind::Decode
+            && !call.read_logits
+            && matches!(&call.input, GraphInput::Tokens(ids) if ids.len() == 1)
+            && call.position + 1 < self.options.max_context
+    }
+
+    /// Adds one call's times to the step profile of `name`, when it is kept.
+    fn record(&self, name: &str, times: [std::time::Duration; 3]) {
+        if let Some(profile) = &self.profile {
+            let mut profile = profile.lock().unwrap_or_else(|p| p.into_inner());
+            let entry = profile.graphs.entry(name.to_string()).or_default();
+            entry.0 += 1;
+            for (total, time) in entry.1.iter_mut().zip(times) {
+                *total += time;
+            }
         }
     }
 
@@ -148,15 +190,62 @@ fn cache_key(plugin: &Plugin, module: &str, options: &CompileOptions) -> String 
     ])
 }
 
-/// A session's cache buffers; `None` after a failed call consumed them.
+/// A session's cache buffers; `None` after a failed call consumed them, or while a step launched
+/// ahead holds them ([`PjrtCache::settle`]).
 pub struct PjrtCache {
     buffers: Option<Vec<Buffer>>,
+    /// The decode step launched ahead on these caches, if one was.
+    ahead: Option<Ahead>,
     /// Give freed pages back to the OS on drop (the CPU plugin).
     release_memory: bool,
 }
 
+/// A decode step launched before the caller asked for it: at the position after the step that
+/// launched it, on that step's token and updated caches, still on the device. The next call uses
+/// it if it asks for that token at that position; any other call first waits for it and takes its
+/// caches, dropping its token. Its write to the cache at its position is then overwritten by
+/// whatever step comes to that position (every step writes the entries it appends, and attention
+/// reads no entry past the step's own position), so a step launched in vain changes nothing.
+struct Ahead {
+    /// Declared first, so dropped first: the step is waited for before its buffers are freed.
+    completion: Completion,
+    /// Its outputs: the token, the caches, the logits.
+    outputs: Vec<Buffer>,
+    position: usize,
+    token: u32,
+    /// Its token and position arguments, held until it is done.
+    _inputs: [Buffer; 2],
+}
+
+impl PjrtCache {
+    /// Waits for a step launched ahead, if there is one, and takes its caches; when it failed,
+    /// the caches are lost (as after any failed call).
+    fn settle(&mut self) {
+        if let Some(ahead) = self.ahead.take() {
+            let Ahead { completion, mut outputs, .. } = ahead;
+            self.buffers = match completion.wait() {
+                Ok(()) if outputs.len() >= 2 => {
+                    outputs.pop();
+                    outputs.remove(0);
+                    Some(outputs)
+                }
+                _ => None,
+            };
+        }
+    }
+
+    /// The cache buffers, of the step launched ahead when there is one (each ready when it is).
+    fn current(&self, count: usize) -> Option<&[Buffer]> {
+        match &self.ahead {
+            Some(ahead) => ahead.outputs.get(1..1 + count),
+            None => self.buffers.as_deref(),
+        }
+    }
+}
+
 impl Drop for PjrtCache {
     fn drop(&mut self) {
+        self.settle();
         // Free the buffers first, then give the pages back: on the CPU plugin a freed cache
         // otherwise stays in the resident set (conformance's many-sessions memory case).
         self.buffers = None;
@@ -270,13 +359,12 @@ impl GraphRuntime for PjrtRuntime {
             .iter()
             .map(|shape| self.client.zeros(self.cache_element, shape))
             .collect::<std::result::Result<_, _>>();
-        Ok(PjrtCache { buffers: Some(buffers.map_err(pjrt_error)?), release_memory: self.host_memory })
+        Ok(PjrtCache { buffers: Some(buffers.map_err(pjrt_error)?), ahead: None, release_memory: self.host_memory })
     }
 
     fn copy_cache(&self, cache: &PjrtCache) -> Result<PjrtCache> {
         let buffers = cache
-            .buffers
-            .as_ref()
+            .current(self.cache_shapes.len())
             .ok_or_else(|| SeamError::Backend("the KV cache was lost by a failed call".into()))?;
         // Through the host: the C API has no device-to-device copy of a buffer on one device,
         // and a fork is rare next to the steps.
@@ -288,10 +376,14 @@ impl GraphRuntime for PjrtRuntime {
             })
             .collect::<std::result::Result<_, _>>()
             .map_err(pjrt_error)?;
-        Ok(PjrtCache { buffers: Some(copies), release_memory: cache.release_memory })
+        Ok(PjrtCache { buffers: Some(copies), ahead: None, release_memory: cache.release_memory })
     }
 
     fn execute(&self, cache: &mut PjrtCache, call: &GraphCall) -> Result<GraphOutput> {
+        if self.launches_ahead(call) {
+            return self.decode_ahead(cache, call);
+        }
+        cache.settle();
         let started = std::time::Instant::now();
         let input = match &call.input {
             GraphInput::Tokens(ids) => self.i32_buffer(ids, &[ids.len()])?,
@@ -320,6 +412,7 @@ impl GraphRuntime for PjrtRuntime {
     }
 
     fn execute_batch(&self, caches: &mut [&mut PjrtCache], call: &BatchCall) -> Result<Vec<GraphOutput>> {
+        caches.iter_mut().for_each(|cache| cache.settle());
         let started = std::time::Instant::now();
         let tokens = self.i32_buffer(&call.tokens, &[call.tokens.len()])?;
         let positions = self.i32_buffer(&call.positions, &[call.positions.len()])?;
@@ -328,6 +421,82 @@ impl GraphRuntime for PjrtRuntime {
 }
 
 impl PjrtRuntime {
+    /// Launches `graph` with its `leading` arguments (kept), `caches` (donated) and the weights.
+    fn launch(&self, graph: GraphSpec, leading: &[&Buffer], caches: Vec<Buffer>) -> Result<Launched> {
+        let name = graph.name();
+        let executable = self.executables.read().unwrap_or_else(|p| p.into_inner()).get(&name).cloned();
+        let executable = executable.ok_or_else(|| SeamError::Backend(format!("no executable for {name}")))?;
+        let weights = self.weights.get().ok_or_else(|| SeamError::Backend("the weights are not uploaded".into()))?;
+        let mut args: Vec<ExecuteArg<'_>> = leading.iter().map(|&buffer| ExecuteArg::Keep(buffer)).collect();
+        args.extend(caches.into_iter().map(ExecuteArg::Donate));
+        args.extend(weights.iter().map(ExecuteArg::Keep));
+        executable.launch(args).map_err(pjrt_error)
+    }
+
+    /// A greedy decode step ([`PjrtRuntime::launches_ahead`]): the step launched ahead when it is
+    /// this one, else one launched now; then, before this step's token is read back, the next
+    /// step, on this step's token and caches as they are on the device ([`Ahead`]).
+    fn decode_ahead(&self, cache: &mut PjrtCache, call: &GraphCall) -> Result<GraphOutput> {
+        let started = std::time::Instant::now();
+        let GraphInput::Tokens(ids) = &call.input else { unreachable!("launches_ahead checked the input") };
+        let token = ids[0];
+        let lost = || SeamError::Backend("the KV cache was lost by a failed call".into());
+        let mut kind = "launched ahead";
+        let (mut outputs, completion, inputs) = match cache.ahead.take() {
+            Some(ahead) if ahead.position == call.position && i64::from(ahead.token) == i64::from(token) => {
+                (ahead.outputs, ahead.completion, ahead._inputs)
+            }
+            other => {
+                cache.ahead = other;
+                cache.settle();
+                let input = self.i32_buffer(&[token], &[1])?;
+                let position = self.i32_buffer(&[call.position as i32], &[])?;
+                let caches = cache.buffers.take().ok_or_else(lost)?;
+                let (outputs, completion) = self.launch(call.graph, &[&input, &position], caches)?.into_parts();
+                kind = "launched now";
+                (outputs, completion, [input, position])
+            }
+        };
+        let n_caches = self.cache_shapes.len();
+        if outputs.len() != n_caches + 2 {
+            drop(completion);
+            return Err(SeamError::Backend(format!(
+                "{} returned {} results, expected {}",
+                call.graph.name(),
+                outputs.len(),
+                n_caches + 2
+            )));
+        }
+        let next_position = self.i32_buffer(&[call.position as i32 + 1], &[])?;
+        let uploaded = started.elapsed();
+        let logits = outputs.pop();
+        let token_buffer = outputs.remove(0);
+        let next = self.launch(call.graph, &[&token_buffer, &next_position], outputs);
+        let launch_time = started.elapsed() - uploaded;
+        let mut bytes = [0u8; 4];
+        let read = token_buffer.copy_to_host(&mut bytes).map_err(pjrt_error);
+        let done = completion.wait().map_err(pjrt_error);
+        drop((inputs, logits));
+        let value = i32::from_le_bytes(bytes);
+        let (outputs, completion) = next?.into_parts();
+        done?;
+        read?;
+        let value = u32::try_from(value)
+            .map_err(|_| SeamError::Backend(format!("{} returned token id {value}", call.graph.name())))?;
+        cache.ahead = Some(Ahead {
+            completion,
+            outputs,
+            position: call.position + 1,
+            token: value,
+            _inputs: [token_buffer, next_position],
+        });
+        // Steps the one before launched ahead apart from those launched in the call (the first of
+        // each generation, and any after a step launched in vain).
+        let waited = started.elapsed() - uploaded - launch_time;
+        self.record(&format!("{} ({kind}, the next ahead)", call.graph.name()), [uploaded, launch_time, waited]);
+        Ok(GraphOutput { token: value, logits: None })
+    }
+
     /// Runs `graph` with its `leading` arguments (input, position(s), count) and the caches of its
     /// sequences, which it consumes and replaces with the updated ones; returns each sequence's
     /// greedy token and, when `read_logits`, its row of the logits. `uploaded` is the time the
@@ -341,9 +510,6 @@ impl PjrtRuntime {
         uploaded: std::time::Duration,
     ) -> Result<Vec<GraphOutput>> {
         let name = graph.name();
-        let executable = self.executables.read().unwrap_or_else(|p| p.into_inner()).get(&name).cloned();
-        let executable = executable.ok_or_else(|| SeamError::Backend(format!("no executable for {name}")))?;
-        let weights = self.weights.get().ok_or_else(|| SeamError::Backend("the weights are not uploaded".into()))?;
         // Every cache is checked before any is taken: a lost one fails the call with the others intact.
         if caches.iter().any(|cache| cache.buffers.is_none()) {
             return Err(SeamError::Backend("the KV cache was lost by a failed call".into()));
@@ -351,11 +517,8 @@ impl PjrtRuntime {
         let taken: Vec<Vec<Buffer>> = caches.iter_mut().map(|cache| cache.buffers.take().unwrap_or_default()).collect();
         let per_cache = taken.first().map_or(0, Vec::len);
         let n_caches = per_cache * taken.len();
-        let mut args: Vec<ExecuteArg<'_>> = leading.iter().map(|&buffer| ExecuteArg::Keep(buffer)).collect();
-        args.extend(taken.into_iter().flatten().map(ExecuteArg::Donate));
-        args.extend(weights.iter().map(ExecuteArg::Keep));
         let started = std::time::Instant::now();
-        let launched = executable.launch(args).map_err(pjrt_error)?;
+        let launched = self.launch(graph, leading, taken.into_iter().flatten().collect())?;
         let launch_time = started.elapsed();
         let outputs = launched.outputs();
         if outputs.len() != n_caches + 2 {
@@ -390,15 +553,7 @@ impl PjrtRuntime {
         for cache in caches.iter_mut() {
             cache.buffers = Some(updated.by_ref().take(per_cache).collect());
         }
-        if let Some(profile) = &self.profile {
-            let waited = started.elapsed() - launch_time;
-            let mut profile = profile.lock().unwrap_or_else(|p| p.into_inner());
-            let entry = profile.graphs.entry(name.clone()).or_default();
-            entry.0 += 1;
-            for (total, time) in entry.1.iter_mut().zip([uploaded, launch_time, waited]) {
-                *total += time;
-            }
-        }
+        self.record(&name, [uploaded, launch_time, started.elapsed() - launch_time]);
         token_bytes
             .chunks_exact(4)
             .enumerate()

@@ -12,7 +12,8 @@
 //! (`kernels=seam`); a second, shorter pass runs the greedy-parity cases on the tiny models with
 //! `SEAM_PJRT_KERNELS=none`, so the pure-StableHLO graphs XLA's CPU plugin falls back to stay
 //! proven too, and then the forms pjrt takes on a GPU (`vector_products=reduce`,
-//! `dot_precision=highest`, ADR 0028; and `reduce-words`). A last pass runs the whole suite on
+//! `dot_precision=highest`, ADR 0028, with greedy steps launched ahead as on a device, ADR 0041;
+//! and `reduce-words`). A last pass runs the whole suite on
 //! int4 with `SEAM_PJRT_ACTIVATIONS=int8` (the kernels' products over activations rounded to int8,
 //! ADR 0024) under the int8 preset.
 //!
@@ -61,11 +62,18 @@ fn main() {
     // The forms pjrt takes on a GPU (ADR 0028), proven here on the CPU plugin: decode's products
     // as reductions, f32 dots; the whole suite on the tiny models (its self-consistency cases are
     // what TF32 dots failed on a GPU), then the 32-bit-word reductions' parity.
+    // The device forms, and a device's way of decoding: each greedy step launches the next ahead.
     std::env::set_var("SEAM_PJRT_VECTOR_PRODUCTS", "reduce");
     std::env::set_var("SEAM_PJRT_DOT_PRECISION", "highest");
+    std::env::set_var(backend_pjrt::runtime::LAUNCH_AHEAD_ENV, "1");
     let device_forms = SuiteOptions { real_model: conformance::RealModelParity::Skip, ..SuiteOptions::from_env() };
     let target = pjrt_cpu(ComputePrecision::F16);
-    check_target("pjrt-cpu with the device forms (vector_products=reduce)", target, &device_forms);
+    check_target(
+        "pjrt-cpu with the device forms (vector_products=reduce, steps launched ahead)",
+        target,
+        &device_forms,
+    );
+    std::env::remove_var(backend_pjrt::runtime::LAUNCH_AHEAD_ENV);
     std::env::set_var("SEAM_PJRT_VECTOR_PRODUCTS", "reduce-words");
     let target = pjrt_cpu(ComputePrecision::F16);
     check_target("pjrt-cpu with vector_products=reduce-words", target, &options);

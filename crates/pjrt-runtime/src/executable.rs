@@ -114,9 +114,8 @@ impl LoadedExecutable {
             })
             .collect::<Result<_>>();
         // Made before the outputs are checked: an error still waits for the execution.
-        let mut launched = Launched { client: Arc::clone(&self.client), complete: complete[0], outputs: Vec::new() };
-        launched.outputs = outputs?;
-        Ok(launched)
+        let completion = Completion { client: Arc::clone(&self.client), complete: complete[0] };
+        Ok(Launched { completion, outputs: outputs? })
     }
 
     /// The executable's serialized form, for [`Client::deserialize`] (an on-disk cache).
@@ -143,9 +142,32 @@ impl LoadedExecutable {
 
 /// A program started by [`LoadedExecutable::launch`]: its outputs and its completion.
 pub struct Launched {
+    completion: Completion,
+    outputs: Vec<Buffer>,
+}
+
+/// The completion of a launched program: [`Completion::wait`] for it; dropped unfired, it is
+/// waited for (its event is freed only after it fired).
+pub struct Completion {
     client: Arc<Client>,
     complete: *mut sys::PJRT_Event,
-    outputs: Vec<Buffer>,
+}
+
+// SAFETY: a PJRT event may be awaited and destroyed from any thread, once.
+unsafe impl Send for Completion {}
+
+impl Completion {
+    /// Waits for the program to finish; its error, if it failed.
+    pub fn wait(mut self) -> Result<()> {
+        let complete = std::mem::replace(&mut self.complete, std::ptr::null_mut());
+        self.client.plugin().await_event(complete)
+    }
+}
+
+impl Drop for Completion {
+    fn drop(&mut self) {
+        let _ = self.client.plugin().await_event(std::mem::replace(&mut self.complete, std::ptr::null_mut()));
+    }
 }
 
 impl Launched {
@@ -155,17 +177,17 @@ impl Launched {
     }
 
     /// Waits for the program to finish and returns its outputs, or its error.
-    pub fn finish(mut self) -> Result<Vec<Buffer>> {
-        let complete = std::mem::replace(&mut self.complete, std::ptr::null_mut());
-        self.client.plugin().await_event(complete)?;
-        Ok(std::mem::take(&mut self.outputs))
+    pub fn finish(self) -> Result<Vec<Buffer>> {
+        let (outputs, completion) = self.into_parts();
+        completion.wait()?;
+        Ok(outputs)
     }
-}
 
-impl Drop for Launched {
-    /// A launch dropped unfinished is waited for: its event is freed only after it fired.
-    fn drop(&mut self) {
-        let _ = self.client.plugin().await_event(std::mem::replace(&mut self.complete, std::ptr::null_mut()));
+    /// The outputs, and the completion apart from them, without waiting: an output may be passed
+    /// (donated, even) to the next launch before this program is done, the device orders the
+    /// two, so a host can queue a step while the one before it runs.
+    pub fn into_parts(self) -> (Vec<Buffer>, Completion) {
+        (self.outputs, self.completion)
     }
 }
 

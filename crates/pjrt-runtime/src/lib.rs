@@ -40,7 +40,7 @@ pub use buffer::{Buffer, ElementType, HostMemory};
 pub use client::{Client, DeviceInfo};
 pub use compile_options::CompileOptions;
 pub use error::{ErrorCode, PjrtError};
-pub use executable::{ExecuteArg, Launched, LoadedExecutable};
+pub use executable::{Completion, ExecuteArg, Launched, LoadedExecutable};
 pub use plugin::{ApiVersion, Plugin, HEADER_VERSION};
 
 /// Results of this crate.

@@ -1989,17 +1989,14 @@ fn forward(
     // kernels where the graphs call them (XLA's and IREE's reductions over (value, index) pairs
     // are each a scalar loop, IREE's one workgroup for all of a batch's rows), else the graph's
     // own reduction.
+    // A token per row, `[1]` for one sequence: the shape of a decode's token argument, so that a
+    // runtime can pass one step's token buffer to the next step as it is, without the host.
     let rows = logits;
     let logits = if batched { rows.clone() } else { b.reshape(&rows, &[vocab]) };
     let token = if options.host_kernels.is_some() {
-        let ids = b.custom_call(ARGMAX_TARGET, &[&rows], Ty::new(&rows.dims()[..1], Elem::I32));
-        if batched {
-            ids
-        } else {
-            b.reshape(&ids, &[])
-        }
+        b.custom_call(ARGMAX_TARGET, &[&rows], Ty::new(&rows.dims()[..1], Elem::I32))
     } else {
-        b.argmax(&logits)
+        b.argmax(&rows)
     };
     debug_assert_eq!(w.next, w.vals.len(), "every weight argument is used");
 
@@ -2133,7 +2130,7 @@ mod tests {
         assert!(text.contains("%arg1: tensor<i32>"));
         assert!(text.contains("%arg2: tensor<i32>"));
         assert!(text.contains("%arg3: tensor<2x2x16x16xf16> {tf.aliasing_output = 1 : i32}"));
-        assert!(text.contains(") -> (tensor<i32>, tensor<2x2x16x16xf16>, tensor<2x2x16x16xf16>, tensor<256xf32>) {"));
+        assert!(text.contains(") -> (tensor<1xi32>, tensor<2x2x16x16xf16>, tensor<2x2x16x16xf16>, tensor<256xf32>) {"));
         // Per layer, its new keys and values recorded; then one write into each cache.
         assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), 2 * c.num_hidden_layers + 2);
     }
@@ -2292,7 +2289,7 @@ mod tests {
         // One in-place write per cache, and attention reads the written caches whole.
         assert_eq!(text.matches("stablehlo.dynamic_update_slice").count(), shapes.len());
         assert_eq!(text.matches("stablehlo.dynamic_slice").count(), 0);
-        let results = text.lines().find(|l| l.contains(") -> (tensor<i32>")).unwrap();
+        let results = text.lines().find(|l| l.contains(") -> (tensor<1xi32>")).unwrap();
         assert_eq!(results.split(") -> (").nth(1).unwrap().matches("tensor<").count(), 1 + shapes.len());
         // The weights are the unrolled ones.
         let n_args = 2 + shapes.len() + crate::weight_args(&c, WeightFormat::Int4).len();
