@@ -109,37 +109,47 @@ PY
 step "seam backends" 60 "$SEAM" backends
 step "synth-model $shape" 60 "$SEAM" synth-model --shape "$shape" --out "$WORK/bench-model"
 export SEAM_PJRT_STEP_PROFILE=1
-# pjrt-cuda first (the backend a short device call must not miss), each backend's figures with
-# its defaults, then the conformance suite, then the candidate settings.
-for backend in ${SEAM_GPU_BACKENDS:-pjrt iree}; do
+selected() { case " ${SEAM_GPU_BACKENDS:-pjrt iree} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
+# A backend's figures with its defaults, then the conformance suite.
+defaults() {
+  local backend=$1
+  selected "$backend" || return 0
   step "bench $shape $backend" 200 "$SEAM" bench --backend "$backend-$device" --model "$WORK/bench-model" \
     --no-cold "${bench_args[@]}" --json "$OUT/bench-$device-$backend.json"
   step "conformance $backend-$device" 120 "$SEAM" conformance --backend "$backend-$device" --precision f16 \
     --real-model skip --json "$OUT/conformance-$backend-$device.json"
-done
+}
 # Candidate settings (comma-separated; a SEAM_* one is an environment variable) against the
-# defaults above, on the same model in the same call, the open questions first: greedy steps not
-# launched ahead (ADR 0041: what launching the next step before reading the token back gains);
-# int4 and int8 read as 32-bit words in decode's reductions (the
-# byte-wide form moves a third of fp16's bytes per second); decode as dots over int4 dequantized in
-# the graph; the dots at XLA's default precision (TF32: what `dot_precision=highest` costs
-# prefill). iree-cuda's candidates were measured on 2026-11-27 (docs/performance.md).
-for candidate in "pjrt SEAM_PJRT_LAUNCH_AHEAD=0" "pjrt vector_products=reduce-words" \
-  "pjrt vector_products=dot,int4_dequantize_from=1" "pjrt dot_precision=default"; do
-  backend=${candidate%% *} settings=${candidate#* }
-  case " ${SEAM_GPU_BACKENDS:-pjrt iree} " in *" $backend "*) ;; *) continue ;; esac
-  set_args=() env_args=()
+# defaults, on the same model in the same call.
+candidate() {
+  local backend=${1%% *} settings=${1#* }
+  selected "$backend" || return 0
+  local set_args=() env_args=() setting
   for setting in ${settings//,/ }; do
     case $setting in
       SEAM_*) env_args+=("$setting") ;;
       *) set_args+=(--set "$setting") ;;
     esac
   done
-  name=${settings//=/-}
+  local name=${settings//=/-}
   step "bench $shape $backend $settings" 90 env "${env_args[@]}" "$SEAM" bench --backend "$backend-$device" \
     --model "$WORK/bench-model" --no-cold "${candidate_args[@]}" "${set_args[@]}" \
     --json "$OUT/bench-$device-$backend-${name//,/-}.json"
-done
+}
+# In order of what a short device call must not miss: pjrt-cuda (the backend closest to the
+# targets) and its open questions first: greedy steps not launched ahead (ADR 0041: what
+# launching the next step before reading the token back gains); int4 read as XLA's packed 4-bit
+# type, then as 32-bit words, in decode's reductions (the byte-wide form moved a third of fp16's
+# bytes per second); then iree-cuda (measured on 2026-11-27, docs/performance.md; its suite
+# proves the graphs again); then decode as dots over int4 dequantized in the graph, and the dots at
+# XLA's default precision (TF32: what `dot_precision=highest` costs prefill).
+defaults pjrt
+candidate "pjrt SEAM_PJRT_LAUNCH_AHEAD=0"
+candidate "pjrt vector_products=reduce-nibbles"
+candidate "pjrt vector_products=reduce-words"
+defaults iree
+candidate "pjrt vector_products=dot,int4_dequantize_from=1"
+candidate "pjrt dot_precision=default"
 step "synth-model tiny" 30 "$SEAM" synth-model --shape tiny --out "$WORK/tiny-model"
 # XLA writes each graph it compiles, after optimization: the kernels a step launches.
 step "bench tiny" 60 env XLA_FLAGS="--xla_dump_to=$WORK/xla --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=^$" \

@@ -13,7 +13,7 @@
 //! `SEAM_PJRT_KERNELS=none`, so the pure-StableHLO graphs XLA's CPU plugin falls back to stay
 //! proven too, and then the forms pjrt takes on a GPU (`vector_products=reduce`,
 //! `dot_precision=highest`, ADR 0028, with greedy steps launched ahead as on a device, ADR 0041;
-//! and `reduce-words`). A last pass runs the whole suite on
+//! and `reduce-words`, `reduce-nibbles`). A last pass runs the whole suite on
 //! int4 with `SEAM_PJRT_ACTIVATIONS=int8` (the kernels' products over activations rounded to int8,
 //! ADR 0024) under the int8 preset.
 //!
@@ -74,9 +74,11 @@ fn main() {
         &device_forms,
     );
     std::env::remove_var(backend_pjrt::runtime::LAUNCH_AHEAD_ENV);
-    std::env::set_var("SEAM_PJRT_VECTOR_PRODUCTS", "reduce-words");
-    let target = pjrt_cpu(ComputePrecision::F16);
-    check_target("pjrt-cpu with vector_products=reduce-words", target, &options);
+    for form in ["reduce-words", "reduce-nibbles"] {
+        std::env::set_var("SEAM_PJRT_VECTOR_PRODUCTS", form);
+        let target = pjrt_cpu(ComputePrecision::F16);
+        check_target(&format!("pjrt-cpu with vector_products={form}"), target, &options);
+    }
     for key in ["SEAM_PJRT_KERNELS", "SEAM_PJRT_VECTOR_PRODUCTS", "SEAM_PJRT_DOT_PRECISION"] {
         std::env::remove_var(key);
     }

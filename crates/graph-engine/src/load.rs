@@ -44,7 +44,7 @@ impl GraphSettings {
     /// the graphs call seam's CPU kernels; only a backend that registered them accepts `seam`,
     /// see [`GraphSettings::kernels_requested`]), `activations` (`exact` or `int8`: how the
     /// kernels' int4 and int8 products take their activations, ADR 0024; `int8` only with the
-    /// kernels), `vector_products` (`dot`, `reduce` or `reduce-words`: how decode's products
+    /// kernels), `vector_products` (`dot`, `reduce`, `reduce-words` or `reduce-nibbles`: how decode's products
     /// are written where no kernel takes them, [`VectorProducts`]), `dot_precision` (`default` or
     /// `highest`: [`GraphOptions::highest_precision`]).
     pub const KEYS: [&'static str; 8] = [
@@ -136,7 +136,12 @@ impl GraphSettings {
                 "dot" => VectorProducts::Dot,
                 "reduce" => VectorProducts::Reduce,
                 "reduce-words" => VectorProducts::ReduceWords,
-                _ => return Err(SeamError::InvalidInput(format!("{what}: expected dot, reduce or reduce-words"))),
+                "reduce-nibbles" => VectorProducts::ReduceNibbles,
+                _ => {
+                    return Err(SeamError::InvalidInput(format!(
+                        "{what}: expected dot, reduce, reduce-words or reduce-nibbles"
+                    )))
+                }
             };
         }
         if let Some((what, value)) = get("dot_precision") {

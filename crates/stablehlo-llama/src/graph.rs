@@ -132,6 +132,10 @@ pub enum VectorProducts {
     /// a compiler's reduction reads its elements one by one, and byte-wide elements make that a
     /// byte-at-a-time loop.
     ReduceWords,
+    /// [`VectorProducts::Reduce`] with int4 matrices read as the compiler's own packed 4-bit type
+    /// (the stored bytes bitcast to `ui4`, two per byte), so that it, not the graph, unpacks them
+    /// as wide as it can (XLA has packed int4 loads on GPUs); int8 as in `Reduce`.
+    ReduceNibbles,
 }
 
 /// What a linear kernel call reads before its product (the runtime's kernel computes it, as
@@ -349,7 +353,10 @@ impl GraphOptions {
     /// contiguous, the reduction's rows), else transposed.
     pub fn dense_layout(&self) -> crate::DenseLayout {
         match (self.host_kernels, self.vector_products) {
-            (Some(_), _) | (None, VectorProducts::Reduce | VectorProducts::ReduceWords) => crate::DenseLayout::RowMajor,
+            (Some(_), _)
+            | (None, VectorProducts::Reduce | VectorProducts::ReduceWords | VectorProducts::ReduceNibbles) => {
+                crate::DenseLayout::RowMajor
+            }
             (None, VectorProducts::Dot) => crate::DenseLayout::Transposed,
         }
     }
@@ -730,7 +737,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
         MatrixArg::Dense { products, .. } | MatrixArg::Int4 { products, .. } | MatrixArg::Int8 { products, .. }
             if *products != VectorProducts::Dot =>
         {
-            reduced_linear(b, x, w, *products == VectorProducts::ReduceWords)
+            reduced_linear(b, x, w, *products)
         }
         MatrixArg::Int8 { codes, scales, dequantize_from, order, .. } if x.dims()[0] >= *dequantize_from => {
             row_major_only(*order);
@@ -828,9 +835,11 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
 /// [`linear`] of one row as [`VectorProducts::Reduce`] writes it: `y_m = sum_k w_mk x_k` as an
 /// elementwise product over the matrix's own shape, reduced over its inputs. int4 is unpacked in
 /// the expression (`s (x_even lo + x_odd hi) + b (x_even + x_odd)` per packed byte) and int8 scaled
-/// in it, so the one fused reduction reads the stored bytes; with `words`
-/// ([`VectorProducts::ReduceWords`]) they are read as 32-bit words and the codes shifted out.
-fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg, words: bool) -> Val {
+/// in it, so the one fused reduction reads the stored bytes; with [`VectorProducts::ReduceWords`]
+/// they are read as 32-bit words and the codes shifted out, with [`VectorProducts::ReduceNibbles`]
+/// int4 is bitcast to the compiler's packed 4-bit type.
+fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg, form: VectorProducts) -> Val {
+    let words = form == VectorProducts::ReduceWords;
     let k = x.dims()[1];
     debug_assert_eq!(x.dims()[0], 1, "reductions are for one-row calls");
     let g = k / GROUP_SIZE;
@@ -845,18 +854,25 @@ fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg, words: bool) -> Val
         MatrixArg::Dense { transposed: true, .. } => {
             unreachable!("GraphOptions::dense_layout lays dense matrices out row-major for reductions")
         }
-        MatrixArg::Int4 { packed, scales, biases, order, .. } if words => {
+        MatrixArg::Int4 { packed, scales, biases, order, .. } if words || form == VectorProducts::ReduceNibbles => {
             row_major_only(*order);
-            // Word i of a group holds its inputs 8i..8i+8, nibble j (bits 4j..4j+4) input 8i + j.
             let m = packed.dims()[0];
-            let shape = [m, g, GROUP_SIZE / 8, 8];
-            let bytes = b.reshape(packed, &[m, g, GROUP_SIZE / 8, 4]);
-            let (w, nibble) = word_lanes(b, &bytes, &shape);
-            let four = b.const_int(4, Elem::I32, &shape);
-            let shift = b.mul(&nibble, &four);
-            let mask = b.const_int(15, Elem::I32, &shape);
-            let q = b.shift_right_logical(&w, &shift);
-            let q = b.and(&q, &mask);
+            let (q, shape) = if words {
+                // Word i of a group holds its inputs 8i..8i+8, nibble j (bits 4j..4j+4) input 8i + j.
+                let shape = [m, g, GROUP_SIZE / 8, 8];
+                let bytes = b.reshape(packed, &[m, g, GROUP_SIZE / 8, 4]);
+                let (w, nibble) = word_lanes(b, &bytes, &shape);
+                let four = b.const_int(4, Elem::I32, &shape);
+                let shift = b.mul(&nibble, &four);
+                let mask = b.const_int(15, Elem::I32, &shape);
+                let q = b.shift_right_logical(&w, &shift);
+                (b.and(&q, &mask), shape)
+            } else {
+                // Byte i of a group holds inputs 2i (low nibble) and 2i + 1: the bitcast's order.
+                let shape = [m, g, GROUP_SIZE / 2, 2];
+                let bytes = b.reshape(packed, &shape[..3]);
+                (b.bytes_as_nibbles(&bytes), shape)
+            };
             let q = b.convert(&q, Elem::F32);
             let (xb, s) = group_operands(b, x, scales, &shape);
             let bias = per_group(b, biases, &shape);
@@ -2731,6 +2747,13 @@ mod tests {
         assert!(int4.matches("stablehlo.bitcast_convert").count() >= 7 * c.num_hidden_layers);
         assert!(int4.contains("stablehlo.shift_right_arithmetic"), "the int8 head's bytes, sign-extended");
         assert!(!words(WeightFormat::F16).contains("bitcast_convert"), "fp16 reads its f16 values");
+        // Read as the compiler's packed 4-bit type: a bitcast to ui4 per int4 matrix, no shifts.
+        let nibbles = GraphOptions { vector_products: VectorProducts::ReduceNibbles, ..options(WeightFormat::Int4) };
+        let int4 = emit_module(&c, &nibbles, &[DECODE]).unwrap();
+        assert_eq!(int4.matches("stablehlo.dot_general").count(), attention_dots[1]);
+        assert!(int4.matches("xui4>").count() >= 7 * c.num_hidden_layers);
+        assert!(!int4.contains("shift_right_logical"), "no nibble is shifted out by the graph");
+        assert_eq!(nibbles.dense_layout(), crate::DenseLayout::RowMajor);
         let dense = GraphOptions { vector_products: VectorProducts::Reduce, ..options(WeightFormat::F16) };
         assert_eq!(dense.dense_layout(), crate::DenseLayout::RowMajor);
     }

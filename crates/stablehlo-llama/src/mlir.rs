@@ -20,6 +20,9 @@ pub enum Elem {
     I8,
     /// Predicates (`compare` results).
     I1,
+    /// Unsigned 4-bit integers, XLA's packed sub-byte type: only ever made by
+    /// [`FnBuilder::bytes_as_nibbles`] inside a graph, never an argument or a result.
+    U4,
 }
 
 impl Elem {
@@ -31,6 +34,7 @@ impl Elem {
             Elem::I32 => "i32",
             Elem::I8 => "i8",
             Elem::I1 => "i1",
+            Elem::U4 => "ui4",
         }
     }
 }
@@ -365,6 +369,16 @@ impl FnBuilder {
         assert_eq!(a.dims().last(), Some(&4), "bytes_as_words of {:?}", a.dims());
         let dims = &a.dims()[..a.rank() - 1];
         self.op("bitcast_convert", &[a], "", Ty::new(dims, Elem::I32))
+    }
+
+    /// Packed bytes (`i8 [..., n]`) as their nibbles (`ui4 [..., n, 2]`), the low nibble of each
+    /// byte first (as StableHLO's bitcast to a narrower type orders them, and as seam packs int4:
+    /// input `2i` in the low nibble).
+    pub fn bytes_as_nibbles(&mut self, a: &Val) -> Val {
+        assert_eq!(a.elem(), Elem::I8);
+        let mut dims = a.dims().to_vec();
+        dims.push(2);
+        self.op("bitcast_convert", &[a], "", Ty::new(&dims, Elem::U4))
     }
 
     fn unary(&mut self, name: &str, a: &Val) -> Val {
