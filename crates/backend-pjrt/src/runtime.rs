@@ -492,8 +492,10 @@ impl PjrtRuntime {
         });
         // Steps the one before launched ahead apart from those launched in the call (the first of
         // each generation, and any after a step launched in vain).
-        let waited = started.elapsed() - uploaded - launch_time;
-        self.record(&format!("{} ({kind}, the next ahead)", call.graph.name()), [uploaded, launch_time, waited]);
+        if self.profile.is_some() {
+            let waited = started.elapsed() - uploaded - launch_time;
+            self.record(&format!("{} ({kind}, the next ahead)", call.graph.name()), [uploaded, launch_time, waited]);
+        }
         Ok(GraphOutput { token: value, logits: None })
     }
 
