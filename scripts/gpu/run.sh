@@ -13,6 +13,7 @@
 #   bench-cuda-*-{setting}.json      the same with a candidate setting, against those defaults;
 #   bench-tiny.json                  pjrt-cuda on a tiny model: the per-step cost that is not
 #                                    moving weights (launches, host round trips);
+#   libraries-{pjrt,iree}.txt        every shared library the conformance run opened;
 #   xla-kernels.txt, xla/            the kernels XLA made of each pjrt-cuda graph of the tiny run,
 #                                    and their optimized HLO;
 #   summary.txt                      the verdict lines and the bench tables;
@@ -116,8 +117,13 @@ defaults() {
   selected "$backend" || return 0
   step "bench $shape $backend" 200 "$SEAM" bench --backend "$backend-$device" --model "$WORK/bench-model" \
     --no-cold "${bench_args[@]}" --json "$OUT/bench-$device-$backend.json"
-  step "conformance $backend-$device" 120 "$SEAM" conformance --backend "$backend-$device" --precision f16 \
+  # The dynamic loader lists every library the suite's process opens (compiles and executions
+  # included): which of the CUDA plugin's NVIDIA libraries seam's graphs need (ADR 0040).
+  mkdir -p "$WORK/ld"
+  step "conformance $backend-$device" 120 env LD_DEBUG=files LD_DEBUG_OUTPUT="$WORK/ld/$backend" \
+    "$SEAM" conformance --backend "$backend-$device" --precision f16 \
     --real-model skip --json "$OUT/conformance-$backend-$device.json"
+  grep -ho 'file=[^ ]*' "$WORK/ld/$backend".* 2>/dev/null | sort -u >"$OUT/libraries-$backend.txt"
 }
 # Candidate settings (comma-separated; a SEAM_* one is an environment variable) against the
 # defaults, on the same model in the same call.
