@@ -126,9 +126,9 @@ pub struct RunArgs {
     /// read as tokens.)
     #[arg(long, requires = "chat")]
     parse_special: bool,
-    /// Most tokens to generate.
-    #[arg(long, default_value_t = 256)]
-    max_tokens: usize,
+    /// Most tokens to generate (at least 1).
+    #[arg(long, default_value_t = 256, value_parser = clap::value_parser!(u32).range(1..))]
+    max_tokens: u32,
     /// Keep generating through end-of-sequence tokens.
     #[arg(long)]
     ignore_eos: bool,
@@ -281,7 +281,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     let mut session =
         engine.new_session(SessionOptions { sampling, return_logits: false, return_hidden_states: false })?;
     let generation = GenerationRequest {
-        max_tokens: args.max_tokens,
+        max_tokens: args.max_tokens as usize,
         eos_ids: model.eos_token_ids(),
         ignore_eos: args.ignore_eos,
         stop_strings: args.stop_strings.clone(),

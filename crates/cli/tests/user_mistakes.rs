@@ -47,6 +47,7 @@ fn bad_flags_and_values_are_refused_by_the_parser() {
     assert_clean_failure(&seam(&["run", "--no-such-flag"]), "--no-such-flag");
     assert_clean_failure(&seam(&["run", "--weights", "int8", "--prompt", "x"]), "unknown weight format 'int8'");
     assert_clean_failure(&seam(&["run", "--system", "be brief", "--prompt", "x"]), "--chat");
+    assert_clean_failure(&seam(&["run", "--max-tokens", "0", "--prompt", "x"]), "--max-tokens");
 }
 
 #[test]
