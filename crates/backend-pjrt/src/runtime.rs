@@ -190,6 +190,11 @@ fn cache_key(plugin: &Plugin, module: &str, options: &CompileOptions) -> String 
     ])
 }
 
+/// The error of a call on a cache that an earlier failed call consumed.
+fn cache_lost() -> SeamError {
+    SeamError::Backend("the KV cache was lost by a failed call".into())
+}
+
 /// A session's cache buffers; `None` after a failed call consumed them, or while a step launched
 /// ahead holds them ([`PjrtCache::settle`]).
 pub struct PjrtCache {
@@ -214,7 +219,7 @@ struct Ahead {
     position: usize,
     token: u32,
     /// Its token and position arguments, held until it is done.
-    _inputs: [Buffer; 2],
+    inputs: [Buffer; 2],
 }
 
 impl PjrtCache {
@@ -363,9 +368,7 @@ impl GraphRuntime for PjrtRuntime {
     }
 
     fn copy_cache(&self, cache: &PjrtCache) -> Result<PjrtCache> {
-        let buffers = cache
-            .current(self.cache_shapes.len())
-            .ok_or_else(|| SeamError::Backend("the KV cache was lost by a failed call".into()))?;
+        let buffers = cache.current(self.cache_shapes.len()).ok_or_else(cache_lost)?;
         // Through the host: the C API has no device-to-device copy of a buffer on one device,
         // and a fork is rare next to the steps.
         let copies = buffers
@@ -440,18 +443,17 @@ impl PjrtRuntime {
         let started = std::time::Instant::now();
         let GraphInput::Tokens(ids) = &call.input else { unreachable!("launches_ahead checked the input") };
         let token = ids[0];
-        let lost = || SeamError::Backend("the KV cache was lost by a failed call".into());
         let mut kind = "launched ahead";
         let (mut outputs, completion, inputs) = match cache.ahead.take() {
             Some(ahead) if ahead.position == call.position && i64::from(ahead.token) == i64::from(token) => {
-                (ahead.outputs, ahead.completion, ahead._inputs)
+                (ahead.outputs, ahead.completion, ahead.inputs)
             }
             other => {
                 cache.ahead = other;
                 cache.settle();
                 let input = self.i32_buffer(&[token], &[1])?;
                 let position = self.i32_buffer(&[call.position as i32], &[])?;
-                let caches = cache.buffers.take().ok_or_else(lost)?;
+                let caches = cache.buffers.take().ok_or_else(cache_lost)?;
                 let (outputs, completion) = self.launch(call.graph, &[&input, &position], caches)?.into_parts();
                 kind = "launched now";
                 (outputs, completion, [input, position])
@@ -488,7 +490,7 @@ impl PjrtRuntime {
             outputs,
             position: call.position + 1,
             token: value,
-            _inputs: [token_buffer, next_position],
+            inputs: [token_buffer, next_position],
         });
         // Steps the one before launched ahead apart from those launched in the call (the first of
         // each generation, and any after a step launched in vain).
@@ -514,7 +516,7 @@ impl PjrtRuntime {
         let name = graph.name();
         // Every cache is checked before any is taken: a lost one fails the call with the others intact.
         if caches.iter().any(|cache| cache.buffers.is_none()) {
-            return Err(SeamError::Backend("the KV cache was lost by a failed call".into()));
+            return Err(cache_lost());
         }
         let taken: Vec<Vec<Buffer>> = caches.iter_mut().map(|cache| cache.buffers.take().unwrap_or_default()).collect();
         let per_cache = taken.first().map_or(0, Vec::len);

@@ -2001,26 +2001,27 @@ fn forward(
         let last = rms_norm(&mut b, &last, &final_norm, eps);
         linear(&mut b, &last, &head)
     };
-    // First index of the maximum, like session_api's argmax (per row for a batch): through the
-    // kernels where the graphs call them (XLA's and IREE's reductions over (value, index) pairs
-    // are each a scalar loop, IREE's one workgroup for all of a batch's rows), else the graph's
-    // own reduction.
-    // A token per row, `[1]` for one sequence: the shape of a decode's token argument, so that a
-    // runtime can pass one step's token buffer to the next step as it is, without the host.
-    let rows = logits;
-    let logits = if batched { rows.clone() } else { b.reshape(&rows, &[vocab]) };
+    // First index of the maximum, like session_api's argmax, per row: through the kernels where
+    // the graphs call them (XLA's and IREE's reductions over (value, index) pairs are each a
+    // scalar loop, IREE's one workgroup for all of a batch's rows), else the graph's own
+    // reduction. A token per row, `[1]` for one sequence: the shape of a decode's token argument,
+    // so that a runtime can pass one step's token buffer to the next step as it is.
     let token = if options.host_kernels.is_some() {
-        b.custom_call(ARGMAX_TARGET, &[&rows], Ty::new(&rows.dims()[..1], Elem::I32))
+        b.custom_call(ARGMAX_TARGET, &[&logits], Ty::new(&logits.dims()[..1], Elem::I32))
     } else {
-        b.argmax(&rows)
+        b.argmax(&logits)
     };
     debug_assert_eq!(w.next, w.vals.len(), "every weight argument is used");
+    // The logits, when returned: `[vocab]` for one sequence, a row per sequence for a batch.
+    let logits = match (spec.logits, batched) {
+        (false, _) => None,
+        (true, true) => Some(logits),
+        (true, false) => Some(b.reshape(&logits, &[vocab])),
+    };
 
     let mut results = vec![&token];
     results.extend(updated_caches.iter());
-    if spec.logits {
-        results.push(&logits);
-    }
+    results.extend(logits.as_ref());
     if let Some(taken) = b.take_dispatches() {
         *dispatches = taken;
     }
