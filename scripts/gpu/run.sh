@@ -11,6 +11,7 @@
 #   conformance-{pjrt,iree}-cuda.json the suite's reports;
 #   bench-cuda-{pjrt,iree}.json      the benchmark reports of each backend (defaults);
 #   bench-cuda-*-{setting}.json      the same with a candidate setting, against those defaults;
+#   conformance-pjrt-cuda-{setting}.json the suite with a candidate that changes the kernels;
 #   bench-tiny.json                  pjrt-cuda on a tiny model: the per-step cost that is not
 #                                    moving weights (launches, host round trips);
 #   libraries-{pjrt,iree}.txt        every shared library the conformance run opened;
@@ -25,7 +26,8 @@
 # GPU, as on the CPU, where the in-tree suites use the same preset.
 # Each step has a time limit and the whole a deadline (SEAM_GPU_DEADLINE_S), so that it fits in
 # ten minutes; a step that fails is reported and the next one still runs. SEAM_GPU_DRY_RUN=1 runs the same steps on iree-cpu and pjrt-cpu (with a
-# tiny bench model), to check the script on a machine without a GPU.
+# tiny bench model), to check the script on a machine without a GPU (where the CUDA kernels'
+# steps fail: pjrt-cpu refuses them).
 set -uo pipefail
 BUNDLE="$(cd "$(dirname "$0")" && pwd)"
 OUT="${OUT:-$BUNDLE/out}"
@@ -142,14 +144,28 @@ candidate() {
     --model "$WORK/bench-model" --no-cold "${candidate_args[@]}" "${set_args[@]}" \
     --json "$OUT/bench-$device-$backend-${name//,/-}.json"
 }
+# The conformance suite with a candidate setting (SEAM_PJRT_* variables): a candidate that
+# changes what the kernels compute must also pass the suite before its figures count.
+candidate_suite() {
+  local backend=${1%% *} settings=${1#* }
+  selected "$backend" || return 0
+  local name=${settings//=/-}
+  step "conformance $backend $settings" 120 env ${settings//,/ } "$SEAM" conformance \
+    --backend "$backend-$device" --precision f16 --real-model skip \
+    --json "$OUT/conformance-$backend-$device-${name//,/-}.json"
+}
 # In order of what a short device call must not miss: pjrt-cuda (the backend closest to the
-# targets) and its open questions first: greedy steps not launched ahead (ADR 0041: what
-# launching the next step before reading the token back gains); int4 read as XLA's packed 4-bit
-# type, then as 32-bit words, in decode's reductions (the byte-wide form moved a third of fp16's
-# bytes per second); then iree-cuda (measured on 2026-11-27, docs/performance.md; its suite
-# proves the graphs again); then decode as dots over int4 dequantized in the graph, and the dots at
-# XLA's default precision (TF32: what `dot_precision=highest` costs prefill).
+# targets) and its open questions first: decode's products through seam's CUDA kernels (XLA
+# custom calls, ADR 0042; never run on a GPU before: its suite comes right after its figures);
+# greedy steps not launched ahead (ADR 0041: what launching the next step before reading the
+# token back gains); int4 read as XLA's packed 4-bit type, then as 32-bit words, in decode's
+# reductions (the byte-wide form moved a third of fp16's bytes per second); then iree-cuda
+# (measured on 2026-11-27, docs/performance.md; its suite proves the graphs again); then decode
+# as dots over int4 dequantized in the graph, and the dots at XLA's default precision (TF32: what
+# `dot_precision=highest` costs prefill).
 defaults pjrt
+candidate "pjrt vector_products=cuda-kernels"
+candidate_suite "pjrt SEAM_PJRT_VECTOR_PRODUCTS=cuda-kernels"
 candidate "pjrt SEAM_PJRT_LAUNCH_AHEAD=0"
 candidate "pjrt vector_products=reduce-nibbles"
 candidate "pjrt vector_products=reduce-words"

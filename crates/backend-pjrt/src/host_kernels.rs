@@ -31,29 +31,52 @@ const PLATFORM: &str = "cpu";
 /// registry is the plugin's). A plugin without the FFI extension, or one that refuses a handler,
 /// gives the reason; the caller then runs the pure-StableHLO graphs.
 pub fn register(plugin: &Plugin) -> Result<(), String> {
-    static DONE: OnceLock<Mutex<HashMap<PathBuf, Result<(), String>>>> = OnceLock::new();
-    let mut done = DONE.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
-    done.entry(plugin.path().to_path_buf())
-        .or_insert_with(|| {
-            let mut handlers: Vec<(String, Handler)> = stablehlo_llama::linear_targets()
-                .into_iter()
-                .map(|target| {
-                    let handler = linear_entry::<LinearHandlers>(&target);
-                    (target.name, handler)
-                })
-                .collect();
-            handlers.push((stablehlo_llama::ATTENTION_DECODE_WRITE_TARGET.to_string(), attention_decode_write));
-            handlers.push((stablehlo_llama::ATTENTION_CAUSAL_WRITE_TARGET.to_string(), attention_causal_write));
-            handlers.push((stablehlo_llama::ATTENTION_DECODE_BATCH_TARGET.to_string(), attention_decode_batch));
-            handlers.push((stablehlo_llama::ARGMAX_TARGET.to_string(), argmax));
-            for (target, handler) in handlers {
-                plugin
-                    .register_ffi_handler(&target, PLATFORM, handler)
-                    .map_err(|e| format!("registering {target} with the PJRT plugin's FFI: {e}"))?;
-            }
-            Ok(())
-        })
-        .clone()
+    static DONE: Registrations = OnceLock::new();
+    once_per_plugin(&DONE, plugin, || {
+        let mut handlers: Vec<(String, Handler)> = stablehlo_llama::linear_targets()
+            .into_iter()
+            .map(|target| {
+                let handler = linear_entry::<LinearHandlers>(&target);
+                (target.name, handler)
+            })
+            .collect();
+        handlers.push((stablehlo_llama::ATTENTION_DECODE_WRITE_TARGET.to_string(), attention_decode_write));
+        handlers.push((stablehlo_llama::ATTENTION_CAUSAL_WRITE_TARGET.to_string(), attention_causal_write));
+        handlers.push((stablehlo_llama::ATTENTION_DECODE_BATCH_TARGET.to_string(), attention_decode_batch));
+        handlers.push((stablehlo_llama::ARGMAX_TARGET.to_string(), argmax));
+        register_all(plugin, PLATFORM, &handlers, 0)
+    })
+}
+
+/// What registering a set of handlers with each plugin gave, by plugin path.
+pub(crate) type Registrations = OnceLock<Mutex<HashMap<PathBuf, Result<(), String>>>>;
+
+/// `register()`'s outcome for `plugin`, running it only the first time for that plugin in this
+/// process (the plugin's handler registry lives as long as the process).
+pub(crate) fn once_per_plugin(
+    done: &'static Registrations,
+    plugin: &Plugin,
+    register: impl FnOnce() -> Result<(), String>,
+) -> Result<(), String> {
+    let mut done = done.get_or_init(Default::default).lock().unwrap_or_else(|e| e.into_inner());
+    done.entry(plugin.path().to_path_buf()).or_insert_with(register).clone()
+}
+
+/// Registers each `(target, handler)` with `plugin` for `platform` with `traits`, stopping at the
+/// first the plugin refuses.
+pub(crate) fn register_all<T: AsRef<str>>(
+    plugin: &Plugin,
+    platform: &str,
+    handlers: &[(T, Handler)],
+    traits: u32,
+) -> Result<(), String> {
+    for (target, handler) in handlers {
+        let target = target.as_ref();
+        plugin
+            .register_ffi_handler(target, platform, *handler, traits)
+            .map_err(|e| format!("registering {target} with the PJRT plugin's FFI: {e}"))?;
+    }
+    Ok(())
 }
 
 /// Runs `body` for an executing call; answers the registration's metadata query; turns a failure
@@ -62,12 +85,26 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
 /// # Safety
 /// `frame` is the call frame XLA passed to the handler.
 unsafe fn handle(frame: *mut CallFrame, body: impl FnOnce(&CallFrame) -> Result<(), String>) -> *mut XlaError {
+    // SAFETY: the caller's promise.
+    unsafe { handle_with_traits(frame, 0, body) }
+}
+
+/// [`handle`] for a handler registered with `traits` (`pjrt_runtime::ffi::TRAIT_*`), which its
+/// metadata answer repeats.
+///
+/// # Safety
+/// As [`handle`].
+pub(crate) unsafe fn handle_with_traits(
+    frame: *mut CallFrame,
+    traits: u32,
+    body: impl FnOnce(&CallFrame) -> Result<(), String>,
+) -> *mut XlaError {
     if frame.is_null() {
         return std::ptr::null_mut();
     }
     // SAFETY: XLA passes a live, exclusive call frame.
     let frame = unsafe { &mut *frame };
-    if frame.answer_metadata() || !frame.is_execute() {
+    if frame.answer_metadata_with(traits) || !frame.is_execute() {
         return std::ptr::null_mut();
     }
     match std::panic::catch_unwind(std::panic::AssertUnwindSafe(|| body(frame))) {
@@ -112,7 +149,7 @@ unsafe fn result_elements<'a, T>(
     Ok(unsafe { std::slice::from_raw_parts_mut(buffer.data as *mut T, len) })
 }
 
-fn rows_cols(buffer: &Buffer, what: &str) -> Result<(usize, usize), String> {
+pub(crate) fn rows_cols(buffer: &Buffer, what: &str) -> Result<(usize, usize), String> {
     match buffer.dims()[..] {
         [a, b] => Ok((a, b)),
         ref other => Err(format!("{what}: rank {} where a matrix was expected", other.len())),

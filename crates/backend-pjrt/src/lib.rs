@@ -23,6 +23,7 @@
 //! Register with the binary by calling [`link`].
 
 pub mod cuda_plugin;
+pub mod gpu_products;
 pub mod host_kernels;
 pub mod plugin_search;
 pub mod runtime;
@@ -325,6 +326,18 @@ fn load_engine(target: &Target, request: &LoadRequest) -> Result<PjrtEngine> {
     }
     let defaults = if on_cpu { cpu_defaults(&target.found.client, request)? } else { DEVICE_SETTINGS };
     let settings = defaults.with_request(BACKEND_NAME, request, "SEAM_PJRT")?;
+    if settings.vector_products == VectorProducts::CudaKernels {
+        if !target.device.id.starts_with("cuda") {
+            return Err(SeamError::InvalidInput(format!(
+                "vector_products=cuda-kernels: seam's CUDA kernels run on a CUDA plugin's GPU, not on {}",
+                target.device.id
+            )));
+        }
+        gpu_products::register(target.found.client.plugin()).map_err(|reason| SeamError::Unavailable {
+            backend: BACKEND_NAME.to_string(),
+            reason: format!("vector_products=cuda-kernels: {reason}"),
+        })?;
+    }
     let client = Arc::clone(&target.found.client);
     graph_engine::load_engine(BACKEND_NAME, &target.device.id, request, settings, |model| {
         Ok(PjrtRuntime::new(client, on_cpu, model))

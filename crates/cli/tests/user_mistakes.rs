@@ -225,6 +225,35 @@ fn missing_or_broken_pjrt_plugin_is_reported() {
     assert!(String::from_utf8_lossy(&out.stderr).contains("could not be loaded as a PJRT plugin"));
 }
 
+/// seam's CUDA kernels asked of a CPU plugin: refused before anything compiles, naming the device.
+#[test]
+fn cuda_kernels_on_the_cpu_plugin_are_refused() {
+    let dir = tempfile::tempdir().unwrap();
+    let model = dir.path().join("tiny");
+    llama_model::random::write_random_checkpoint(&model, &llama_model::random::tiny_config(), 1).unwrap();
+    let out = seam(&[
+        "bench",
+        "--backend",
+        "pjrt-cpu",
+        "--model",
+        model.to_str().unwrap(),
+        "--no-cold",
+        "--no-process",
+        "--set",
+        "vector_products=cuda-kernels",
+    ]);
+    // bench names what it is measuring first; the error is its next line.
+    let stderr = String::from_utf8_lossy(&out.stderr);
+    assert!(!out.status.success() && !stderr.contains("panicked"), "{stderr}");
+    assert!(
+        stderr
+            .lines()
+            .any(|l| l
+                == "error: vector_products=cuda-kernels: seam's CUDA kernels run on a CUDA plugin's GPU, not on cpu"),
+        "{stderr}"
+    );
+}
+
 /// `--plugin PATH` runs `pjrt` on the plugin given, whatever the search would have found: the
 /// conformance suite on XLA's CPU plugin named by path (the input cases, embeddings and poisoning
 /// included), and a path that holds no plugin is one clean sentence.

@@ -44,8 +44,9 @@ impl GraphSettings {
     /// the graphs call seam's CPU kernels; only a backend that registered them accepts `seam`,
     /// see [`GraphSettings::kernels_requested`]), `activations` (`exact` or `int8`: how the
     /// kernels' int4 and int8 products take their activations, ADR 0024; `int8` only with the
-    /// kernels), `vector_products` (`dot`, `reduce`, `reduce-words` or `reduce-nibbles`: how decode's products
-    /// are written where no kernel takes them, [`VectorProducts`]), `dot_precision` (`default` or
+    /// kernels), `vector_products` (`dot`, `reduce`, `reduce-words`, `reduce-nibbles` or `cuda-kernels`: how
+    /// decode's products are written where no kernel takes them, [`VectorProducts`]; a backend
+    /// refuses `cuda-kernels` where it cannot run them), `dot_precision` (`default` or
     /// `highest`: [`GraphOptions::highest_precision`]).
     pub const KEYS: [&'static str; 8] = [
         "layers",
@@ -137,9 +138,10 @@ impl GraphSettings {
                 "reduce" => VectorProducts::Reduce,
                 "reduce-words" => VectorProducts::ReduceWords,
                 "reduce-nibbles" => VectorProducts::ReduceNibbles,
+                "cuda-kernels" => VectorProducts::CudaKernels,
                 _ => {
                     return Err(SeamError::InvalidInput(format!(
-                        "{what}: expected dot, reduce, reduce-words or reduce-nibbles"
+                        "{what}: expected dot, reduce, reduce-words, reduce-nibbles or cuda-kernels"
                     )))
                 }
             };

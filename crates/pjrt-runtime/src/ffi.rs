@@ -118,7 +118,7 @@ pub struct Attrs {
     pub attrs: *mut *mut c_void,
 }
 
-/// `XLA_FFI_Api` (its prefix: the error constructor).
+/// `XLA_FFI_Api` (its prefix: up to the stream query).
 #[repr(C)]
 struct FfiApi {
     struct_size: usize,
@@ -126,6 +126,27 @@ struct FfiApi {
     api_version: ApiVersion,
     internal_api: *mut c_void,
     error_create: Option<unsafe extern "C" fn(*mut ErrorCreateArgs) -> *mut XlaError>,
+    error_get_message: *mut c_void,
+    error_destroy: Option<unsafe extern "C" fn(*mut ErrorDestroyArgs)>,
+    handler_register: *mut c_void,
+    stream_get: Option<unsafe extern "C" fn(*mut StreamGetArgs) -> *mut XlaError>,
+}
+
+/// `XLA_FFI_Error_Destroy_Args`.
+#[repr(C)]
+struct ErrorDestroyArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    error: *mut XlaError,
+}
+
+/// `XLA_FFI_Stream_Get_Args`.
+#[repr(C)]
+struct StreamGetArgs {
+    struct_size: usize,
+    extension_start: *mut ExtensionBase,
+    ctx: *mut c_void,
+    stream: *mut c_void,
 }
 
 #[repr(C)]
@@ -169,6 +190,11 @@ impl CallFrame {
     /// If this call is registration's metadata query, answers it (the API version of these
     /// declarations, no traits) and returns true: the handler must then return null at once.
     pub fn answer_metadata(&mut self) -> bool {
+        self.answer_metadata_with(0)
+    }
+
+    /// [`CallFrame::answer_metadata`] for a handler registered with `traits` (`TRAIT_*`).
+    pub fn answer_metadata_with(&mut self, traits: u32) -> bool {
         let mut ext = self.extension_start;
         while !ext.is_null() {
             // SAFETY: XLA's extension chain is a list of live `XLA_FFI_Extension_Base` nodes.
@@ -183,7 +209,7 @@ impl CallFrame {
                     metadata.api_version.extension_start = std::ptr::null_mut();
                     metadata.api_version.major_version = XLA_FFI_API_VERSION.0;
                     metadata.api_version.minor_version = XLA_FFI_API_VERSION.1;
-                    metadata.traits = 0;
+                    metadata.traits = traits;
                 }
                 return true;
             }
@@ -225,6 +251,43 @@ impl CallFrame {
         self.args.size.max(0) as usize
     }
 
+    /// The platform stream the call runs on (a `CUstream` on XLA's CUDA backend), from XLA's
+    /// `XLA_FFI_Stream_Get`; an error on a platform without streams (the CPU) or an API without
+    /// the call.
+    pub fn stream(&self) -> std::result::Result<*mut c_void, String> {
+        if self.api.is_null() {
+            return Err("the call frame has no FFI API".to_string());
+        }
+        // SAFETY: XLA's API table outlives the call; its size says which fields exist.
+        let api = unsafe { &*self.api };
+        let has_stream_get = api.struct_size >= std::mem::size_of::<FfiApi>();
+        let stream_get = api.stream_get.filter(|_| has_stream_get).ok_or("XLA's FFI API has no stream query")?;
+        let mut args = StreamGetArgs {
+            struct_size: std::mem::size_of::<StreamGetArgs>(),
+            extension_start: std::ptr::null_mut(),
+            ctx: self.ctx,
+            stream: std::ptr::null_mut(),
+        };
+        // SAFETY: the arguments are the call's own context and an out field.
+        let error = unsafe { stream_get(&mut args) };
+        if !error.is_null() {
+            if let Some(destroy) = api.error_destroy {
+                let mut args = ErrorDestroyArgs {
+                    struct_size: std::mem::size_of::<ErrorDestroyArgs>(),
+                    extension_start: std::ptr::null_mut(),
+                    error,
+                };
+                // SAFETY: the error XLA just returned, owned by the caller.
+                unsafe { destroy(&mut args) };
+            }
+            return Err("XLA_FFI_Stream_Get failed (a platform without streams)".to_string());
+        }
+        if args.stream.is_null() {
+            return Err("XLA_FFI_Stream_Get gave no stream".to_string());
+        }
+        Ok(args.stream)
+    }
+
     /// An `INVALID_ARGUMENT` error carrying `message`, for the handler to return (XLA owns it).
     pub fn error(&self, message: &str) -> *mut XlaError {
         let text = std::ffi::CString::new(message.replace('\0', " ")).unwrap_or_default();
@@ -251,10 +314,17 @@ impl CallFrame {
 }
 
 /// The newest C API version whose `PJRT_FFI_Register_Handler_Args` seam knows to have the layout
-/// below (the pinned `xla-cpu-pjrt` plugin's). Later headers insert an `api_version` field before
-/// `handler`; handing that plugin the other layout makes it throw a C++ exception, which aborts
-/// the process, so a newer plugin is refused rather than guessed at.
-pub const NEWEST_KNOWN_FFI_LAYOUT: crate::ApiVersion = crate::ApiVersion { major: 0, minor: 81 };
+/// below: the pinned `xla-cpu-pjrt` plugin's (0.81) and JAX's `jax-cuda13-pjrt` 0.11.2 (0.115),
+/// both read from their machine code (the `PJRT_FFI_Register_Handler` of each reads the platform
+/// name's length at offset 40). Later headers insert an `api_version` field before `handler`,
+/// without a new extension version; handing a plugin the other layout makes it throw a C++
+/// exception, which aborts the process, so a newer plugin is refused rather than guessed at.
+pub const NEWEST_KNOWN_FFI_LAYOUT: crate::ApiVersion = crate::ApiVersion { major: 0, minor: 115 };
+
+/// `PJRT_FFI_HANDLER_TRAITS_COMMAND_BUFFER_COMPATIBLE`: a handler that always launches the same
+/// device work for the same attributes, which a GPU plugin may then capture into a command buffer
+/// (a CUDA graph) instead of splitting the buffer around the call.
+pub const TRAIT_COMMAND_BUFFER_COMPATIBLE: u32 = 1;
 
 /// `PJRT_FFI_Register_Handler_Args` as plugins up to [`NEWEST_KNOWN_FFI_LAYOUT`] declare it
 /// (typed handlers only).
@@ -280,12 +350,12 @@ struct FfiExtension {
 
 impl Plugin {
     /// Registers `handler` as the typed-FFI custom-call target `target` for `platform` (`cpu`,
-    /// `cuda`, ...) in this plugin's XLA. The registry is the plugin's, process-wide: a target is
+    /// `CUDA`, ...) in this plugin's XLA, with `traits` (`TRAIT_*`). The registry is the plugin's, process-wide: a target is
     /// registered once per plugin, and a second registration of the same name is the plugin's
     /// error to report.
     ///
     /// Plugins newer than [`NEWEST_KNOWN_FFI_LAYOUT`] are refused (see there).
-    pub fn register_ffi_handler(&self, target: &str, platform: &str, handler: Handler) -> Result<()> {
+    pub fn register_ffi_handler(&self, target: &str, platform: &str, handler: Handler, traits: u32) -> Result<()> {
         let missing = |what: &str| PjrtError::InvalidArgument(format!("the PJRT plugin has no {what}"));
         if self.version() > NEWEST_KNOWN_FFI_LAYOUT {
             return Err(PjrtError::InvalidArgument(format!(
@@ -319,7 +389,7 @@ impl Plugin {
             handler: handler as *mut c_void,
             platform_name: platform.as_ptr() as *const std::ffi::c_char,
             platform_name_size: platform.len(),
-            traits: 0,
+            traits,
         };
         // SAFETY: the argument struct is the extension's; the names are read during the call only.
         let error = unsafe { register(&mut args) };

@@ -185,6 +185,9 @@ fn mistakes_are_typed_errors() {
     assert!(client.deserialize(b"not an executable").is_err());
 }
 
+/// What the handler's stream queries answered.
+static STREAM_QUERY: std::sync::Mutex<Vec<Result<usize, String>>> = std::sync::Mutex::new(Vec::new());
+
 /// A typed-FFI handler: result = 2 * argument (f32, any shape); an argument of another type is
 /// the handler's error, which XLA must report as the execution's.
 unsafe extern "C" fn double(frame: *mut pjrt_runtime::ffi::CallFrame) -> *mut pjrt_runtime::ffi::XlaError {
@@ -195,6 +198,8 @@ unsafe extern "C" fn double(frame: *mut pjrt_runtime::ffi::CallFrame) -> *mut pj
     let (Ok(x), Ok(y)) = (frame.arg(0), frame.ret(0)) else {
         return frame.error("double: expected one argument and one result");
     };
+    // The CPU has no stream to give: the query (through the declared API table) answers so.
+    STREAM_QUERY.lock().unwrap().push(frame.stream().map(|s| s as usize));
     if x.dtype != pjrt_runtime::ffi::dtype::F32 {
         return frame.error("double: f32 only");
     }
@@ -211,7 +216,7 @@ unsafe extern "C" fn double(frame: *mut pjrt_runtime::ffi::CallFrame) -> *mut pj
 #[test]
 fn ffi_handlers_run_as_custom_calls_and_report_errors() {
     let client = client();
-    client.plugin().register_ffi_handler("binding_test_double", "cpu", double).expect("registration");
+    client.plugin().register_ffi_handler("binding_test_double", "cpu", double, 0).expect("registration");
     let program = |elem: &str| {
         format!(
             r#"
@@ -234,6 +239,8 @@ module @ffi_test {{
         .unwrap();
     let out = executable.execute(vec![ExecuteArg::Keep(&x)]).unwrap();
     assert_eq!(f32_values(&out[0].to_host().unwrap()), vec![2., -4., 0.5]);
+    let queries = STREAM_QUERY.lock().unwrap().clone();
+    assert!(!queries.is_empty() && queries.iter().all(|q| q.is_err()), "{queries:?}");
     // The handler's error is the execution's error, not a crash.
     let executable = client.compile(&program("i32"), &CompileOptions::default()).unwrap();
     let x = client.buffer_from_host(&[0u8; 12], ElementType::S32, &[3]).unwrap();

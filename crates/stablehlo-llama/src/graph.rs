@@ -136,7 +136,26 @@ pub enum VectorProducts {
     /// (the stored bytes bitcast to `ui4`, two per byte), so that it, not the graph, unpacks them
     /// as wide as it can (XLA has packed int4 loads on GPUs); int8 as in `Reduce`.
     ReduceNibbles,
+    /// One XLA custom call per product to seam's CUDA kernels ([`CUDA_ROWS_F16_TARGET`],
+    /// [`CUDA_ROWS_INT8_TARGET`], [`CUDA_ROWS_INT4_TARGET`]; the `cuda-kernels` crate), which read
+    /// the stored weights (row-major f16, int8 codes, packed nibbles) once in 16-, 8- and 4-byte
+    /// loads: for a runtime that registers them for XLA's CUDA platform. Dense matrices are then
+    /// laid out row-major; matrices held in f32 (`dense=f32`) keep [`VectorProducts::Reduce`].
+    CudaKernels,
 }
+
+/// The XLA custom-call target of a one-row product over a row-major f16 matrix on an NVIDIA GPU
+/// ([`VectorProducts::CudaKernels`]): `(x f32[1, K], w f16[M, K]) -> f32[1, M]`.
+pub const CUDA_ROWS_F16_TARGET: &str = "seam_cuda_rows_f16";
+
+/// [`CUDA_ROWS_F16_TARGET`] over an int8 matrix: `(x f32[1, K], q s8[M, K], scales f16[M, K / 32])
+/// -> f32[1, M]`, each weight `s q`.
+pub const CUDA_ROWS_INT8_TARGET: &str = "seam_cuda_rows_int8";
+
+/// [`CUDA_ROWS_F16_TARGET`] over an int4 matrix: `(x f32[1, K], packed s8[M, K / 2], scales
+/// f16[M, K / 32], biases f16[M, K / 32]) -> f32[1, M]`, each weight `s q + b`, byte `i` of a
+/// group holding input `2i` in its low nibble and `2i + 1` in its high one.
+pub const CUDA_ROWS_INT4_TARGET: &str = "seam_cuda_rows_int4";
 
 /// What a linear kernel call reads before its product (the runtime's kernel computes it, as
 /// `cpu_kernels::LinearInput` does): operands first, then the weight's, then the residual's.
@@ -354,9 +373,13 @@ impl GraphOptions {
     pub fn dense_layout(&self) -> crate::DenseLayout {
         match (self.host_kernels, self.vector_products) {
             (Some(_), _)
-            | (None, VectorProducts::Reduce | VectorProducts::ReduceWords | VectorProducts::ReduceNibbles) => {
-                crate::DenseLayout::RowMajor
-            }
+            | (
+                None,
+                VectorProducts::Reduce
+                | VectorProducts::ReduceWords
+                | VectorProducts::ReduceNibbles
+                | VectorProducts::CudaKernels,
+            ) => crate::DenseLayout::RowMajor,
             (None, VectorProducts::Dot) => crate::DenseLayout::Transposed,
         }
     }
@@ -734,6 +757,13 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
         MatrixArg::Dense { kernel: true, .. }
         | MatrixArg::Int4 { kernel: true, .. }
         | MatrixArg::Int8 { kernel: true, .. } => kernel_linear(b, None, &[x], KernelInput::Rows, w, None),
+        MatrixArg::Dense { products: VectorProducts::CudaKernels, .. }
+        | MatrixArg::Int4 { products: VectorProducts::CudaKernels, .. }
+        | MatrixArg::Int8 { products: VectorProducts::CudaKernels, .. }
+            if cuda_kernel_takes(w) =>
+        {
+            cuda_linear(b, x, w)
+        }
         MatrixArg::Dense { products, .. } | MatrixArg::Int4 { products, .. } | MatrixArg::Int8 { products, .. }
             if *products != VectorProducts::Dot =>
         {
@@ -947,6 +977,28 @@ fn reduced_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg, form: VectorProduct
     };
     let m = sum.dims()[0];
     b.reshape(&sum, &[1, m])
+}
+
+/// Whether seam's CUDA kernels take `w`'s one-row products: every format as stored, except a
+/// dense matrix held in f32.
+fn cuda_kernel_takes(w: &MatrixArg) -> bool {
+    match w {
+        MatrixArg::Dense { w, transposed, .. } => w.elem() == Elem::F16 && !transposed,
+        MatrixArg::Int4 { order, .. } | MatrixArg::Int8 { order, .. } => *order == MatrixOrder::RowMajor,
+    }
+}
+
+/// [`linear`] of one row as a call of seam's CUDA kernel for `w`'s format
+/// ([`VectorProducts::CudaKernels`]).
+fn cuda_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
+    debug_assert_eq!(x.dims()[0], 1, "the CUDA kernels are for one-row calls");
+    let (target, operands): (&str, Vec<&Val>) = match w {
+        MatrixArg::Dense { w, .. } => (CUDA_ROWS_F16_TARGET, vec![x, w]),
+        MatrixArg::Int8 { codes, scales, .. } => (CUDA_ROWS_INT8_TARGET, vec![x, codes, scales]),
+        MatrixArg::Int4 { packed, scales, biases, .. } => (CUDA_ROWS_INT4_TARGET, vec![x, packed, scales, biases]),
+    };
+    let m = operands[1].dims()[0];
+    b.custom_call(target, &operands, Ty::new(&[1, m], Elem::F32))
 }
 
 /// `bytes` (`[M, g, n, 4]` i8) as one 32-bit word per four bytes, broadcast over the codes of a
@@ -2757,6 +2809,43 @@ mod tests {
         assert_eq!(nibbles.dense_layout(), crate::DenseLayout::RowMajor);
         let dense = GraphOptions { vector_products: VectorProducts::Reduce, ..options(WeightFormat::F16) };
         assert_eq!(dense.dense_layout(), crate::DenseLayout::RowMajor);
+    }
+
+    #[test]
+    fn cuda_kernels_take_every_product_of_decode_only() {
+        let c = tiny_llama32_config();
+        let prefill = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: false };
+        let products = 7 * c.num_hidden_layers + 1; // seven per layer, and the LM head
+        for format in [WeightFormat::F16, WeightFormat::Int4] {
+            let o = GraphOptions { vector_products: VectorProducts::CudaKernels, ..options(format) };
+            assert_eq!(o.dense_layout(), crate::DenseLayout::RowMajor);
+            let decode = emit_module(&c, &o, &[GraphSpec { kind: GraphKind::Decode, logits: true }]).unwrap();
+            let calls = |target: &str| decode.matches(&format!("call_target_name = \"{target}\"")).count();
+            let (f16, int8, int4) =
+                (calls(CUDA_ROWS_F16_TARGET), calls(CUDA_ROWS_INT8_TARGET), calls(CUDA_ROWS_INT4_TARGET));
+            assert_eq!(f16 + int8 + int4, products, "{format:?}");
+            match format {
+                WeightFormat::F16 => assert_eq!(f16, products),
+                _ => assert!(int4 >= 7 * c.num_hidden_layers && f16 == 0, "{format:?}: {int8} int8, {int4} int4"),
+            }
+            // The norms' and the softmax's reductions only, as where fp16's products are dots.
+            let dots = GraphOptions { vector_products: VectorProducts::Dot, ..options(WeightFormat::F16) };
+            let dots = emit_module(&c, &dots, &[GraphSpec { kind: GraphKind::Decode, logits: true }]).unwrap();
+            let reductions = |text: &str| text.matches("stablehlo.reduce\"").count();
+            assert_eq!(reductions(&decode), reductions(&dots), "{format:?}: no product left as a reduction");
+            let prefill = emit_module(&c, &o, &[prefill]).unwrap();
+            assert!(!prefill.contains("seam_cuda_rows"), "{format:?}: prefill's products stay dots");
+        }
+        // Matrices held in f32 are not the kernels' format: they keep the reductions.
+        let f32_dense = GraphOptions {
+            vector_products: VectorProducts::CudaKernels,
+            dense: StorageDtype::F32,
+            ..options(WeightFormat::F16)
+        };
+        let decode = emit_module(&c, &f32_dense, &[DECODE]).unwrap();
+        assert!(!decode.contains("seam_cuda_rows"));
+        let reduce = GraphOptions { vector_products: VectorProducts::Reduce, ..f32_dense };
+        assert_eq!(decode, emit_module(&c, &reduce, &[DECODE]).unwrap());
     }
 
     #[test]

@@ -1,0 +1,220 @@
+// seam's one-row products (decode's `y = W x`) for NVIDIA GPUs, launched by XLA custom calls
+// (crates/backend-pjrt/src/gpu_products.rs). A one-row product reads every weight once and does
+// two flops per weight: the kernels are written to keep the memory busy, not the arithmetic units.
+//
+// Layout of the work: a block of THREADS threads computes ROWS consecutive output rows. A row's
+// inputs are split into chunks of 8 (16 bytes of f16, 8 of int8, 4 of int4); the block's threads
+// take the chunks in turn (thread t chunks t, t + THREADS, ...), so that neighbouring threads
+// read neighbouring bytes, and each thread reads its 8 activations once for all ROWS rows. The
+// block then sums its threads' partial sums: within each warp by shuffles, across warps through
+// shared memory. Many small blocks rather than few large ones: a 512-row matrix still occupies
+// every multiprocessor of a large GPU.
+//
+// The same file compiles as C++ on a host (SEAM_HOST_EMULATION), where a test runs
+// `thread_sums` for every thread of every block and checks the result against the formats'
+// definitions: the indexing and the dequantization are tested without a GPU, the reductions by
+// reading.
+//
+// Formats (crates/stablehlo-llama, `weight_args`): x is f32 [k]; y is f32 [rows].
+//   f16:  w  f16 [rows, k] row-major.
+//   int8: q  s8  [rows, k], scales f16 [rows, k / 32]: w = s q.
+//   int4: packed u8 [rows, k / 2], byte i of a group of 32 holds input 2i in its low nibble and
+//         2i + 1 in its high one; scales and biases f16 [rows, k / 32]: w = s q + b.
+
+#define SEAM_ROWS 4
+#define SEAM_THREADS 256
+#define SEAM_GROUP 32
+
+#ifdef SEAM_HOST_EMULATION
+#define SEAM_FN static inline
+#define SEAM_METHOD inline
+#define SEAM_RESTRICT
+#define SEAM_UNROLL
+#else
+#define SEAM_FN static __device__ __forceinline__
+#define SEAM_METHOD __device__ __forceinline__
+#define SEAM_RESTRICT __restrict__
+#define SEAM_UNROLL _Pragma("unroll")
+#endif
+
+typedef unsigned short seam_half;
+
+#ifdef SEAM_HOST_EMULATION
+float seam_half_to_float(seam_half h);  // the harness's
+#else
+SEAM_FN float seam_half_to_float(seam_half h) {
+  float f;
+  asm("cvt.f32.f16 %0, %1;" : "=f"(f) : "h"(h));
+  return f;
+}
+#endif
+
+struct seam_x8 {
+  float v[8];
+};
+
+// The 8 activations of chunk `c`.
+SEAM_FN seam_x8 load_x8(const float* SEAM_RESTRICT x, int c) {
+  seam_x8 r;
+#ifdef SEAM_HOST_EMULATION
+  for (int i = 0; i < 8; i++) r.v[i] = x[8 * c + i];
+#else
+  const float4 a = __ldg(reinterpret_cast<const float4*>(x) + 2 * c);
+  const float4 b = __ldg(reinterpret_cast<const float4*>(x) + 2 * c + 1);
+  r.v[0] = a.x, r.v[1] = a.y, r.v[2] = a.z, r.v[3] = a.w;
+  r.v[4] = b.x, r.v[5] = b.y, r.v[6] = b.z, r.v[7] = b.w;
+#endif
+  return r;
+}
+
+// Reads that stream through once: not kept in L1 (the activations are what is worth caching).
+SEAM_FN unsigned int load_word(const unsigned int* p) {
+#ifdef SEAM_HOST_EMULATION
+  return *p;
+#else
+  unsigned int v;
+  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  return v;
+#endif
+}
+
+SEAM_FN void load_words2(const unsigned int* p, unsigned int out[2]) {
+#ifdef SEAM_HOST_EMULATION
+  out[0] = p[0], out[1] = p[1];
+#else
+  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(out[0]), "=r"(out[1]) : "l"(p));
+#endif
+}
+
+SEAM_FN void load_words4(const unsigned int* p, unsigned int out[4]) {
+#ifdef SEAM_HOST_EMULATION
+  out[0] = p[0], out[1] = p[1], out[2] = p[2], out[3] = p[3];
+#else
+  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+               : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
+               : "l"(p));
+#endif
+}
+
+SEAM_FN seam_half load_half(const seam_half* p) {
+#ifdef SEAM_HOST_EMULATION
+  return *p;
+#else
+  return __ldg(p);
+#endif
+}
+
+// Chunk `c` of row `row` of each format, times its activations.
+struct seam_f16_rows {
+  const seam_half* w;
+  int k;
+  SEAM_METHOD float dot8(int row, int c, const seam_x8& x) const {
+    unsigned int words[4];
+    load_words4(reinterpret_cast<const unsigned int*>(w + (long long)row * k + 8 * c), words);
+    float sum = 0.0f;
+    for (int i = 0; i < 4; i++) {
+      sum += seam_half_to_float((seam_half)(words[i] & 0xffffu)) * x.v[2 * i];
+      sum += seam_half_to_float((seam_half)(words[i] >> 16)) * x.v[2 * i + 1];
+    }
+    return sum;
+  }
+};
+
+struct seam_int8_rows {
+  const signed char* q;
+  const seam_half* scales;
+  int k;
+  SEAM_METHOD float dot8(int row, int c, const seam_x8& x) const {
+    unsigned int words[2];
+    load_words2(reinterpret_cast<const unsigned int*>(q + (long long)row * k + 8 * c), words);
+    float sum = 0.0f;
+    for (int i = 0; i < 8; i++) {
+      const int byte = (int)((words[i / 4] >> (8 * (i % 4))) & 0xffu);
+      sum += (float)(signed char)byte * x.v[i];
+    }
+    const float s = seam_half_to_float(load_half(scales + (long long)row * (k / SEAM_GROUP) + c / 4));
+    return s * sum;
+  }
+};
+
+struct seam_int4_rows {
+  const unsigned char* packed;
+  const seam_half* scales;
+  const seam_half* biases;
+  int k;
+  SEAM_METHOD float dot8(int row, int c, const seam_x8& x) const {
+    // Chunk c is bytes 4c..4c+4 of the row: as a little-endian word, nibble n is input 8c + n.
+    const unsigned int word = load_word(reinterpret_cast<const unsigned int*>(packed + (long long)row * (k / 2) + 4 * c));
+    float codes = 0.0f, inputs = 0.0f;
+    for (int n = 0; n < 8; n++) {
+      codes += (float)((word >> (4 * n)) & 15u) * x.v[n];
+      inputs += x.v[n];
+    }
+    const long long g = (long long)row * (k / SEAM_GROUP) + c / 4;
+    return seam_half_to_float(load_half(scales + g)) * codes + seam_half_to_float(load_half(biases + g)) * inputs;
+  }
+};
+
+// Thread `t`'s partial sums of the block's rows `row0..row0 + SEAM_ROWS` (rows at or past `rows`
+// left at zero).
+template <class M>
+SEAM_FN void thread_sums(const M& m, const float* SEAM_RESTRICT x, int row0, int rows, int k, int t,
+                         float acc[SEAM_ROWS]) {
+  for (int r = 0; r < SEAM_ROWS; r++) acc[r] = 0.0f;
+  const int chunks = k / 8;
+  for (int c = t; c < chunks; c += SEAM_THREADS) {
+    const seam_x8 xc = load_x8(x, c);
+SEAM_UNROLL
+    for (int r = 0; r < SEAM_ROWS; r++) {
+      if (row0 + r < rows) acc[r] += m.dot8(row0 + r, c, xc);
+    }
+  }
+}
+
+#ifndef SEAM_HOST_EMULATION
+// The block's sums of its threads' partial sums, written to y.
+SEAM_FN void block_sums(float acc[SEAM_ROWS], float* SEAM_RESTRICT y, int row0, int rows) {
+  __shared__ float warp_sums[SEAM_THREADS / 32][SEAM_ROWS];
+  const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
+SEAM_UNROLL
+  for (int r = 0; r < SEAM_ROWS; r++) {
+    float v = acc[r];
+    for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
+    if (lane == 0) warp_sums[warp][r] = v;
+  }
+  __syncthreads();
+  if (threadIdx.x < SEAM_ROWS && row0 + threadIdx.x < rows) {
+    float v = 0.0f;
+    for (int w = 0; w < SEAM_THREADS / 32; w++) v += warp_sums[w][threadIdx.x];
+    y[row0 + threadIdx.x] = v;
+  }
+}
+
+template <class M>
+SEAM_FN void rows_kernel(const M& m, const float* SEAM_RESTRICT x, float* SEAM_RESTRICT y, int rows, int k) {
+  const int row0 = blockIdx.x * SEAM_ROWS;
+  float acc[SEAM_ROWS];
+  thread_sums(m, x, row0, rows, k, threadIdx.x, acc);
+  block_sums(acc, y, row0, rows);
+}
+
+// The entry points: launched with ceil(rows / SEAM_ROWS) blocks of SEAM_THREADS threads; k a
+// multiple of 32, every array 16-byte aligned.
+extern "C" __global__ void __launch_bounds__(SEAM_THREADS)
+    seam_rows_f16(const float* __restrict__ x, const seam_half* __restrict__ w, float* __restrict__ y, int rows, int k) {
+  rows_kernel(seam_f16_rows{w, k}, x, y, rows, k);
+}
+
+extern "C" __global__ void __launch_bounds__(SEAM_THREADS)
+    seam_rows_int8(const float* __restrict__ x, const signed char* __restrict__ q, const seam_half* __restrict__ scales,
+                   float* __restrict__ y, int rows, int k) {
+  rows_kernel(seam_int8_rows{q, scales, k}, x, y, rows, k);
+}
+
+extern "C" __global__ void __launch_bounds__(SEAM_THREADS)
+    seam_rows_int4(const float* __restrict__ x, const unsigned char* __restrict__ packed,
+                   const seam_half* __restrict__ scales, const seam_half* __restrict__ biases, float* __restrict__ y,
+                   int rows, int k) {
+  rows_kernel(seam_int4_rows{packed, scales, biases, k}, x, y, rows, k);
+}
+#endif

@@ -1,0 +1,215 @@
+//! The few NVIDIA driver API calls that load the kernels' module and launch them, resolved from
+//! `libcuda.so.1` at run time.
+
+use crate::{check_shape, grid, Kernel, PRODUCTS_PTX};
+use std::collections::HashMap;
+use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
+use std::sync::{Mutex, OnceLock};
+
+/// A driver call that failed, or a driver that is missing.
+#[derive(Debug, Clone, PartialEq, Eq, thiserror::Error)]
+#[error("{0}")]
+pub struct CudaError(pub String);
+
+/// A `CUstream` (also a `cudaStream_t`) that someone else owns, such as the one XLA hands a custom
+/// call.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Stream(pub *mut c_void);
+
+type CuResult = c_int;
+type Context = *mut c_void;
+type Module = *mut c_void;
+type Function = *mut c_void;
+
+/// `CU_STREAM_CAPTURE_MODE_RELAXED`.
+const CAPTURE_MODE_RELAXED: c_int = 2;
+
+/// The driver's entry points seam uses.
+pub struct Driver {
+    stream_get_ctx: unsafe extern "C" fn(*mut c_void, *mut Context) -> CuResult,
+    ctx_push: unsafe extern "C" fn(Context) -> CuResult,
+    ctx_pop: unsafe extern "C" fn(*mut Context) -> CuResult,
+    module_load_data: unsafe extern "C" fn(*mut Module, *const c_void) -> CuResult,
+    module_get_function: unsafe extern "C" fn(*mut Function, Module, *const c_char) -> CuResult,
+    #[allow(clippy::type_complexity)]
+    launch_kernel: unsafe extern "C" fn(
+        Function,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        c_uint,
+        *mut c_void,
+        *mut *mut c_void,
+        *mut *mut c_void,
+    ) -> CuResult,
+    exchange_capture_mode: unsafe extern "C" fn(*mut c_int) -> CuResult,
+    error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
+    /// The kernels' functions per CUDA context (a module belongs to the context it was loaded in),
+    /// by context address.
+    modules: Mutex<HashMap<usize, HashMap<Kernel, usize>>>,
+}
+
+// SAFETY: the driver API is thread-safe; the function pointers and the context-keyed table (under
+// its mutex) are shared as plain values.
+unsafe impl Send for Driver {}
+unsafe impl Sync for Driver {}
+
+impl Driver {
+    /// The process's driver, opened on first use.
+    pub fn get() -> Result<&'static Driver, CudaError> {
+        static DRIVER: OnceLock<Result<Driver, CudaError>> = OnceLock::new();
+        DRIVER.get_or_init(Driver::open).as_ref().map_err(Clone::clone)
+    }
+
+    fn open() -> Result<Driver, CudaError> {
+        // SAFETY: loading the NVIDIA driver library runs its initializers, which have no
+        // preconditions; it stays loaded for the life of the process.
+        let library = unsafe { libloading::Library::new("libcuda.so.1") }
+            .map_err(|e| CudaError(format!("no NVIDIA driver (libcuda.so.1 does not load: {e})")))?;
+        let library: &'static libloading::Library = Box::leak(Box::new(library));
+        macro_rules! symbol {
+            ($name:literal) => {{
+                // SAFETY: the symbol is the driver API function of that name, whose C signature
+                // the field's type declares.
+                let symbol = unsafe { library.get(concat!($name, "\0").as_bytes()) }
+                    .map_err(|e| CudaError(format!("libcuda.so.1 has no {}: {e}", $name)))?;
+                *symbol
+            }};
+        }
+        Ok(Driver {
+            stream_get_ctx: symbol!("cuStreamGetCtx"),
+            ctx_push: symbol!("cuCtxPushCurrent_v2"),
+            ctx_pop: symbol!("cuCtxPopCurrent_v2"),
+            module_load_data: symbol!("cuModuleLoadData"),
+            module_get_function: symbol!("cuModuleGetFunction"),
+            launch_kernel: symbol!("cuLaunchKernel"),
+            exchange_capture_mode: symbol!("cuThreadExchangeStreamCaptureMode"),
+            error_string: symbol!("cuGetErrorString"),
+            modules: Mutex::new(HashMap::new()),
+        })
+    }
+
+    fn check(&self, result: CuResult, call: &str) -> Result<(), CudaError> {
+        if result == 0 {
+            return Ok(());
+        }
+        let mut text: *const c_char = std::ptr::null();
+        // SAFETY: the driver writes a pointer to a static string, or leaves it null.
+        unsafe { (self.error_string)(result, &mut text) };
+        let text = if text.is_null() {
+            format!("CUDA error {result}")
+        } else {
+            // SAFETY: a NUL-terminated static string of the driver's.
+            unsafe { CStr::from_ptr(text) }.to_string_lossy().into_owned()
+        };
+        Err(CudaError(format!("{call}: {text}")))
+    }
+
+    /// Launches `kernel` on `stream` for a product of `rows` rows of `k` inputs, with the device
+    /// pointers the kernel takes (see [`Kernel`]: `x`, the weight arrays, `y`). The module is
+    /// loaded into the stream's context on its first launch there (with stream capture relaxed
+    /// for the load, so that a launch being captured into a CUDA graph may be the first).
+    ///
+    /// # Safety
+    /// `stream` is a live stream, and the pointers are device arrays of that context of the
+    /// sizes [`Kernel`] gives for `rows` and `k`, valid until the launched work has run.
+    pub unsafe fn launch(
+        &self,
+        stream: Stream,
+        kernel: Kernel,
+        pointers: &[*mut c_void],
+        rows: usize,
+        k: usize,
+    ) -> Result<(), CudaError> {
+        check_shape(rows, k).map_err(CudaError)?;
+        if pointers.len() != kernel.pointers() {
+            return Err(CudaError(format!(
+                "{} takes {} arrays, given {}",
+                kernel.entry(),
+                kernel.pointers(),
+                pointers.len()
+            )));
+        }
+        let mut context: Context = std::ptr::null_mut();
+        // SAFETY: `stream` is live (the caller's promise); the driver writes its context.
+        self.check(unsafe { (self.stream_get_ctx)(stream.0, &mut context) }, "cuStreamGetCtx")?;
+        // SAFETY: a context the driver just named; popped below on every path.
+        self.check(unsafe { (self.ctx_push)(context) }, "cuCtxPushCurrent")?;
+        let launched = self.function(context, kernel).and_then(|function| {
+            let mut values: Vec<*mut c_void> = pointers.to_vec();
+            let (mut rows32, mut k32) = (rows as c_int, k as c_int);
+            let mut params: Vec<*mut c_void> =
+                values.iter_mut().map(|p| p as *mut *mut c_void as *mut c_void).collect();
+            params.push(&mut rows32 as *mut c_int as *mut c_void);
+            params.push(&mut k32 as *mut c_int as *mut c_void);
+            let (blocks, threads) = grid(rows);
+            // SAFETY: the parameters match the entry point's (pointers, then two ints), and
+            // the driver copies them during the call.
+            let result = unsafe {
+                (self.launch_kernel)(
+                    function as Function,
+                    blocks,
+                    1,
+                    1,
+                    threads,
+                    1,
+                    1,
+                    0,
+                    stream.0,
+                    params.as_mut_ptr(),
+                    std::ptr::null_mut(),
+                )
+            };
+            self.check(result, "cuLaunchKernel")
+        });
+        let mut popped: Context = std::ptr::null_mut();
+        // SAFETY: pops the context pushed above.
+        let pop = self.check(unsafe { (self.ctx_pop)(&mut popped) }, "cuCtxPopCurrent");
+        launched.and(pop)
+    }
+
+    /// `kernel`'s function in `context` (current), loading the module there first if needed.
+    fn function(&self, context: Context, kernel: Kernel) -> Result<usize, CudaError> {
+        let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
+        if let Some(functions) = modules.get(&(context as usize)) {
+            return Ok(functions[&kernel]);
+        }
+        let mut mode = CAPTURE_MODE_RELAXED;
+        // SAFETY: swaps this thread's capture mode; restored below.
+        self.check(unsafe { (self.exchange_capture_mode)(&mut mode) }, "cuThreadExchangeStreamCaptureMode")?;
+        let loaded = self.load();
+        // SAFETY: restores the mode swapped out above.
+        let restored =
+            self.check(unsafe { (self.exchange_capture_mode)(&mut mode) }, "cuThreadExchangeStreamCaptureMode");
+        let functions = loaded?;
+        restored?;
+        let function = functions[&kernel];
+        modules.insert(context as usize, functions);
+        Ok(function)
+    }
+
+    fn load(&self) -> Result<HashMap<Kernel, usize>, CudaError> {
+        let mut module: Module = std::ptr::null_mut();
+        // SAFETY: NUL-terminated PTX text; the module is loaded into the current context and
+        // kept for the life of the process.
+        self.check(
+            unsafe { (self.module_load_data)(&mut module, PRODUCTS_PTX.as_ptr() as *const c_void) },
+            "cuModuleLoadData (the driver compiling seam's PTX)",
+        )?;
+        let mut functions = HashMap::new();
+        for kernel in Kernel::ALL {
+            let name = std::ffi::CString::new(kernel.entry()).expect("entry names have no NUL");
+            let mut function: Function = std::ptr::null_mut();
+            // SAFETY: a module just loaded, and a NUL-terminated name.
+            self.check(
+                unsafe { (self.module_get_function)(&mut function, module, name.as_ptr()) },
+                &format!("cuModuleGetFunction({})", kernel.entry()),
+            )?;
+            functions.insert(kernel, function as usize);
+        }
+        Ok(functions)
+    }
+}
