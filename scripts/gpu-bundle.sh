@@ -3,6 +3,7 @@
 # cannot build itself (it has no Rust toolchain, no IREE compiler and no package registry), into
 # the git-ignored folder gpu-bundle/:
 #   bin/seam        a stripped release build with the `cuda` feature (iree-cuda and pjrt-cuda);
+#   bin/cuda-kernels-probe  seam's CUDA kernels checked and timed on their own (ADR 0042);
 #   cache.tgz       the IREE CUDA modules of the conformance suite's tiny models (every context the
 #                   suite loads them with, embedding and batch graphs included) and of the
 #                   Llama-3.2-1B shape (fp16 and int4 token graphs, the context `seam bench` loads
@@ -30,9 +31,12 @@ source scripts/cuda-prereqs.sh
 
 step "release build of seam with the cuda feature"
 cargo build --release -p cli --features cuda
+cargo build --release -p cuda-kernels --bin cuda-kernels-probe
 mkdir -p "$BUNDLE/bin"
 rm -rf "$BUNDLE/cache"
 strip -o "$BUNDLE/bin/seam.tmp" target/release/seam && mv "$BUNDLE/bin/seam.tmp" "$BUNDLE/bin/seam"
+strip -o "$BUNDLE/bin/probe.tmp" target/release/cuda-kernels-probe &&
+  mv "$BUNDLE/bin/probe.tmp" "$BUNDLE/bin/cuda-kernels-probe"
 cp scripts/gpu/run.sh "$BUNDLE/run.sh"
 chmod +x "$BUNDLE/run.sh"
 

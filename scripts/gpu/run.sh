@@ -7,7 +7,8 @@
 # It runs `seam backends`, the conformance suite on pjrt-cuda and iree-cuda (parity against the
 # reference backend on this machine's CPU; the tiny models are generated here, deterministically),
 # and `seam bench` on a Llama-3.2-1B-shaped model in fp16 and int4, and writes to $OUT:
-#   log.txt                          everything the commands printed;
+#   log.txt                          everything the commands printed (the CUDA kernels' probe
+#                                    included: each kernel's result and GB/s on the 1B shapes);
 #   conformance-{pjrt,iree}-cuda.json the suite's reports;
 #   bench-cuda-{pjrt,iree}.json      the benchmark reports of each backend (defaults);
 #   bench-cuda-*-{setting}.json      the same with a candidate setting, against those defaults;
@@ -110,6 +111,10 @@ PY
 } >>"$LOG" 2>&1
 
 step "seam backends" 60 "$SEAM" backends
+# seam's CUDA kernels on their own (ADR 0042): right on every shape of the 1B model, and the
+# bytes per second each reaches, before XLA calls them inside a step.
+# (On a dry run it fails: no NVIDIA driver.)
+step "cuda-kernels-probe" 60 "$BUNDLE/bin/cuda-kernels-probe"
 step "synth-model $shape" 60 "$SEAM" synth-model --shape "$shape" --out "$WORK/bench-model"
 export SEAM_PJRT_STEP_PROFILE=1
 selected() { case " ${SEAM_GPU_BACKENDS:-pjrt iree} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -197,6 +202,9 @@ done >"$OUT/xla-kernels.txt" 2>&1
   # The suite's matrix and the bench tables, as the commands printed them.
   grep -E '^(case|backend|pjrt|iree|reference|[a-z]+\.[a-z_]+ |.*(FAIL|pass|unsupported) |.*memory bandwidth|== bench)' "$LOG" \
     | grep -v '^  ' || true
+  echo
+  echo "seam's CUDA kernels on their own:"
+  grep -E '^(seam CUDA kernels|(f16|int8|int4) +(q, o|k, v|gate, up|down|lm head) )' "$LOG" || true
   echo
   echo "kernels per pjrt graph (tiny model):"
   grep -E 'decode|prefill' "$OUT/xla-kernels.txt" | head -20

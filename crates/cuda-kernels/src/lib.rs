@@ -8,6 +8,7 @@
 //! first loaded. The driver library (`libcuda.so.1`) is opened at run time ([`Driver`]), so
 //! nothing links against CUDA.
 
+pub mod device;
 mod driver;
 
 pub use driver::{CudaError, Driver, Stream};
