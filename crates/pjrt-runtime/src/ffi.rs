@@ -350,9 +350,9 @@ struct FfiExtension {
 
 impl Plugin {
     /// Registers `handler` as the typed-FFI custom-call target `target` for `platform` (`cpu`,
-    /// `CUDA`, ...) in this plugin's XLA, with `traits` (`TRAIT_*`). The registry is the plugin's, process-wide: a target is
-    /// registered once per plugin, and a second registration of the same name is the plugin's
-    /// error to report.
+    /// `CUDA`, ...) in this plugin's XLA, with `traits` (`TRAIT_*`). The registry is the
+    /// plugin's, process-wide: a target is registered once per plugin, and a second registration
+    /// of the same name is the plugin's to accept or refuse.
     ///
     /// Plugins newer than [`NEWEST_KNOWN_FFI_LAYOUT`] are refused (see there).
     pub fn register_ffi_handler(&self, target: &str, platform: &str, handler: Handler, traits: u32) -> Result<()> {
