@@ -68,12 +68,14 @@ SEAM_FN seam_x8 load_x8(const float* SEAM_RESTRICT x, int c) {
 }
 
 // Reads that stream through once: not kept in L1 (the activations are what is worth caching).
+// Not volatile: the compiler may issue them early, which is the point of loading every row's
+// weights before using any.
 SEAM_FN unsigned int load_word(const unsigned int* p) {
 #ifdef SEAM_HOST_EMULATION
   return *p;
 #else
   unsigned int v;
-  asm volatile("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
+  asm("ld.global.nc.L1::no_allocate.u32 %0, [%1];" : "=r"(v) : "l"(p));
   return v;
 #endif
 }
@@ -82,7 +84,7 @@ SEAM_FN void load_words2(const unsigned int* p, unsigned int out[2]) {
 #ifdef SEAM_HOST_EMULATION
   out[0] = p[0], out[1] = p[1];
 #else
-  asm volatile("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(out[0]), "=r"(out[1]) : "l"(p));
+  asm("ld.global.nc.L1::no_allocate.v2.u32 {%0, %1}, [%2];" : "=r"(out[0]), "=r"(out[1]) : "l"(p));
 #endif
 }
 
@@ -90,9 +92,9 @@ SEAM_FN void load_words4(const unsigned int* p, unsigned int out[4]) {
 #ifdef SEAM_HOST_EMULATION
   out[0] = p[0], out[1] = p[1], out[2] = p[2], out[3] = p[3];
 #else
-  asm volatile("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
-               : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
-               : "l"(p));
+  asm("ld.global.nc.L1::no_allocate.v4.u32 {%0, %1, %2, %3}, [%4];"
+      : "=r"(out[0]), "=r"(out[1]), "=r"(out[2]), "=r"(out[3])
+      : "l"(p));
 #endif
 }
 
@@ -104,17 +106,25 @@ SEAM_FN seam_half load_half(const seam_half* p) {
 #endif
 }
 
-// Chunk `c` of row `row` of each format, times its activations.
+// Each format in two steps: `load` reads chunk `c` of row `row` (its weights and group values),
+// `dot` multiplies what was read by the chunk's activations. A thread loads its chunk of every
+// row of the block before it multiplies any, so that its loads are in flight together.
 struct seam_f16_rows {
   const seam_half* w;
   int k;
-  SEAM_METHOD float dot8(int row, int c, const seam_x8& x) const {
+  struct raw {
     unsigned int words[4];
-    load_words4(reinterpret_cast<const unsigned int*>(w + (long long)row * k + 8 * c), words);
+  };
+  SEAM_METHOD raw load(int row, int c) const {
+    raw r;
+    load_words4(reinterpret_cast<const unsigned int*>(w + (long long)row * k + 8 * c), r.words);
+    return r;
+  }
+  SEAM_METHOD float dot(const raw& r, const seam_x8& x) const {
     float sum = 0.0f;
     for (int i = 0; i < 4; i++) {
-      sum += seam_half_to_float((seam_half)(words[i] & 0xffffu)) * x.v[2 * i];
-      sum += seam_half_to_float((seam_half)(words[i] >> 16)) * x.v[2 * i + 1];
+      sum += seam_half_to_float((seam_half)(r.words[i] & 0xffffu)) * x.v[2 * i];
+      sum += seam_half_to_float((seam_half)(r.words[i] >> 16)) * x.v[2 * i + 1];
     }
     return sum;
   }
@@ -124,16 +134,23 @@ struct seam_int8_rows {
   const signed char* q;
   const seam_half* scales;
   int k;
-  SEAM_METHOD float dot8(int row, int c, const seam_x8& x) const {
+  struct raw {
     unsigned int words[2];
-    load_words2(reinterpret_cast<const unsigned int*>(q + (long long)row * k + 8 * c), words);
+    seam_half scale;
+  };
+  SEAM_METHOD raw load(int row, int c) const {
+    raw r;
+    load_words2(reinterpret_cast<const unsigned int*>(q + (long long)row * k + 8 * c), r.words);
+    r.scale = load_half(scales + (long long)row * (k / SEAM_GROUP) + c / 4);
+    return r;
+  }
+  SEAM_METHOD float dot(const raw& r, const seam_x8& x) const {
     float sum = 0.0f;
     for (int i = 0; i < 8; i++) {
-      const int byte = (int)((words[i / 4] >> (8 * (i % 4))) & 0xffu);
+      const int byte = (int)((r.words[i / 4] >> (8 * (i % 4))) & 0xffu);
       sum += (float)(signed char)byte * x.v[i];
     }
-    const float s = seam_half_to_float(load_half(scales + (long long)row * (k / SEAM_GROUP) + c / 4));
-    return s * sum;
+    return seam_half_to_float(r.scale) * sum;
   }
 };
 
@@ -142,31 +159,44 @@ struct seam_int4_rows {
   const seam_half* scales;
   const seam_half* biases;
   int k;
-  SEAM_METHOD float dot8(int row, int c, const seam_x8& x) const {
+  struct raw {
+    unsigned int word;
+    seam_half scale, bias;
+  };
+  SEAM_METHOD raw load(int row, int c) const {
     // Chunk c is bytes 4c..4c+4 of the row: as a little-endian word, nibble n is input 8c + n.
-    const unsigned int word = load_word(reinterpret_cast<const unsigned int*>(packed + (long long)row * (k / 2) + 4 * c));
+    raw r;
+    r.word = load_word(reinterpret_cast<const unsigned int*>(packed + (long long)row * (k / 2) + 4 * c));
+    const long long g = (long long)row * (k / SEAM_GROUP) + c / 4;
+    r.scale = load_half(scales + g);
+    r.bias = load_half(biases + g);
+    return r;
+  }
+  SEAM_METHOD float dot(const raw& r, const seam_x8& x) const {
     float codes = 0.0f, inputs = 0.0f;
     for (int n = 0; n < 8; n++) {
-      codes += (float)((word >> (4 * n)) & 15u) * x.v[n];
+      codes += (float)((r.word >> (4 * n)) & 15u) * x.v[n];
       inputs += x.v[n];
     }
-    const long long g = (long long)row * (k / SEAM_GROUP) + c / 4;
-    return seam_half_to_float(load_half(scales + g)) * codes + seam_half_to_float(load_half(biases + g)) * inputs;
+    return seam_half_to_float(r.scale) * codes + seam_half_to_float(r.bias) * inputs;
   }
 };
 
 // Thread `t`'s partial sums of the block's rows `row0..row0 + SEAM_ROWS` (rows at or past `rows`
-// left at zero).
+// left at zero: their loads read the last row instead, and are dropped).
 template <class M>
 SEAM_FN void thread_sums(const M& m, const float* SEAM_RESTRICT x, int row0, int rows, int k, int t,
                          float acc[SEAM_ROWS]) {
   for (int r = 0; r < SEAM_ROWS; r++) acc[r] = 0.0f;
   const int chunks = k / 8;
   for (int c = t; c < chunks; c += SEAM_THREADS) {
+    typename M::raw raw[SEAM_ROWS];
+    SEAM_UNROLL
+    for (int r = 0; r < SEAM_ROWS; r++) raw[r] = m.load(row0 + r < rows ? row0 + r : rows - 1, c);
     const seam_x8 xc = load_x8(x, c);
-SEAM_UNROLL
+    SEAM_UNROLL
     for (int r = 0; r < SEAM_ROWS; r++) {
-      if (row0 + r < rows) acc[r] += m.dot8(row0 + r, c, xc);
+      if (row0 + r < rows) acc[r] += m.dot(raw[r], xc);
     }
   }
 }
