@@ -206,24 +206,18 @@ pub fn cuda_version_text(version: i32) -> String {
     format!("{}.{}", version / 1000, (version % 1000) / 10)
 }
 
-/// Asks the NVIDIA driver library (`libcuda.so.1`) for its CUDA version and GPU count; the error
-/// says why there is no driver to ask. The library stays loaded: the plugin loads it again, and
-/// unloading a driver that `cuInit` has started is not safe.
+/// Asks the NVIDIA driver library (`libcuda.so.1`, [`cuda_kernels::driver_library`]) for its CUDA
+/// version and GPU count; the error says why there is no driver to ask.
 pub fn probe_driver() -> Result<Driver, String> {
     type GetVersion = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
     type Init = unsafe extern "C" fn(std::ffi::c_uint) -> std::ffi::c_int;
     type DeviceCount = unsafe extern "C" fn(*mut std::ffi::c_int) -> std::ffi::c_int;
-    // SAFETY: loading the driver library runs its initializers, which only set up the library.
-    let library = unsafe { libloading::Library::new("libcuda.so.1") }
-        .map_err(|e| format!("no NVIDIA driver (libcuda.so.1 does not load: {e})"))?;
-    let library: &'static libloading::Library = Box::leak(Box::new(library));
-    let symbol_error = |e: libloading::Error| format!("libcuda.so.1 is not an NVIDIA driver library: {e}");
     // SAFETY: the three are the CUDA driver API's functions of these signatures; each writes only
     // through the pointer it is given, which points at a live int.
     unsafe {
-        let get_version: libloading::Symbol<GetVersion> = library.get(b"cuDriverGetVersion\0").map_err(symbol_error)?;
-        let init: libloading::Symbol<Init> = library.get(b"cuInit\0").map_err(symbol_error)?;
-        let device_count: libloading::Symbol<DeviceCount> = library.get(b"cuDeviceGetCount\0").map_err(symbol_error)?;
+        let get_version = cuda_kernels::driver_symbol::<GetVersion>("cuDriverGetVersion").map_err(|e| e.0)?;
+        let init = cuda_kernels::driver_symbol::<Init>("cuInit").map_err(|e| e.0)?;
+        let device_count = cuda_kernels::driver_symbol::<DeviceCount>("cuDeviceGetCount").map_err(|e| e.0)?;
         let mut cuda = 0;
         if get_version(&mut cuda) != 0 {
             return Err("the NVIDIA driver did not report its CUDA version".into());

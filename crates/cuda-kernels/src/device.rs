@@ -1,13 +1,12 @@
 //! A GPU to run the kernels on outside XLA: device memory, copies and timing through the driver
 //! API, for the probe (`cuda-kernels-probe`) that checks and times the kernels on their own.
 
-use crate::driver::{CudaError, Stream};
+use crate::driver::{driver_symbol, CuResult, CudaError, Driver, Stream};
 use std::ffi::{c_char, c_int, c_uint, c_void};
-
-type CuResult = c_int;
 
 /// Device 0's primary context made current on this thread, with a stream of its own.
 pub struct Device {
+    driver: &'static Driver,
     name: String,
     stream: *mut c_void,
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
@@ -38,36 +37,23 @@ impl Drop for DeviceBuffer<'_> {
     }
 }
 
-fn check(result: CuResult, call: &str) -> Result<(), CudaError> {
-    if result == 0 {
-        Ok(())
-    } else {
-        Err(CudaError(format!("{call}: CUDA error {result}")))
-    }
-}
-
 impl Device {
     /// Opens the driver, device 0 and its primary context.
     pub fn open() -> Result<Device, CudaError> {
-        // SAFETY: as in `Driver::open`: the NVIDIA driver library, kept loaded.
-        let library = unsafe { libloading::Library::new("libcuda.so.1") }
-            .map_err(|e| CudaError(format!("no NVIDIA driver (libcuda.so.1 does not load: {e})")))?;
-        let library: &'static libloading::Library = Box::leak(Box::new(library));
-        macro_rules! symbol {
-            ($name:literal) => {{
-                // SAFETY: the driver API function of that name, with the C signature of the
-                // binding it is assigned to.
-                let symbol = unsafe { library.get(concat!($name, "\0").as_bytes()) }
-                    .map_err(|e| CudaError(format!("libcuda.so.1 has no {}: {e}", $name)))?;
-                *symbol
-            }};
-        }
-        let init: unsafe extern "C" fn(c_uint) -> CuResult = symbol!("cuInit");
-        let device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult = symbol!("cuDeviceGet");
-        let device_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult = symbol!("cuDeviceGetName");
-        let retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult = symbol!("cuDevicePrimaryCtxRetain");
-        let set_current: unsafe extern "C" fn(*mut c_void) -> CuResult = symbol!("cuCtxSetCurrent");
-        let stream_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult = symbol!("cuStreamCreate");
+        let driver = Driver::get()?;
+        let check = |result, call| driver.check(result, call);
+        // SAFETY: each binding's type is the C signature of the driver function it is named
+        // after (as are the fields' below).
+        let (init, device_get, device_name, retain, set_current, stream_create) = unsafe {
+            (
+                driver_symbol::<unsafe extern "C" fn(c_uint) -> CuResult>("cuInit")?,
+                driver_symbol::<unsafe extern "C" fn(*mut c_int, c_int) -> CuResult>("cuDeviceGet")?,
+                driver_symbol::<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult>("cuDeviceGetName")?,
+                driver_symbol::<unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult>("cuDevicePrimaryCtxRetain")?,
+                driver_symbol::<unsafe extern "C" fn(*mut c_void) -> CuResult>("cuCtxSetCurrent")?,
+                driver_symbol::<unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult>("cuStreamCreate")?,
+            )
+        };
         let mut device = 0;
         let mut context = std::ptr::null_mut();
         let mut stream = std::ptr::null_mut();
@@ -83,20 +69,24 @@ impl Device {
         }
         // SAFETY: the driver wrote a NUL-terminated name.
         let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
-        Ok(Device {
-            name,
-            stream,
-            mem_alloc: symbol!("cuMemAlloc_v2"),
-            mem_free: symbol!("cuMemFree_v2"),
-            copy_to: symbol!("cuMemcpyHtoD_v2"),
-            copy_from: symbol!("cuMemcpyDtoH_v2"),
-            event_create: symbol!("cuEventCreate"),
-            event_record: symbol!("cuEventRecord"),
-            event_synchronize: symbol!("cuEventSynchronize"),
-            event_elapsed: symbol!("cuEventElapsedTime"),
-            event_destroy: symbol!("cuEventDestroy_v2"),
-            stream_synchronize: symbol!("cuStreamSynchronize"),
-        })
+        // SAFETY: as above.
+        unsafe {
+            Ok(Device {
+                driver,
+                name,
+                stream,
+                mem_alloc: driver_symbol("cuMemAlloc_v2")?,
+                mem_free: driver_symbol("cuMemFree_v2")?,
+                copy_to: driver_symbol("cuMemcpyHtoD_v2")?,
+                copy_from: driver_symbol("cuMemcpyDtoH_v2")?,
+                event_create: driver_symbol("cuEventCreate")?,
+                event_record: driver_symbol("cuEventRecord")?,
+                event_synchronize: driver_symbol("cuEventSynchronize")?,
+                event_elapsed: driver_symbol("cuEventElapsedTime")?,
+                event_destroy: driver_symbol("cuEventDestroy_v2")?,
+                stream_synchronize: driver_symbol("cuStreamSynchronize")?,
+            })
+        }
     }
 
     /// The GPU's name.
@@ -113,7 +103,10 @@ impl Device {
     pub fn upload(&self, bytes: &[u8]) -> Result<DeviceBuffer<'_>, CudaError> {
         let buffer = self.alloc(bytes.len())?;
         // SAFETY: a fresh allocation of that size; the copy is synchronous.
-        check(unsafe { (self.copy_to)(buffer.ptr, bytes.as_ptr() as *const c_void, bytes.len()) }, "cuMemcpyHtoD")?;
+        self.driver.check(
+            unsafe { (self.copy_to)(buffer.ptr, bytes.as_ptr() as *const c_void, bytes.len()) },
+            "cuMemcpyHtoD",
+        )?;
         Ok(buffer)
     }
 
@@ -121,7 +114,7 @@ impl Device {
     pub fn alloc(&self, len: usize) -> Result<DeviceBuffer<'_>, CudaError> {
         let mut ptr = 0u64;
         // SAFETY: the driver writes the address of a new allocation.
-        check(unsafe { (self.mem_alloc)(&mut ptr, len.max(1)) }, "cuMemAlloc")?;
+        self.driver.check(unsafe { (self.mem_alloc)(&mut ptr, len.max(1)) }, "cuMemAlloc")?;
         Ok(DeviceBuffer { device: self, ptr, len })
     }
 
@@ -130,14 +123,17 @@ impl Device {
         self.synchronize()?;
         let mut bytes = vec![0u8; buffer.len];
         // SAFETY: a host buffer of the allocation's size; the copy is synchronous.
-        check(unsafe { (self.copy_from)(bytes.as_mut_ptr() as *mut c_void, buffer.ptr, buffer.len) }, "cuMemcpyDtoH")?;
+        self.driver.check(
+            unsafe { (self.copy_from)(bytes.as_mut_ptr() as *mut c_void, buffer.ptr, buffer.len) },
+            "cuMemcpyDtoH",
+        )?;
         Ok(bytes)
     }
 
     /// Waits for the stream's work.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         // SAFETY: this device's stream.
-        check(unsafe { (self.stream_synchronize)(self.stream) }, "cuStreamSynchronize")
+        self.driver.check(unsafe { (self.stream_synchronize)(self.stream) }, "cuStreamSynchronize")
     }
 
     /// The device time `work` takes on the stream, in milliseconds, between two events.
@@ -147,13 +143,14 @@ impl Device {
         // SAFETY: events of this context, recorded on its stream around the work, destroyed
         // below whatever happened.
         let timed = unsafe {
-            check((self.event_create)(&mut start, 0), "cuEventCreate")
-                .and_then(|()| check((self.event_create)(&mut end, 0), "cuEventCreate"))
-                .and_then(|()| check((self.event_record)(start, self.stream), "cuEventRecord"))
+            self.driver
+                .check((self.event_create)(&mut start, 0), "cuEventCreate")
+                .and_then(|()| self.driver.check((self.event_create)(&mut end, 0), "cuEventCreate"))
+                .and_then(|()| self.driver.check((self.event_record)(start, self.stream), "cuEventRecord"))
                 .and_then(|()| work())
-                .and_then(|()| check((self.event_record)(end, self.stream), "cuEventRecord"))
-                .and_then(|()| check((self.event_synchronize)(end), "cuEventSynchronize"))
-                .and_then(|()| check((self.event_elapsed)(&mut ms, start, end), "cuEventElapsedTime"))
+                .and_then(|()| self.driver.check((self.event_record)(end, self.stream), "cuEventRecord"))
+                .and_then(|()| self.driver.check((self.event_synchronize)(end), "cuEventSynchronize"))
+                .and_then(|()| self.driver.check((self.event_elapsed)(&mut ms, start, end), "cuEventElapsedTime"))
         };
         for event in [start, end] {
             if !event.is_null() {

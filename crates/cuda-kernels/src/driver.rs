@@ -16,10 +16,39 @@ pub struct CudaError(pub String);
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct Stream(pub *mut c_void);
 
-type CuResult = c_int;
+/// A driver call's `CUresult` (0 is `CUDA_SUCCESS`).
+pub(crate) type CuResult = c_int;
 type Context = *mut c_void;
 type Module = *mut c_void;
 type Function = *mut c_void;
+
+/// The NVIDIA driver library (`libcuda.so.1`), opened on first use and kept loaded for the life
+/// of the process (unloading a driver that `cuInit` has started is not safe; a PJRT plugin loads
+/// it again anyway).
+pub fn driver_library() -> Result<&'static libloading::Library, CudaError> {
+    static LIBRARY: OnceLock<Result<libloading::Library, CudaError>> = OnceLock::new();
+    LIBRARY
+        .get_or_init(|| {
+            // SAFETY: loading the driver library runs its initializers, which have no
+            // preconditions.
+            unsafe { libloading::Library::new("libcuda.so.1") }
+                .map_err(|e| CudaError(format!("no NVIDIA driver (libcuda.so.1 does not load: {e})")))
+        })
+        .as_ref()
+        .map_err(Clone::clone)
+}
+
+/// The driver API function `name` of [`driver_library`].
+///
+/// # Safety
+/// `F` is that function's C signature (an `unsafe extern "C" fn`).
+pub unsafe fn driver_symbol<F: Copy>(name: &str) -> Result<F, CudaError> {
+    let library = driver_library()?;
+    // SAFETY: the caller's promise on `F`; the library stays loaded, so the pointer stays valid.
+    let symbol = unsafe { library.get::<F>(name.as_bytes()) }
+        .map_err(|e| CudaError(format!("libcuda.so.1 is not an NVIDIA driver library: it has no {name} ({e})")))?;
+    Ok(*symbol)
+}
 
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
 const CAPTURE_MODE_RELAXED: c_int = 2;
@@ -65,34 +94,25 @@ impl Driver {
     }
 
     fn open() -> Result<Driver, CudaError> {
-        // SAFETY: loading the NVIDIA driver library runs its initializers, which have no
-        // preconditions; it stays loaded for the life of the process.
-        let library = unsafe { libloading::Library::new("libcuda.so.1") }
-            .map_err(|e| CudaError(format!("no NVIDIA driver (libcuda.so.1 does not load: {e})")))?;
-        let library: &'static libloading::Library = Box::leak(Box::new(library));
-        macro_rules! symbol {
-            ($name:literal) => {{
-                // SAFETY: the symbol is the driver API function of that name, whose C signature
-                // the field's type declares.
-                let symbol = unsafe { library.get(concat!($name, "\0").as_bytes()) }
-                    .map_err(|e| CudaError(format!("libcuda.so.1 has no {}: {e}", $name)))?;
-                *symbol
-            }};
+        // SAFETY: each field's type is the C signature of the driver function it is named after.
+        unsafe {
+            Ok(Driver {
+                stream_get_ctx: driver_symbol("cuStreamGetCtx")?,
+                ctx_push: driver_symbol("cuCtxPushCurrent_v2")?,
+                ctx_pop: driver_symbol("cuCtxPopCurrent_v2")?,
+                module_load_data: driver_symbol("cuModuleLoadData")?,
+                module_get_function: driver_symbol("cuModuleGetFunction")?,
+                launch_kernel: driver_symbol("cuLaunchKernel")?,
+                exchange_capture_mode: driver_symbol("cuThreadExchangeStreamCaptureMode")?,
+                error_string: driver_symbol("cuGetErrorString")?,
+                modules: Mutex::new(HashMap::new()),
+            })
         }
-        Ok(Driver {
-            stream_get_ctx: symbol!("cuStreamGetCtx"),
-            ctx_push: symbol!("cuCtxPushCurrent_v2"),
-            ctx_pop: symbol!("cuCtxPopCurrent_v2"),
-            module_load_data: symbol!("cuModuleLoadData"),
-            module_get_function: symbol!("cuModuleGetFunction"),
-            launch_kernel: symbol!("cuLaunchKernel"),
-            exchange_capture_mode: symbol!("cuThreadExchangeStreamCaptureMode"),
-            error_string: symbol!("cuGetErrorString"),
-            modules: Mutex::new(HashMap::new()),
-        })
     }
 
-    fn check(&self, result: CuResult, call: &str) -> Result<(), CudaError> {
+    /// `Ok` for a driver call's `CUDA_SUCCESS`, else an error naming `call` and the driver's
+    /// description of `result`.
+    pub(crate) fn check(&self, result: CuResult, call: &str) -> Result<(), CudaError> {
         if result == 0 {
             return Ok(());
         }

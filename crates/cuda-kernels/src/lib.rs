@@ -11,7 +11,7 @@
 pub mod device;
 mod driver;
 
-pub use driver::{CudaError, Driver, Stream};
+pub use driver::{driver_library, driver_symbol, CudaError, Driver, Stream};
 
 /// The PTX of `kernels/products.cu` (compute capability 8.0 and up), NUL-terminated as the
 /// driver's module loader wants it.
