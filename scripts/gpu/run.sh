@@ -8,10 +8,13 @@
 # reference backend on this machine's CPU; the tiny models are generated here, deterministically),
 # and `seam bench` on a Llama-3.2-1B-shaped model in fp16 and int4, and writes to $OUT:
 #   log.txt                          everything the commands printed (the CUDA kernels' probe
-#                                    included: each kernel's result and GB/s on the 1B shapes);
+#                                    included: each kernel's result and time on the 1B shapes
+#                                    in every tiling);
 #   conformance-{pjrt,iree}-cuda.json the suite's reports;
 #   bench-cuda-{pjrt,iree}.json      the benchmark reports of each backend (defaults);
-#   bench-cuda-*-{setting}.json      the same with a candidate setting, against those defaults;
+#   bench-cuda-*-{setting}.json      the same with a candidate setting, against those defaults
+#                                    (`...-cuda-kernels-fastest-tilings`: seam's kernels in the
+#                                    tilings the probe found fastest);
 #   conformance-pjrt-cuda-{setting}.json the suite with a candidate that changes the kernels;
 #   bench-tiny.json                  pjrt-cuda on a tiny model: the per-step cost that is not
 #                                    moving weights (launches, host round trips);
@@ -111,10 +114,11 @@ PY
 } >>"$LOG" 2>&1
 
 step "seam backends" 60 "$SEAM" backends
-# seam's CUDA kernels on their own (ADR 0042): right on every shape of the 1B model, and the
-# bytes per second each reaches, before XLA calls them inside a step.
+# seam's CUDA kernels on their own (ADR 0042): right on every shape of the 1B model in every
+# tiling, and the bytes per second each reaches, before XLA calls them inside a step; it writes
+# the tilings that make a 1B step's products shortest, which a candidate below tries in XLA's step.
 # (On a dry run it fails: no NVIDIA driver.)
-step "cuda-kernels-probe" 60 "$BUNDLE/bin/cuda-kernels-probe"
+step "cuda-kernels-probe" 90 "$BUNDLE/bin/cuda-kernels-probe" --tilings-out "$WORK/tilings"
 step "synth-model $shape" 60 "$SEAM" synth-model --shape "$shape" --out "$WORK/bench-model"
 export SEAM_PJRT_STEP_PROFILE=1
 selected() { case " ${SEAM_GPU_BACKENDS:-pjrt iree} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -159,6 +163,17 @@ candidate_suite() {
     --backend "$backend-$device" --precision f16 --real-model skip \
     --json "$OUT/conformance-$backend-$device-${name//,/-}.json"
 }
+# decode's products through seam's CUDA kernels in the tilings the probe found fastest (the
+# setting has commas, which `candidate` splits on).
+fastest_tilings_candidate() {
+  selected pjrt && [ -s "$WORK/tilings" ] || return 0
+  local tilings
+  tilings=$(cat "$WORK/tilings")
+  step "bench $shape pjrt vector_products=cuda-kernels SEAM_CUDA_TILINGS=$tilings" 90 \
+    env "SEAM_CUDA_TILINGS=$tilings" "$SEAM" bench --backend "pjrt-$device" --model "$WORK/bench-model" \
+    --no-cold "${candidate_args[@]}" --set vector_products=cuda-kernels \
+    --json "$OUT/bench-$device-pjrt-vector_products-cuda-kernels-fastest-tilings.json"
+}
 # In order of what a short device call must not miss: pjrt-cuda (the backend closest to the
 # targets) and its open questions first: decode's products through seam's CUDA kernels (XLA
 # custom calls, ADR 0042; never run on a GPU before: its suite comes right after its figures);
@@ -170,6 +185,7 @@ candidate_suite() {
 # `dot_precision=highest` costs prefill).
 defaults pjrt
 candidate "pjrt vector_products=cuda-kernels"
+fastest_tilings_candidate
 candidate_suite "pjrt SEAM_PJRT_VECTOR_PRODUCTS=cuda-kernels"
 candidate "pjrt SEAM_PJRT_LAUNCH_AHEAD=0"
 candidate "pjrt vector_products=reduce-nibbles"
@@ -204,7 +220,7 @@ done >"$OUT/xla-kernels.txt" 2>&1
     | grep -v '^  ' || true
   echo
   echo "seam's CUDA kernels on their own:"
-  grep -E '^(seam CUDA kernels|(f16|int8|int4) +(q, o|k, v|gate, up|down|lm head) )' "$LOG" || true
+  awk '/^== cuda-kernels-probe \(/{p=1; next} /^== cuda-kernels-probe:/{p=0} p' "$LOG"
   echo
   echo "kernels per pjrt graph (tiny model):"
   grep -E 'decode|prefill' "$OUT/xla-kernels.txt" | head -20

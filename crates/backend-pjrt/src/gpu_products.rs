@@ -9,7 +9,7 @@
 //! keeps a decode step one graph launch instead of splitting it around every product.
 
 use crate::host_kernels::{handle_with_traits, once_per_plugin, register_all, rows_cols, Registrations};
-use cuda_kernels::{Driver, Kernel, Stream, GROUP};
+use cuda_kernels::{Driver, Kernel, Stream, Tilings, GROUP};
 use pjrt_runtime::ffi::{dtype, CallFrame, Handler, XlaError, TRAIT_COMMAND_BUFFER_COMPATIBLE};
 use pjrt_runtime::Plugin;
 use std::ffi::c_void;
@@ -19,10 +19,12 @@ use std::sync::OnceLock;
 const PLATFORM: &str = "CUDA";
 
 /// Registers the kernels' handlers with `plugin`'s XLA, once per plugin for the life of the
-/// process; the reason when the plugin refuses them or no NVIDIA driver is there to launch them.
+/// process; the reason when the plugin refuses them, no NVIDIA driver is there to launch them or
+/// the process's tiling setting (`SEAM_CUDA_TILINGS`, [`Tilings`]) is malformed.
 pub fn register(plugin: &Plugin) -> Result<(), String> {
     static DONE: Registrations = OnceLock::new();
     once_per_plugin(&DONE, plugin, || {
+        Tilings::of_process()?;
         Driver::get().map_err(|e| e.to_string())?;
         let handlers: [(&str, Handler); 3] = [
             (stablehlo_llama::CUDA_ROWS_F16_TARGET, rows_f16),
@@ -54,7 +56,7 @@ unsafe extern "C" fn rows_int4(frame: *mut CallFrame) -> *mut XlaError {
 fn operands(frame: &CallFrame, kernel: Kernel) -> Result<(Vec<*mut c_void>, usize, usize), String> {
     let weights = kernel.pointers() - 2;
     if frame.arg_count() != 1 + weights {
-        return Err(format!("{}: {} arguments where {} were expected", kernel.entry(), frame.arg_count(), 1 + weights));
+        return Err(format!("{kernel:?} product: {} arguments where {} were expected", frame.arg_count(), 1 + weights));
     }
     let x = frame.arg(0)?;
     let (one, k) = rows_cols(x, "x")?;
@@ -69,15 +71,14 @@ fn operands(frame: &CallFrame, kernel: Kernel) -> Result<(Vec<*mut c_void>, usiz
         Kernel::Int4 => (&[dtype::S8, dtype::U8], k / 2),
     };
     if !matrix_types.contains(&matrix.dtype) || cols != matrix_cols {
-        return Err(format!("{}: the matrix is type {} [{m}, {cols}] for {k} inputs", kernel.entry(), matrix.dtype));
+        return Err(format!("{kernel:?} product: the matrix is type {} [{m}, {cols}] for {k} inputs", matrix.dtype));
     }
     let mut pointers = vec![x.data, matrix.data];
     for index in 2..1 + weights {
         let group_values = frame.arg(index)?;
         if group_values.dtype != dtype::F16 || group_values.dims() != [m, k / GROUP] {
             return Err(format!(
-                "{}: argument {index} is type {} {:?} where f16[{m}, {}] was expected",
-                kernel.entry(),
+                "{kernel:?} product: argument {index} is type {} {:?} where f16[{m}, {}] was expected",
                 group_values.dtype,
                 group_values.dims(),
                 k / GROUP
@@ -91,7 +92,7 @@ fn operands(frame: &CallFrame, kernel: Kernel) -> Result<(Vec<*mut c_void>, usiz
     }
     pointers.push(y.data);
     if let Some(p) = pointers.iter().find(|p| !(**p as usize).is_multiple_of(16)) {
-        return Err(format!("{}: an array at {p:?} is not 16-byte aligned", kernel.entry()));
+        return Err(format!("{kernel:?} product: an array at {p:?} is not 16-byte aligned"));
     }
     Ok((pointers, m, k))
 }
@@ -99,8 +100,9 @@ fn operands(frame: &CallFrame, kernel: Kernel) -> Result<(Vec<*mut c_void>, usiz
 fn launch(frame: &CallFrame, kernel: Kernel) -> Result<(), String> {
     let (pointers, rows, k) = operands(frame, kernel)?;
     let stream = frame.stream()?;
+    let tiling = Tilings::of_process()?.of(kernel);
     let driver = Driver::get().map_err(|e| e.to_string())?;
     // SAFETY: the pointers are XLA's device arrays of this call, of the shapes checked above, on
     // the call's stream, which XLA keeps alive until the launched work has run.
-    unsafe { driver.launch(Stream(stream), kernel, &pointers, rows, k) }.map_err(|e| e.to_string())
+    unsafe { driver.launch(Stream(stream), kernel, tiling, &pointers, rows, k) }.map_err(|e| e.to_string())
 }

@@ -10,6 +10,11 @@
 // shared memory. Many small blocks rather than few large ones: a 512-row matrix still occupies
 // every multiprocessor of a large GPU.
 //
+// ROWS and THREADS (the tiling) trade bytes in flight per thread against blocks per matrix, and
+// the best pair differs by format, matrix shape and GPU; so every format is compiled for each
+// tiling of SEAM_TILINGS, as its own entry point (`seam_rows_<format>_r<ROWS>t<THREADS>`), and
+// the probe times them all on the GPU at hand.
+//
 // The same file compiles as C++ on a host (SEAM_HOST_EMULATION), where a test runs
 // `thread_sums` for every thread of every block and checks the result against the formats'
 // definitions: the indexing and the dequantization are tested without a GPU, the reductions by
@@ -21,9 +26,11 @@
 //   int4: packed u8 [rows, k / 2], byte i of a group of 32 holds input 2i in its low nibble and
 //         2i + 1 in its high one; scales and biases f16 [rows, k / 32]: w = s q + b.
 
-#define SEAM_ROWS 4
-#define SEAM_THREADS 256
 #define SEAM_GROUP 32
+
+// The tilings compiled (ROWS, THREADS); crates/cuda-kernels/src/lib.rs lists the same set.
+#define SEAM_TILINGS(X) \
+  X(1, 64) X(1, 128) X(1, 256) X(2, 64) X(2, 128) X(2, 256) X(4, 64) X(4, 128) X(4, 256) X(8, 64) X(8, 128) X(8, 256)
 
 #ifdef SEAM_HOST_EMULATION
 #define SEAM_FN static inline
@@ -182,20 +189,20 @@ struct seam_int4_rows {
   }
 };
 
-// Thread `t`'s partial sums of the block's rows `row0..row0 + SEAM_ROWS` (rows at or past `rows`
-// left at zero: their loads read the last row instead, and are dropped).
-template <class M>
+// Thread `t`'s partial sums of the block's rows `row0..row0 + ROWS` (rows at or past `rows` left
+// at zero: their loads read the last row instead, and are dropped).
+template <int ROWS, int THREADS, class M>
 SEAM_FN void thread_sums(const M& m, const float* SEAM_RESTRICT x, int row0, int rows, int k, int t,
-                         float acc[SEAM_ROWS]) {
-  for (int r = 0; r < SEAM_ROWS; r++) acc[r] = 0.0f;
+                         float acc[ROWS]) {
+  for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
   const int chunks = k / 8;
-  for (int c = t; c < chunks; c += SEAM_THREADS) {
-    typename M::raw raw[SEAM_ROWS];
+  for (int c = t; c < chunks; c += THREADS) {
+    typename M::raw raw[ROWS];
     SEAM_UNROLL
-    for (int r = 0; r < SEAM_ROWS; r++) raw[r] = m.load(row0 + r < rows ? row0 + r : rows - 1, c);
+    for (int r = 0; r < ROWS; r++) raw[r] = m.load(row0 + r < rows ? row0 + r : rows - 1, c);
     const seam_x8 xc = load_x8(x, c);
     SEAM_UNROLL
-    for (int r = 0; r < SEAM_ROWS; r++) {
+    for (int r = 0; r < ROWS; r++) {
       if (row0 + r < rows) acc[r] += m.dot(raw[r], xc);
     }
   }
@@ -203,48 +210,51 @@ SEAM_FN void thread_sums(const M& m, const float* SEAM_RESTRICT x, int row0, int
 
 #ifndef SEAM_HOST_EMULATION
 // The block's sums of its threads' partial sums, written to y.
-SEAM_FN void block_sums(float acc[SEAM_ROWS], float* SEAM_RESTRICT y, int row0, int rows) {
-  __shared__ float warp_sums[SEAM_THREADS / 32][SEAM_ROWS];
+template <int ROWS, int THREADS>
+SEAM_FN void block_sums(float acc[ROWS], float* SEAM_RESTRICT y, int row0, int rows) {
+  __shared__ float warp_sums[THREADS / 32][ROWS];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
-SEAM_UNROLL
-  for (int r = 0; r < SEAM_ROWS; r++) {
+  SEAM_UNROLL
+  for (int r = 0; r < ROWS; r++) {
     float v = acc[r];
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
     if (lane == 0) warp_sums[warp][r] = v;
   }
   __syncthreads();
-  if (threadIdx.x < SEAM_ROWS && row0 + threadIdx.x < rows) {
+  if (threadIdx.x < ROWS && row0 + threadIdx.x < rows) {
     float v = 0.0f;
-    for (int w = 0; w < SEAM_THREADS / 32; w++) v += warp_sums[w][threadIdx.x];
+    for (int w = 0; w < THREADS / 32; w++) v += warp_sums[w][threadIdx.x];
     y[row0 + threadIdx.x] = v;
   }
 }
 
-template <class M>
+template <int ROWS, int THREADS, class M>
 SEAM_FN void rows_kernel(const M& m, const float* SEAM_RESTRICT x, float* SEAM_RESTRICT y, int rows, int k) {
-  const int row0 = blockIdx.x * SEAM_ROWS;
-  float acc[SEAM_ROWS];
-  thread_sums(m, x, row0, rows, k, threadIdx.x, acc);
-  block_sums(acc, y, row0, rows);
+  const int row0 = blockIdx.x * ROWS;
+  float acc[ROWS];
+  thread_sums<ROWS, THREADS>(m, x, row0, rows, k, threadIdx.x, acc);
+  block_sums<ROWS, THREADS>(acc, y, row0, rows);
 }
 
-// The entry points: launched with ceil(rows / SEAM_ROWS) blocks of SEAM_THREADS threads; k a
+// The entry points, per tiling: launched with ceil(rows / ROWS) blocks of THREADS threads; k a
 // multiple of 32, every array 16-byte aligned.
-extern "C" __global__ void __launch_bounds__(SEAM_THREADS)
-    seam_rows_f16(const float* __restrict__ x, const seam_half* __restrict__ w, float* __restrict__ y, int rows, int k) {
-  rows_kernel(seam_f16_rows{w, k}, x, y, rows, k);
-}
+#define SEAM_ENTRIES(R, T)                                                                                      \
+  extern "C" __global__ void __launch_bounds__(T)                                                               \
+      seam_rows_f16_r##R##t##T(const float* __restrict__ x, const seam_half* __restrict__ w,                    \
+                               float* __restrict__ y, int rows, int k) {                                        \
+    rows_kernel<R, T>(seam_f16_rows{w, k}, x, y, rows, k);                                                      \
+  }                                                                                                             \
+  extern "C" __global__ void __launch_bounds__(T)                                                               \
+      seam_rows_int8_r##R##t##T(const float* __restrict__ x, const signed char* __restrict__ q,                 \
+                                const seam_half* __restrict__ scales, float* __restrict__ y, int rows, int k) { \
+    rows_kernel<R, T>(seam_int8_rows{q, scales, k}, x, y, rows, k);                                             \
+  }                                                                                                             \
+  extern "C" __global__ void __launch_bounds__(T)                                                               \
+      seam_rows_int4_r##R##t##T(const float* __restrict__ x, const unsigned char* __restrict__ packed,          \
+                                const seam_half* __restrict__ scales, const seam_half* __restrict__ biases,     \
+                                float* __restrict__ y, int rows, int k) {                                       \
+    rows_kernel<R, T>(seam_int4_rows{packed, scales, biases, k}, x, y, rows, k);                                \
+  }
 
-extern "C" __global__ void __launch_bounds__(SEAM_THREADS)
-    seam_rows_int8(const float* __restrict__ x, const signed char* __restrict__ q, const seam_half* __restrict__ scales,
-                   float* __restrict__ y, int rows, int k) {
-  rows_kernel(seam_int8_rows{q, scales, k}, x, y, rows, k);
-}
-
-extern "C" __global__ void __launch_bounds__(SEAM_THREADS)
-    seam_rows_int4(const float* __restrict__ x, const unsigned char* __restrict__ packed,
-                   const seam_half* __restrict__ scales, const seam_half* __restrict__ biases, float* __restrict__ y,
-                   int rows, int k) {
-  rows_kernel(seam_int4_rows{packed, scales, biases, k}, x, y, rows, k);
-}
+SEAM_TILINGS(SEAM_ENTRIES)
 #endif

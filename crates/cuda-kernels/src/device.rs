@@ -19,6 +19,46 @@ pub struct Device {
     event_elapsed: unsafe extern "C" fn(*mut f32, *mut c_void, *mut c_void) -> CuResult,
     event_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
     stream_synchronize: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    begin_capture: unsafe extern "C" fn(*mut c_void, c_int) -> CuResult,
+    end_capture: unsafe extern "C" fn(*mut c_void, *mut *mut c_void) -> CuResult,
+    graph_instantiate: unsafe extern "C" fn(*mut *mut c_void, *mut c_void, u64) -> CuResult,
+    graph_launch: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult,
+    graph_exec_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    graph_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
+}
+
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`: the strictest mode (no thread may make a call that is unsafe
+/// during a capture, such as loading a module), which the kernels' launch must survive.
+const CAPTURE_MODE_GLOBAL: c_int = 0;
+
+/// Work captured from the device's stream into a CUDA graph and instantiated, as XLA's command
+/// buffers capture custom calls; destroyed on drop.
+pub struct Graph<'a> {
+    device: &'a Device,
+    graph: *mut c_void,
+    exec: *mut c_void,
+}
+
+impl Graph<'_> {
+    /// Launches the graph on the device's stream.
+    pub fn launch(&self) -> Result<(), CudaError> {
+        // SAFETY: an instantiated graph of this device's context.
+        self.device.driver.check(unsafe { (self.device.graph_launch)(self.exec, self.device.stream) }, "cuGraphLaunch")
+    }
+}
+
+impl Drop for Graph<'_> {
+    fn drop(&mut self) {
+        // SAFETY: the graph and its instance, created by `Device::capture`, destroyed once.
+        unsafe {
+            if !self.exec.is_null() {
+                (self.device.graph_exec_destroy)(self.exec);
+            }
+            if !self.graph.is_null() {
+                (self.device.graph_destroy)(self.graph);
+            }
+        }
+    }
 }
 
 /// A device allocation, freed on drop.
@@ -85,6 +125,12 @@ impl Device {
                 event_elapsed: driver_symbol("cuEventElapsedTime")?,
                 event_destroy: driver_symbol("cuEventDestroy_v2")?,
                 stream_synchronize: driver_symbol("cuStreamSynchronize")?,
+                begin_capture: driver_symbol("cuStreamBeginCapture_v2")?,
+                end_capture: driver_symbol("cuStreamEndCapture")?,
+                graph_instantiate: driver_symbol("cuGraphInstantiateWithFlags")?,
+                graph_launch: driver_symbol("cuGraphLaunch")?,
+                graph_exec_destroy: driver_symbol("cuGraphExecDestroy")?,
+                graph_destroy: driver_symbol("cuGraphDestroy")?,
             })
         }
     }
@@ -159,5 +205,28 @@ impl Device {
             }
         }
         timed.map(|()| ms)
+    }
+
+    /// `work`'s launches on the stream captured into a graph (global capture mode), instantiated.
+    /// The capture is ended whatever `work` returns, so that the stream is usable after an error.
+    pub fn capture(&self, work: impl FnOnce() -> Result<(), CudaError>) -> Result<Graph<'_>, CudaError> {
+        let check = |result, call| self.driver.check(result, call);
+        // SAFETY: this device's stream; the capture is ended below on every path.
+        check(unsafe { (self.begin_capture)(self.stream, CAPTURE_MODE_GLOBAL) }, "cuStreamBeginCapture")?;
+        let worked = work();
+        let mut graph = std::ptr::null_mut();
+        // SAFETY: ends the capture begun above; the driver writes the graph (null if it failed).
+        let ended = check(unsafe { (self.end_capture)(self.stream, &mut graph) }, "cuStreamEndCapture");
+        let mut captured = Graph { device: self, graph, exec: std::ptr::null_mut() };
+        if graph.is_null() {
+            worked?;
+            ended?;
+            return Err(CudaError("cuStreamEndCapture returned no graph".to_string()));
+        }
+        worked?;
+        ended?;
+        // SAFETY: a graph just captured; the driver writes its instance.
+        check(unsafe { (self.graph_instantiate)(&mut captured.exec, graph, 0) }, "cuGraphInstantiate")?;
+        Ok(captured)
     }
 }

@@ -1,7 +1,7 @@
 //! The few NVIDIA driver API calls that load the kernels' module and launch them, resolved from
 //! `libcuda.so.1` at run time.
 
-use crate::{check_shape, grid, Kernel, PRODUCTS_PTX};
+use crate::{check_shape, Kernel, Tiling, PRODUCTS_PTX};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::{Mutex, OnceLock};
@@ -50,6 +50,9 @@ pub unsafe fn driver_symbol<F: Copy>(name: &str) -> Result<F, CudaError> {
     Ok(*symbol)
 }
 
+/// A loaded module's functions (`CUfunction` addresses), by kernel and tiling.
+type Functions = HashMap<(Kernel, Tiling), usize>;
+
 /// `CU_STREAM_CAPTURE_MODE_RELAXED`.
 const CAPTURE_MODE_RELAXED: c_int = 2;
 
@@ -78,7 +81,7 @@ pub struct Driver {
     error_string: unsafe extern "C" fn(CuResult, *mut *const c_char) -> CuResult,
     /// The kernels' functions per CUDA context (a module belongs to the context it was loaded in),
     /// by context address.
-    modules: Mutex<HashMap<usize, HashMap<Kernel, usize>>>,
+    modules: Mutex<HashMap<usize, Functions>>,
 }
 
 // SAFETY: the driver API is thread-safe; the function pointers and the context-keyed table (under
@@ -128,8 +131,8 @@ impl Driver {
         Err(CudaError(format!("{call}: {text}")))
     }
 
-    /// Launches `kernel` on `stream` for a product of `rows` rows of `k` inputs, with the device
-    /// pointers the kernel takes (see [`Kernel`]: `x`, the weight arrays, `y`). The module is
+    /// Launches `kernel` tiled as `tiling` on `stream` for a product of `rows` rows of `k` inputs,
+    /// with the device pointers the kernel takes (see [`Kernel`]: `x`, the weight arrays, `y`). The module is
     /// loaded into the stream's context on its first launch there (with stream capture relaxed
     /// for the load, so that a launch being captured into a CUDA graph may be the first).
     ///
@@ -140,6 +143,7 @@ impl Driver {
         &self,
         stream: Stream,
         kernel: Kernel,
+        tiling: Tiling,
         pointers: &[*mut c_void],
         rows: usize,
         k: usize,
@@ -148,7 +152,7 @@ impl Driver {
         if pointers.len() != kernel.pointers() {
             return Err(CudaError(format!(
                 "{} takes {} arrays, given {}",
-                kernel.entry(),
+                kernel.entry(tiling),
                 kernel.pointers(),
                 pointers.len()
             )));
@@ -158,14 +162,14 @@ impl Driver {
         self.check(unsafe { (self.stream_get_ctx)(stream.0, &mut context) }, "cuStreamGetCtx")?;
         // SAFETY: a context the driver just named; popped below on every path.
         self.check(unsafe { (self.ctx_push)(context) }, "cuCtxPushCurrent")?;
-        let launched = self.function(context, kernel).and_then(|function| {
+        let launched = self.function(context, kernel, tiling).and_then(|function| {
             let mut values: Vec<*mut c_void> = pointers.to_vec();
             let (mut rows32, mut k32) = (rows as c_int, k as c_int);
             let mut params: Vec<*mut c_void> =
                 values.iter_mut().map(|p| p as *mut *mut c_void as *mut c_void).collect();
             params.push(&mut rows32 as *mut c_int as *mut c_void);
             params.push(&mut k32 as *mut c_int as *mut c_void);
-            let (blocks, threads) = grid(rows);
+            let (blocks, threads) = tiling.grid(rows);
             // SAFETY: the parameters match the entry point's (pointers, then two ints), and
             // the driver copies them during the call.
             let result = unsafe {
@@ -191,11 +195,12 @@ impl Driver {
         launched.and(pop)
     }
 
-    /// `kernel`'s function in `context` (current), loading the module there first if needed.
-    fn function(&self, context: Context, kernel: Kernel) -> Result<usize, CudaError> {
+    /// `kernel`'s function for `tiling` in `context` (current), loading the module there first if
+    /// needed.
+    fn function(&self, context: Context, kernel: Kernel, tiling: Tiling) -> Result<usize, CudaError> {
         let mut modules = self.modules.lock().unwrap_or_else(|e| e.into_inner());
         if let Some(functions) = modules.get(&(context as usize)) {
-            return Ok(functions[&kernel]);
+            return Ok(functions[&(kernel, tiling)]);
         }
         let mut mode = CAPTURE_MODE_RELAXED;
         // SAFETY: swaps this thread's capture mode; restored below.
@@ -206,12 +211,14 @@ impl Driver {
             self.check(unsafe { (self.exchange_capture_mode)(&mut mode) }, "cuThreadExchangeStreamCaptureMode");
         let functions = loaded?;
         restored?;
-        let function = functions[&kernel];
+        let function = functions[&(kernel, tiling)];
         modules.insert(context as usize, functions);
         Ok(function)
     }
 
-    fn load(&self) -> Result<HashMap<Kernel, usize>, CudaError> {
+    /// Loads the module into the current context (the driver compiles the PTX for its GPU here)
+    /// and looks up every entry point.
+    fn load(&self) -> Result<Functions, CudaError> {
         let mut module: Module = std::ptr::null_mut();
         // SAFETY: NUL-terminated PTX text; the module is loaded into the current context and
         // kept for the life of the process.
@@ -221,14 +228,17 @@ impl Driver {
         )?;
         let mut functions = HashMap::new();
         for kernel in Kernel::ALL {
-            let name = std::ffi::CString::new(kernel.entry()).expect("entry names have no NUL");
-            let mut function: Function = std::ptr::null_mut();
-            // SAFETY: a module just loaded, and a NUL-terminated name.
-            self.check(
-                unsafe { (self.module_get_function)(&mut function, module, name.as_ptr()) },
-                &format!("cuModuleGetFunction({})", kernel.entry()),
-            )?;
-            functions.insert(kernel, function as usize);
+            for tiling in Tiling::ALL {
+                let entry = kernel.entry(tiling);
+                let name = std::ffi::CString::new(entry.as_str()).expect("entry names have no NUL");
+                let mut function: Function = std::ptr::null_mut();
+                // SAFETY: a module just loaded, and a NUL-terminated name.
+                self.check(
+                    unsafe { (self.module_get_function)(&mut function, module, name.as_ptr()) },
+                    &format!("cuModuleGetFunction({entry})"),
+                )?;
+                functions.insert((kernel, tiling), function as usize);
+            }
         }
         Ok(functions)
     }

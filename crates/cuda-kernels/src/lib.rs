@@ -17,10 +17,6 @@ pub use driver::{driver_library, driver_symbol, CudaError, Driver, Stream};
 /// driver's module loader wants it.
 pub const PRODUCTS_PTX: &str = concat!(include_str!("../kernels/products.ptx"), "\0");
 
-/// Output rows per block, and threads per block (`SEAM_ROWS`, `SEAM_THREADS` in the source).
-pub const ROWS_PER_BLOCK: usize = 4;
-const THREADS_PER_BLOCK: u32 = 256;
-
 /// Inputs per quantization group of the int8 and int4 formats.
 pub const GROUP: usize = 32;
 
@@ -41,13 +37,18 @@ impl Kernel {
     /// Every kernel.
     pub const ALL: [Kernel; 3] = [Kernel::F16, Kernel::Int8, Kernel::Int4];
 
-    /// The kernel's entry point in the PTX.
-    pub fn entry(self) -> &'static str {
+    /// The format's name, as in the entry points and [`Tilings`]' settings.
+    pub fn format(self) -> &'static str {
         match self {
-            Kernel::F16 => "seam_rows_f16",
-            Kernel::Int8 => "seam_rows_int8",
-            Kernel::Int4 => "seam_rows_int4",
+            Kernel::F16 => "f16",
+            Kernel::Int8 => "int8",
+            Kernel::Int4 => "int4",
         }
+    }
+
+    /// The kernel's entry point in the PTX for `tiling`.
+    pub fn entry(self, tiling: Tiling) -> String {
+        format!("seam_rows_{}_{}", self.format(), tiling)
     }
 
     /// How many device pointers the kernel takes before `rows` and `k` (`x`, the weight arrays,
@@ -75,7 +76,117 @@ pub fn check_shape(rows: usize, k: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// The launch geometry of a product of `rows` rows: blocks, threads per block.
-pub fn grid(rows: usize) -> (u32, u32) {
-    (rows.div_ceil(ROWS_PER_BLOCK) as u32, THREADS_PER_BLOCK)
+/// How a kernel splits a product among the GPU's threads: each block of `threads` threads
+/// computes `rows` consecutive output rows. More rows per block put more bytes in flight per
+/// thread; fewer make more blocks of a small matrix. Every format is compiled for each of
+/// [`Tiling::ALL`] (`SEAM_TILINGS` in the source); written `r<rows>t<threads>`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+pub struct Tiling {
+    /// Output rows per block.
+    pub rows: u32,
+    /// Threads per block.
+    pub threads: u32,
+}
+
+impl Tiling {
+    /// Every tiling the PTX has entry points for.
+    pub const ALL: [Tiling; 12] = {
+        let mut all = [Tiling { rows: 0, threads: 0 }; 12];
+        let mut i = 0;
+        while i < 12 {
+            all[i] = Tiling { rows: 1 << (i / 3), threads: 64 << (i % 3) };
+            i += 1;
+        }
+        all
+    };
+
+    /// The tiling used when nothing chose another.
+    pub const DEFAULT: Tiling = Tiling { rows: 4, threads: 256 };
+
+    /// The launch geometry of a product of `rows` rows: blocks, threads per block.
+    pub fn grid(self, rows: usize) -> (u32, u32) {
+        (rows.div_ceil(self.rows as usize) as u32, self.threads)
+    }
+}
+
+impl std::fmt::Display for Tiling {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        write!(f, "r{}t{}", self.rows, self.threads)
+    }
+}
+
+impl std::str::FromStr for Tiling {
+    type Err = String;
+
+    fn from_str(text: &str) -> Result<Tiling, String> {
+        let known = || Tiling::ALL.iter().map(Tiling::to_string).collect::<Vec<_>>().join(", ");
+        Tiling::ALL
+            .into_iter()
+            .find(|t| t.to_string() == text)
+            .ok_or_else(|| format!("unknown tiling {text:?}: the kernels are compiled for {}", known()))
+    }
+}
+
+/// Which tiling each format's kernel launches with: [`Tiling::DEFAULT`] unless a setting names
+/// others. A setting is either one tiling for every format (`r8t128`) or a list of
+/// `format=tiling` (`f16=r4t256,int4=r8t64`, formats not named keeping the default): the form
+/// the probe prints for the tilings it found fastest.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Tilings {
+    by_kernel: [Tiling; 3],
+}
+
+impl Default for Tilings {
+    fn default() -> Tilings {
+        Tilings { by_kernel: [Tiling::DEFAULT; 3] }
+    }
+}
+
+impl Tilings {
+    /// The environment variable a process's tilings are read from.
+    pub const VARIABLE: &'static str = "SEAM_CUDA_TILINGS";
+
+    /// The tilings of a setting (see [`Tilings`]).
+    pub fn parse(setting: &str) -> Result<Tilings, String> {
+        let setting = setting.trim();
+        if !setting.contains('=') {
+            let tiling: Tiling = setting.parse()?;
+            return Ok(Tilings { by_kernel: [tiling; 3] });
+        }
+        let mut tilings = Tilings::default();
+        for part in setting.split(',').map(str::trim).filter(|p| !p.is_empty()) {
+            let (format, tiling) =
+                part.split_once('=').ok_or_else(|| format!("{part:?}: format=tiling expected (f16=r4t256)"))?;
+            let kernel = Kernel::ALL
+                .into_iter()
+                .find(|k| k.format() == format.trim())
+                .ok_or_else(|| format!("{part:?}: unknown format {:?} (f16, int8 or int4)", format.trim()))?;
+            tilings.by_kernel[kernel as usize] = tiling.trim().parse()?;
+        }
+        Ok(tilings)
+    }
+
+    /// The process's tilings: [`Tilings::VARIABLE`]'s setting when it is set, else the defaults.
+    /// Read once; a malformed setting is an error every time it is asked for.
+    pub fn of_process() -> Result<Tilings, String> {
+        static TILINGS: std::sync::OnceLock<Result<Tilings, String>> = std::sync::OnceLock::new();
+        TILINGS
+            .get_or_init(|| match std::env::var(Tilings::VARIABLE) {
+                Ok(setting) => Tilings::parse(&setting).map_err(|e| format!("{}: {e}", Tilings::VARIABLE)),
+                Err(_) => Ok(Tilings::default()),
+            })
+            .clone()
+    }
+
+    /// The tiling `kernel` launches with.
+    pub fn of(&self, kernel: Kernel) -> Tiling {
+        self.by_kernel[kernel as usize]
+    }
+}
+
+impl std::fmt::Display for Tilings {
+    fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
+        let parts: Vec<String> = Kernel::ALL.iter().map(|k| format!("{}={}", k.format(), self.of(*k))).collect();
+        write!(f, "{}", parts.join(","))
+    }
 }

@@ -41,24 +41,25 @@ static unsigned short random_half() {
   return (unsigned short)(((next() & 1) << 15) | ((12 + next() % 4) << 10) | (next() % 1024));
 }
 
-template <class M>
+// One tiling's blocks of ROWS rows and THREADS threads.
+template <int ROWS, int THREADS, class M>
 static std::vector<float> run(const M& m, const std::vector<float>& x, int rows, int k) {
   std::vector<float> y(rows, 0.0f);
-  const int blocks = (rows + SEAM_ROWS - 1) / SEAM_ROWS;
+  const int blocks = (rows + ROWS - 1) / ROWS;
   for (int b = 0; b < blocks; b++) {
-    float sums[SEAM_ROWS] = {0};
-    for (int t = 0; t < SEAM_THREADS; t++) {
-      float acc[SEAM_ROWS];
-      thread_sums(m, x.data(), b * SEAM_ROWS, rows, k, t, acc);
-      for (int r = 0; r < SEAM_ROWS; r++) sums[r] += acc[r];
+    float sums[ROWS] = {0};
+    for (int t = 0; t < THREADS; t++) {
+      float acc[ROWS];
+      thread_sums<ROWS, THREADS>(m, x.data(), b * ROWS, rows, k, t, acc);
+      for (int r = 0; r < ROWS; r++) sums[r] += acc[r];
     }
-    for (int r = 0; r < SEAM_ROWS && b * SEAM_ROWS + r < rows; r++) y[b * SEAM_ROWS + r] = sums[r];
+    for (int r = 0; r < ROWS && b * ROWS + r < rows; r++) y[b * ROWS + r] = sums[r];
   }
   return y;
 }
 
 static int failures = 0;
-static void check(const char* format, int rows, int k, const std::vector<float>& got, const std::vector<double>& want,
+static void check(const char* format, int tile_rows, int threads, int rows, int k, const std::vector<float>& got, const std::vector<double>& want,
                   const std::vector<double>& magnitude) {
   double worst = 0.0;
   for (int r = 0; r < rows; r++) {
@@ -67,7 +68,8 @@ static void check(const char* format, int rows, int k, const std::vector<float>&
   }
   const bool ok = worst < 1e-5;
   if (!ok) failures++;
-  std::printf("%s rows %d k %d: worst error %.3g of the row's magnitude: %s\n", format, rows, k, worst, ok ? "ok" : "WRONG");
+  std::printf("%s r%dt%d rows %d k %d: worst error %.3g of the row's magnitude: %s\n", format, tile_rows, threads, rows, k,
+              worst, ok ? "ok" : "WRONG");
 }
 
 int main() {
@@ -97,10 +99,15 @@ int main() {
         f16_mag[r] += std::fabs(wf * x[i]), int8_mag[r] += std::fabs(w8 * x[i]), int4_mag[r] += std::fabs(w4 * x[i]);
       }
     }
-    check("f16", rows, k, run(seam_f16_rows{w.data(), k}, x, rows, k), f16, f16_mag);
-    check("int8", rows, k, run(seam_int8_rows{q.data(), scales.data(), k}, x, rows, k), int8, int8_mag);
-    check("int4", rows, k, run(seam_int4_rows{packed.data(), scales.data(), biases.data(), k}, x, rows, k), int4,
-          int4_mag);
+    const seam_f16_rows f16_rows{w.data(), k};
+    const seam_int8_rows int8_rows{q.data(), scales.data(), k};
+    const seam_int4_rows int4_rows{packed.data(), scales.data(), biases.data(), k};
+    // Every tiling the kernels are compiled for.
+#define CHECK_TILING(R, T)                                                    \
+  check("f16", R, T, rows, k, run<R, T>(f16_rows, x, rows, k), f16, f16_mag);    \
+  check("int8", R, T, rows, k, run<R, T>(int8_rows, x, rows, k), int8, int8_mag); \
+  check("int4", R, T, rows, k, run<R, T>(int4_rows, x, rows, k), int4, int4_mag);
+    SEAM_TILINGS(CHECK_TILING)
   }
   return failures ? 1 : 0;
 }

@@ -22,20 +22,33 @@ fn the_kernels_threads_compute_each_formats_products() {
     let report = String::from_utf8_lossy(&run.stdout);
     println!("{report}");
     assert!(run.status.success(), "the emulated kernels disagree with the formats:\n{report}");
-    // Every format on every shape (a harness that checked nothing would print nothing).
-    assert_eq!(report.lines().filter(|l| l.ends_with(": ok")).count(), 15, "{report}");
+    // Every format on every shape in every tiling (a harness that checked nothing would print
+    // nothing).
+    let cases = 3 * 5 * cuda_kernels::Tiling::ALL.len();
+    assert_eq!(report.lines().filter(|l| l.ends_with(": ok")).count(), cases, "{report}");
+    for tiling in cuda_kernels::Tiling::ALL {
+        assert!(report.contains(&format!(" {tiling} ")), "the emulation skipped {tiling}:\n{report}");
+    }
 }
 
 #[test]
 fn the_embedded_ptx_has_every_entry_point() {
     for kernel in cuda_kernels::Kernel::ALL {
-        let entry = format!(".visible .entry {}(", kernel.entry());
-        assert!(cuda_kernels::PRODUCTS_PTX.contains(&entry), "{entry}");
-        let params = cuda_kernels::PRODUCTS_PTX.split(&entry).nth(1).unwrap().split(')').next().unwrap();
-        // The pointers, then rows and k.
-        assert_eq!(params.matches(".param .u64").count(), kernel.pointers(), "{}", kernel.entry());
-        assert_eq!(params.matches(".param .u32").count(), 2, "{}", kernel.entry());
+        for tiling in cuda_kernels::Tiling::ALL {
+            let name = kernel.entry(tiling);
+            let entry = format!(".visible .entry {name}(");
+            assert!(cuda_kernels::PRODUCTS_PTX.contains(&entry), "{entry}");
+            let params = cuda_kernels::PRODUCTS_PTX.split(&entry).nth(1).unwrap().split(')').next().unwrap();
+            // The pointers, then rows and k.
+            assert_eq!(params.matches(".param .u64").count(), kernel.pointers(), "{name}");
+            assert_eq!(params.matches(".param .u32").count(), 2, "{name}");
+            // The block size the entry point was compiled for is the one it is launched with.
+            let body = cuda_kernels::PRODUCTS_PTX.split(&entry).nth(1).unwrap();
+            let bounds = body.lines().find(|l| l.contains(".maxntid")).unwrap_or_else(|| panic!("{name}: no .maxntid"));
+            assert!(bounds.contains(&format!(".maxntid {}, 1, 1", tiling.threads)), "{name}: {bounds}");
+        }
     }
+    assert_eq!(cuda_kernels::PRODUCTS_PTX.matches(".visible .entry").count(), 3 * cuda_kernels::Tiling::ALL.len());
     assert!(cuda_kernels::PRODUCTS_PTX.ends_with('\0'));
 }
 
@@ -44,7 +57,28 @@ fn shapes_the_kernels_cannot_take_are_refused() {
     assert!(cuda_kernels::check_shape(8, 64).is_ok());
     assert!(cuda_kernels::check_shape(8, 48).is_err());
     assert!(cuda_kernels::check_shape(0, 64).is_err());
-    assert_eq!(cuda_kernels::grid(9), (3, 256));
+    assert_eq!(cuda_kernels::Tiling::DEFAULT.grid(9), (3, 256));
+    assert_eq!("r8t64".parse::<cuda_kernels::Tiling>().unwrap().grid(9), (2, 64));
+}
+
+#[test]
+fn tilings_are_chosen_per_format_by_a_setting() {
+    use cuda_kernels::{Kernel, Tiling, Tilings};
+    let names: Vec<String> = Tiling::ALL.iter().map(Tiling::to_string).collect();
+    assert_eq!(names.len(), 12);
+    assert!(names.contains(&"r1t64".to_string()) && names.contains(&"r8t256".to_string()), "{names:?}");
+    let one = Tilings::parse("r8t128").unwrap();
+    assert!(Kernel::ALL.iter().all(|k| one.of(*k).to_string() == "r8t128"));
+    let some = Tilings::parse("int4=r2t64, f16=r1t256").unwrap();
+    assert_eq!(some.of(Kernel::Int4).to_string(), "r2t64");
+    assert_eq!(some.of(Kernel::F16).to_string(), "r1t256");
+    assert_eq!(some.of(Kernel::Int8), Tiling::DEFAULT);
+    // What a setting prints is a setting that reads back the same.
+    assert_eq!(Tilings::parse(&some.to_string()).unwrap(), some);
+    for bad in ["r3t64", "int5=r1t64", "f16:r1t64,int4=r1t64", "f16=", ""] {
+        let error = Tilings::parse(bad).expect_err(bad);
+        assert!(error.contains("tiling") || error.contains("format"), "{bad}: {error}");
+    }
 }
 
 #[test]

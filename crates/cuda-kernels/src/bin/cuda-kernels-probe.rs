@@ -1,26 +1,36 @@
 //! Checks and times seam's CUDA kernels on GPU 0 outside XLA: each format's product on the
-//! matrix shapes of Llama-3.2-1B (attention, MLP, the LM head), launched through the same
-//! [`Driver::launch`] the XLA custom calls use, its result compared with the format's definition
-//! computed here in f64 for every row, and its device time over repeated launches turned into the
-//! bytes of weights read per second. Prints one line per case; exits 1 if a result is wrong (or
-//! no GPU is there). `gpu-bundle/run.sh` runs it first: what the kernels reach on their own,
-//! apart from what XLA's step around them costs.
+//! matrix shapes of Llama-3.2-1B (attention, MLP, the LM head), in every tiling the kernels are
+//! compiled for, launched through the same [`Driver::launch`] the XLA custom calls use and
+//! captured into a CUDA graph as XLA's command buffers capture them. Each result is compared with
+//! the format's definition computed here in f64, and each launch's device time turned into the
+//! bytes of weights read per second. The weights are read from the GPU's memory, not its L2
+//! cache: the launches cycle through enough copies of the matrix to overflow any L2, as a decode
+//! step, which reads every matrix once, does.
+//!
+//! Prints a table per format (microseconds per product by tiling), the time of a 1B decode step's
+//! products by tiling, and the tilings that make it shortest as a `SEAM_CUDA_TILINGS` setting
+//! (written to the file `--tilings-out` names, for `gpu-bundle/run.sh` to try in XLA's step).
+//! Exits 1 if a result is wrong (or no GPU is there).
 
 use cuda_kernels::device::Device;
-use cuda_kernels::{Driver, Kernel, GROUP};
+use cuda_kernels::{Driver, Kernel, Tiling, Tilings, GROUP};
 use half::f16;
 use std::ffi::c_void;
 use std::process::ExitCode;
 
-/// (what, rows, inputs): the 1B shape's products.
-const SHAPES: [(&str, usize, usize); 5] = [
-    ("q, o", 2048, 2048),
-    ("k, v", 512, 2048),
-    ("gate, up", 8192, 2048),
-    ("down", 2048, 8192),
-    ("lm head", 128256, 2048),
+/// (what, rows, inputs, products of the shape in a decode step): the 1B shape's products, 16
+/// layers of them and the LM head.
+const SHAPES: [(&str, usize, usize, usize); 5] = [
+    ("q, o", 2048, 2048, 32),
+    ("k, v", 512, 2048, 32),
+    ("gate, up", 8192, 2048, 32),
+    ("down", 2048, 8192, 16),
+    ("lm head", 128256, 2048, 1),
 ];
+/// Launches per timed graph, at least.
 const LAUNCHES: usize = 50;
+/// Bytes of weight copies the launches cycle through: more than any GPU's L2 cache.
+const ROTATION_BYTES: usize = 256 << 20;
 
 struct Rng(u64);
 impl Rng {
@@ -83,7 +93,16 @@ fn case(kernel: Kernel, rows: usize, k: usize, rng: &mut Rng) -> Case {
 }
 
 fn main() -> ExitCode {
-    match run() {
+    let mut args = std::env::args().skip(1);
+    let tilings_out = match (args.next().as_deref(), args.next()) {
+        (None, _) => None,
+        (Some("--tilings-out"), Some(path)) => Some(path),
+        _ => {
+            eprintln!("usage: cuda-kernels-probe [--tilings-out FILE]");
+            return ExitCode::from(2);
+        }
+    };
+    match run(tilings_out) {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -93,72 +112,172 @@ fn main() -> ExitCode {
     }
 }
 
-fn run() -> Result<bool, String> {
-    let device = Device::open().map_err(|e| e.to_string())?;
-    let driver = Driver::get().map_err(|e| e.to_string())?;
-    println!("seam CUDA kernels on {}: {LAUNCHES} launches per case after 3 warm-up ones", device.name());
+/// Each row of a product by the format's definition, and the sum of its terms' magnitudes (the
+/// scale its error is measured against).
+fn definition(case: &Case, x: &[f32], rows: usize) -> Vec<(usize, f64, f64)> {
+    // The LM head's every 7th row: every position in a block, in a few seconds.
+    let step = if rows > 8192 { 7 } else { 1 };
+    (0..rows)
+        .step_by(step)
+        .map(|r| {
+            let (mut want, mut magnitude) = (0f64, 0f64);
+            for (i, &xi) in x.iter().enumerate() {
+                let term = (case.weight)(r, i) * xi as f64;
+                want += term;
+                magnitude += term.abs();
+            }
+            (r, want, magnitude)
+        })
+        .collect()
+}
+
+fn run(tilings_out: Option<String>) -> Result<bool, String> {
+    let err = |e: cuda_kernels::CudaError| e.to_string();
+    let device = Device::open().map_err(err)?;
+    let driver = Driver::get().map_err(err)?;
     println!(
-        "{:<9} {:<8} {:>7} {:>6} {:>10} {:>9} {:>10}  result",
-        "format", "matrix", "rows", "k", "weights MB", "us", "GB/s"
+        "seam CUDA kernels on {}: microseconds per product, each a launch in a CUDA graph of at least {LAUNCHES}, \
+         cycling through {} MiB of weight copies; tilings r<rows per block>t<threads per block>",
+        device.name(),
+        ROTATION_BYTES >> 20
     );
     let mut rng = Rng(0x2545f4914f6cdd1d);
     let mut all_right = true;
+    let mut fastest = Tilings::default();
+    let mut first_capture = true;
     for kernel in Kernel::ALL {
-        for (what, rows, k) in SHAPES {
+        let names: Vec<String> = Tiling::ALL.iter().map(|t| format!("{t:>7}")).collect();
+        println!(
+            "\n{:<9} {:>7} {:>6} {:>7} {}  fastest   GB/s  result",
+            kernel.format(),
+            "rows",
+            "k",
+            "MB",
+            names.join("")
+        );
+        let mut step_us = [0f64; Tiling::ALL.len()];
+        for (what, rows, k, per_step) in SHAPES {
             let case = case(kernel, rows, k, &mut rng);
             let x: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
             let x_bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let err = |e: cuda_kernels::CudaError| e.to_string();
-            let x_dev = device.upload(&x_bytes).map_err(err)?;
-            let arrays = case.arrays.iter().map(|a| device.upload(a)).collect::<Result<Vec<_>, _>>().map_err(err)?;
-            let y_dev = device.alloc(rows * 4).map_err(err)?;
-            let mut pointers: Vec<*mut c_void> = vec![x_dev.ptr as *mut c_void];
-            pointers.extend(arrays.iter().map(|a| a.ptr as *mut c_void));
-            pointers.push(y_dev.ptr as *mut c_void);
-            // SAFETY: device arrays of the sizes the kernel reads for `rows` and `k`, alive until
-            // the stream is synchronized below.
-            let launch = || unsafe { driver.launch(device.stream(), kernel, &pointers, rows, k) };
-            for _ in 0..3 {
-                launch().map_err(err)?;
-            }
-            let ms = device.time(|| (0..LAUNCHES).try_for_each(|_| launch())).map_err(err)?;
-            let y: Vec<f32> = device
-                .download(&y_dev)
-                .map_err(err)?
-                .chunks_exact(4)
-                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                .collect();
-            // Each row against the definition, relative to the sum of its terms' magnitudes (the
-            // LM head's every 7th row: every position in a block, in a few seconds).
-            let mut worst = 0f64;
-            let step = if rows > 8192 { 7 } else { 1 };
-            for (r, &got) in y.iter().enumerate().step_by(step) {
-                let (mut want, mut magnitude) = (0f64, 0f64);
-                for (i, &xi) in x.iter().enumerate() {
-                    let term = (case.weight)(r, i) * xi as f64;
-                    want += term;
-                    magnitude += term.abs();
-                }
-                worst = worst.max((got as f64 - want).abs() / magnitude.max(f64::MIN_POSITIVE));
-            }
-            // f32 sums of up to 8192 terms: far under this; a wrong index or nibble is far over.
-            let right = worst < 1e-4;
-            all_right &= right;
+            let want = definition(&case, &x, rows);
             let weight_bytes: usize = case.arrays.iter().map(Vec::len).sum();
-            let us = ms as f64 * 1000.0 / LAUNCHES as f64;
+            let copies = ROTATION_BYTES.div_ceil(weight_bytes);
+            let launches = LAUNCHES.max(copies);
+            let x_dev = device.upload(&x_bytes).map_err(err)?;
+            let y_dev = device.alloc(rows * 4).map_err(err)?;
+            let mut copy_pointers = Vec::new();
+            let mut buffers = Vec::new();
+            for _ in 0..copies {
+                let arrays =
+                    case.arrays.iter().map(|a| device.upload(a)).collect::<Result<Vec<_>, _>>().map_err(err)?;
+                let mut pointers: Vec<*mut c_void> = vec![x_dev.ptr as *mut c_void];
+                pointers.extend(arrays.iter().map(|a| a.ptr as *mut c_void));
+                pointers.push(y_dev.ptr as *mut c_void);
+                copy_pointers.push(pointers);
+                buffers.push(arrays);
+            }
+            let mut us = Vec::new();
+            let mut wrong = Vec::new();
+            for (t, tiling) in Tiling::ALL.into_iter().enumerate() {
+                // The first capture also loads the module (the driver compiling the PTX) inside
+                // it, as the first custom call of a captured XLA step does.
+                let started = std::time::Instant::now();
+                let capture = || {
+                    device.capture(|| {
+                        (0..launches).try_for_each(|i| {
+                            // SAFETY: device arrays of the sizes the kernel reads for `rows` and
+                            // `k`, alive until the stream is synchronized (the download below).
+                            unsafe {
+                                driver.launch(device.stream(), kernel, tiling, &copy_pointers[i % copies], rows, k)
+                            }
+                        })
+                    })
+                };
+                let graph = match capture() {
+                    Ok(graph) => graph,
+                    Err(e) if first_capture => {
+                        // What XLA's first captured step would meet: reported, then the module is
+                        // loaded outside a capture so that the kernels are still measured.
+                        println!("WRONG: loading the module inside a capture failed ({e}); loading it outside one");
+                        all_right = false;
+                        // SAFETY: as in the capture above.
+                        unsafe { driver.launch(device.stream(), kernel, tiling, &copy_pointers[0], rows, k) }
+                            .map_err(err)?;
+                        device.synchronize().map_err(err)?;
+                        capture().map_err(err)?
+                    }
+                    Err(e) => return Err(format!("{} captured into a graph: {e}", kernel.entry(tiling))),
+                };
+                if first_capture {
+                    println!(
+                        "(the first capture, loading the module, took {:.0} ms)",
+                        started.elapsed().as_secs_f64() * 1e3
+                    );
+                    first_capture = false;
+                }
+                graph.launch().map_err(err)?;
+                let ms = device.time(|| graph.launch()).map_err(err)?;
+                let y: Vec<f32> = device
+                    .download(&y_dev)
+                    .map_err(err)?
+                    .chunks_exact(4)
+                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                    .collect();
+                let worst = want
+                    .iter()
+                    .map(|&(r, want, magnitude)| (y[r] as f64 - want).abs() / magnitude.max(f64::MIN_POSITIVE))
+                    .fold(0f64, f64::max);
+                // f32 sums of up to 8192 terms: far under this; a wrong index or nibble is far over.
+                if worst.is_nan() || worst >= 1e-4 {
+                    wrong.push(format!("{tiling} (worst error {worst:.1e} of a row's magnitude)"));
+                }
+                us.push(ms as f64 * 1000.0 / launches as f64);
+                step_us[t] += per_step as f64 * us[t];
+            }
+            drop(buffers);
+            all_right &= wrong.is_empty();
+            let best = (0..us.len()).min_by(|&a, &b| us[a].total_cmp(&us[b])).expect("tilings");
+            let cells: Vec<String> = us.iter().map(|u| format!("{u:>7.1}")).collect();
             println!(
-                "{:<9} {:<8} {:>7} {:>6} {:>10.1} {:>9.1} {:>10.0}  {} (worst error {:.1e} of a row's magnitude)",
-                format!("{kernel:?}").to_lowercase(),
+                "{:<9} {:>7} {:>6} {:>7.1} {}  {:>7} {:>6.0}  {}",
                 what,
                 rows,
                 k,
                 weight_bytes as f64 / 1e6,
-                us,
-                weight_bytes as f64 / (us * 1e3),
-                if right { "ok" } else { "WRONG" },
-                worst
+                cells.join(""),
+                Tiling::ALL[best].to_string(),
+                weight_bytes as f64 / (us[best] * 1e3),
+                if wrong.is_empty() { "ok".to_string() } else { format!("WRONG: {}", wrong.join(", ")) }
             );
         }
+        let cells: Vec<String> = step_us.iter().map(|u| format!("{u:>7.0}")).collect();
+        let best = (0..step_us.len()).min_by(|&a, &b| step_us[a].total_cmp(&step_us[b])).expect("tilings");
+        println!(
+            "{:<9} {:>7} {:>6} {:>7} {}  {:>7}",
+            "1B step",
+            "",
+            "",
+            "",
+            cells.join(""),
+            Tiling::ALL[best].to_string()
+        );
+        let default_us =
+            step_us[Tiling::ALL.iter().position(|t| *t == Tiling::DEFAULT).expect("the default is compiled")];
+        println!(
+            "{}: a 1B decode step's products take {:.0} us with {} ({:.2}x the default {}'s {:.0} us)",
+            kernel.format(),
+            step_us[best],
+            Tiling::ALL[best],
+            default_us / step_us[best],
+            Tiling::DEFAULT,
+            default_us
+        );
+        fastest = Tilings::parse(&format!("{fastest},{}={}", kernel.format(), Tiling::ALL[best]))?;
+    }
+    println!("\nfastest tilings for a 1B decode step: {}={fastest}", Tilings::VARIABLE);
+    if let Some(path) = tilings_out {
+        std::fs::write(&path, format!("{fastest}\n")).map_err(|e| format!("writing {path}: {e}"))?;
     }
     Ok(all_right)
 }
