@@ -176,7 +176,9 @@ fastest_tilings_candidate() {
 }
 # In order of what a short device call must not miss: pjrt-cuda (the backend closest to the
 # targets) and its open questions first: decode's products through seam's CUDA kernels (XLA
-# custom calls, ADR 0042; never run on a GPU before: its suite comes right after its figures);
+# custom calls, ADR 0042; never run on a GPU before: its suite comes right after its figures),
+# then in the probe's fastest tilings (ADR 0043), then one call per product with the norms in
+# XLA's graph (`cuda-kernels-each`: what grouping the products and folding the norms in gain);
 # greedy steps not launched ahead (ADR 0041: what launching the next step before reading the
 # token back gains); int4 read as XLA's packed 4-bit type, then as 32-bit words, in decode's
 # reductions (the byte-wide form moved a third of fp16's bytes per second); then iree-cuda
@@ -185,8 +187,9 @@ fastest_tilings_candidate() {
 # `dot_precision=highest` costs prefill).
 defaults pjrt
 candidate "pjrt vector_products=cuda-kernels"
-fastest_tilings_candidate
 candidate_suite "pjrt SEAM_PJRT_VECTOR_PRODUCTS=cuda-kernels"
+fastest_tilings_candidate
+candidate "pjrt vector_products=cuda-kernels-each"
 candidate "pjrt SEAM_PJRT_LAUNCH_AHEAD=0"
 candidate "pjrt vector_products=reduce-nibbles"
 candidate "pjrt vector_products=reduce-words"

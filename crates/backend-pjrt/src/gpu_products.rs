@@ -9,8 +9,8 @@
 //! keeps a decode step one graph launch instead of splitting it around every product.
 
 use crate::host_kernels::{handle_with_traits, once_per_plugin, register_all, rows_cols, Registrations};
-use cuda_kernels::{Driver, Kernel, Stream, Tilings, GROUP};
-use pjrt_runtime::ffi::{dtype, CallFrame, Handler, XlaError, TRAIT_COMMAND_BUFFER_COMPATIBLE};
+use cuda_kernels::{Driver, Kernel, Launch, Matrix, Norm, Stream, Tilings, GROUP, MAX_MATRICES};
+use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError, TRAIT_COMMAND_BUFFER_COMPATIBLE};
 use pjrt_runtime::Plugin;
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -26,83 +26,128 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
     once_per_plugin(&DONE, plugin, || {
         Tilings::of_process()?;
         Driver::get().map_err(|e| e.to_string())?;
-        let handlers: [(&str, Handler); 3] = [
-            (stablehlo_llama::CUDA_ROWS_F16_TARGET, rows_f16),
-            (stablehlo_llama::CUDA_ROWS_INT8_TARGET, rows_int8),
-            (stablehlo_llama::CUDA_ROWS_INT4_TARGET, rows_int4),
+        let handlers: [(&str, Handler); 6] = [
+            (stablehlo_llama::CUDA_ROWS_F16_TARGET, rows::<0, false>),
+            (stablehlo_llama::CUDA_ROWS_INT8_TARGET, rows::<1, false>),
+            (stablehlo_llama::CUDA_ROWS_INT4_TARGET, rows::<2, false>),
+            (stablehlo_llama::CUDA_NORMED_ROWS_F16_TARGET, rows::<0, true>),
+            (stablehlo_llama::CUDA_NORMED_ROWS_INT8_TARGET, rows::<1, true>),
+            (stablehlo_llama::CUDA_NORMED_ROWS_INT4_TARGET, rows::<2, true>),
         ];
         register_all(plugin, PLATFORM, &handlers, TRAIT_COMMAND_BUFFER_COMPATIBLE)
     })
 }
 
-unsafe extern "C" fn rows_f16(frame: *mut CallFrame) -> *mut XlaError {
+/// The handler of one target: `FORMAT` indexes [`Kernel::ALL`], `NORMED` says whether the input
+/// comes with an RMSNorm to apply.
+unsafe extern "C" fn rows<const FORMAT: usize, const NORMED: bool>(frame: *mut CallFrame) -> *mut XlaError {
     // SAFETY: called by XLA with its call frame.
-    unsafe { handle_with_traits(frame, TRAIT_COMMAND_BUFFER_COMPATIBLE, |frame| launch(frame, Kernel::F16)) }
-}
-
-unsafe extern "C" fn rows_int8(frame: *mut CallFrame) -> *mut XlaError {
-    // SAFETY: called by XLA with its call frame.
-    unsafe { handle_with_traits(frame, TRAIT_COMMAND_BUFFER_COMPATIBLE, |frame| launch(frame, Kernel::Int8)) }
-}
-
-unsafe extern "C" fn rows_int4(frame: *mut CallFrame) -> *mut XlaError {
-    // SAFETY: called by XLA with its call frame.
-    unsafe { handle_with_traits(frame, TRAIT_COMMAND_BUFFER_COMPATIBLE, |frame| launch(frame, Kernel::Int4)) }
-}
-
-/// The device pointers of `kernel`'s call (`x`, the weight arrays, `y`) with the product's rows
-/// and inputs, after checking every array against the target's signature
-/// (`stablehlo_llama::CUDA_ROWS_*_TARGET`).
-fn operands(frame: &CallFrame, kernel: Kernel) -> Result<(Vec<*mut c_void>, usize, usize), String> {
-    let weights = kernel.pointers() - 2;
-    if frame.arg_count() != 1 + weights {
-        return Err(format!("{kernel:?} product: {} arguments where {} were expected", frame.arg_count(), 1 + weights));
+    unsafe {
+        handle_with_traits(frame, TRAIT_COMMAND_BUFFER_COMPATIBLE, |frame| launch(frame, Kernel::ALL[FORMAT], NORMED))
     }
+}
+
+/// The device address of `buffer`, which the kernels read in 16-byte loads.
+fn aligned(buffer: &Buffer, what: &str) -> Result<*mut c_void, String> {
+    aligned_to(buffer, what, 16)
+}
+
+/// The device address of `buffer`, if a multiple of `alignment`.
+fn aligned_to(buffer: &Buffer, what: &str, alignment: usize) -> Result<*mut c_void, String> {
+    if !(buffer.data as usize).is_multiple_of(alignment) {
+        return Err(format!("{what} at {:?} is not {alignment}-byte aligned", buffer.data));
+    }
+    Ok(buffer.data)
+}
+
+/// The call's input, norm and matrices, after checking every array against the targets'
+/// signature (`stablehlo_llama::CUDA_ROWS_*_TARGET`, `CUDA_NORMED_ROWS_*_TARGET`): `x`, then with
+/// a norm its weight and epsilon, then each matrix's arrays; one result per matrix.
+fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands, String> {
+    let what = format!("{} product{}", kernel.format(), if normed { " of a normed input" } else { "" });
     let x = frame.arg(0)?;
     let (one, k) = rows_cols(x, "x")?;
     if one != 1 || x.dtype != dtype::F32 {
-        return Err(format!("x: f32[1, k] expected, got type {} {:?}", x.dtype, x.dims()));
+        return Err(format!("{what}: x f32[1, k] expected, got type {} {:?}", x.dtype, x.dims()));
     }
-    let matrix = frame.arg(1)?;
-    let (m, cols) = rows_cols(matrix, "the matrix")?;
-    let (matrix_types, matrix_cols): (&[i32], usize) = match kernel {
-        Kernel::F16 => (&[dtype::F16], k),
-        Kernel::Int8 => (&[dtype::S8], k),
-        Kernel::Int4 => (&[dtype::S8, dtype::U8], k / 2),
-    };
-    if !matrix_types.contains(&matrix.dtype) || cols != matrix_cols {
-        return Err(format!("{kernel:?} product: the matrix is type {} [{m}, {cols}] for {k} inputs", matrix.dtype));
-    }
-    let mut pointers = vec![x.data, matrix.data];
-    for index in 2..1 + weights {
-        let group_values = frame.arg(index)?;
-        if group_values.dtype != dtype::F16 || group_values.dims() != [m, k / GROUP] {
+    let x_data = aligned(x, "x")?;
+    let lead = if normed { 3 } else { 1 };
+    let norm = if normed {
+        let (weight, eps) = (frame.arg(1)?, frame.arg(2)?);
+        if weight.dtype != dtype::F32 || weight.dims() != [k] || eps.dtype != dtype::F32 || !eps.dims().is_empty() {
             return Err(format!(
-                "{kernel:?} product: argument {index} is type {} {:?} where f16[{m}, {}] was expected",
-                group_values.dtype,
-                group_values.dims(),
-                k / GROUP
+                "{what}: the norm is type {} {:?} and epsilon type {} {:?} where f32[{k}] and f32[] were expected",
+                weight.dtype,
+                weight.dims(),
+                eps.dtype,
+                eps.dims()
             ));
         }
-        pointers.push(group_values.data);
+        // Epsilon is one float read on its own (a constant, which XLA may place anywhere a float
+        // may be).
+        Some(Norm { weight: aligned(weight, "the norm's weight")?, eps: aligned_to(eps, "epsilon", 4)? })
+    } else {
+        None
+    };
+    let per_matrix = kernel.weight_arrays();
+    let count = frame.ret_count();
+    if count == 0 || count > MAX_MATRICES || frame.arg_count() != lead + count * per_matrix {
+        return Err(format!(
+            "{what}: {} arguments and {count} results, where {lead} + {per_matrix} per matrix and a result per matrix \
+             (1 to {MAX_MATRICES}) were expected",
+            frame.arg_count()
+        ));
     }
-    let y = frame.ret(0)?;
-    if y.dtype != dtype::F32 || y.dims() != [1, m] {
-        return Err(format!("y: f32[1, {m}] expected, got type {} {:?}", y.dtype, y.dims()));
+    let mut matrices = Vec::with_capacity(count);
+    for j in 0..count {
+        let first = lead + j * per_matrix;
+        let matrix = frame.arg(first)?;
+        let (m, cols) = rows_cols(matrix, "the matrix")?;
+        let (matrix_types, matrix_cols): (&[i32], usize) = match kernel {
+            Kernel::F16 => (&[dtype::F16], k),
+            Kernel::Int8 => (&[dtype::S8], k),
+            Kernel::Int4 => (&[dtype::S8, dtype::U8], k / 2),
+        };
+        if !matrix_types.contains(&matrix.dtype) || cols != matrix_cols {
+            return Err(format!("{what}: matrix {j} is type {} [{m}, {cols}] for {k} inputs", matrix.dtype));
+        }
+        let mut arrays = vec![aligned(matrix, "a matrix")?];
+        for index in first + 1..first + per_matrix {
+            let group_values = frame.arg(index)?;
+            if group_values.dtype != dtype::F16 || group_values.dims() != [m, k / GROUP] {
+                return Err(format!(
+                    "{what}: argument {index} is type {} {:?} where f16[{m}, {}] was expected",
+                    group_values.dtype,
+                    group_values.dims(),
+                    k / GROUP
+                ));
+            }
+            arrays.push(aligned(group_values, "a matrix's group values")?);
+        }
+        let y = frame.ret(j)?;
+        if y.dtype != dtype::F32 || y.dims() != [1, m] {
+            return Err(format!("{what}: result {j} f32[1, {m}] expected, got type {} {:?}", y.dtype, y.dims()));
+        }
+        matrices.push(Matrix { arrays, y: aligned(y, "a result")?, rows: m });
     }
-    pointers.push(y.data);
-    if let Some(p) = pointers.iter().find(|p| !(**p as usize).is_multiple_of(16)) {
-        return Err(format!("{kernel:?} product: an array at {p:?} is not 16-byte aligned"));
-    }
-    Ok((pointers, m, k))
+    Ok(Operands { x: x_data, norm, matrices, k })
 }
 
-fn launch(frame: &CallFrame, kernel: Kernel) -> Result<(), String> {
-    let (pointers, rows, k) = operands(frame, kernel)?;
+/// What a call hands the kernel: a [`Launch`]'s parts.
+struct Operands {
+    x: *mut c_void,
+    norm: Option<Norm>,
+    matrices: Vec<Matrix>,
+    k: usize,
+}
+
+fn launch(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<(), String> {
+    let Operands { x, norm, matrices, k } = operands(frame, kernel, normed)?;
     let stream = frame.stream()?;
     let tiling = Tilings::of_process()?.of(kernel);
     let driver = Driver::get().map_err(|e| e.to_string())?;
-    // SAFETY: the pointers are XLA's device arrays of this call, of the shapes checked above, on
+    let launch = Launch { kernel, x, norm, matrices: &matrices, k };
+    // SAFETY: the addresses are XLA's device arrays of this call, of the shapes checked above, on
     // the call's stream, which XLA keeps alive until the launched work has run.
-    unsafe { driver.launch(Stream(stream), kernel, tiling, &pointers, rows, k) }.map_err(|e| e.to_string())
+    unsafe { driver.launch(Stream(stream), &launch, tiling) }.map_err(|e| e.to_string())
 }

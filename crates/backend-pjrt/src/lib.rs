@@ -326,16 +326,20 @@ fn load_engine(target: &Target, request: &LoadRequest) -> Result<PjrtEngine> {
     }
     let defaults = if on_cpu { cpu_defaults(&target.found.client, request)? } else { DEVICE_SETTINGS };
     let settings = defaults.with_request(BACKEND_NAME, request, "SEAM_PJRT")?;
-    if settings.vector_products == VectorProducts::CudaKernels {
+    if settings.vector_products.is_cuda_kernels() {
+        let setting = match settings.vector_products {
+            VectorProducts::CudaKernelsEach => "vector_products=cuda-kernels-each",
+            _ => "vector_products=cuda-kernels",
+        };
         if !target.device.id.starts_with("cuda") {
             return Err(SeamError::InvalidInput(format!(
-                "vector_products=cuda-kernels: seam's CUDA kernels run on a CUDA plugin's GPU, not on {}",
+                "{setting}: seam's CUDA kernels run on a CUDA plugin's GPU, not on {}",
                 target.device.id
             )));
         }
         gpu_products::register(target.found.client.plugin()).map_err(|reason| SeamError::Unavailable {
             backend: BACKEND_NAME.to_string(),
-            reason: format!("vector_products=cuda-kernels: {reason}"),
+            reason: format!("{setting}: {reason}"),
         })?;
     }
     let client = Arc::clone(&target.found.client);

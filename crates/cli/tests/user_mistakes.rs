@@ -231,27 +231,25 @@ fn cuda_kernels_on_the_cpu_plugin_are_refused() {
     let dir = tempfile::tempdir().unwrap();
     let model = dir.path().join("tiny");
     llama_model::random::write_random_checkpoint(&model, &llama_model::random::tiny_config(), 1).unwrap();
-    let out = seam(&[
-        "bench",
-        "--backend",
-        "pjrt-cpu",
-        "--model",
-        model.to_str().unwrap(),
-        "--no-cold",
-        "--no-process",
-        "--set",
-        "vector_products=cuda-kernels",
-    ]);
-    // bench names what it is measuring first; the error is its next line.
-    let stderr = String::from_utf8_lossy(&out.stderr);
-    assert!(!out.status.success() && !stderr.contains("panicked"), "{stderr}");
-    assert!(
-        stderr
-            .lines()
-            .any(|l| l
-                == "error: vector_products=cuda-kernels: seam's CUDA kernels run on a CUDA plugin's GPU, not on cpu"),
-        "{stderr}"
-    );
+    for form in ["cuda-kernels", "cuda-kernels-each"] {
+        let setting = format!("vector_products={form}");
+        let out = seam(&[
+            "bench",
+            "--backend",
+            "pjrt-cpu",
+            "--model",
+            model.to_str().unwrap(),
+            "--no-cold",
+            "--no-process",
+            "--set",
+            &setting,
+        ]);
+        // bench names what it is measuring first; the error is its next line.
+        let stderr = String::from_utf8_lossy(&out.stderr);
+        assert!(!out.status.success() && !stderr.contains("panicked"), "{stderr}");
+        let expected = format!("error: {setting}: seam's CUDA kernels run on a CUDA plugin's GPU, not on cpu");
+        assert!(stderr.lines().any(|l| l == expected), "{stderr}");
+    }
 }
 
 /// `--plugin PATH` runs `pjrt` on the plugin given, whatever the search would have found: the

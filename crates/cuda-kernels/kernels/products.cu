@@ -2,13 +2,20 @@
 // (crates/backend-pjrt/src/gpu_products.rs). A one-row product reads every weight once and does
 // two flops per weight: the kernels are written to keep the memory busy, not the arithmetic units.
 //
-// Layout of the work: a block of THREADS threads computes ROWS consecutive output rows. A row's
-// inputs are split into chunks of 8 (16 bytes of f16, 8 of int8, 4 of int4); the block's threads
-// take the chunks in turn (thread t chunks t, t + THREADS, ...), so that neighbouring threads
-// read neighbouring bytes, and each thread reads its 8 activations once for all ROWS rows. The
-// block then sums its threads' partial sums: within each warp by shuffles, across warps through
-// shared memory. Many small blocks rather than few large ones: a 512-row matrix still occupies
-// every multiprocessor of a large GPU.
+// A launch computes the products of up to three matrices of one format over the same input (a
+// layer's q, k and v; its gate and up), each into its own output: one launch instead of three
+// (a decode step is hundreds of small launches), and more blocks for the small matrices. The
+// input may come un-normalized with an RMSNorm weight: the kernel then multiplies by x * g and
+// scales each sum by 1 / sqrt(mean(x^2) + eps) at the end, the mean summed from the same loads of
+// x, so that the norm costs no launch and no pass of its own.
+//
+// Layout of the work: a block of THREADS threads computes ROWS consecutive output rows of one
+// matrix. A row's inputs are split into chunks of 8 (16 bytes of f16, 8 of int8, 4 of int4); the
+// block's threads take the chunks in turn (thread t chunks t, t + THREADS, ...), so that
+// neighbouring threads read neighbouring bytes, and each thread reads its 8 activations once for
+// all ROWS rows. The block then sums its threads' partial sums: within each warp by shuffles,
+// across warps through shared memory. Many small blocks rather than few large ones: a 512-row
+// matrix still occupies every multiprocessor of a large GPU.
 //
 // ROWS and THREADS (the tiling) trade bytes in flight per thread against blocks per matrix, and
 // the best pair differs by format, matrix shape and GPU; so every format is compiled for each
@@ -16,8 +23,9 @@
 // the probe times them all on the GPU at hand.
 //
 // The same file compiles as C++ on a host (SEAM_HOST_EMULATION), where a test runs
-// `thread_sums` for every thread of every block and checks the result against the formats'
-// definitions: the indexing and the dequantization are tested without a GPU, the reductions by
+// `thread_sums` for every thread of every block, sums the threads' shares as the block does and
+// checks the result against the formats' definitions: the indexing, the dequantization, the
+// matrices' blocks and the norm are tested without a GPU, the shuffles and shared memory by
 // reading.
 //
 // Formats (crates/stablehlo-llama, `weight_args`): x is f32 [k]; y is f32 [rows].
@@ -27,6 +35,7 @@
 //         2i + 1 in its high one; scales and biases f16 [rows, k / 32]: w = s q + b.
 
 #define SEAM_GROUP 32
+#define SEAM_MAX_MATRICES 3
 
 // The tilings compiled (ROWS, THREADS); crates/cuda-kernels/src/lib.rs lists the same set.
 #define SEAM_TILINGS(X) \
@@ -59,6 +68,45 @@ SEAM_FN float seam_half_to_float(seam_half h) {
 struct seam_x8 {
   float v[8];
 };
+
+// The matrices of one launch (crates/cuda-kernels/src/lib.rs `Products`, the same layout): their
+// arrays in the format's order (f16: w; int8: q, scales; int4: packed, scales, biases), outputs
+// and rows; matrix j's blocks start at block first_block[j], in order.
+struct seam_products {
+  const void* arrays[SEAM_MAX_MATRICES][3];
+  float* y[SEAM_MAX_MATRICES];
+  int rows[SEAM_MAX_MATRICES];
+  int first_block[SEAM_MAX_MATRICES];
+  int count;
+};
+
+// One matrix of a launch, picked out of the parameters.
+struct seam_matrix {
+  const void* arrays[3];
+  float* y;
+  int rows, first_block;
+};
+
+// Matrix j of `set`. Constant indices only: a parameter indexed by a variable would be copied to
+// the stack by every thread first.
+SEAM_FN seam_matrix matrix_of(const seam_products& set, int j) {
+  seam_matrix m;
+  for (int a = 0; a < 3; a++) m.arrays[a] = j == 0 ? set.arrays[0][a] : j == 1 ? set.arrays[1][a] : set.arrays[2][a];
+  m.y = j == 0 ? set.y[0] : j == 1 ? set.y[1] : set.y[2];
+  m.rows = j == 0 ? set.rows[0] : j == 1 ? set.rows[1] : set.rows[2];
+  m.first_block = j == 0 ? set.first_block[0] : j == 1 ? set.first_block[1] : set.first_block[2];
+  return m;
+}
+
+// The matrix block `block` of a launch computes rows of.
+SEAM_FN int block_matrix(const seam_products& set, int block) {
+  return (set.count > 1 && block >= set.first_block[1]) + (set.count > 2 && block >= set.first_block[2]);
+}
+
+// What an RMSNorm makes of a sum over x * g: the sum over the normalized input.
+SEAM_FN float rms_normalized(float sum, float squares, int k, float eps) {
+  return sum / sqrtf(squares / (float)k + eps);
+}
 
 // The 8 activations of chunk `c`.
 SEAM_FN seam_x8 load_x8(const float* SEAM_RESTRICT x, int c) {
@@ -119,6 +167,9 @@ SEAM_FN seam_half load_half(const seam_half* p) {
 struct seam_f16_rows {
   const seam_half* w;
   int k;
+  static SEAM_METHOD seam_f16_rows of(const seam_matrix& m, int k) {
+    return seam_f16_rows{static_cast<const seam_half*>(m.arrays[0]), k};
+  }
   struct raw {
     unsigned int words[4];
   };
@@ -141,6 +192,10 @@ struct seam_int8_rows {
   const signed char* q;
   const seam_half* scales;
   int k;
+  static SEAM_METHOD seam_int8_rows of(const seam_matrix& m, int k) {
+    return seam_int8_rows{static_cast<const signed char*>(m.arrays[0]), static_cast<const seam_half*>(m.arrays[1]),
+                          k};
+  }
   struct raw {
     unsigned int words[2];
     seam_half scale;
@@ -166,6 +221,10 @@ struct seam_int4_rows {
   const seam_half* scales;
   const seam_half* biases;
   int k;
+  static SEAM_METHOD seam_int4_rows of(const seam_matrix& m, int k) {
+    return seam_int4_rows{static_cast<const unsigned char*>(m.arrays[0]), static_cast<const seam_half*>(m.arrays[1]),
+                          static_cast<const seam_half*>(m.arrays[2]), k};
+  }
   struct raw {
     unsigned int word;
     seam_half scale, bias;
@@ -190,17 +249,26 @@ struct seam_int4_rows {
 };
 
 // Thread `t`'s partial sums of the block's rows `row0..row0 + ROWS` (rows at or past `rows` left
-// at zero: their loads read the last row instead, and are dropped).
+// at zero: their loads read the last row instead, and are dropped), and in acc[ROWS] its part of
+// the sum of x's squares. With a norm weight the sums are over x * norm (the normalization's
+// scale comes after the block's sum, `rms_normalized`).
 template <int ROWS, int THREADS, class M>
-SEAM_FN void thread_sums(const M& m, const float* SEAM_RESTRICT x, int row0, int rows, int k, int t,
-                         float acc[ROWS]) {
-  for (int r = 0; r < ROWS; r++) acc[r] = 0.0f;
+SEAM_FN void thread_sums(const M& m, const float* SEAM_RESTRICT x, const float* SEAM_RESTRICT norm, int row0,
+                         int rows, int k, int t, float acc[ROWS + 1]) {
+  for (int r = 0; r <= ROWS; r++) acc[r] = 0.0f;
   const int chunks = k / 8;
   for (int c = t; c < chunks; c += THREADS) {
     typename M::raw raw[ROWS];
     SEAM_UNROLL
     for (int r = 0; r < ROWS; r++) raw[r] = m.load(row0 + r < rows ? row0 + r : rows - 1, c);
-    const seam_x8 xc = load_x8(x, c);
+    seam_x8 xc = load_x8(x, c);
+    if (norm) {
+      const seam_x8 g = load_x8(norm, c);
+      for (int i = 0; i < 8; i++) {
+        acc[ROWS] += xc.v[i] * xc.v[i];
+        xc.v[i] *= g.v[i];
+      }
+    }
     SEAM_UNROLL
     for (int r = 0; r < ROWS; r++) {
       if (row0 + r < rows) acc[r] += m.dot(raw[r], xc);
@@ -209,52 +277,49 @@ SEAM_FN void thread_sums(const M& m, const float* SEAM_RESTRICT x, int row0, int
 }
 
 #ifndef SEAM_HOST_EMULATION
-// The block's sums of its threads' partial sums, written to y.
+// The block's sums of its threads' partial sums (and of the squares), written to y.
 template <int ROWS, int THREADS>
-SEAM_FN void block_sums(float acc[ROWS], float* SEAM_RESTRICT y, int row0, int rows) {
-  __shared__ float warp_sums[THREADS / 32][ROWS];
+SEAM_FN void block_sums(float acc[ROWS + 1], float* SEAM_RESTRICT y, int row0, int rows, bool normed, int k,
+                        float eps) {
+  __shared__ float warp_sums[THREADS / 32][ROWS + 1];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   SEAM_UNROLL
-  for (int r = 0; r < ROWS; r++) {
+  for (int r = 0; r <= ROWS; r++) {
     float v = acc[r];
     for (int offset = 16; offset > 0; offset /= 2) v += __shfl_xor_sync(0xffffffffu, v, offset);
     if (lane == 0) warp_sums[warp][r] = v;
   }
   __syncthreads();
   if (threadIdx.x < ROWS && row0 + threadIdx.x < rows) {
-    float v = 0.0f;
-    for (int w = 0; w < THREADS / 32; w++) v += warp_sums[w][threadIdx.x];
-    y[row0 + threadIdx.x] = v;
+    float v = 0.0f, squares = 0.0f;
+    for (int w = 0; w < THREADS / 32; w++) {
+      v += warp_sums[w][threadIdx.x];
+      squares += warp_sums[w][ROWS];
+    }
+    y[row0 + threadIdx.x] = normed ? rms_normalized(v, squares, k, eps) : v;
   }
 }
 
 template <int ROWS, int THREADS, class M>
-SEAM_FN void rows_kernel(const M& m, const float* SEAM_RESTRICT x, float* SEAM_RESTRICT y, int rows, int k) {
-  const int row0 = blockIdx.x * ROWS;
-  float acc[ROWS];
-  thread_sums<ROWS, THREADS>(m, x, row0, rows, k, threadIdx.x, acc);
-  block_sums<ROWS, THREADS>(acc, y, row0, rows);
+SEAM_FN void rows_kernel(const seam_products& set, const float* SEAM_RESTRICT x, const float* SEAM_RESTRICT norm,
+                         const float* SEAM_RESTRICT eps, int k) {
+  const seam_matrix m = matrix_of(set, block_matrix(set, blockIdx.x));
+  const int row0 = (blockIdx.x - m.first_block) * ROWS;
+  float acc[ROWS + 1];
+  thread_sums<ROWS, THREADS>(M::of(m, k), x, norm, row0, m.rows, k, threadIdx.x, acc);
+  block_sums<ROWS, THREADS>(acc, m.y, row0, m.rows, norm != nullptr, k, norm ? *eps : 0.0f);
 }
 
-// The entry points, per tiling: launched with ceil(rows / ROWS) blocks of THREADS threads; k a
-// multiple of 32, every array 16-byte aligned.
-#define SEAM_ENTRIES(R, T)                                                                                      \
-  extern "C" __global__ void __launch_bounds__(T)                                                               \
-      seam_rows_f16_r##R##t##T(const float* __restrict__ x, const seam_half* __restrict__ w,                    \
-                               float* __restrict__ y, int rows, int k) {                                        \
-    rows_kernel<R, T>(seam_f16_rows{w, k}, x, y, rows, k);                                                      \
-  }                                                                                                             \
-  extern "C" __global__ void __launch_bounds__(T)                                                               \
-      seam_rows_int8_r##R##t##T(const float* __restrict__ x, const signed char* __restrict__ q,                 \
-                                const seam_half* __restrict__ scales, float* __restrict__ y, int rows, int k) { \
-    rows_kernel<R, T>(seam_int8_rows{q, scales, k}, x, y, rows, k);                                             \
-  }                                                                                                             \
-  extern "C" __global__ void __launch_bounds__(T)                                                               \
-      seam_rows_int4_r##R##t##T(const float* __restrict__ x, const unsigned char* __restrict__ packed,          \
-                                const seam_half* __restrict__ scales, const seam_half* __restrict__ biases,     \
-                                float* __restrict__ y, int rows, int k) {                                       \
-    rows_kernel<R, T>(seam_int4_rows{packed, scales, biases, k}, x, y, rows, k);                                \
+// The entry points, per format and tiling: launched with the matrices' blocks (ceil(rows / ROWS)
+// each) of THREADS threads; k a multiple of 32, every array but eps 16-byte aligned; `norm` (f32 [k])
+// and `eps` (f32 [1]) both null, or an RMSNorm to apply to x first.
+#define SEAM_ENTRY(FORMAT, R, T)                                                                      \
+  extern "C" __global__ void __launch_bounds__(T)                                                     \
+      seam_rows_##FORMAT##_r##R##t##T(const float* __restrict__ x, const float* __restrict__ norm,    \
+                                      const float* __restrict__ eps, seam_products set, int k) {      \
+    rows_kernel<R, T, seam_##FORMAT##_rows>(set, x, norm, eps, k);                                    \
   }
+#define SEAM_ENTRIES(R, T) SEAM_ENTRY(f16, R, T) SEAM_ENTRY(int8, R, T) SEAM_ENTRY(int4, R, T)
 
 SEAM_TILINGS(SEAM_ENTRIES)
 #endif

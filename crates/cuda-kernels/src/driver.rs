@@ -1,7 +1,7 @@
 //! The few NVIDIA driver API calls that load the kernels' module and launch them, resolved from
 //! `libcuda.so.1` at run time.
 
-use crate::{check_shape, Kernel, Tiling, PRODUCTS_PTX};
+use crate::{Kernel, Launch, Tiling, PRODUCTS_PTX};
 use std::collections::HashMap;
 use std::ffi::{c_char, c_int, c_uint, c_void, CStr};
 use std::sync::{Mutex, OnceLock};
@@ -131,54 +131,43 @@ impl Driver {
         Err(CudaError(format!("{call}: {text}")))
     }
 
-    /// Launches `kernel` tiled as `tiling` on `stream` for a product of `rows` rows of `k` inputs,
-    /// with the device pointers the kernel takes (see [`Kernel`]: `x`, the weight arrays, `y`). The module is
-    /// loaded into the stream's context on its first launch there (with stream capture relaxed
-    /// for the load, so that a launch being captured into a CUDA graph may be the first).
+    /// Launches `launch` tiled as `tiling` on `stream`. The module is loaded into the stream's
+    /// context on its first launch there (with stream capture relaxed for the load, so that a
+    /// launch being captured into a CUDA graph may be the first).
     ///
     /// # Safety
-    /// `stream` is a live stream, and the pointers are device arrays of that context of the
-    /// sizes [`Kernel`] gives for `rows` and `k`, valid until the launched work has run.
-    pub unsafe fn launch(
-        &self,
-        stream: Stream,
-        kernel: Kernel,
-        tiling: Tiling,
-        pointers: &[*mut c_void],
-        rows: usize,
-        k: usize,
-    ) -> Result<(), CudaError> {
-        check_shape(rows, k).map_err(CudaError)?;
-        if pointers.len() != kernel.pointers() {
-            return Err(CudaError(format!(
-                "{} takes {} arrays, given {}",
-                kernel.entry(tiling),
-                kernel.pointers(),
-                pointers.len()
-            )));
-        }
+    /// `stream` is a live stream, and the launch's addresses are device arrays of that context of
+    /// the sizes [`Launch`] gives, valid until the launched work has run.
+    pub unsafe fn launch(&self, stream: Stream, launch: &Launch, tiling: Tiling) -> Result<(), CudaError> {
+        let (mut products, blocks) = launch.products(tiling).map_err(CudaError)?;
+        let (mut x, mut k) = (launch.x, launch.k as c_int);
+        let (mut norm, mut eps) = match launch.norm {
+            Some(norm) => (norm.weight, norm.eps),
+            None => (std::ptr::null_mut(), std::ptr::null_mut()),
+        };
         let mut context: Context = std::ptr::null_mut();
         // SAFETY: `stream` is live (the caller's promise); the driver writes its context.
         self.check(unsafe { (self.stream_get_ctx)(stream.0, &mut context) }, "cuStreamGetCtx")?;
         // SAFETY: a context the driver just named; popped below on every path.
         self.check(unsafe { (self.ctx_push)(context) }, "cuCtxPushCurrent")?;
-        let launched = self.function(context, kernel, tiling).and_then(|function| {
-            let mut values: Vec<*mut c_void> = pointers.to_vec();
-            let (mut rows32, mut k32) = (rows as c_int, k as c_int);
-            let mut params: Vec<*mut c_void> =
-                values.iter_mut().map(|p| p as *mut *mut c_void as *mut c_void).collect();
-            params.push(&mut rows32 as *mut c_int as *mut c_void);
-            params.push(&mut k32 as *mut c_int as *mut c_void);
-            let (blocks, threads) = tiling.grid(rows);
-            // SAFETY: the parameters match the entry point's (pointers, then two ints), and
-            // the driver copies them during the call.
+        let launched = self.function(context, launch.kernel, tiling).and_then(|function| {
+            // The entry point's parameters: x, norm, eps, the products, k.
+            let mut params: [*mut c_void; 5] = [
+                &mut x as *mut *mut c_void as *mut c_void,
+                &mut norm as *mut *mut c_void as *mut c_void,
+                &mut eps as *mut *mut c_void as *mut c_void,
+                &mut products as *mut _ as *mut c_void,
+                &mut k as *mut c_int as *mut c_void,
+            ];
+            // SAFETY: the parameters match the entry point's, and the driver copies them during
+            // the call.
             let result = unsafe {
                 (self.launch_kernel)(
                     function as Function,
                     blocks,
                     1,
                     1,
-                    threads,
+                    tiling.threads,
                     1,
                     1,
                     0,

@@ -1,6 +1,7 @@
 //! seam's CUDA kernels, for runtimes that hand seam a CUDA stream (XLA's custom calls on
 //! pjrt-cuda): decode's one-row products `y = W x` in the three weight formats, reading the
-//! stored weights once ([`Kernel`]).
+//! stored weights once ([`Kernel`]); up to three matrices over the same input in one launch, the
+//! input optionally RMS-normalized on the way ([`Launch`]).
 //!
 //! The kernels are CUDA C (`kernels/products.cu`), compiled ahead to PTX by
 //! `scripts/cuda-kernels.sh` and embedded here: neither the build machine nor a GPU machine needs
@@ -13,6 +14,8 @@ mod driver;
 
 pub use driver::{driver_library, driver_symbol, CudaError, Driver, Stream};
 
+use std::ffi::c_void;
+
 /// The PTX of `kernels/products.cu` (compute capability 8.0 and up), NUL-terminated as the
 /// driver's module loader wants it.
 pub const PRODUCTS_PTX: &str = concat!(include_str!("../kernels/products.ptx"), "\0");
@@ -20,15 +23,19 @@ pub const PRODUCTS_PTX: &str = concat!(include_str!("../kernels/products.ptx"), 
 /// Inputs per quantization group of the int8 and int4 formats.
 pub const GROUP: usize = 32;
 
-/// One of the products' kernels. Each computes `y[r] = sum_i w[r][i] x[i]` for `x` f32 `[k]` and
-/// `y` f32 `[rows]`, with `k` a multiple of [`GROUP`] and every array 16-byte aligned.
+/// The matrices one launch computes products of, at most.
+pub const MAX_MATRICES: usize = 3;
+
+/// One of the products' kernels, by weight format. Each computes `y[r] = sum_i w[r][i] x[i]` for
+/// `x` f32 `[k]` and `y` f32 `[rows]`, with `k` a multiple of [`GROUP`] and every array 16-byte
+/// aligned (but a [`Norm`]'s epsilon, a lone float); a matrix's arrays are, in order:
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
 pub enum Kernel {
-    /// `(x, w f16 [rows, k], y)`.
+    /// `w f16 [rows, k]`.
     F16,
-    /// `(x, q s8 [rows, k], scales f16 [rows, k / 32], y)`: `w = s q`.
+    /// `q s8 [rows, k], scales f16 [rows, k / 32]`: `w = s q`.
     Int8,
-    /// `(x, packed u8 [rows, k / 2], scales f16 [rows, k / 32], biases f16 [rows, k / 32], y)`:
+    /// `packed u8 [rows, k / 2], scales f16 [rows, k / 32], biases f16 [rows, k / 32]`:
     /// `w = s q + b`, byte `i` of a group holding input `2i` in its low nibble.
     Int4,
 }
@@ -51,13 +58,12 @@ impl Kernel {
         format!("seam_rows_{}_{}", self.format(), tiling)
     }
 
-    /// How many device pointers the kernel takes before `rows` and `k` (`x`, the weight arrays,
-    /// `y`).
-    pub fn pointers(self) -> usize {
+    /// How many arrays a matrix of the format is.
+    pub fn weight_arrays(self) -> usize {
         match self {
-            Kernel::F16 => 3,
-            Kernel::Int8 => 4,
-            Kernel::Int4 => 5,
+            Kernel::F16 => 1,
+            Kernel::Int8 => 2,
+            Kernel::Int4 => 3,
         }
     }
 }
@@ -74,6 +80,97 @@ pub fn check_shape(rows: usize, k: usize) -> Result<(), String> {
         return Err(format!("a product of {rows} rows of {k} inputs is too large for the kernels' 32-bit indices"));
     }
     Ok(())
+}
+
+/// One matrix of a [`Launch`]: the device addresses of its arrays (in [`Kernel`]'s order) and of
+/// its output (f32 `[rows]`), and its rows.
+#[derive(Debug, Clone, PartialEq, Eq)]
+pub struct Matrix {
+    /// The format's arrays.
+    pub arrays: Vec<*mut c_void>,
+    /// The output.
+    pub y: *mut c_void,
+    /// Output rows.
+    pub rows: usize,
+}
+
+/// An RMSNorm a [`Launch`] applies to its input before the products: device addresses of the
+/// weight (f32 `[k]`) and of epsilon (f32 `[1]`). Each output row is then
+/// `sum_i w[r][i] x[i] g[i] / sqrt(mean(x^2) + eps)`.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct Norm {
+    /// The norm's weight.
+    pub weight: *mut c_void,
+    /// Its epsilon.
+    pub eps: *mut c_void,
+}
+
+/// One launch of a kernel: the products of up to [`MAX_MATRICES`] matrices of one format over the
+/// same input `x` (f32 `[k]`), each into its own output.
+#[derive(Debug, Clone)]
+pub struct Launch<'a> {
+    /// The matrices' format.
+    pub kernel: Kernel,
+    /// The input.
+    pub x: *mut c_void,
+    /// A norm to apply to the input first.
+    pub norm: Option<Norm>,
+    /// The matrices.
+    pub matrices: &'a [Matrix],
+    /// Inputs per row.
+    pub k: usize,
+}
+
+/// The kernels' `seam_products` parameter (`kernels/products.cu`), field for field.
+#[repr(C)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct ProductsParam {
+    arrays: [[u64; 3]; MAX_MATRICES],
+    y: [u64; MAX_MATRICES],
+    rows: [i32; MAX_MATRICES],
+    first_block: [i32; MAX_MATRICES],
+    count: i32,
+}
+
+impl Launch<'_> {
+    /// The kernel's `seam_products` parameter for `tiling`, and the blocks of the launch; why the
+    /// launch cannot be made (checked before every launch: a wrong one reads out of bounds on the
+    /// device instead of failing).
+    pub fn products(&self, tiling: Tiling) -> Result<(ProductsParam, u32), String> {
+        let count = self.matrices.len();
+        if count == 0 || count > MAX_MATRICES {
+            return Err(format!("a launch takes 1 to {MAX_MATRICES} matrices, given {count}"));
+        }
+        let mut param = ProductsParam {
+            arrays: [[0; 3]; MAX_MATRICES],
+            y: [0; MAX_MATRICES],
+            rows: [0; MAX_MATRICES],
+            first_block: [0; MAX_MATRICES],
+            count: count as i32,
+        };
+        let mut blocks = 0usize;
+        for (j, matrix) in self.matrices.iter().enumerate() {
+            check_shape(matrix.rows, self.k)?;
+            if matrix.arrays.len() != self.kernel.weight_arrays() {
+                return Err(format!(
+                    "a {} matrix is {} arrays, given {}",
+                    self.kernel.format(),
+                    self.kernel.weight_arrays(),
+                    matrix.arrays.len()
+                ));
+            }
+            for (a, array) in matrix.arrays.iter().enumerate() {
+                param.arrays[j][a] = *array as u64;
+            }
+            param.y[j] = matrix.y as u64;
+            param.rows[j] = matrix.rows as i32;
+            param.first_block[j] = blocks as i32;
+            blocks += tiling.grid(matrix.rows).0 as usize;
+        }
+        let blocks = i32::try_from(blocks)
+            .map_err(|_| format!("a launch of {blocks} blocks is too large for the kernels' 32-bit indices"))?;
+        Ok((param, blocks as u32))
+    }
 }
 
 /// How a kernel splits a product among the GPU's threads: each block of `threads` threads

@@ -1,7 +1,9 @@
 // Runs the per-thread part of kernels/products.cu on the host for every thread of every block,
 // sums the threads' partial sums (what the kernels' warp and block reductions do), and checks
-// each format's rows against the format's definition, computed input by input. Prints one line
-// per case; exits 1 when a case is off by more than float rounding.
+// each format's rows against the format's definition, computed input by input: one matrix with
+// its input as it is, and three matrices of different heights in one launch with an RMSNorm
+// applied to the input, in every tiling. Prints one line per case; exits 1 when a case is off by
+// more than float rounding.
 #define SEAM_HOST_EMULATION
 #include <cmath>
 #include <cstdint>
@@ -41,72 +43,148 @@ static unsigned short random_half() {
   return (unsigned short)(((next() & 1) << 15) | ((12 + next() % 4) << 10) | (next() % 1024));
 }
 
-// One tiling's blocks of ROWS rows and THREADS threads.
+// A launch of `set` emulated: every block's threads, their shares summed as the block sums them.
 template <int ROWS, int THREADS, class M>
-static std::vector<float> run(const M& m, const std::vector<float>& x, int rows, int k) {
-  std::vector<float> y(rows, 0.0f);
-  const int blocks = (rows + ROWS - 1) / ROWS;
+static void run(const seam_products& set, const float* x, const float* norm, float eps, int k) {
+  const int last = set.count - 1;
+  const int blocks = set.first_block[last] + (set.rows[last] + ROWS - 1) / ROWS;
   for (int b = 0; b < blocks; b++) {
-    float sums[ROWS] = {0};
+    const seam_matrix m = matrix_of(set, block_matrix(set, b));
+    const int row0 = (b - m.first_block) * ROWS;
+    float sums[ROWS + 1] = {0};
     for (int t = 0; t < THREADS; t++) {
-      float acc[ROWS];
-      thread_sums<ROWS, THREADS>(m, x.data(), b * ROWS, rows, k, t, acc);
-      for (int r = 0; r < ROWS; r++) sums[r] += acc[r];
+      float acc[ROWS + 1];
+      thread_sums<ROWS, THREADS>(M::of(m, k), x, norm, row0, m.rows, k, t, acc);
+      for (int r = 0; r <= ROWS; r++) sums[r] += acc[r];
     }
-    for (int r = 0; r < ROWS && b * ROWS + r < rows; r++) y[b * ROWS + r] = sums[r];
+    for (int r = 0; r < ROWS && row0 + r < m.rows; r++) {
+      m.y[row0 + r] = norm ? rms_normalized(sums[r], sums[ROWS], k, eps) : sums[r];
+    }
   }
-  return y;
 }
 
 static int failures = 0;
-static void check(const char* format, int tile_rows, int threads, int rows, int k, const std::vector<float>& got, const std::vector<double>& want,
-                  const std::vector<double>& magnitude) {
+static void check(const char* format, const char* what, int tile_rows, int threads, int rows, int k,
+                  const std::vector<float>& got, const std::vector<double>& want, const std::vector<double>& magnitude) {
   double worst = 0.0;
   for (int r = 0; r < rows; r++) {
     const double error = std::fabs(got[r] - want[r]) / (magnitude[r] + 1e-30);
-    if (error > worst) worst = error;
+    if (!(error <= worst)) worst = error;  // NaN included
   }
   const bool ok = worst < 1e-5;
   if (!ok) failures++;
-  std::printf("%s r%dt%d rows %d k %d: worst error %.3g of the row's magnitude: %s\n", format, tile_rows, threads, rows, k,
-              worst, ok ? "ok" : "WRONG");
+  std::printf("%s %s r%dt%d rows %d k %d: worst error %.3g of the row's magnitude: %s\n", format, what, tile_rows,
+              threads, rows, k, worst, ok ? "ok" : "WRONG");
 }
 
-int main() {
-  const int shapes[][2] = {{1, 32}, {70, 96}, {9, 2048}, {13, 4096}, {4, 8192}};
-  for (const auto& shape : shapes) {
-    const int rows = shape[0], k = shape[1], groups = k / SEAM_GROUP;
-    std::vector<float> x(k);
-    for (float& v : x) v = seam_half_to_float(random_half());
-    std::vector<unsigned short> w((size_t)rows * k), scales((size_t)rows * groups), biases((size_t)rows * groups);
-    std::vector<signed char> q((size_t)rows * k);
-    std::vector<unsigned char> packed((size_t)rows * k / 2);
+// Rows of the three formats with random contents, and each row's product by each format's
+// definition over an input (normalized or not), computed in double.
+struct Matrices {
+  int rows, k, groups;
+  std::vector<unsigned short> w, scales, biases;
+  std::vector<signed char> q;
+  std::vector<unsigned char> packed;
+  Matrices(int rows, int k) : rows(rows), k(k), groups(k / SEAM_GROUP) {
+    w.resize((size_t)rows * k), scales.resize((size_t)rows * groups), biases.resize((size_t)rows * groups);
+    q.resize((size_t)rows * k), packed.resize((size_t)rows * k / 2);
     for (auto& v : w) v = random_half();
     for (auto& v : scales) v = random_half();
     for (auto& v : biases) v = random_half();
     for (auto& v : q) v = (signed char)(next() % 256);
     for (auto& v : packed) v = (unsigned char)(next() % 256);
-    std::vector<double> f16(rows), int8(rows), int4(rows), f16_mag(rows), int8_mag(rows), int4_mag(rows);
-    for (int r = 0; r < rows; r++) {
+  }
+  // Weight i of row r in format f (0 f16, 1 int8, 2 int4).
+  double weight(int f, int r, int i) const {
+    const size_t g = (size_t)r * groups + i / SEAM_GROUP;
+    if (f == 0) return seam_half_to_float(w[(size_t)r * k + i]);
+    if (f == 1) return (double)seam_half_to_float(scales[g]) * q[(size_t)r * k + i];
+    const unsigned char byte = packed[((size_t)r * k + i) / 2];
+    const int nibble = i % 2 ? byte >> 4 : byte & 15;
+    return (double)seam_half_to_float(scales[g]) * nibble + seam_half_to_float(biases[g]);
+  }
+  // Rows first..first + count of format f over `input`: (sums, sums of magnitudes).
+  void products(int f, int first, int count, const std::vector<double>& input, std::vector<double>& want,
+                std::vector<double>& magnitude) const {
+    want.assign(count, 0.0), magnitude.assign(count, 0.0);
+    for (int r = 0; r < count; r++) {
       for (int i = 0; i < k; i++) {
-        const size_t g = (size_t)r * groups + i / SEAM_GROUP;
-        const double wf = seam_half_to_float(w[(size_t)r * k + i]);
-        const double w8 = (double)seam_half_to_float(scales[g]) * q[(size_t)r * k + i];
-        const unsigned char byte = packed[((size_t)r * k + i) / 2];
-        const int nibble = i % 2 ? byte >> 4 : byte & 15;
-        const double w4 = (double)seam_half_to_float(scales[g]) * nibble + seam_half_to_float(biases[g]);
-        f16[r] += wf * x[i], int8[r] += w8 * x[i], int4[r] += w4 * x[i];
-        f16_mag[r] += std::fabs(wf * x[i]), int8_mag[r] += std::fabs(w8 * x[i]), int4_mag[r] += std::fabs(w4 * x[i]);
+        const double term = weight(f, first + r, i) * input[i];
+        want[r] += term, magnitude[r] += std::fabs(term);
       }
     }
-    const seam_f16_rows f16_rows{w.data(), k};
-    const seam_int8_rows int8_rows{q.data(), scales.data(), k};
-    const seam_int4_rows int4_rows{packed.data(), scales.data(), biases.data(), k};
-    // Every tiling the kernels are compiled for.
-#define CHECK_TILING(R, T)                                                    \
-  check("f16", R, T, rows, k, run<R, T>(f16_rows, x, rows, k), f16, f16_mag);    \
-  check("int8", R, T, rows, k, run<R, T>(int8_rows, x, rows, k), int8, int8_mag); \
-  check("int4", R, T, rows, k, run<R, T>(int4_rows, x, rows, k), int4, int4_mag);
+  }
+  // Matrix j of a set: rows first..first + count, format f's arrays.
+  void place(seam_products& set, int j, int f, int first, int count, float* y) const {
+    const size_t row = (size_t)first;
+    if (f == 0) set.arrays[j][0] = w.data() + row * k;
+    if (f == 1) set.arrays[j][0] = q.data() + row * k, set.arrays[j][1] = scales.data() + row * groups;
+    if (f == 2) {
+      set.arrays[j][0] = packed.data() + row * k / 2;
+      set.arrays[j][1] = scales.data() + row * groups;
+      set.arrays[j][2] = biases.data() + row * groups;
+    }
+    set.y[j] = y, set.rows[j] = count;
+  }
+};
+
+template <int ROWS, int THREADS>
+static void check_tiling(const Matrices& m, const std::vector<float>& x, const std::vector<float>& norm, float eps,
+                         const std::vector<double>& normed_x) {
+  const char* names[3] = {"f16", "int8", "int4"};
+  const int k = m.k;
+  std::vector<double> plain_x(x.begin(), x.end());
+  // Three matrices of one launch: rows [0, a), [a, a + b), [a + b, rows) of m.
+  const int a = (m.rows + 1) / 2, b = m.rows > 2 ? (m.rows - a) / 2 : 0;
+  const int parts[3][2] = {{0, a}, {a, b}, {a + b, m.rows - a - b}};
+  for (int f = 0; f < 3; f++) {
+    std::vector<double> want, magnitude;
+    // One matrix, the input as it is.
+    seam_products one = {};
+    std::vector<float> y(m.rows, NAN);
+    m.place(one, 0, f, 0, m.rows, y.data());
+    one.count = 1;
+    if (f == 0) run<ROWS, THREADS, seam_f16_rows>(one, x.data(), nullptr, 0.0f, k);
+    if (f == 1) run<ROWS, THREADS, seam_int8_rows>(one, x.data(), nullptr, 0.0f, k);
+    if (f == 2) run<ROWS, THREADS, seam_int4_rows>(one, x.data(), nullptr, 0.0f, k);
+    m.products(f, 0, m.rows, plain_x, want, magnitude);
+    check(names[f], "one", ROWS, THREADS, m.rows, k, y, want, magnitude);
+    // The matrices of one launch (those with rows), the input normalized.
+    seam_products set = {};
+    std::vector<std::vector<float>> ys;
+    int blocks = 0;
+    for (const auto& part : parts) {
+      if (part[1] == 0) continue;
+      ys.emplace_back(part[1], NAN);
+      m.place(set, set.count, f, part[0], part[1], ys.back().data());
+      set.first_block[set.count] = blocks;
+      blocks += (part[1] + ROWS - 1) / ROWS;
+      set.count++;
+    }
+    if (f == 0) run<ROWS, THREADS, seam_f16_rows>(set, x.data(), norm.data(), eps, k);
+    if (f == 1) run<ROWS, THREADS, seam_int8_rows>(set, x.data(), norm.data(), eps, k);
+    if (f == 2) run<ROWS, THREADS, seam_int4_rows>(set, x.data(), norm.data(), eps, k);
+    std::vector<float> got;
+    for (const auto& part_y : ys) got.insert(got.end(), part_y.begin(), part_y.end());
+    m.products(f, 0, m.rows, normed_x, want, magnitude);
+    check(names[f], "normed set", ROWS, THREADS, m.rows, k, got, want, magnitude);
+  }
+}
+
+int main() {
+  const int shapes[][2] = {{1, 32}, {70, 96}, {9, 2048}, {13, 4096}, {4, 8192}};
+  for (const auto& shape : shapes) {
+    const int rows = shape[0], k = shape[1];
+    const Matrices m(rows, k);
+    std::vector<float> x(k), norm(k);
+    for (float& v : x) v = seam_half_to_float(random_half());
+    for (float& v : norm) v = seam_half_to_float(random_half());
+    const float eps = 1e-5f;
+    double squares = 0.0;
+    for (float v : x) squares += (double)v * v;
+    const double scale = 1.0 / std::sqrt(squares / k + eps);
+    std::vector<double> normed_x(k);
+    for (int i = 0; i < k; i++) normed_x[i] = (double)x[i] * scale * norm[i];
+#define CHECK_TILING(R, T) check_tiling<R, T>(m, x, norm, eps, normed_x);
     SEAM_TILINGS(CHECK_TILING)
   }
   return failures ? 1 : 0;

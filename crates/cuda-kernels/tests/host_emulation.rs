@@ -22,9 +22,9 @@ fn the_kernels_threads_compute_each_formats_products() {
     let report = String::from_utf8_lossy(&run.stdout);
     println!("{report}");
     assert!(run.status.success(), "the emulated kernels disagree with the formats:\n{report}");
-    // Every format on every shape in every tiling (a harness that checked nothing would print
-    // nothing).
-    let cases = 3 * 5 * cuda_kernels::Tiling::ALL.len();
+    // Every format on every shape in every tiling, one matrix and a normed set of three (a
+    // harness that checked nothing would print nothing).
+    let cases = 2 * 3 * 5 * cuda_kernels::Tiling::ALL.len();
     assert_eq!(report.lines().filter(|l| l.ends_with(": ok")).count(), cases, "{report}");
     for tiling in cuda_kernels::Tiling::ALL {
         assert!(report.contains(&format!(" {tiling} ")), "the emulation skipped {tiling}:\n{report}");
@@ -39,9 +39,11 @@ fn the_embedded_ptx_has_every_entry_point() {
             let entry = format!(".visible .entry {name}(");
             assert!(cuda_kernels::PRODUCTS_PTX.contains(&entry), "{entry}");
             let params = cuda_kernels::PRODUCTS_PTX.split(&entry).nth(1).unwrap().split(')').next().unwrap();
-            // The pointers, then rows and k.
-            assert_eq!(params.matches(".param .u64").count(), kernel.pointers(), "{name}");
-            assert_eq!(params.matches(".param .u32").count(), 2, "{name}");
+            // x, norm and eps, the products (as `ProductsParam` lays them out), then k.
+            assert_eq!(params.matches(".param .u64").count(), 3, "{name}");
+            let size = std::mem::size_of::<cuda_kernels::ProductsParam>();
+            assert!(params.contains(&format!(".param .align 8 .b8 {name}_param_3[{size}]")), "{name}: {params}");
+            assert_eq!(params.matches(".param .u32").count(), 1, "{name}");
             // The block size the entry point was compiled for is the one it is launched with.
             let body = cuda_kernels::PRODUCTS_PTX.split(&entry).nth(1).unwrap();
             let bounds = body.lines().find(|l| l.contains(".maxntid")).unwrap_or_else(|| panic!("{name}: no .maxntid"));
@@ -50,6 +52,37 @@ fn the_embedded_ptx_has_every_entry_point() {
     }
     assert_eq!(cuda_kernels::PRODUCTS_PTX.matches(".visible .entry").count(), 3 * cuda_kernels::Tiling::ALL.len());
     assert!(cuda_kernels::PRODUCTS_PTX.ends_with('\0'));
+}
+
+#[test]
+fn a_launchs_matrices_take_consecutive_blocks() {
+    use cuda_kernels::{Kernel, Launch, Matrix, Tiling};
+    let at = |a: usize| a as *mut std::ffi::c_void;
+    let matrix = |rows, base: usize, arrays: usize| Matrix {
+        arrays: (0..arrays).map(|i| at(base + 16 * i)).collect(),
+        y: at(base + 256),
+        rows,
+    };
+    let matrices = [matrix(2048, 0x1000, 3), matrix(512, 0x2000, 3), matrix(9, 0x3000, 3)];
+    let launch = Launch { kernel: Kernel::Int4, x: at(0x10), norm: None, matrices: &matrices, k: 2048 };
+    let tiling: Tiling = "r4t128".parse().unwrap();
+    let (param, blocks) = launch.products(tiling).unwrap();
+    assert_eq!(blocks, 512 + 128 + 3);
+    // The fields as the kernels read them (`seam_products`): arrays, outputs, rows, first blocks,
+    // count.
+    let words: Vec<u64> = unsafe { std::mem::transmute::<cuda_kernels::ProductsParam, [u64; 16]>(param) }.to_vec();
+    assert_eq!(&words[..3], &[0x1000, 0x1010, 0x1020]);
+    assert_eq!(&words[6..9], &[0x3000, 0x3010, 0x3020]);
+    assert_eq!(&words[9..12], &[0x1100, 0x2100, 0x3100]);
+    let ints: Vec<i32> = words[12..].iter().flat_map(|w| [*w as u32 as i32, (*w >> 32) as u32 as i32]).collect();
+    assert_eq!(&ints[..7], &[2048, 512, 9, 0, 512, 640, 3]);
+    // What cannot be launched.
+    let wrong_arrays = [matrix(8, 0x1000, 2)];
+    let too_many = [matrix(8, 0, 3), matrix(8, 0, 3), matrix(8, 0, 3), matrix(8, 0, 3)];
+    for (matrices, k) in [(&wrong_arrays[..], 64), (&too_many[..], 64), (&[][..], 64), (&matrices[..1], 48)] {
+        let launch = Launch { kernel: Kernel::Int4, x: at(0x10), norm: None, matrices, k };
+        assert!(launch.products(tiling).is_err(), "{} matrices, k {k}", matrices.len());
+    }
 }
 
 #[test]

@@ -139,9 +139,10 @@ impl GraphSettings {
                 "reduce-words" => VectorProducts::ReduceWords,
                 "reduce-nibbles" => VectorProducts::ReduceNibbles,
                 "cuda-kernels" => VectorProducts::CudaKernels,
+                "cuda-kernels-each" => VectorProducts::CudaKernelsEach,
                 _ => {
                     return Err(SeamError::InvalidInput(format!(
-                        "{what}: expected dot, reduce, reduce-words, reduce-nibbles or cuda-kernels"
+                        "{what}: expected dot, reduce, reduce-words, reduce-nibbles, cuda-kernels or cuda-kernels-each"
                     )))
                 }
             };

@@ -251,6 +251,11 @@ impl CallFrame {
         self.args.size.max(0) as usize
     }
 
+    /// Number of results.
+    pub fn ret_count(&self) -> usize {
+        self.rets.size.max(0) as usize
+    }
+
     /// The platform stream the call runs on (a `CUstream` on XLA's CUDA backend), from XLA's
     /// `XLA_FFI_Stream_Get`; an error on a platform without streams (the CPU) or an API without
     /// the call.

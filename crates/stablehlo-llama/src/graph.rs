@@ -136,26 +136,49 @@ pub enum VectorProducts {
     /// (the stored bytes bitcast to `ui4`, two per byte), so that it, not the graph, unpacks them
     /// as wide as it can (XLA has packed int4 loads on GPUs); int8 as in `Reduce`.
     ReduceNibbles,
-    /// One XLA custom call per product to seam's CUDA kernels ([`CUDA_ROWS_F16_TARGET`],
-    /// [`CUDA_ROWS_INT8_TARGET`], [`CUDA_ROWS_INT4_TARGET`]; the `cuda-kernels` crate), which read
-    /// the stored weights (row-major f16, int8 codes, packed nibbles) once in 16-, 8- and 4-byte
-    /// loads: for a runtime that registers them for XLA's CUDA platform. Dense matrices are then
-    /// laid out row-major; matrices held in f32 (`dense=f32`) keep [`VectorProducts::Reduce`].
+    /// XLA custom calls to seam's CUDA kernels ([`CUDA_ROWS_F16_TARGET`] and the others; the
+    /// `cuda-kernels` crate), which read the stored weights (row-major f16, int8 codes, packed
+    /// nibbles) once in 16-, 8- and 4-byte loads: for a runtime that registers them for XLA's
+    /// CUDA platform. A layer's q, k and v are one call, and its gate and up another, each with the
+    /// RMSNorm before them folded in ([`CUDA_NORMED_ROWS_F16_TARGET`] and the others), as is the
+    /// LM head with the final norm; o and down are a call each. Dense matrices are then laid out
+    /// row-major; matrices held in f32 (`dense=f32`) keep [`VectorProducts::Reduce`].
     CudaKernels,
+    /// [`VectorProducts::CudaKernels`] with one call per product and the norms in the graph: what
+    /// grouping the products and folding the norms in gain.
+    CudaKernelsEach,
 }
 
-/// The XLA custom-call target of a one-row product over a row-major f16 matrix on an NVIDIA GPU
-/// ([`VectorProducts::CudaKernels`]): `(x f32[1, K], w f16[M, K]) -> f32[1, M]`.
+impl VectorProducts {
+    /// Whether decode's products are calls of seam's CUDA kernels.
+    pub fn is_cuda_kernels(self) -> bool {
+        matches!(self, VectorProducts::CudaKernels | VectorProducts::CudaKernelsEach)
+    }
+}
+
+/// The XLA custom-call target of one-row products over row-major f16 matrices on an NVIDIA GPU
+/// ([`VectorProducts::CudaKernels`]): `(x f32[1, K], w_1 f16[M_1, K], ...) -> (f32[1, M_1], ...)`,
+/// one to three matrices over the same row.
 pub const CUDA_ROWS_F16_TARGET: &str = "seam_cuda_rows_f16";
 
-/// [`CUDA_ROWS_F16_TARGET`] over an int8 matrix: `(x f32[1, K], q s8[M, K], scales f16[M, K / 32])
-/// -> f32[1, M]`, each weight `s q`.
+/// [`CUDA_ROWS_F16_TARGET`] over int8 matrices, each `q s8[M, K], scales f16[M, K / 32]`: each
+/// weight `s q`.
 pub const CUDA_ROWS_INT8_TARGET: &str = "seam_cuda_rows_int8";
 
-/// [`CUDA_ROWS_F16_TARGET`] over an int4 matrix: `(x f32[1, K], packed s8[M, K / 2], scales
-/// f16[M, K / 32], biases f16[M, K / 32]) -> f32[1, M]`, each weight `s q + b`, byte `i` of a
-/// group holding input `2i` in its low nibble and `2i + 1` in its high one.
+/// [`CUDA_ROWS_F16_TARGET`] over int4 matrices, each `packed s8[M, K / 2], scales f16[M, K / 32],
+/// biases f16[M, K / 32]`: each weight `s q + b`, byte `i` of a group holding input `2i` in its
+/// low nibble and `2i + 1` in its high one.
 pub const CUDA_ROWS_INT4_TARGET: &str = "seam_cuda_rows_int4";
+
+/// [`CUDA_ROWS_F16_TARGET`] of the row RMS-normalized first: `(x f32[1, K], norm f32[K], eps
+/// f32[], matrices...)`, each product `sum_i w[i] x[i] norm[i] / sqrt(mean(x^2) + eps)`.
+pub const CUDA_NORMED_ROWS_F16_TARGET: &str = "seam_cuda_normed_rows_f16";
+
+/// [`CUDA_NORMED_ROWS_F16_TARGET`] over int8 matrices.
+pub const CUDA_NORMED_ROWS_INT8_TARGET: &str = "seam_cuda_normed_rows_int8";
+
+/// [`CUDA_NORMED_ROWS_F16_TARGET`] over int4 matrices.
+pub const CUDA_NORMED_ROWS_INT4_TARGET: &str = "seam_cuda_normed_rows_int4";
 
 /// What a linear kernel call reads before its product (the runtime's kernel computes it, as
 /// `cpu_kernels::LinearInput` does): operands first, then the weight's, then the residual's.
@@ -378,7 +401,8 @@ impl GraphOptions {
                 VectorProducts::Reduce
                 | VectorProducts::ReduceWords
                 | VectorProducts::ReduceNibbles
-                | VectorProducts::CudaKernels,
+                | VectorProducts::CudaKernels
+                | VectorProducts::CudaKernelsEach,
             ) => crate::DenseLayout::RowMajor,
             (None, VectorProducts::Dot) => crate::DenseLayout::Transposed,
         }
@@ -757,13 +781,7 @@ fn linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
         MatrixArg::Dense { kernel: true, .. }
         | MatrixArg::Int4 { kernel: true, .. }
         | MatrixArg::Int8 { kernel: true, .. } => kernel_linear(b, None, &[x], KernelInput::Rows, w, None),
-        MatrixArg::Dense { products: VectorProducts::CudaKernels, .. }
-        | MatrixArg::Int4 { products: VectorProducts::CudaKernels, .. }
-        | MatrixArg::Int8 { products: VectorProducts::CudaKernels, .. }
-            if cuda_kernel_takes(w) =>
-        {
-            cuda_linear(b, x, w)
-        }
+        _ if w.products().is_cuda_kernels() && cuda_kernel_takes(w) => cuda_products(b, x, None, &[w]).remove(0),
         MatrixArg::Dense { products, .. } | MatrixArg::Int4 { products, .. } | MatrixArg::Int8 { products, .. }
             if *products != VectorProducts::Dot =>
         {
@@ -988,17 +1006,46 @@ fn cuda_kernel_takes(w: &MatrixArg) -> bool {
     }
 }
 
-/// [`linear`] of one row as a call of seam's CUDA kernel for `w`'s format
-/// ([`VectorProducts::CudaKernels`]).
-fn cuda_linear(b: &mut FnBuilder, x: &Val, w: &MatrixArg) -> Val {
+/// Whether the products of `ws` over one row go to seam's CUDA kernels as one call with the norm
+/// before them folded in ([`VectorProducts::CudaKernels`]): each matrix taken by the kernels, all
+/// of one format.
+fn cuda_group(ws: &[&MatrixArg]) -> bool {
+    ws.iter().all(|w| w.products() == VectorProducts::CudaKernels && cuda_kernel_takes(w) && w.layer().is_none())
+        && ws.windows(2).all(|pair| std::mem::discriminant(pair[0]) == std::mem::discriminant(pair[1]))
+}
+
+/// The products of one row `x` (`[1, K]`) with each of `ws` (one format, at most three) as one
+/// call of seam's CUDA kernels, the row first RMS-normalized by `norm` (the weight and epsilon)
+/// if given: `f32[1, M]` per matrix.
+fn cuda_products(b: &mut FnBuilder, x: &Val, norm: Option<(&Val, f32)>, ws: &[&MatrixArg]) -> Vec<Val> {
     debug_assert_eq!(x.dims()[0], 1, "the CUDA kernels are for one-row calls");
-    let (target, operands): (&str, Vec<&Val>) = match w {
-        MatrixArg::Dense { w, .. } => (CUDA_ROWS_F16_TARGET, vec![x, w]),
-        MatrixArg::Int8 { codes, scales, .. } => (CUDA_ROWS_INT8_TARGET, vec![x, codes, scales]),
-        MatrixArg::Int4 { packed, scales, biases, .. } => (CUDA_ROWS_INT4_TARGET, vec![x, packed, scales, biases]),
+    let eps = norm.map(|(_, eps)| b.const_f32(eps, &[]));
+    let mut operands: Vec<&Val> = vec![x];
+    if let (Some((weight, _)), Some(eps)) = (norm, &eps) {
+        operands.extend([weight, eps]);
+    }
+    let mut tys = Vec::with_capacity(ws.len());
+    for w in ws {
+        let arrays: Vec<&Val> = match w {
+            MatrixArg::Dense { w, .. } => vec![w],
+            MatrixArg::Int8 { codes, scales, .. } => vec![codes, scales],
+            MatrixArg::Int4 { packed, scales, biases, .. } => vec![packed, scales, biases],
+        };
+        tys.push(Ty::new(&[1, arrays[0].dims()[0]], Elem::F32));
+        operands.extend(arrays);
+    }
+    let target = match (ws[0], norm.is_some()) {
+        (MatrixArg::Dense { .. }, false) => CUDA_ROWS_F16_TARGET,
+        (MatrixArg::Int8 { .. }, false) => CUDA_ROWS_INT8_TARGET,
+        (MatrixArg::Int4 { .. }, false) => CUDA_ROWS_INT4_TARGET,
+        (MatrixArg::Dense { .. }, true) => CUDA_NORMED_ROWS_F16_TARGET,
+        (MatrixArg::Int8 { .. }, true) => CUDA_NORMED_ROWS_INT8_TARGET,
+        (MatrixArg::Int4 { .. }, true) => CUDA_NORMED_ROWS_INT4_TARGET,
     };
-    let m = operands[1].dims()[0];
-    b.custom_call(target, &operands, Ty::new(&[1, m], Elem::F32))
+    match &tys[..] {
+        [one] => vec![b.custom_call(target, &operands, one.clone())],
+        _ => b.custom_call_aliased(target, &operands, &tys, &[]),
+    }
 }
 
 /// `bytes` (`[M, g, n, 4]` i8) as one 32-bit word per four bytes, broadcast over the codes of a
@@ -1081,6 +1128,15 @@ impl MatrixArg {
     fn layer(&self) -> Option<usize> {
         match self {
             MatrixArg::Dense { layer, .. } | MatrixArg::Int4 { layer, .. } | MatrixArg::Int8 { layer, .. } => *layer,
+        }
+    }
+
+    /// How one-row products with this matrix are written where no kernel takes them.
+    fn products(&self) -> VectorProducts {
+        match self {
+            MatrixArg::Dense { products, .. } | MatrixArg::Int4 { products, .. } | MatrixArg::Int8 { products, .. } => {
+                *products
+            }
         }
     }
 
@@ -1410,6 +1466,11 @@ fn decoder_layer(
             };
             (normed(b, &wq), normed(b, &wk), normed(b, &wv))
         }
+        None if cuda_group(&[&wq, &wk, &wv]) => {
+            let mut qkv = cuda_products(b, &x, Some((&attn_norm, eps)), &[&wq, &wk, &wv]).into_iter();
+            let mut next = || qkv.next().expect("three products");
+            (next(), next(), next())
+        }
         None => {
             let normed = rms_norm(b, &x, &attn_norm, eps);
             (linear(b, &normed, &wq), linear(b, &normed, &wk), linear(b, &normed, &wv))
@@ -1512,9 +1573,14 @@ fn decoder_layer(
     let projected = linear(b, &attn, &wo);
     x = b.add(&x, &projected);
 
-    let normed = rms_norm(b, &x, &mlp_norm, eps);
-    let gate = linear(b, &normed, &w_gate);
-    let up = linear(b, &normed, &w_up);
+    let (gate, up) = if cuda_group(&[&w_gate, &w_up]) {
+        let mut gate_up = cuda_products(b, &x, Some((&mlp_norm, eps)), &[&w_gate, &w_up]);
+        let up = gate_up.pop().expect("two products");
+        (gate_up.pop().expect("two products"), up)
+    } else {
+        let normed = rms_norm(b, &x, &mlp_norm, eps);
+        (linear(b, &normed, &w_gate), linear(b, &normed, &w_up))
+    };
     let act = swiglu(b, &gate, &up);
     let down = linear(b, &act, &w_down);
     x = b.add(&x, &down);
@@ -2049,6 +2115,8 @@ fn forward(
     let logits = if head.is_kernel() {
         let e = b.const_f32(eps, &[]);
         kernel_linear(&mut b, None, &[&last, &final_norm, &e], KernelInput::RmsNorm, &head, None)
+    } else if cuda_group(&[&head]) {
+        cuda_products(&mut b, &last, Some((&final_norm, eps)), &[&head]).remove(0)
     } else {
         let last = rms_norm(&mut b, &last, &final_norm, eps);
         linear(&mut b, &last, &head)
@@ -2814,38 +2882,68 @@ mod tests {
     #[test]
     fn cuda_kernels_take_every_product_of_decode_only() {
         let c = tiny_llama32_config();
+        let layers = c.num_hidden_layers;
         let prefill = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: false };
-        let products = 7 * c.num_hidden_layers + 1; // seven per layer, and the LM head
+        let decode_spec = GraphSpec { kind: GraphKind::Decode, logits: true };
+        let calls = |text: &str, targets: [&str; 3]| {
+            targets.map(|t| text.matches(&format!("call_target_name = \"{t}\"")).count())
+        };
+        let plain = [CUDA_ROWS_F16_TARGET, CUDA_ROWS_INT8_TARGET, CUDA_ROWS_INT4_TARGET];
+        let normed = [CUDA_NORMED_ROWS_F16_TARGET, CUDA_NORMED_ROWS_INT8_TARGET, CUDA_NORMED_ROWS_INT4_TARGET];
+        let reductions = |text: &str| text.matches("stablehlo.reduce\"").count();
         for format in [WeightFormat::F16, WeightFormat::Int4] {
-            let o = GraphOptions { vector_products: VectorProducts::CudaKernels, ..options(format) };
-            assert_eq!(o.dense_layout(), crate::DenseLayout::RowMajor);
-            let decode = emit_module(&c, &o, &[GraphSpec { kind: GraphKind::Decode, logits: true }]).unwrap();
-            let calls = |target: &str| decode.matches(&format!("call_target_name = \"{target}\"")).count();
-            let (f16, int8, int4) =
-                (calls(CUDA_ROWS_F16_TARGET), calls(CUDA_ROWS_INT8_TARGET), calls(CUDA_ROWS_INT4_TARGET));
-            assert_eq!(f16 + int8 + int4, products, "{format:?}");
-            match format {
-                WeightFormat::F16 => assert_eq!(f16, products),
-                _ => assert!(int4 >= 7 * c.num_hidden_layers && f16 == 0, "{format:?}: {int8} int8, {int4} int4"),
-            }
             // The norms' and the softmax's reductions only, as where fp16's products are dots.
             let dots = GraphOptions { vector_products: VectorProducts::Dot, ..options(WeightFormat::F16) };
-            let dots = emit_module(&c, &dots, &[GraphSpec { kind: GraphKind::Decode, logits: true }]).unwrap();
-            let reductions = |text: &str| text.matches("stablehlo.reduce\"").count();
+            let dots = emit_module(&c, &dots, &[decode_spec]).unwrap();
+
+            // One call per product, the norms in the graph.
+            let o = GraphOptions { vector_products: VectorProducts::CudaKernelsEach, ..options(format) };
+            assert_eq!(o.dense_layout(), crate::DenseLayout::RowMajor);
+            let decode = emit_module(&c, &o, &[decode_spec]).unwrap();
+            let [f16, int8, int4] = calls(&decode, plain);
+            assert_eq!(f16 + int8 + int4, 7 * layers + 1, "{format:?}: seven per layer, and the LM head");
+            assert_eq!(calls(&decode, normed), [0; 3], "{format:?}");
+            match format {
+                WeightFormat::F16 => assert_eq!(f16, 7 * layers + 1),
+                _ => assert!(int4 >= 7 * layers && f16 == 0, "{format:?}: {int8} int8, {int4} int4"),
+            }
             assert_eq!(reductions(&decode), reductions(&dots), "{format:?}: no product left as a reduction");
-            let prefill = emit_module(&c, &o, &[prefill]).unwrap();
-            assert!(!prefill.contains("seam_cuda_rows"), "{format:?}: prefill's products stay dots");
+            assert!(!emit_module(&c, &o, &[prefill]).unwrap().contains("seam_cuda"), "{format:?}: prefill keeps dots");
+
+            // Grouped: q, k, v one call and gate, up another, each with its norm folded in; o and
+            // down a call each; the LM head with the final norm.
+            let o = GraphOptions { vector_products: VectorProducts::CudaKernels, ..options(format) };
+            assert_eq!(o.dense_layout(), crate::DenseLayout::RowMajor);
+            let decode = emit_module(&c, &o, &[decode_spec]).unwrap();
+            let [f16, int8, int4] = calls(&decode, plain);
+            let [normed_f16, normed_int8, normed_int4] = calls(&decode, normed);
+            assert_eq!(f16 + int8 + int4, 2 * layers, "{format:?}: o and down");
+            assert_eq!(normed_f16 + normed_int8 + normed_int4, 2 * layers + 1, "{format:?}: qkv, gate-up, the head");
+            if format == WeightFormat::F16 {
+                assert_eq!((int8, int4, normed_int8, normed_int4), (0, 0, 0, 0));
+            }
+            // A call of three products has three results, one of two two; their types in order.
+            let q_rows = c.num_attention_heads * c.head_dim;
+            let kv_rows = c.num_key_value_heads * c.head_dim;
+            let qkv = format!("-> (tensor<1x{q_rows}xf32>, tensor<1x{kv_rows}xf32>, tensor<1x{kv_rows}xf32>)");
+            let i = c.intermediate_size;
+            let gate_up = format!("-> (tensor<1x{i}xf32>, tensor<1x{i}xf32>)");
+            assert_eq!(decode.matches(&qkv).count(), layers, "{format:?}: {qkv}");
+            assert_eq!(decode.matches(&gate_up).count(), layers, "{format:?}: {gate_up}");
+            // The norms are the kernels' now: one reduction fewer per norm (two per layer and the
+            // final one).
+            assert_eq!(reductions(&decode), reductions(&dots) - (2 * layers + 1), "{format:?}");
+            assert!(!emit_module(&c, &o, &[prefill]).unwrap().contains("seam_cuda"), "{format:?}: prefill keeps dots");
         }
         // Matrices held in f32 are not the kernels' format: they keep the reductions.
-        let f32_dense = GraphOptions {
-            vector_products: VectorProducts::CudaKernels,
-            dense: StorageDtype::F32,
-            ..options(WeightFormat::F16)
-        };
-        let decode = emit_module(&c, &f32_dense, &[DECODE]).unwrap();
-        assert!(!decode.contains("seam_cuda_rows"));
-        let reduce = GraphOptions { vector_products: VectorProducts::Reduce, ..f32_dense };
-        assert_eq!(decode, emit_module(&c, &reduce, &[DECODE]).unwrap());
+        for products in [VectorProducts::CudaKernels, VectorProducts::CudaKernelsEach] {
+            let f32_dense =
+                GraphOptions { vector_products: products, dense: StorageDtype::F32, ..options(WeightFormat::F16) };
+            let decode = emit_module(&c, &f32_dense, &[DECODE]).unwrap();
+            assert!(!decode.contains("seam_cuda"));
+            let reduce = GraphOptions { vector_products: VectorProducts::Reduce, ..f32_dense };
+            assert_eq!(decode, emit_module(&c, &reduce, &[DECODE]).unwrap());
+        }
     }
 
     #[test]

@@ -1,36 +1,56 @@
-//! Checks and times seam's CUDA kernels on GPU 0 outside XLA: each format's product on the
-//! matrix shapes of Llama-3.2-1B (attention, MLP, the LM head), in every tiling the kernels are
-//! compiled for, launched through the same [`Driver::launch`] the XLA custom calls use and
+//! Checks and times seam's CUDA kernels on GPU 0 outside XLA: each format's launches on the
+//! matrix shapes of Llama-3.2-1B (attention, MLP, the LM head; one matrix at a time, and a
+//! layer's q, k and v or gate and up in one launch with their RMSNorm), in every tiling the kernels
+//! are compiled for, launched through the same [`Driver::launch`] the XLA custom calls use and
 //! captured into a CUDA graph as XLA's command buffers capture them. Each result is compared with
 //! the format's definition computed here in f64, and each launch's device time turned into the
 //! bytes of weights read per second. The weights are read from the GPU's memory, not its L2
-//! cache: the launches cycle through enough copies of the matrix to overflow any L2, as a decode
-//! step, which reads every matrix once, does.
+//! cache: the launches cycle through enough copies of the matrices to overflow any L2, as a
+//! decode step, which reads every matrix once, does.
 //!
-//! Prints a table per format (microseconds per product by tiling), the time of a 1B decode step's
-//! products by tiling, and the tilings that make it shortest as a `SEAM_CUDA_TILINGS` setting
-//! (written to the file `--tilings-out` names, for `gpu-bundle/run.sh` to try in XLA's step).
-//! Exits 1 if a result is wrong (or no GPU is there).
+//! Prints a table per format (microseconds per launch by tiling), the time of a 1B decode step's
+//! products by tiling (one launch per product, and launches grouped as `vector_products=
+//! cuda-kernels` groups them), and the tilings that make the grouped step shortest as a
+//! `SEAM_CUDA_TILINGS` setting (written to the file `--tilings-out` names, for
+//! `gpu-bundle/run.sh` to try in XLA's step). Exits 1 if a result is wrong (or no GPU is there).
 
-use cuda_kernels::device::Device;
-use cuda_kernels::{Driver, Kernel, Tiling, Tilings, GROUP};
+use cuda_kernels::device::{Device, DeviceBuffer};
+use cuda_kernels::{Driver, Kernel, Launch, Matrix, Norm, Tiling, Tilings, GROUP};
 use half::f16;
 use std::ffi::c_void;
 use std::process::ExitCode;
 
-/// (what, rows, inputs, products of the shape in a decode step): the 1B shape's products, 16
-/// layers of them and the LM head.
-const SHAPES: [(&str, usize, usize, usize); 5] = [
-    ("q, o", 2048, 2048, 32),
-    ("k, v", 512, 2048, 32),
-    ("gate, up", 8192, 2048, 32),
-    ("down", 2048, 8192, 16),
-    ("lm head", 128256, 2048, 1),
+/// A kind of launch on the 1B shape: the rows of its matrices, their inputs, whether the input is
+/// normalized in the launch, and how many of it a decode step makes with one launch per product
+/// and with the grouped launches (16 layers and the LM head).
+struct Row {
+    what: &'static str,
+    matrices: &'static [usize],
+    k: usize,
+    normed: bool,
+    each: usize,
+    grouped: usize,
+}
+
+const ROWS: [Row; 7] = [
+    Row { what: "q, o", matrices: &[2048], k: 2048, normed: false, each: 32, grouped: 16 },
+    Row { what: "k, v", matrices: &[512], k: 2048, normed: false, each: 32, grouped: 0 },
+    Row { what: "gate, up", matrices: &[8192], k: 2048, normed: false, each: 32, grouped: 0 },
+    Row { what: "down", matrices: &[2048], k: 8192, normed: false, each: 16, grouped: 16 },
+    Row { what: "lm head", matrices: &[128256], k: 2048, normed: false, each: 1, grouped: 0 },
+    Row { what: "qkv+norm", matrices: &[2048, 512, 512], k: 2048, normed: true, each: 0, grouped: 16 },
+    Row { what: "gate,up+norm", matrices: &[8192, 8192], k: 2048, normed: true, each: 0, grouped: 16 },
 ];
+// (The grouped step's LM head is normalized in its launch too; the norm's loads are the
+// activations', so it is counted as the plain head's time.)
+const HEAD_ROW: usize = 4;
+
 /// Launches per timed graph, at least.
 const LAUNCHES: usize = 50;
 /// Bytes of weight copies the launches cycle through: more than any GPU's L2 cache.
 const ROTATION_BYTES: usize = 256 << 20;
+/// The norms' epsilon.
+const EPS: f32 = 1e-5;
 
 struct Rng(u64);
 impl Rng {
@@ -112,31 +132,124 @@ fn main() -> ExitCode {
     }
 }
 
-/// Each row of a product by the format's definition, and the sum of its terms' magnitudes (the
-/// scale its error is measured against).
-fn definition(case: &Case, x: &[f32], rows: usize) -> Vec<(usize, f64, f64)> {
-    // The LM head's every 7th row: every position in a block, in a few seconds.
-    let step = if rows > 8192 { 7 } else { 1 };
-    (0..rows)
-        .step_by(step)
-        .map(|r| {
-            let (mut want, mut magnitude) = (0f64, 0f64);
-            for (i, &xi) in x.iter().enumerate() {
-                let term = (case.weight)(r, i) * xi as f64;
-                want += term;
-                magnitude += term.abs();
-            }
-            (r, want, magnitude)
+fn err(e: cuda_kernels::CudaError) -> String {
+    e.to_string()
+}
+
+fn as_bytes(values: &[f32]) -> Vec<u8> {
+    values.iter().flat_map(|v| v.to_le_bytes()).collect()
+}
+
+/// One row's launch on the device: the input (and norm), each matrix in enough copies to
+/// overflow the L2 cache, the outputs, and what each output row should be.
+struct OnDevice<'d> {
+    /// Per copy, the launch's matrices.
+    copies: Vec<Vec<Matrix>>,
+    x: DeviceBuffer<'d>,
+    norm: Option<(DeviceBuffer<'d>, DeviceBuffer<'d>)>,
+    ys: Vec<DeviceBuffer<'d>>,
+    /// Per matrix: (row, definition, sum of the terms' magnitudes) of the rows checked.
+    want: Vec<Vec<(usize, f64, f64)>>,
+    /// The weights' bytes of one launch.
+    weight_bytes: usize,
+    k: usize,
+    _buffers: Vec<DeviceBuffer<'d>>,
+}
+
+fn prepare<'d>(device: &'d Device, kernel: Kernel, row: &Row, rng: &mut Rng) -> Result<OnDevice<'d>, String> {
+    let k = row.k;
+    let x: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
+    let g: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
+    // The input the products are defined over: x, or x normalized.
+    let input: Vec<f64> = if row.normed {
+        let mean = x.iter().map(|v| (*v as f64).powi(2)).sum::<f64>() / k as f64;
+        let scale = 1.0 / (mean + EPS as f64).sqrt();
+        x.iter().zip(&g).map(|(x, g)| *x as f64 * scale * *g as f64).collect()
+    } else {
+        x.iter().map(|v| *v as f64).collect()
+    };
+    let cases: Vec<Case> = row.matrices.iter().map(|rows| case(kernel, *rows, k, rng)).collect();
+    let want = cases
+        .iter()
+        .zip(row.matrices)
+        .map(|(case, &rows)| {
+            // The LM head's every 7th row: every position in a block, in a few seconds.
+            let step = if rows > 8192 { 7 } else { 1 };
+            (0..rows)
+                .step_by(step)
+                .map(|r| {
+                    let (mut sum, mut magnitude) = (0f64, 0f64);
+                    for (i, xi) in input.iter().enumerate() {
+                        let term = (case.weight)(r, i) * xi;
+                        sum += term;
+                        magnitude += term.abs();
+                    }
+                    (r, sum, magnitude)
+                })
+                .collect()
         })
-        .collect()
+        .collect();
+    let weight_bytes: usize = cases.iter().flat_map(|c| c.arrays.iter().map(Vec::len)).sum();
+    let x_dev = device.upload(&as_bytes(&x)).map_err(err)?;
+    let norm = if row.normed {
+        Some((device.upload(&as_bytes(&g)).map_err(err)?, device.upload(&as_bytes(&[EPS])).map_err(err)?))
+    } else {
+        None
+    };
+    let ys = row.matrices.iter().map(|rows| device.alloc(rows * 4)).collect::<Result<Vec<_>, _>>().map_err(err)?;
+    let mut buffers = Vec::new();
+    let mut copies = Vec::new();
+    for _ in 0..ROTATION_BYTES.div_ceil(weight_bytes) {
+        let mut matrices = Vec::new();
+        for ((case, rows), y) in cases.iter().zip(row.matrices).zip(&ys) {
+            let mut arrays = Vec::new();
+            for array in &case.arrays {
+                let buffer = device.upload(array).map_err(err)?;
+                arrays.push(buffer.ptr as *mut c_void);
+                buffers.push(buffer);
+            }
+            matrices.push(Matrix { arrays, y: y.ptr as *mut c_void, rows: *rows });
+        }
+        copies.push(matrices);
+    }
+    Ok(OnDevice { copies, x: x_dev, norm, ys, want, weight_bytes, k, _buffers: buffers })
+}
+
+impl OnDevice<'_> {
+    fn launch(&self, copy: usize, kernel: Kernel) -> Launch<'_> {
+        Launch {
+            kernel,
+            x: self.x.ptr as *mut c_void,
+            norm: self.norm.as_ref().map(|(g, eps)| Norm { weight: g.ptr as *mut c_void, eps: eps.ptr as *mut c_void }),
+            matrices: &self.copies[copy],
+            k: self.k,
+        }
+    }
+
+    /// The worst error of the outputs, relative to each row's magnitude.
+    fn worst_error(&self, device: &Device) -> Result<f64, String> {
+        let mut worst = 0f64;
+        for (y, want) in self.ys.iter().zip(&self.want) {
+            let got: Vec<f32> = device
+                .download(y)
+                .map_err(err)?
+                .chunks_exact(4)
+                .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
+                .collect();
+            for &(r, sum, magnitude) in want {
+                let error = (got[r] as f64 - sum).abs() / magnitude.max(f64::MIN_POSITIVE);
+                worst = if error.is_nan() { f64::INFINITY } else { worst.max(error) };
+            }
+        }
+        Ok(worst)
+    }
 }
 
 fn run(tilings_out: Option<String>) -> Result<bool, String> {
-    let err = |e: cuda_kernels::CudaError| e.to_string();
     let device = Device::open().map_err(err)?;
     let driver = Driver::get().map_err(err)?;
     println!(
-        "seam CUDA kernels on {}: microseconds per product, each a launch in a CUDA graph of at least {LAUNCHES}, \
+        "seam CUDA kernels on {}: microseconds per launch, each in a CUDA graph of at least {LAUNCHES}, \
          cycling through {} MiB of weight copies; tilings r<rows per block>t<threads per block>",
         device.name(),
         ROTATION_BYTES >> 20
@@ -147,53 +260,25 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
     let mut first_capture = true;
     for kernel in Kernel::ALL {
         let names: Vec<String> = Tiling::ALL.iter().map(|t| format!("{t:>7}")).collect();
-        println!(
-            "\n{:<9} {:>7} {:>6} {:>7} {}  fastest   GB/s  result",
-            kernel.format(),
-            "rows",
-            "k",
-            "MB",
-            names.join("")
-        );
-        let mut step_us = [0f64; Tiling::ALL.len()];
-        for (what, rows, k, per_step) in SHAPES {
-            let case = case(kernel, rows, k, &mut rng);
-            let x: Vec<f32> = (0..k).map(|_| rng.unit()).collect();
-            let x_bytes: Vec<u8> = x.iter().flat_map(|v| v.to_le_bytes()).collect();
-            let want = definition(&case, &x, rows);
-            let weight_bytes: usize = case.arrays.iter().map(Vec::len).sum();
-            let copies = ROTATION_BYTES.div_ceil(weight_bytes);
+        println!("\n{:<13} {:>6} {:>7} {}  fastest   GB/s  result", kernel.format(), "k", "MB", names.join(""));
+        let (mut each_us, mut grouped_us) = ([0f64; Tiling::ALL.len()], [0f64; Tiling::ALL.len()]);
+        for (index, row) in ROWS.iter().enumerate() {
+            let on_device = prepare(&device, kernel, row, &mut rng)?;
+            let copies = on_device.copies.len();
             let launches = LAUNCHES.max(copies);
-            let x_dev = device.upload(&x_bytes).map_err(err)?;
-            let y_dev = device.alloc(rows * 4).map_err(err)?;
-            let mut copy_pointers = Vec::new();
-            let mut buffers = Vec::new();
-            for _ in 0..copies {
-                let arrays =
-                    case.arrays.iter().map(|a| device.upload(a)).collect::<Result<Vec<_>, _>>().map_err(err)?;
-                let mut pointers: Vec<*mut c_void> = vec![x_dev.ptr as *mut c_void];
-                pointers.extend(arrays.iter().map(|a| a.ptr as *mut c_void));
-                pointers.push(y_dev.ptr as *mut c_void);
-                copy_pointers.push(pointers);
-                buffers.push(arrays);
-            }
             let mut us = Vec::new();
             let mut wrong = Vec::new();
             for (t, tiling) in Tiling::ALL.into_iter().enumerate() {
                 // The first capture also loads the module (the driver compiling the PTX) inside
                 // it, as the first custom call of a captured XLA step does.
                 let started = std::time::Instant::now();
-                let capture = || {
-                    device.capture(|| {
-                        (0..launches).try_for_each(|i| {
-                            // SAFETY: device arrays of the sizes the kernel reads for `rows` and
-                            // `k`, alive until the stream is synchronized (the download below).
-                            unsafe {
-                                driver.launch(device.stream(), kernel, tiling, &copy_pointers[i % copies], rows, k)
-                            }
-                        })
-                    })
+                let launch_copy = |copy: usize| {
+                    let launch = on_device.launch(copy, kernel);
+                    // SAFETY: device arrays of the sizes the launch reads and writes, alive
+                    // until the stream is synchronized (the downloads of `worst_error`).
+                    unsafe { driver.launch(device.stream(), &launch, tiling) }
                 };
+                let capture = || device.capture(|| (0..launches).try_for_each(|i| launch_copy(i % copies)));
                 let graph = match capture() {
                     Ok(graph) => graph,
                     Err(e) if first_capture => {
@@ -201,9 +286,7 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
                         // loaded outside a capture so that the kernels are still measured.
                         println!("WRONG: loading the module inside a capture failed ({e}); loading it outside one");
                         all_right = false;
-                        // SAFETY: as in the capture above.
-                        unsafe { driver.launch(device.stream(), kernel, tiling, &copy_pointers[0], rows, k) }
-                            .map_err(err)?;
+                        launch_copy(0).map_err(err)?;
                         device.synchronize().map_err(err)?;
                         capture().map_err(err)?
                     }
@@ -218,64 +301,56 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
                 }
                 graph.launch().map_err(err)?;
                 let ms = device.time(|| graph.launch()).map_err(err)?;
-                let y: Vec<f32> = device
-                    .download(&y_dev)
-                    .map_err(err)?
-                    .chunks_exact(4)
-                    .map(|c| f32::from_le_bytes([c[0], c[1], c[2], c[3]]))
-                    .collect();
-                let worst = want
-                    .iter()
-                    .map(|&(r, want, magnitude)| (y[r] as f64 - want).abs() / magnitude.max(f64::MIN_POSITIVE))
-                    .fold(0f64, f64::max);
+                let worst = on_device.worst_error(&device)?;
                 // f32 sums of up to 8192 terms: far under this; a wrong index or nibble is far over.
-                if worst.is_nan() || worst >= 1e-4 {
+                if worst >= 1e-4 {
                     wrong.push(format!("{tiling} (worst error {worst:.1e} of a row's magnitude)"));
                 }
                 us.push(ms as f64 * 1000.0 / launches as f64);
-                step_us[t] += per_step as f64 * us[t];
+                each_us[t] += row.each as f64 * us[t];
+                grouped_us[t] += (row.grouped + if index == HEAD_ROW { 1 } else { 0 }) as f64 * us[t];
             }
-            drop(buffers);
             all_right &= wrong.is_empty();
             let best = (0..us.len()).min_by(|&a, &b| us[a].total_cmp(&us[b])).expect("tilings");
             let cells: Vec<String> = us.iter().map(|u| format!("{u:>7.1}")).collect();
             println!(
-                "{:<9} {:>7} {:>6} {:>7.1} {}  {:>7} {:>6.0}  {}",
-                what,
-                rows,
-                k,
-                weight_bytes as f64 / 1e6,
+                "{:<13} {:>6} {:>7.1} {}  {:>7} {:>6.0}  {}",
+                row.what,
+                row.k,
+                on_device.weight_bytes as f64 / 1e6,
                 cells.join(""),
                 Tiling::ALL[best].to_string(),
-                weight_bytes as f64 / (us[best] * 1e3),
+                on_device.weight_bytes as f64 / (us[best] * 1e3),
                 if wrong.is_empty() { "ok".to_string() } else { format!("WRONG: {}", wrong.join(", ")) }
             );
         }
-        let cells: Vec<String> = step_us.iter().map(|u| format!("{u:>7.0}")).collect();
-        let best = (0..step_us.len()).min_by(|&a, &b| step_us[a].total_cmp(&step_us[b])).expect("tilings");
-        println!(
-            "{:<9} {:>7} {:>6} {:>7} {}  {:>7}",
-            "1B step",
-            "",
-            "",
-            "",
-            cells.join(""),
-            Tiling::ALL[best].to_string()
-        );
-        let default_us =
-            step_us[Tiling::ALL.iter().position(|t| *t == Tiling::DEFAULT).expect("the default is compiled")];
-        println!(
-            "{}: a 1B decode step's products take {:.0} us with {} ({:.2}x the default {}'s {:.0} us)",
-            kernel.format(),
-            step_us[best],
-            Tiling::ALL[best],
-            default_us / step_us[best],
-            Tiling::DEFAULT,
-            default_us
-        );
-        fastest = Tilings::parse(&format!("{fastest},{}={}", kernel.format(), Tiling::ALL[best]))?;
+        let default = Tiling::ALL.iter().position(|t| *t == Tiling::DEFAULT).expect("the default is compiled");
+        let mut best_grouped = default;
+        for (form, step_us) in [("each", &each_us), ("grouped", &grouped_us)] {
+            let cells: Vec<String> = step_us.iter().map(|u| format!("{u:>7.0}")).collect();
+            let best = (0..step_us.len()).min_by(|&a, &b| step_us[a].total_cmp(&step_us[b])).expect("tilings");
+            println!(
+                "{:<13} {:>6} {:>7} {}  {:>7}",
+                format!("1B {form}"),
+                "",
+                "",
+                cells.join(""),
+                Tiling::ALL[best].to_string()
+            );
+            println!(
+                "{}: a 1B decode step's products, {form}, take {:.0} us with {} ({:.2}x the default {}'s {:.0} us)",
+                kernel.format(),
+                step_us[best],
+                Tiling::ALL[best],
+                step_us[default] / step_us[best],
+                Tiling::DEFAULT,
+                step_us[default]
+            );
+            best_grouped = best;
+        }
+        fastest = Tilings::parse(&format!("{fastest},{}={}", kernel.format(), Tiling::ALL[best_grouped]))?;
     }
-    println!("\nfastest tilings for a 1B decode step: {}={fastest}", Tilings::VARIABLE);
+    println!("\nfastest tilings for a 1B decode step of grouped launches: {}={fastest}", Tilings::VARIABLE);
     if let Some(path) = tilings_out {
         std::fs::write(&path, format!("{fastest}\n")).map_err(|e| format!("writing {path}: {e}"))?;
     }
