@@ -18,6 +18,33 @@ use std::sync::OnceLock;
 /// The platform name XLA's CUDA plugin registers handlers under.
 const PLATFORM: &str = "CUDA";
 
+/// The environment variable that lets a CPU plugin run graphs with seam's CUDA kernels' calls
+/// ([`register_on_host`]): `1` to check those graphs without a GPU.
+pub const ON_CPU_ENV: &str = "SEAM_PJRT_CUDA_KERNELS_ON_CPU";
+
+/// The targets, each with its handler for a platform: `FORMAT` indexes [`Kernel::ALL`], `NORMED`
+/// picks the normed targets.
+fn handlers(on_host: bool) -> [(&'static str, Handler); 6] {
+    let pick = |gpu: Handler, host: Handler| if on_host { host } else { gpu };
+    [
+        (stablehlo_llama::CUDA_ROWS_F16_TARGET, pick(rows::<0, false>, host_rows::<0, false>)),
+        (stablehlo_llama::CUDA_ROWS_INT8_TARGET, pick(rows::<1, false>, host_rows::<1, false>)),
+        (stablehlo_llama::CUDA_ROWS_INT4_TARGET, pick(rows::<2, false>, host_rows::<2, false>)),
+        (stablehlo_llama::CUDA_NORMED_ROWS_F16_TARGET, pick(rows::<0, true>, host_rows::<0, true>)),
+        (stablehlo_llama::CUDA_NORMED_ROWS_INT8_TARGET, pick(rows::<1, true>, host_rows::<1, true>)),
+        (stablehlo_llama::CUDA_NORMED_ROWS_INT4_TARGET, pick(rows::<2, true>, host_rows::<2, true>)),
+    ]
+}
+
+/// Registers, for `plugin`'s CPU platform, handlers of the kernels' targets that compute what the
+/// kernels compute on the host ([`cuda_kernels::host`]): a CPU plugin then runs the graphs of
+/// `vector_products=cuda-kernels` as they are, and the conformance suite checks their calls
+/// (operands, grouped results, folded norms) against the reference without a GPU.
+pub fn register_on_host(plugin: &Plugin) -> Result<(), String> {
+    static DONE: Registrations = OnceLock::new();
+    once_per_plugin(&DONE, plugin, || register_all(plugin, crate::host_kernels::PLATFORM, &handlers(true), 0))
+}
+
 /// Registers the kernels' handlers with `plugin`'s XLA, once per plugin for the life of the
 /// process; the reason when the plugin refuses them, no NVIDIA driver is there to launch them or
 /// the process's tiling setting (`SEAM_CUDA_TILINGS`, [`Tilings`]) is malformed.
@@ -26,15 +53,7 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
     once_per_plugin(&DONE, plugin, || {
         Tilings::of_process()?;
         Driver::get().map_err(|e| e.to_string())?;
-        let handlers: [(&str, Handler); 6] = [
-            (stablehlo_llama::CUDA_ROWS_F16_TARGET, rows::<0, false>),
-            (stablehlo_llama::CUDA_ROWS_INT8_TARGET, rows::<1, false>),
-            (stablehlo_llama::CUDA_ROWS_INT4_TARGET, rows::<2, false>),
-            (stablehlo_llama::CUDA_NORMED_ROWS_F16_TARGET, rows::<0, true>),
-            (stablehlo_llama::CUDA_NORMED_ROWS_INT8_TARGET, rows::<1, true>),
-            (stablehlo_llama::CUDA_NORMED_ROWS_INT4_TARGET, rows::<2, true>),
-        ];
-        register_all(plugin, PLATFORM, &handlers, TRAIT_COMMAND_BUFFER_COMPATIBLE)
+        register_all(plugin, PLATFORM, &handlers(false), TRAIT_COMMAND_BUFFER_COMPATIBLE)
     })
 }
 
@@ -45,6 +64,21 @@ unsafe extern "C" fn rows<const FORMAT: usize, const NORMED: bool>(frame: *mut C
     unsafe {
         handle_with_traits(frame, TRAIT_COMMAND_BUFFER_COMPATIBLE, |frame| launch(frame, Kernel::ALL[FORMAT], NORMED))
     }
+}
+
+/// [`rows`] on the host: the CPU plugin's arrays in host memory, computed by
+/// [`cuda_kernels::host::compute`].
+unsafe extern "C" fn host_rows<const FORMAT: usize, const NORMED: bool>(frame: *mut CallFrame) -> *mut XlaError {
+    // SAFETY: called by XLA with its call frame.
+    unsafe { handle_with_traits(frame, 0, |frame| compute_on_host(frame, Kernel::ALL[FORMAT], NORMED)) }
+}
+
+fn compute_on_host(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<(), String> {
+    let Operands { x, norm, matrices, k } = operands(frame, kernel, normed)?;
+    let launch = Launch { kernel, x, norm, matrices: &matrices, k };
+    // SAFETY: a CPU plugin's arrays are host memory, of the shapes `operands` checked; XLA gives
+    // each result its own buffer.
+    unsafe { cuda_kernels::host::compute(&launch) }
 }
 
 /// The device address of `buffer`, which the kernels read in 16-byte loads.

@@ -25,7 +25,7 @@ use std::path::PathBuf;
 use std::sync::{Mutex, OnceLock};
 
 /// The platform name XLA's CPU plugin registers handlers under.
-const PLATFORM: &str = "cpu";
+pub(crate) const PLATFORM: &str = "cpu";
 
 /// Registers the kernels with `plugin`'s XLA, once per plugin for the life of the process (the
 /// registry is the plugin's). A plugin without the FFI extension, or one that refuses a handler,

@@ -331,13 +331,19 @@ fn load_engine(target: &Target, request: &LoadRequest) -> Result<PjrtEngine> {
             VectorProducts::CudaKernelsEach => "vector_products=cuda-kernels-each",
             _ => "vector_products=cuda-kernels",
         };
-        if !target.device.id.starts_with("cuda") {
+        let plugin = target.found.client.plugin();
+        let registered = if target.device.id.starts_with("cuda") {
+            gpu_products::register(plugin)
+        } else if on_cpu && std::env::var(gpu_products::ON_CPU_ENV).as_deref() == Ok("1") {
+            // The kernels' arithmetic on the host: the graphs' calls checked without a GPU.
+            gpu_products::register_on_host(plugin)
+        } else {
             return Err(SeamError::InvalidInput(format!(
                 "{setting}: seam's CUDA kernels run on a CUDA plugin's GPU, not on {}",
                 target.device.id
             )));
-        }
-        gpu_products::register(target.found.client.plugin()).map_err(|reason| SeamError::Unavailable {
+        };
+        registered.map_err(|reason| SeamError::Unavailable {
             backend: BACKEND_NAME.to_string(),
             reason: format!("{setting}: {reason}"),
         })?;

@@ -13,7 +13,8 @@
 //! `SEAM_PJRT_KERNELS=none`, so the pure-StableHLO graphs XLA's CPU plugin falls back to stay
 //! proven too, and then the forms pjrt takes on a GPU (`vector_products=reduce`,
 //! `dot_precision=highest`, ADR 0028, with greedy steps launched ahead as on a device, ADR 0041;
-//! and `reduce-words`, `reduce-nibbles`). A last pass runs the whole suite on
+//! and `reduce-words`, `reduce-nibbles`), and the graphs of `cuda-kernels` and `cuda-kernels-each`
+//! with the CUDA kernels' calls computed on the host. A last pass runs the whole suite on
 //! int4 with `SEAM_PJRT_ACTIVATIONS=int8` (the kernels' products over activations rounded to int8,
 //! ADR 0024) under the int8 preset.
 //!
@@ -79,6 +80,16 @@ fn main() {
         let target = pjrt_cpu(ComputePrecision::F16);
         check_target(&format!("pjrt-cpu with vector_products={form}"), target, &options);
     }
+    // The graphs that call seam's CUDA kernels (ADR 0042, 0044), run by the CPU plugin with the
+    // kernels' arithmetic on the host: their calls' operands, grouped results and folded norms
+    // checked against the reference without a GPU.
+    std::env::set_var(backend_pjrt::gpu_products::ON_CPU_ENV, "1");
+    for form in ["cuda-kernels", "cuda-kernels-each"] {
+        std::env::set_var("SEAM_PJRT_VECTOR_PRODUCTS", form);
+        let target = pjrt_cpu(ComputePrecision::F16);
+        check_target(&format!("pjrt-cpu with vector_products={form} (on the host)"), target, &options);
+    }
+    std::env::remove_var(backend_pjrt::gpu_products::ON_CPU_ENV);
     for key in ["SEAM_PJRT_KERNELS", "SEAM_PJRT_VECTOR_PRODUCTS", "SEAM_PJRT_DOT_PRECISION"] {
         std::env::remove_var(key);
     }

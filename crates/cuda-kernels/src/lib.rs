@@ -11,6 +11,7 @@
 
 pub mod device;
 mod driver;
+pub mod host;
 
 pub use driver::{driver_library, driver_symbol, CudaError, Driver, Stream};
 

@@ -1,0 +1,72 @@
+//! What a [`Launch`] computes, computed on the host from host memory: for a runtime whose arrays
+//! are in host memory (XLA's CPU plugin) to run graphs that call the kernels, so that the calls
+//! themselves (operands, their order, the grouped results, the folded norm) are checked against
+//! the reference backend without a GPU. The kernels' own arithmetic is checked by the host
+//! emulation of their source (`tests/emulate.cpp`); this is the formats' definition, in f32.
+
+use crate::{Kernel, Launch, Tiling, GROUP};
+use half::f16;
+
+/// Computes `launch` on the host: each matrix's rows over the input (normalized first when the
+/// launch has a norm) into its output.
+///
+/// # Safety
+/// Every address of `launch` is host memory of the size [`Launch`] gives for its shapes, the
+/// outputs writable and not overlapping the inputs.
+pub unsafe fn compute(launch: &Launch) -> Result<(), String> {
+    // The same checks as a launch on a device.
+    launch.products(Tiling::DEFAULT)?;
+    let k = launch.k;
+    // SAFETY: the caller's promise: x is k floats.
+    let x = unsafe { std::slice::from_raw_parts(launch.x as *const f32, k) };
+    let (input, scale): (Vec<f32>, f32) = match launch.norm {
+        Some(norm) => {
+            // SAFETY: the caller's promise: the weight is k floats, epsilon one.
+            let (weight, eps) =
+                unsafe { (std::slice::from_raw_parts(norm.weight as *const f32, k), *(norm.eps as *const f32)) };
+            let squares: f32 = x.iter().map(|v| v * v).sum();
+            (x.iter().zip(weight).map(|(x, g)| x * g).collect(), 1.0 / (squares / k as f32 + eps).sqrt())
+        }
+        None => (x.to_vec(), 1.0),
+    };
+    let groups = k / GROUP;
+    for matrix in launch.matrices {
+        let rows = matrix.rows;
+        // SAFETY: the caller's promise: the output is `rows` floats of its own.
+        let y = unsafe { std::slice::from_raw_parts_mut(matrix.y as *mut f32, rows) };
+        let halves = |index: usize, len: usize| {
+            // SAFETY: the caller's promise on the format's arrays.
+            unsafe { std::slice::from_raw_parts(matrix.arrays[index] as *const f16, len) }
+        };
+        for (r, out) in y.iter_mut().enumerate() {
+            let sum: f32 = match launch.kernel {
+                Kernel::F16 => {
+                    let w = &halves(0, rows * k)[r * k..(r + 1) * k];
+                    w.iter().zip(&input).map(|(w, x)| w.to_f32() * x).sum()
+                }
+                Kernel::Int8 => {
+                    // SAFETY: as above; the codes are `rows * k` bytes.
+                    let q = unsafe { std::slice::from_raw_parts(matrix.arrays[0] as *const i8, rows * k) };
+                    let scales = &halves(1, rows * groups)[r * groups..(r + 1) * groups];
+                    (0..k).map(|i| scales[i / GROUP].to_f32() * q[r * k + i] as f32 * input[i]).sum()
+                }
+                Kernel::Int4 => {
+                    // SAFETY: as above; the packed codes are `rows * k / 2` bytes.
+                    let packed = unsafe { std::slice::from_raw_parts(matrix.arrays[0] as *const u8, rows * k / 2) };
+                    let scales = &halves(1, rows * groups)[r * groups..(r + 1) * groups];
+                    let biases = &halves(2, rows * groups)[r * groups..(r + 1) * groups];
+                    (0..k)
+                        .map(|i| {
+                            let byte = packed[(r * k + i) / 2];
+                            let code = if i % 2 == 0 { byte & 15 } else { byte >> 4 };
+                            let g = i / GROUP;
+                            (scales[g].to_f32() * code as f32 + biases[g].to_f32()) * input[i]
+                        })
+                        .sum()
+                }
+            };
+            *out = sum * scale;
+        }
+    }
+    Ok(())
+}
