@@ -44,9 +44,10 @@ impl GraphSettings {
     /// the graphs call seam's CPU kernels; only a backend that registered them accepts `seam`,
     /// see [`GraphSettings::kernels_requested`]), `activations` (`exact` or `int8`: how the
     /// kernels' int4 and int8 products take their activations, ADR 0024; `int8` only with the
-    /// kernels), `vector_products` (`dot`, `reduce`, `reduce-words`, `reduce-nibbles` or `cuda-kernels`: how
-    /// decode's products are written where no kernel takes them, [`VectorProducts`]; a backend
-    /// refuses `cuda-kernels` where it cannot run them), `dot_precision` (`default` or
+    /// kernels), `vector_products` (`dot`, `reduce`, `reduce-words`, `reduce-nibbles`,
+    /// `cuda-kernels` or `cuda-kernels-each`: how decode's products are written where no kernel
+    /// takes them, [`VectorProducts`]; a backend refuses the CUDA kernels where it cannot run
+    /// them), `dot_precision` (`default` or
     /// `highest`: [`GraphOptions::highest_precision`]).
     pub const KEYS: [&'static str; 8] = [
         "layers",
