@@ -1,12 +1,16 @@
 //! seam's CUDA kernels (the `cuda-kernels` crate) as XLA custom-call targets of a CUDA plugin:
 //! decode's one-row products when the graphs are emitted with
-//! [`VectorProducts::CudaKernels`](stablehlo_llama::VectorProducts::CudaKernels).
+//! [`VectorProducts::CudaKernels`](stablehlo_llama::VectorProducts::CudaKernels) (a layer's
+//! q, k, v and its gate, up grouped, their norms folded in) or `CudaKernelsEach`.
 //!
 //! Each handler checks its arrays' element types and shapes against what the graph emitter
 //! promises, asks XLA for the call's CUDA stream and launches the kernel on it; it never touches
 //! the arrays' contents (device memory). They are registered as safe to capture into XLA's command
 //! buffers (CUDA graphs): a call launches the same kernel for the same shapes every time, so XLA
 //! keeps a decode step one graph launch instead of splitting it around every product.
+//!
+//! The same targets can be registered for a CPU plugin with handlers that compute the calls on
+//! the host ([`register_on_host`], [`ON_CPU_ENV`]): the graphs' calls checked without a GPU.
 
 use crate::host_kernels::{handle_with_traits, once_per_plugin, register_all, rows_cols, Registrations};
 use cuda_kernels::{Driver, Kernel, Launch, Matrix, Norm, Stream, Tilings, GROUP, MAX_MATRICES};
@@ -98,11 +102,16 @@ fn aligned_to(buffer: &Buffer, what: &str, alignment: usize) -> Result<*mut c_vo
 /// signature (`stablehlo_llama::CUDA_ROWS_*_TARGET`, `CUDA_NORMED_ROWS_*_TARGET`): `x`, then with
 /// a norm its weight and epsilon, then each matrix's arrays; one result per matrix.
 fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands, String> {
-    let what = format!("{} product{}", kernel.format(), if normed { " of a normed input" } else { "" });
+    // The call's name only on an error: a handler's every call is on a decode step's path.
+    checked_operands(frame, kernel, normed)
+        .map_err(|e| format!("{} product{}: {e}", kernel.format(), if normed { " of a normed input" } else { "" }))
+}
+
+fn checked_operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands, String> {
     let x = frame.arg(0)?;
     let (one, k) = rows_cols(x, "x")?;
     if one != 1 || x.dtype != dtype::F32 {
-        return Err(format!("{what}: x f32[1, k] expected, got type {} {:?}", x.dtype, x.dims()));
+        return Err(format!("x f32[1, k] expected, got type {} {:?}", x.dtype, x.dims()));
     }
     let x_data = aligned(x, "x")?;
     let lead = if normed { 3 } else { 1 };
@@ -110,7 +119,7 @@ fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands,
         let (weight, eps) = (frame.arg(1)?, frame.arg(2)?);
         if weight.dtype != dtype::F32 || weight.dims() != [k] || eps.dtype != dtype::F32 || !eps.dims().is_empty() {
             return Err(format!(
-                "{what}: the norm is type {} {:?} and epsilon type {} {:?} where f32[{k}] and f32[] were expected",
+                "the norm is type {} {:?} and epsilon type {} {:?} where f32[{k}] and f32[] were expected",
                 weight.dtype,
                 weight.dims(),
                 eps.dtype,
@@ -127,7 +136,7 @@ fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands,
     let count = frame.ret_count();
     if count == 0 || count > MAX_MATRICES || frame.arg_count() != lead + count * per_matrix {
         return Err(format!(
-            "{what}: {} arguments and {count} results, where {lead} + {per_matrix} per matrix and a result per matrix \
+            "{} arguments and {count} results, where {lead} + {per_matrix} per matrix and a result per matrix \
              (1 to {MAX_MATRICES}) were expected",
             frame.arg_count()
         ));
@@ -143,14 +152,14 @@ fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands,
             Kernel::Int4 => (&[dtype::S8, dtype::U8], k / 2),
         };
         if !matrix_types.contains(&matrix.dtype) || cols != matrix_cols {
-            return Err(format!("{what}: matrix {j} is type {} [{m}, {cols}] for {k} inputs", matrix.dtype));
+            return Err(format!("matrix {j} is type {} [{m}, {cols}] for {k} inputs", matrix.dtype));
         }
         let mut arrays = vec![aligned(matrix, "a matrix")?];
         for index in first + 1..first + per_matrix {
             let group_values = frame.arg(index)?;
             if group_values.dtype != dtype::F16 || group_values.dims() != [m, k / GROUP] {
                 return Err(format!(
-                    "{what}: argument {index} is type {} {:?} where f16[{m}, {}] was expected",
+                    "argument {index} is type {} {:?} where f16[{m}, {}] was expected",
                     group_values.dtype,
                     group_values.dims(),
                     k / GROUP
@@ -160,7 +169,7 @@ fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands,
         }
         let y = frame.ret(j)?;
         if y.dtype != dtype::F32 || y.dims() != [1, m] {
-            return Err(format!("{what}: result {j} f32[1, {m}] expected, got type {} {:?}", y.dtype, y.dims()));
+            return Err(format!("result {j} f32[1, {m}] expected, got type {} {:?}", y.dtype, y.dims()));
         }
         matrices.push(Matrix { arrays, y: aligned(y, "a result")?, rows: m });
     }

@@ -1019,6 +1019,7 @@ fn cuda_group(ws: &[&MatrixArg]) -> bool {
 /// if given: `f32[1, M]` per matrix.
 fn cuda_products(b: &mut FnBuilder, x: &Val, norm: Option<(&Val, f32)>, ws: &[&MatrixArg]) -> Vec<Val> {
     debug_assert_eq!(x.dims()[0], 1, "the CUDA kernels are for one-row calls");
+    debug_assert!((1..=3).contains(&ws.len()), "a launch of the CUDA kernels takes one to three matrices");
     let eps = norm.map(|(_, eps)| b.const_f32(eps, &[]));
     let mut operands: Vec<&Val> = vec![x];
     if let (Some((weight, _)), Some(eps)) = (norm, &eps) {
