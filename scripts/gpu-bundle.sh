@@ -11,7 +11,8 @@
 #                   sm_89: IREE 3.13 has no sm_90 target, and an H100's driver compiles sm_89 PTX)
 #                   into target/gpu-bundle-cache/, then packed (their PTX is text: 45 MiB of
 #                   modules pack into 8; run.sh unpacks them);
-#   run.sh          the run script (scripts/gpu/run.sh).
+#   run.sh          the run script (scripts/gpu/run.sh);
+#   built-from.txt  the commit the bundle was built from.
 # On the GPU machine: `gpu-bundle/run.sh` (OUT names the folder for the reports). With the device
 # tool: carry gpu-bundle and run `gpu-bundle/run.sh`. Idempotent: a second run rebuilds only what
 # changed (the module cache is reused).
@@ -39,6 +40,9 @@ strip -o "$BUNDLE/bin/probe.tmp" target/release/cuda-kernels-probe &&
   mv "$BUNDLE/bin/probe.tmp" "$BUNDLE/bin/cuda-kernels-probe"
 cp scripts/gpu/run.sh "$BUNDLE/run.sh"
 chmod +x "$BUNDLE/run.sh"
+# The commit the bundle was built from (`-dirty`: with uncommitted changes), which run.sh reports:
+# a bundle left in a checkout says whether it is current.
+git describe --always --dirty >"$BUNDLE/built-from.txt" 2>/dev/null || echo unknown >"$BUNDLE/built-from.txt"
 
 step "IREE CUDA modules, compiled ahead (${SEAM_IREE_CUDA_TARGET:=sm_89})"
 # The modules are compiled into a cache outside the bundle and packed into it. The cache is kept

@@ -214,7 +214,7 @@ for f in "$WORK"/xla/*after_optimizations.txt; do
 done >"$OUT/xla-kernels.txt" 2>&1
 
 {
-  echo "seam GPU proof, $(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo 'no GPU (dry run)')"
+  echo "seam GPU proof, $(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo 'no GPU (dry run)'), bundle built from $(cat "$BUNDLE/built-from.txt" 2>/dev/null || echo 'an unknown commit')"
   echo
   printf '%s\n' "${status_lines[@]}"
   echo
