@@ -20,7 +20,8 @@
 #                                    moving weights (launches, host round trips);
 #   libraries-{pjrt,iree}.txt        every shared library the conformance run opened;
 #   xla-kernels.txt, xla/            the kernels XLA made of each pjrt-cuda graph of the tiny run,
-#                                    and their optimized HLO;
+#                                    and their optimized HLO (xla-cuda-kernels/: the same with
+#                                    vector_products=cuda-kernels);
 #   summary.txt                      the verdict lines and the bench tables;
 #   reports.tgz                      all of the above in one file (a caller that brings back only a
 #                                    few files takes this one).
@@ -197,21 +198,28 @@ defaults iree
 candidate "pjrt vector_products=dot,int4_dequantize_from=1"
 candidate "pjrt dot_precision=default"
 step "synth-model tiny" 30 "$SEAM" synth-model --shape tiny --out "$WORK/tiny-model"
-# XLA writes each graph it compiles, after optimization: the kernels a step launches.
-step "bench tiny" 60 env XLA_FLAGS="--xla_dump_to=$WORK/xla --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=^$" \
-  "$SEAM" bench --backend "pjrt-$device" --model "$WORK/tiny-model" --no-cold "${tiny_args[@]}" \
-  --json "$OUT/bench-tiny.json"
-mkdir -p "$OUT/xla"
-for f in "$WORK"/xla/*after_optimizations.txt; do
-  [ -f "$f" ] && cp "$f" "$OUT/xla/"
-done
-for f in "$WORK"/xla/*after_optimizations.txt; do
-  [ -f "$f" ] || continue
-  entry=$(awk '/^ENTRY/{p=1} p&&/^}/{exit} p' "$f")
-  printf '%-70s fusions %4d  custom-calls %4d  copies %3d  while %2d\n' "$(basename "$f")" \
-    "$(grep -c ' fusion(' <<<"$entry")" "$(grep -c 'custom-call(' <<<"$entry")" \
-    "$(grep -c ' copy(' <<<"$entry")" "$(grep -c ' while(' <<<"$entry")"
-done >"$OUT/xla-kernels.txt" 2>&1
+# XLA writes each graph it compiles, after optimization: the kernels a step launches, with the
+# defaults and with seam's CUDA kernels (the fusions and custom calls left around them).
+tiny_dump() {
+  local name=$1
+  shift
+  step "bench tiny${name:+ $name}" 60 env XLA_FLAGS="--xla_dump_to=$WORK/xla$name --xla_dump_hlo_as_text --xla_dump_hlo_pass_re=^$" \
+    "$SEAM" bench --backend "pjrt-$device" --model "$WORK/tiny-model" --no-cold "${tiny_args[@]}" "$@" \
+    --json "$OUT/bench-tiny$name.json"
+  mkdir -p "$OUT/xla$name"
+  local f entry
+  for f in "$WORK/xla$name"/*after_optimizations.txt; do
+    [ -f "$f" ] || continue
+    cp "$f" "$OUT/xla$name/"
+    entry=$(awk '/^ENTRY/{p=1} p&&/^}/{exit} p' "$f")
+    printf '%-70s fusions %4d  custom-calls %4d  copies %3d  while %2d\n' "${name:+$name/}$(basename "$f")" \
+      "$(grep -c ' fusion(' <<<"$entry")" "$(grep -c 'custom-call(' <<<"$entry")" \
+      "$(grep -c ' copy(' <<<"$entry")" "$(grep -c ' while(' <<<"$entry")"
+  done >>"$OUT/xla-kernels.txt" 2>&1
+}
+: >"$OUT/xla-kernels.txt"
+tiny_dump ""
+tiny_dump "-cuda-kernels" --set vector_products=cuda-kernels
 
 {
   echo "seam GPU proof, $(date -u +%Y-%m-%dT%H:%MZ), $(nvidia-smi --query-gpu=name --format=csv,noheader 2>/dev/null || echo 'no GPU (dry run)'), bundle built from $(cat "$BUNDLE/built-from.txt" 2>/dev/null || echo 'an unknown commit')"
@@ -226,7 +234,7 @@ done >"$OUT/xla-kernels.txt" 2>&1
   awk '/^== cuda-kernels-probe \(/{p=1; next} /^== cuda-kernels-probe:/{p=0} p' "$LOG"
   echo
   echo "kernels per pjrt graph (tiny model):"
-  grep -E 'decode|prefill' "$OUT/xla-kernels.txt" | head -20
+  grep -E "decode|prefill" "$OUT/xla-kernels.txt" | head -40
 } >"$OUT/summary.txt"
 rm -rf "$WORK"
 pack

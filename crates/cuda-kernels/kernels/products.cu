@@ -84,7 +84,7 @@ SEAM_FN float seam_bits_to_float(unsigned int bits) {
 
 // An integer code c in [0, 2^23) as a float: its bits under the exponent of 2^23 make the float
 // 2^23 + c exactly, and subtracting 2^23 + offset leaves c - offset exactly. Two full-rate
-// operations where a conversion instruction runs at a quarter of the rate, for every weight.
+// operations where a conversion instruction runs at a fraction of their rate, for every weight.
 #define SEAM_CODE_BITS 0x4B000000u
 #define SEAM_CODE_BASE 8388608.0f
 
