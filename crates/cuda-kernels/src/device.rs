@@ -12,6 +12,7 @@ pub struct Device {
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(u64) -> CuResult,
     copy_to: unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult,
+    copy_on_device: unsafe extern "C" fn(u64, u64, usize, *mut c_void) -> CuResult,
     copy_from: unsafe extern "C" fn(*mut c_void, u64, usize) -> CuResult,
     event_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult,
     event_record: unsafe extern "C" fn(*mut c_void, *mut c_void) -> CuResult,
@@ -118,6 +119,7 @@ impl Device {
                 mem_alloc: driver_symbol("cuMemAlloc_v2")?,
                 mem_free: driver_symbol("cuMemFree_v2")?,
                 copy_to: driver_symbol("cuMemcpyHtoD_v2")?,
+                copy_on_device: driver_symbol("cuMemcpyDtoDAsync_v2")?,
                 copy_from: driver_symbol("cuMemcpyDtoH_v2")?,
                 event_create: driver_symbol("cuEventCreate")?,
                 event_record: driver_symbol("cuEventRecord")?,
@@ -154,6 +156,15 @@ impl Device {
             "cuMemcpyHtoD",
         )?;
         Ok(buffer)
+    }
+
+    /// Queues a copy of `from` into `to` (the smaller's length) on the stream.
+    pub fn copy(&self, to: &DeviceBuffer, from: &DeviceBuffer) -> Result<(), CudaError> {
+        // SAFETY: two allocations of this device, each at least that long.
+        self.driver.check(
+            unsafe { (self.copy_on_device)(to.ptr, from.ptr, to.len.min(from.len), self.stream) },
+            "cuMemcpyDtoDAsync",
+        )
     }
 
     /// `len` bytes of uninitialized device memory.

@@ -8,7 +8,8 @@
 //! cache: the launches cycle through enough copies of the matrices to overflow any L2, as a
 //! decode step, which reads every matrix once, does.
 //!
-//! Prints a table per format (microseconds per launch by tiling), the time of a 1B decode step's
+//! Prints the device's memory bandwidth by a device-to-device copy (each launch's best rate is
+//! given as a share of it), a table per format (microseconds per launch by tiling), the time of a 1B decode step's
 //! products by tiling (one launch per product, and launches grouped as `vector_products=
 //! cuda-kernels` groups them), and the tilings that make the grouped step shortest as a
 //! `SEAM_CUDA_TILINGS` setting (written to the file `--tilings-out` names, for
@@ -244,6 +245,21 @@ impl OnDevice<'_> {
     }
 }
 
+/// Bytes the bandwidth probe copies.
+const COPY_BYTES: usize = 1 << 30;
+
+/// The device's memory bandwidth by a device-to-device copy (the best of 5): bytes read and
+/// written per second, in GB/s, what the kernels' rates are a fraction of.
+fn copy_bandwidth(device: &Device) -> Result<f64, String> {
+    let (from, to) = (device.alloc(COPY_BYTES).map_err(err)?, device.alloc(COPY_BYTES).map_err(err)?);
+    device.copy(&to, &from).map_err(err)?;
+    let mut best = f64::MAX;
+    for _ in 0..5 {
+        best = best.min(device.time(|| device.copy(&to, &from)).map_err(err)? as f64);
+    }
+    Ok(2.0 * COPY_BYTES as f64 / (best * 1e6))
+}
+
 fn run(tilings_out: Option<String>) -> Result<bool, String> {
     let device = Device::open().map_err(err)?;
     let driver = Driver::get().map_err(err)?;
@@ -253,13 +269,18 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
         device.name(),
         ROTATION_BYTES >> 20
     );
+    let bandwidth = copy_bandwidth(&device)?;
+    println!(
+        "device memory bandwidth: {bandwidth:.0} GB/s (a copy of {} MiB on the device, bytes read and written)",
+        COPY_BYTES >> 20
+    );
     let mut rng = Rng(0x2545f4914f6cdd1d);
     let mut all_right = true;
     let mut fastest = Tilings::default();
     let mut first_capture = true;
     for kernel in Kernel::ALL {
         let names: Vec<String> = Tiling::ALL.iter().map(|t| format!("{t:>7}")).collect();
-        println!("\n{:<13} {:>6} {:>7} {}  fastest   GB/s  result", kernel.format(), "k", "MB", names.join(""));
+        println!("\n{:<13} {:>6} {:>7} {}  fastest   GB/s   %bw  result", kernel.format(), "k", "MB", names.join(""));
         let (mut each_us, mut grouped_us) = ([0f64; Tiling::ALL.len()], [0f64; Tiling::ALL.len()]);
         for row in &ROWS {
             let on_device = prepare(&device, kernel, row, &mut rng)?;
@@ -312,14 +333,16 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
             all_right &= wrong.is_empty();
             let best = (0..us.len()).min_by(|&a, &b| us[a].total_cmp(&us[b])).expect("tilings");
             let cells: Vec<String> = us.iter().map(|u| format!("{u:>7.1}")).collect();
+            let rate = on_device.weight_bytes as f64 / (us[best] * 1e3);
             println!(
-                "{:<13} {:>6} {:>7.1} {}  {:>7} {:>6.0}  {}",
+                "{:<13} {:>6} {:>7.1} {}  {:>7} {:>6.0} {:>4.0}%  {}",
                 row.what,
                 row.k,
                 on_device.weight_bytes as f64 / 1e6,
                 cells.join(""),
                 Tiling::ALL[best].to_string(),
-                on_device.weight_bytes as f64 / (us[best] * 1e3),
+                rate,
+                100.0 * rate / bandwidth,
                 if wrong.is_empty() { "ok".to_string() } else { format!("WRONG: {}", wrong.join(", ")) }
             );
         }
