@@ -187,7 +187,8 @@ struct Operands {
 fn launch(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<(), String> {
     let Operands { x, norm, matrices, k } = operands(frame, kernel, normed)?;
     let stream = frame.stream()?;
-    let tiling = Tilings::of_process()?.of(kernel);
+    let rows = matrices.iter().map(|m| m.rows).sum();
+    let tiling = Tilings::of_process()?.of_launch(kernel, rows, k);
     let driver = Driver::get().map_err(|e| e.to_string())?;
     let launch = Launch { kernel, x, norm, matrices: &matrices, k };
     // SAFETY: the addresses are XLA's device arrays of this call, of the shapes checked above, on

@@ -225,18 +225,21 @@ impl std::str::FromStr for Tiling {
     }
 }
 
-/// Which tiling each format's kernel launches with: [`Tiling::DEFAULT`] unless a setting names
-/// others. A setting is either one tiling for every format (`r8t128`) or a list of
-/// `format=tiling` (`f16=r4t256,int4=r8t64`, formats not named keeping the default): the form
-/// the probe prints for the tilings it found fastest.
-#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+/// Which tiling each launch takes: per format, [`Tiling::DEFAULT`] unless a setting names
+/// another, and per launch shape where a setting names one. A setting is either one tiling for
+/// every format (`r8t128`) or a list of `format=tiling` (`f16=r4t256,int4=r8t64`, formats not
+/// named keeping the default) and `format@ROWSxK=tiling` for the launches of that format whose
+/// matrices have `ROWS` rows in all and `K` inputs (`int4@3072x2048=r2t128`): the form the probe
+/// prints for the tilings it found fastest.
+#[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tilings {
     by_kernel: [Tiling; 3],
+    by_shape: Vec<(Kernel, usize, usize, Tiling)>,
 }
 
 impl Default for Tilings {
     fn default() -> Tilings {
-        Tilings { by_kernel: [Tiling::DEFAULT; 3] }
+        Tilings { by_kernel: [Tiling::DEFAULT; 3], by_shape: Vec::new() }
     }
 }
 
@@ -249,42 +252,82 @@ impl Tilings {
         let setting = setting.trim();
         if !setting.contains('=') {
             let tiling: Tiling = setting.parse()?;
-            return Ok(Tilings { by_kernel: [tiling; 3] });
+            return Ok(Tilings { by_kernel: [tiling; 3], by_shape: Vec::new() });
         }
         let mut tilings = Tilings::default();
         for part in setting.split(',').map(str::trim).filter(|p| !p.is_empty()) {
-            let (format, tiling) =
-                part.split_once('=').ok_or_else(|| format!("{part:?}: format=tiling expected (f16=r4t256)"))?;
+            let (key, tiling) = part
+                .split_once('=')
+                .ok_or_else(|| format!("{part:?}: format=tiling or format@ROWSxK=tiling expected (f16=r4t256)"))?;
+            let (format, shape) = match key.trim().split_once('@') {
+                Some((format, shape)) => (format, Some(shape)),
+                None => (key.trim(), None),
+            };
             let kernel = Kernel::ALL
                 .into_iter()
-                .find(|k| k.format() == format.trim())
-                .ok_or_else(|| format!("{part:?}: unknown format {:?} (f16, int8 or int4)", format.trim()))?;
-            tilings.by_kernel[kernel as usize] = tiling.trim().parse()?;
+                .find(|k| k.format() == format)
+                .ok_or_else(|| format!("{part:?}: unknown format {format:?} (f16, int8 or int4)"))?;
+            let tiling: Tiling = tiling.trim().parse()?;
+            match shape {
+                None => tilings.by_kernel[kernel as usize] = tiling,
+                Some(shape) => {
+                    let (rows, k) = shape
+                        .split_once('x')
+                        .and_then(|(rows, k)| Some((rows.parse().ok()?, k.parse().ok()?)))
+                        .ok_or_else(|| {
+                            format!("{part:?}: a launch shape's tiling is format@ROWSxK=tiling (int4@3072x2048=r2t128)")
+                        })?;
+                    tilings.set(kernel, rows, k, tiling);
+                }
+            }
         }
         Ok(tilings)
     }
 
     /// The process's tilings: [`Tilings::VARIABLE`]'s setting when it is set, else the defaults.
     /// Read once; a malformed setting is an error every time it is asked for.
-    pub fn of_process() -> Result<Tilings, String> {
+    pub fn of_process() -> Result<&'static Tilings, String> {
         static TILINGS: std::sync::OnceLock<Result<Tilings, String>> = std::sync::OnceLock::new();
         TILINGS
             .get_or_init(|| match std::env::var(Tilings::VARIABLE) {
                 Ok(setting) => Tilings::parse(&setting).map_err(|e| format!("{}: {e}", Tilings::VARIABLE)),
                 Err(_) => Ok(Tilings::default()),
             })
-            .clone()
+            .as_ref()
+            .map_err(Clone::clone)
     }
 
-    /// The tiling `kernel` launches with.
+    /// The tiling `kernel` launches with where no shape of its is named.
     pub fn of(&self, kernel: Kernel) -> Tiling {
         self.by_kernel[kernel as usize]
+    }
+
+    /// The tiling a launch of `kernel` over matrices of `rows` rows in all and `k` inputs takes.
+    pub fn of_launch(&self, kernel: Kernel, rows: usize, k: usize) -> Tiling {
+        self.by_shape
+            .iter()
+            .find(|(kk, r, kk_inputs, _)| (*kk, *r, *kk_inputs) == (kernel, rows, k))
+            .map_or_else(|| self.of(kernel), |entry| entry.3)
+    }
+
+    /// Makes `kernel` launch with `tiling`.
+    pub fn set_format(&mut self, kernel: Kernel, tiling: Tiling) {
+        self.by_kernel[kernel as usize] = tiling;
+    }
+
+    /// Makes launches of `kernel` over `rows` rows in all of `k` inputs take `tiling`.
+    pub fn set(&mut self, kernel: Kernel, rows: usize, k: usize, tiling: Tiling) {
+        self.by_shape.retain(|(kk, r, kk_inputs, _)| (*kk, *r, *kk_inputs) != (kernel, rows, k));
+        self.by_shape.push((kernel, rows, k, tiling));
     }
 }
 
 impl std::fmt::Display for Tilings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
-        let parts: Vec<String> = Kernel::ALL.iter().map(|k| format!("{}={}", k.format(), self.of(*k))).collect();
+        let mut parts: Vec<String> = Kernel::ALL.iter().map(|k| format!("{}={}", k.format(), self.of(*k))).collect();
+        parts.extend(
+            self.by_shape.iter().map(|(kernel, rows, k, tiling)| format!("{}@{rows}x{k}={tiling}", kernel.format())),
+        );
         write!(f, "{}", parts.join(","))
     }
 }

@@ -108,7 +108,14 @@ fn tilings_are_chosen_per_format_by_a_setting() {
     assert_eq!(some.of(Kernel::Int8), Tiling::DEFAULT);
     // What a setting prints is a setting that reads back the same.
     assert_eq!(Tilings::parse(&some.to_string()).unwrap(), some);
-    for bad in ["r3t64", "int5=r1t64", "f16:r1t64,int4=r1t64", "f16=", ""] {
+    // A launch shape's own tiling, for that format and shape only.
+    let shaped = Tilings::parse("int4=r2t64,int4@3072x2048=r8t128,f16@3072x2048=r1t64").unwrap();
+    assert_eq!(shaped.of_launch(Kernel::Int4, 3072, 2048).to_string(), "r8t128");
+    assert_eq!(shaped.of_launch(Kernel::Int4, 2048, 2048).to_string(), "r2t64");
+    assert_eq!(shaped.of_launch(Kernel::F16, 3072, 2048).to_string(), "r1t64");
+    assert_eq!(shaped.of_launch(Kernel::Int8, 3072, 2048), Tiling::DEFAULT);
+    assert_eq!(Tilings::parse(&shaped.to_string()).unwrap(), shaped);
+    for bad in ["r3t64", "int5=r1t64", "f16:r1t64,int4=r1t64", "f16=", "", "f16@3072=r1t64", "f16@ax2=r1t64"] {
         let error = Tilings::parse(bad).expect_err(bad);
         assert!(error.contains("tiling") || error.contains("format"), "{bad}: {error}");
     }
