@@ -327,10 +327,7 @@ fn load_engine(target: &Target, request: &LoadRequest) -> Result<PjrtEngine> {
     let defaults = if on_cpu { cpu_defaults(&target.found.client, request)? } else { DEVICE_SETTINGS };
     let settings = defaults.with_request(BACKEND_NAME, request, "SEAM_PJRT")?;
     if settings.vector_products.is_cuda_kernels() {
-        let setting = match settings.vector_products {
-            VectorProducts::CudaKernelsEach => "vector_products=cuda-kernels-each",
-            _ => "vector_products=cuda-kernels",
-        };
+        let setting = format!("vector_products={}", settings.vector_products.setting());
         let plugin = target.found.client.plugin();
         let registered = if target.device.id.starts_with("cuda") {
             gpu_products::register(plugin)

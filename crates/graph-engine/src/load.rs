@@ -134,19 +134,12 @@ impl GraphSettings {
             }
         }
         if let Some((what, value)) = get("vector_products") {
-            settings.vector_products = match value.as_str() {
-                "dot" => VectorProducts::Dot,
-                "reduce" => VectorProducts::Reduce,
-                "reduce-words" => VectorProducts::ReduceWords,
-                "reduce-nibbles" => VectorProducts::ReduceNibbles,
-                "cuda-kernels" => VectorProducts::CudaKernels,
-                "cuda-kernels-each" => VectorProducts::CudaKernelsEach,
-                _ => {
-                    return Err(SeamError::InvalidInput(format!(
-                        "{what}: expected dot, reduce, reduce-words, reduce-nibbles, cuda-kernels or cuda-kernels-each"
-                    )))
-                }
-            };
+            settings.vector_products =
+                VectorProducts::ALL.into_iter().find(|form| form.setting() == value).ok_or_else(|| {
+                    let names: Vec<&str> = VectorProducts::ALL.iter().map(|form| form.setting()).collect();
+                    let (last, rest) = names.split_last().expect("forms");
+                    SeamError::InvalidInput(format!("{what}: expected {} or {last}", rest.join(", ")))
+                })?;
         }
         if let Some((what, value)) = get("dot_precision") {
             settings.highest_precision = match value.as_str() {

@@ -150,6 +150,28 @@ pub enum VectorProducts {
 }
 
 impl VectorProducts {
+    /// Every form, in the order the `vector_products` setting lists them.
+    pub const ALL: [VectorProducts; 6] = [
+        VectorProducts::Dot,
+        VectorProducts::Reduce,
+        VectorProducts::ReduceWords,
+        VectorProducts::ReduceNibbles,
+        VectorProducts::CudaKernels,
+        VectorProducts::CudaKernelsEach,
+    ];
+
+    /// The form's value in the `vector_products` setting.
+    pub fn setting(self) -> &'static str {
+        match self {
+            VectorProducts::Dot => "dot",
+            VectorProducts::Reduce => "reduce",
+            VectorProducts::ReduceWords => "reduce-words",
+            VectorProducts::ReduceNibbles => "reduce-nibbles",
+            VectorProducts::CudaKernels => "cuda-kernels",
+            VectorProducts::CudaKernelsEach => "cuda-kernels-each",
+        }
+    }
+
     /// Whether decode's products are calls of seam's CUDA kernels.
     pub fn is_cuda_kernels(self) -> bool {
         matches!(self, VectorProducts::CudaKernels | VectorProducts::CudaKernelsEach)
