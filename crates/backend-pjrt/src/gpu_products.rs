@@ -141,16 +141,16 @@ fn checked_operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<O
             frame.arg_count()
         ));
     }
+    let (matrix_types, matrix_cols): (&[i32], usize) = match kernel {
+        Kernel::F16 => (&[dtype::F16], k),
+        Kernel::Int8 => (&[dtype::S8], k),
+        Kernel::Int4 => (&[dtype::S8, dtype::U8], k / 2),
+    };
     let mut matrices = Vec::with_capacity(count);
     for j in 0..count {
         let first = lead + j * per_matrix;
         let matrix = frame.arg(first)?;
         let (m, cols) = rows_cols(matrix, "the matrix")?;
-        let (matrix_types, matrix_cols): (&[i32], usize) = match kernel {
-            Kernel::F16 => (&[dtype::F16], k),
-            Kernel::Int8 => (&[dtype::S8], k),
-            Kernel::Int4 => (&[dtype::S8, dtype::U8], k / 2),
-        };
         if !matrix_types.contains(&matrix.dtype) || cols != matrix_cols {
             return Err(format!("matrix {j} is type {} [{m}, {cols}] for {k} inputs", matrix.dtype));
         }

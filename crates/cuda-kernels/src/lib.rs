@@ -234,7 +234,8 @@ impl std::str::FromStr for Tiling {
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tilings {
     by_kernel: [Tiling; 3],
-    by_shape: Vec<(Kernel, usize, usize, Tiling)>,
+    /// `((format, rows in all, k), tiling)`.
+    by_shape: Vec<((Kernel, usize, usize), Tiling)>,
 }
 
 impl Default for Tilings {
@@ -269,7 +270,7 @@ impl Tilings {
                 .ok_or_else(|| format!("{part:?}: unknown format {format:?} (f16, int8 or int4)"))?;
             let tiling: Tiling = tiling.trim().parse()?;
             match shape {
-                None => tilings.by_kernel[kernel as usize] = tiling,
+                None => tilings.set_format(kernel, tiling),
                 Some(shape) => {
                     let (rows, k) = shape
                         .split_once('x')
@@ -306,8 +307,8 @@ impl Tilings {
     pub fn of_launch(&self, kernel: Kernel, rows: usize, k: usize) -> Tiling {
         self.by_shape
             .iter()
-            .find(|(kk, r, kk_inputs, _)| (*kk, *r, *kk_inputs) == (kernel, rows, k))
-            .map_or_else(|| self.of(kernel), |entry| entry.3)
+            .find(|(shape, _)| *shape == (kernel, rows, k))
+            .map_or_else(|| self.of(kernel), |(_, tiling)| *tiling)
     }
 
     /// Makes `kernel` launch with `tiling`.
@@ -317,8 +318,8 @@ impl Tilings {
 
     /// Makes launches of `kernel` over `rows` rows in all of `k` inputs take `tiling`.
     pub fn set(&mut self, kernel: Kernel, rows: usize, k: usize, tiling: Tiling) {
-        self.by_shape.retain(|(kk, r, kk_inputs, _)| (*kk, *r, *kk_inputs) != (kernel, rows, k));
-        self.by_shape.push((kernel, rows, k, tiling));
+        self.by_shape.retain(|(shape, _)| *shape != (kernel, rows, k));
+        self.by_shape.push(((kernel, rows, k), tiling));
     }
 }
 
@@ -326,7 +327,7 @@ impl std::fmt::Display for Tilings {
     fn fmt(&self, f: &mut std::fmt::Formatter<'_>) -> std::fmt::Result {
         let mut parts: Vec<String> = Kernel::ALL.iter().map(|k| format!("{}={}", k.format(), self.of(*k))).collect();
         parts.extend(
-            self.by_shape.iter().map(|(kernel, rows, k, tiling)| format!("{}@{rows}x{k}={tiling}", kernel.format())),
+            self.by_shape.iter().map(|((kernel, rows, k), tiling)| format!("{}@{rows}x{k}={tiling}", kernel.format())),
         );
         write!(f, "{}", parts.join(","))
     }

@@ -245,6 +245,11 @@ impl OnDevice<'_> {
     }
 }
 
+/// The index (in [`Tiling::ALL`]) of the shortest of `us`, times by tiling.
+fn fastest_tiling(us: &[f64]) -> usize {
+    (0..us.len()).min_by(|&a, &b| us[a].total_cmp(&us[b])).expect("times of every tiling")
+}
+
 /// Bytes the bandwidth probe copies.
 const COPY_BYTES: usize = 1 << 30;
 
@@ -336,7 +341,7 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
             if row.grouped > 0 {
                 grouped_launches.push((row.matrices.iter().sum::<usize>(), row.k, row.grouped, us.clone()));
             }
-            let best = (0..us.len()).min_by(|&a, &b| us[a].total_cmp(&us[b])).expect("tilings");
+            let best = fastest_tiling(&us);
             let cells: Vec<String> = us.iter().map(|u| format!("{u:>7.1}")).collect();
             let rate = on_device.weight_bytes as f64 / (us[best] * 1e3);
             println!(
@@ -355,7 +360,7 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
         let mut best_grouped = default;
         for (form, step_us) in [("each", &each_us), ("grouped", &grouped_us)] {
             let cells: Vec<String> = step_us.iter().map(|u| format!("{u:>7.0}")).collect();
-            let best = (0..step_us.len()).min_by(|&a, &b| step_us[a].total_cmp(&step_us[b])).expect("tilings");
+            let best = fastest_tiling(step_us);
             println!(
                 "{:<13} {:>6} {:>7} {}  {:>7}",
                 format!("1B {form}"),
@@ -380,7 +385,7 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
         // own.
         let mut step = 0f64;
         for (rows, k, per_step, us) in &grouped_launches {
-            let own = (0..us.len()).min_by(|&a, &b| us[a].total_cmp(&us[b])).expect("tilings");
+            let own = fastest_tiling(us);
             let chosen = if us[own] < 0.97 * us[best_grouped] {
                 fastest.set(kernel, *rows, *k, Tiling::ALL[own]);
                 own
