@@ -199,12 +199,23 @@ fn prepare<'d>(device: &'d Device, kernel: Kernel, row: &Row, rng: &mut Rng) -> 
     let ys = row.matrices.iter().map(|rows| device.alloc(rows * 4)).collect::<Result<Vec<_>, _>>().map_err(err)?;
     let mut buffers = Vec::new();
     let mut copies = Vec::new();
-    for _ in 0..ROTATION_BYTES.div_ceil(weight_bytes) {
+    // Each array uploaded once; the other copies are copied from it on the device.
+    let originals = cases
+        .iter()
+        .map(|case| case.arrays.iter().map(|a| device.upload(a)).collect::<Result<Vec<_>, _>>())
+        .collect::<Result<Vec<_>, _>>()
+        .map_err(err)?;
+    for copy in 0..ROTATION_BYTES.div_ceil(weight_bytes) {
         let mut matrices = Vec::new();
-        for ((case, rows), y) in cases.iter().zip(row.matrices).zip(&ys) {
+        for ((originals, rows), y) in originals.iter().zip(row.matrices).zip(&ys) {
             let mut arrays = Vec::new();
-            for array in &case.arrays {
-                let buffer = device.upload(array).map_err(err)?;
+            for original in originals {
+                if copy == 0 {
+                    arrays.push(original.ptr as *mut c_void);
+                    continue;
+                }
+                let buffer = device.alloc(original.len).map_err(err)?;
+                device.copy(&buffer, original).map_err(err)?;
                 arrays.push(buffer.ptr as *mut c_void);
                 buffers.push(buffer);
             }
@@ -212,6 +223,7 @@ fn prepare<'d>(device: &'d Device, kernel: Kernel, row: &Row, rng: &mut Rng) -> 
         }
         copies.push(matrices);
     }
+    buffers.extend(originals.into_iter().flatten());
     Ok(OnDevice { copies, x: x_dev, norm, ys, want, weight_bytes, k, _buffers: buffers })
 }
 
