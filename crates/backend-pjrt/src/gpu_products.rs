@@ -9,13 +9,22 @@
 //! buffers (CUDA graphs): a call launches the same kernel for the same shapes every time, so XLA
 //! keeps a decode step one graph launch instead of splitting it around every product.
 //!
+//! Before a model's graphs run, the kernels' tilings are tuned for the launches its decode step
+//! makes, on its GPU ([`tune`]).
+//!
 //! The same targets can be registered for a CPU plugin with handlers that compute the calls on
 //! the host ([`register_on_host`], [`ON_CPU_ENV`]): the graphs' calls checked without a GPU.
 
 use crate::host_kernels::{handle_with_traits, once_per_plugin, register_all, rows_cols, Registrations};
+use cuda_kernels::device::Device;
+use cuda_kernels::tune::LaunchShape;
 use cuda_kernels::{Driver, Kernel, Launch, Matrix, Norm, Stream, Tilings, GROUP, MAX_MATRICES};
+use graph_engine::artifact_cache::ArtifactCache;
+use llama_model::LlamaConfig;
 use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError, TRAIT_COMMAND_BUFFER_COMPATIBLE};
 use pjrt_runtime::Plugin;
+use session_api::{Result, SeamError};
+use stablehlo_llama::{GraphKind, GraphOptions, GraphSpec};
 use std::ffi::c_void;
 use std::sync::OnceLock;
 
@@ -26,25 +35,32 @@ const PLATFORM: &str = "CUDA";
 /// ([`register_on_host`]): `1` to check those graphs without a GPU.
 pub const ON_CPU_ENV: &str = "SEAM_PJRT_CUDA_KERNELS_ON_CPU";
 
-/// The targets, each with its handler for a platform: `FORMAT` indexes [`Kernel::ALL`], `NORMED`
-/// picks the normed targets.
+/// The kernels' targets, each with its format and whether it takes a norm; a handler's `TARGET`
+/// indexes this.
+const TARGETS: [(&str, Kernel, bool); 6] = [
+    (stablehlo_llama::CUDA_ROWS_F16_TARGET, Kernel::F16, false),
+    (stablehlo_llama::CUDA_ROWS_INT8_TARGET, Kernel::Int8, false),
+    (stablehlo_llama::CUDA_ROWS_INT4_TARGET, Kernel::Int4, false),
+    (stablehlo_llama::CUDA_NORMED_ROWS_F16_TARGET, Kernel::F16, true),
+    (stablehlo_llama::CUDA_NORMED_ROWS_INT8_TARGET, Kernel::Int8, true),
+    (stablehlo_llama::CUDA_NORMED_ROWS_INT4_TARGET, Kernel::Int4, true),
+];
+
+/// The targets, each with its handler for a platform.
 fn handlers(on_host: bool) -> [(&'static str, Handler); 6] {
-    let pick = |gpu: Handler, host: Handler| if on_host { host } else { gpu };
-    [
-        (stablehlo_llama::CUDA_ROWS_F16_TARGET, pick(rows::<0, false>, host_rows::<0, false>)),
-        (stablehlo_llama::CUDA_ROWS_INT8_TARGET, pick(rows::<1, false>, host_rows::<1, false>)),
-        (stablehlo_llama::CUDA_ROWS_INT4_TARGET, pick(rows::<2, false>, host_rows::<2, false>)),
-        (stablehlo_llama::CUDA_NORMED_ROWS_F16_TARGET, pick(rows::<0, true>, host_rows::<0, true>)),
-        (stablehlo_llama::CUDA_NORMED_ROWS_INT8_TARGET, pick(rows::<1, true>, host_rows::<1, true>)),
-        (stablehlo_llama::CUDA_NORMED_ROWS_INT4_TARGET, pick(rows::<2, true>, host_rows::<2, true>)),
-    ]
+    let handlers: [Handler; 6] = if on_host {
+        [host_rows::<0>, host_rows::<1>, host_rows::<2>, host_rows::<3>, host_rows::<4>, host_rows::<5>]
+    } else {
+        [rows::<0>, rows::<1>, rows::<2>, rows::<3>, rows::<4>, rows::<5>]
+    };
+    std::array::from_fn(|i| (TARGETS[i].0, handlers[i]))
 }
 
 /// Registers, for `plugin`'s CPU platform, handlers of the kernels' targets that compute what the
 /// kernels compute on the host ([`cuda_kernels::host`]): a CPU plugin then runs the graphs of
 /// `vector_products=cuda-kernels` as they are, and the conformance suite checks their calls
 /// (operands, grouped results, folded norms) against the reference without a GPU.
-pub fn register_on_host(plugin: &Plugin) -> Result<(), String> {
+pub fn register_on_host(plugin: &Plugin) -> std::result::Result<(), String> {
     static DONE: Registrations = OnceLock::new();
     once_per_plugin(&DONE, plugin, || register_all(plugin, crate::host_kernels::PLATFORM, &handlers(true), 0))
 }
@@ -52,32 +68,31 @@ pub fn register_on_host(plugin: &Plugin) -> Result<(), String> {
 /// Registers the kernels' handlers with `plugin`'s XLA, once per plugin for the life of the
 /// process; the reason when the plugin refuses them, no NVIDIA driver is there to launch them or
 /// the process's tiling setting (`SEAM_CUDA_TILINGS`, [`Tilings`]) is malformed.
-pub fn register(plugin: &Plugin) -> Result<(), String> {
+pub fn register(plugin: &Plugin) -> std::result::Result<(), String> {
     static DONE: Registrations = OnceLock::new();
     once_per_plugin(&DONE, plugin, || {
-        Tilings::of_process()?;
+        Tilings::setting()?;
         Driver::get().map_err(|e| e.to_string())?;
         register_all(plugin, PLATFORM, &handlers(false), TRAIT_COMMAND_BUFFER_COMPATIBLE)
     })
 }
 
-/// The handler of one target: `FORMAT` indexes [`Kernel::ALL`], `NORMED` says whether the input
-/// comes with an RMSNorm to apply.
-unsafe extern "C" fn rows<const FORMAT: usize, const NORMED: bool>(frame: *mut CallFrame) -> *mut XlaError {
+/// The handler of the target [`TARGETS`]`[TARGET]`.
+unsafe extern "C" fn rows<const TARGET: usize>(frame: *mut CallFrame) -> *mut XlaError {
+    let (_, kernel, normed) = TARGETS[TARGET];
     // SAFETY: called by XLA with its call frame.
-    unsafe {
-        handle_with_traits(frame, TRAIT_COMMAND_BUFFER_COMPATIBLE, |frame| launch(frame, Kernel::ALL[FORMAT], NORMED))
-    }
+    unsafe { handle_with_traits(frame, TRAIT_COMMAND_BUFFER_COMPATIBLE, |frame| launch(frame, kernel, normed)) }
 }
 
 /// [`rows`] on the host: the CPU plugin's arrays in host memory, computed by
 /// [`cuda_kernels::host::compute`].
-unsafe extern "C" fn host_rows<const FORMAT: usize, const NORMED: bool>(frame: *mut CallFrame) -> *mut XlaError {
+unsafe extern "C" fn host_rows<const TARGET: usize>(frame: *mut CallFrame) -> *mut XlaError {
+    let (_, kernel, normed) = TARGETS[TARGET];
     // SAFETY: called by XLA with its call frame.
-    unsafe { handle_with_traits(frame, 0, |frame| compute_on_host(frame, Kernel::ALL[FORMAT], NORMED)) }
+    unsafe { handle_with_traits(frame, 0, |frame| compute_on_host(frame, kernel, normed)) }
 }
 
-fn compute_on_host(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<(), String> {
+fn compute_on_host(frame: &CallFrame, kernel: Kernel, normed: bool) -> std::result::Result<(), String> {
     let Operands { x, norm, matrices, k } = operands(frame, kernel, normed)?;
     let launch = Launch { kernel, x, norm, matrices: &matrices, k };
     // SAFETY: a CPU plugin's arrays are host memory, of the shapes `operands` checked; XLA gives
@@ -86,12 +101,12 @@ fn compute_on_host(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<()
 }
 
 /// The device address of `buffer`, which the kernels read in 16-byte loads.
-fn aligned(buffer: &Buffer, what: &str) -> Result<*mut c_void, String> {
+fn aligned(buffer: &Buffer, what: &str) -> std::result::Result<*mut c_void, String> {
     aligned_to(buffer, what, 16)
 }
 
 /// The device address of `buffer`, if a multiple of `alignment`.
-fn aligned_to(buffer: &Buffer, what: &str, alignment: usize) -> Result<*mut c_void, String> {
+fn aligned_to(buffer: &Buffer, what: &str, alignment: usize) -> std::result::Result<*mut c_void, String> {
     if !(buffer.data as usize).is_multiple_of(alignment) {
         return Err(format!("{what} at {:?} is not {alignment}-byte aligned", buffer.data));
     }
@@ -101,13 +116,13 @@ fn aligned_to(buffer: &Buffer, what: &str, alignment: usize) -> Result<*mut c_vo
 /// The call's input, norm and matrices, after checking every array against the targets'
 /// signature (`stablehlo_llama::CUDA_ROWS_*_TARGET`, `CUDA_NORMED_ROWS_*_TARGET`): `x`, then with
 /// a norm its weight and epsilon, then each matrix's arrays; one result per matrix.
-fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands, String> {
+fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> std::result::Result<Operands, String> {
     // The call's name only on an error: a handler's every call is on a decode step's path.
     checked_operands(frame, kernel, normed)
         .map_err(|e| format!("{} product{}: {e}", kernel.format(), if normed { " of a normed input" } else { "" }))
 }
 
-fn checked_operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands, String> {
+fn checked_operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> std::result::Result<Operands, String> {
     let x = frame.arg(0)?;
     let (one, k) = rows_cols(x, "x")?;
     if one != 1 || x.dtype != dtype::F32 {
@@ -184,14 +199,140 @@ struct Operands {
     k: usize,
 }
 
-fn launch(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<(), String> {
+fn launch(frame: &CallFrame, kernel: Kernel, normed: bool) -> std::result::Result<(), String> {
     let Operands { x, norm, matrices, k } = operands(frame, kernel, normed)?;
     let stream = frame.stream()?;
     let rows = matrices.iter().map(|m| m.rows).sum();
-    let tiling = Tilings::of_process()?.of_launch(kernel, rows, k);
+    let tiling = Tilings::of_process_launch(kernel, rows, k)?;
     let driver = Driver::get().map_err(|e| e.to_string())?;
     let launch = Launch { kernel, x, norm, matrices: &matrices, k };
     // SAFETY: the addresses are XLA's device arrays of this call, of the shapes checked above, on
     // the call's stream, which XLA keeps alive until the launched work has run.
     unsafe { driver.launch(Stream(stream), &launch, tiling) }.map_err(|e| e.to_string())
+}
+
+/// The launches of seam's kernels in the decode step of a model of `config` emitted with
+/// `options`, each with how many the step makes, in a stable order.
+pub fn decode_launches(config: &LlamaConfig, options: &GraphOptions) -> Result<Vec<(LaunchShape, usize)>> {
+    let decode = GraphSpec { kind: GraphKind::Decode, logits: false };
+    let module = stablehlo_llama::emit_entry_module(config, options, decode)
+        .map_err(|e| SeamError::ModelFormat { path: None, message: e.to_string() })?;
+    let mut launches: Vec<(LaunchShape, usize)> = Vec::new();
+    for call in stablehlo_llama::cuda_calls(&module) {
+        let Some((_, kernel, normed)) = TARGETS.iter().find(|(target, _, _)| *target == call.target) else {
+            return Err(SeamError::Backend(format!("the decode graph calls {}, which no handler serves", call.target)));
+        };
+        let shape = LaunchShape { kernel: *kernel, matrices: call.rows, k: call.k, normed: *normed };
+        match launches.iter_mut().find(|(known, _)| *known == shape) {
+            Some((_, count)) => *count += 1,
+            None => launches.push((shape, 1)),
+        }
+    }
+    launches.sort();
+    Ok(launches)
+}
+
+/// The cache of tuned tilings: `home::pjrt_cache_dir()/<key>.tilings`, a [`Tilings`] setting.
+fn tilings_cache() -> ArtifactCache {
+    ArtifactCache::new(llama_model::home::pjrt_cache_dir(), "tilings")
+}
+
+/// Tunes the kernels' tilings for `launches` (what [`decode_launches`] gives) on the GPU
+/// `device_id` (`cuda:N`) and installs them for this process ([`Tilings::install`]), unless the
+/// process's setting (`SEAM_CUDA_TILINGS`) chose them. Tuned tilings are cached on disk per GPU,
+/// driver, kernels and launches: a later load on the machine takes the same tilings (a product's
+/// rounding depends on its tiling, so tokens stay the same from load to load) without timing
+/// again. A tuning that fails is a warning, not an error: launches keep the default tiling.
+pub fn tune(device_id: &str, launches: &[(LaunchShape, usize)]) {
+    if launches.is_empty() || matches!(Tilings::setting(), Ok(Some(_))) {
+        return;
+    }
+    if let Err(e) = tune_on_device(device_id, launches) {
+        eprintln!("warning: pjrt: seam's CUDA kernels were not tuned ({e}); they launch in the default tiling");
+    }
+}
+
+fn tune_on_device(device_id: &str, launches: &[(LaunchShape, usize)]) -> Result<()> {
+    let cuda = |e: cuda_kernels::CudaError| SeamError::Backend(e.to_string());
+    let ordinal = device_id.strip_prefix("cuda:").and_then(|n| n.parse().ok()).unwrap_or(0);
+    let device = Device::open_ordinal(ordinal).map_err(cuda)?;
+    let shapes = format!("{launches:?}");
+    let key = graph_engine::artifact_cache::cache_key(&[
+        b"seam cuda-kernels tilings 1",
+        device.name().as_bytes(),
+        &device.driver_version().to_le_bytes(),
+        cuda_kernels::PRODUCTS_PTX.as_bytes(),
+        shapes.as_bytes(),
+    ]);
+    let load = |bytes: Vec<u8>| {
+        let text = String::from_utf8(bytes).map_err(|e| SeamError::Backend(e.to_string()))?;
+        Tilings::parse(&text).map_err(SeamError::Backend)
+    };
+    let build = || {
+        let started = std::time::Instant::now();
+        let tuned = cuda_kernels::tune::tune(&device, launches).map_err(cuda)?;
+        eprintln!(
+            "pjrt: seam's CUDA kernels tuned for {} launch shapes on {} in {:.1} s: {}={tuned}",
+            launches.len(),
+            device.name(),
+            started.elapsed().as_secs_f64(),
+            Tilings::VARIABLE
+        );
+        let text = tuned.to_string();
+        Ok((tuned, text.into_bytes()))
+    };
+    let (tuned, _) = tilings_cache().load_or_build(&key, load, build)?;
+    Tilings::install(&tuned);
+    Ok(())
+}
+
+#[cfg(test)]
+mod tests {
+    use super::*;
+    use graph_engine::GraphSettings;
+    use llama_model::Int4Layout;
+    use session_api::WeightFormat;
+    use stablehlo_llama::VectorProducts;
+
+    #[test]
+    fn a_decode_step_is_tuned_for_the_launches_it_makes() {
+        let config = llama_model::random::tiny_llama32_config();
+        let (h, i, layers) = (config.hidden_size, config.intermediate_size, config.num_hidden_layers);
+        let q = config.num_attention_heads * config.head_dim;
+        let kv = config.num_key_value_heads * config.head_dim;
+        let settings = GraphSettings { vector_products: VectorProducts::CudaKernels, ..crate::DEVICE_SETTINGS };
+        for (format, layout) in [(WeightFormat::F16, Int4Layout::DEFAULT), (WeightFormat::Int4, Int4Layout::DEFAULT)] {
+            let options = settings.options(&config, Some(64), format, layout);
+            let launches = decode_launches(&config, &options).unwrap();
+            let count = |matrices: &[usize], k: usize, normed: bool| {
+                launches
+                    .iter()
+                    .filter(|(s, _)| s.matrices == matrices && s.k == k && s.normed == normed)
+                    .map(|(_, n)| *n)
+                    .sum::<usize>()
+            };
+            // Per layer: q, k, v in one launch and gate, up in another, both normed; o; down.
+            assert_eq!(count(&[q, kv, kv], h, true), layers, "{format:?}: {launches:?}");
+            assert_eq!(count(&[i, i], h, true), layers, "{format:?}");
+            assert_eq!(count(&[h], q, false), layers, "{format:?}: o");
+            assert_eq!(count(&[h], i, false), layers, "{format:?}: down");
+            // The LM head, with the final norm.
+            assert_eq!(count(&[config.vocab_size], h, true), 1, "{format:?}");
+            assert_eq!(launches.iter().map(|(_, n)| n).sum::<usize>(), 4 * layers + 1);
+            let kernels: Vec<Kernel> = launches.iter().map(|(s, _)| s.kernel).collect();
+            match format {
+                WeightFormat::F16 => assert!(kernels.iter().all(|k| *k == Kernel::F16), "{launches:?}"),
+                WeightFormat::Int4 => assert!(kernels.contains(&Kernel::Int4), "{launches:?}"),
+            }
+        }
+        // The each form: a launch per product, none normed.
+        let each = GraphSettings { vector_products: VectorProducts::CudaKernelsEach, ..crate::DEVICE_SETTINGS };
+        let launches =
+            decode_launches(&config, &each.options(&config, Some(64), WeightFormat::F16, Int4Layout::DEFAULT)).unwrap();
+        assert!(launches.iter().all(|(s, _)| s.matrices.len() == 1 && !s.normed), "{launches:?}");
+        assert_eq!(launches.iter().map(|(_, n)| n).sum::<usize>(), 7 * layers + 1);
+        // Graphs without the kernels' calls: nothing to tune.
+        let options = crate::DEVICE_SETTINGS.options(&config, Some(64), WeightFormat::F16, Int4Layout::DEFAULT);
+        assert!(decode_launches(&config, &options).unwrap().is_empty());
+    }
 }

@@ -346,7 +346,11 @@ fn load_engine(target: &Target, request: &LoadRequest) -> Result<PjrtEngine> {
         })?;
     }
     let client = Arc::clone(&target.found.client);
+    let on_gpu = target.device.id.starts_with("cuda");
     graph_engine::load_engine(BACKEND_NAME, &target.device.id, request, settings, |model| {
+        if on_gpu && model.options.vector_products.is_cuda_kernels() {
+            gpu_products::tune(&target.device.id, &gpu_products::decode_launches(model.config, model.options)?);
+        }
         Ok(PjrtRuntime::new(client, on_cpu, model))
     })
 }

@@ -1,16 +1,25 @@
 //! A GPU to run the kernels on outside XLA: device memory, copies and timing through the driver
-//! API, for the probe (`cuda-kernels-probe`) that checks and times the kernels on their own.
+//! API, for the probe (`cuda-kernels-probe`) that checks and times the kernels on their own and
+//! for the tuner ([`crate::tune`]) that picks their tilings before XLA runs them.
 
 use crate::driver::{driver_symbol, CuResult, CudaError, Driver, Stream};
 use std::ffi::{c_char, c_int, c_uint, c_void};
 
-/// Device 0's primary context made current on this thread, with a stream of its own.
-pub struct Device {
-    driver: &'static Driver,
-    name: String,
-    stream: *mut c_void,
+/// The driver calls of a [`Device`], resolved together before any is made.
+struct Calls {
+    init: unsafe extern "C" fn(c_uint) -> CuResult,
+    driver_get_version: unsafe extern "C" fn(*mut c_int) -> CuResult,
+    device_get: unsafe extern "C" fn(*mut c_int, c_int) -> CuResult,
+    device_name: unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult,
+    primary_retain: unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult,
+    primary_release: unsafe extern "C" fn(c_int) -> CuResult,
+    ctx_push: unsafe extern "C" fn(*mut c_void) -> CuResult,
+    ctx_pop: unsafe extern "C" fn(*mut *mut c_void) -> CuResult,
+    stream_create: unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult,
+    stream_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
     mem_alloc: unsafe extern "C" fn(*mut u64, usize) -> CuResult,
     mem_free: unsafe extern "C" fn(u64) -> CuResult,
+    memset: unsafe extern "C" fn(u64, u8, usize, *mut c_void) -> CuResult,
     copy_to: unsafe extern "C" fn(u64, *const c_void, usize) -> CuResult,
     copy_on_device: unsafe extern "C" fn(u64, u64, usize, *mut c_void) -> CuResult,
     copy_from: unsafe extern "C" fn(*mut c_void, u64, usize) -> CuResult,
@@ -28,96 +37,24 @@ pub struct Device {
     graph_destroy: unsafe extern "C" fn(*mut c_void) -> CuResult,
 }
 
-/// `CU_STREAM_CAPTURE_MODE_GLOBAL`: the strictest mode (no thread may make a call that is unsafe
-/// during a capture, such as loading a module), which the kernels' launch must survive.
-const CAPTURE_MODE_GLOBAL: c_int = 0;
-
-/// Work captured from the device's stream into a CUDA graph and instantiated, as XLA's command
-/// buffers capture custom calls; destroyed on drop.
-pub struct Graph<'a> {
-    device: &'a Device,
-    graph: *mut c_void,
-    exec: *mut c_void,
-}
-
-impl Graph<'_> {
-    /// Launches the graph on the device's stream.
-    pub fn launch(&self) -> Result<(), CudaError> {
-        // SAFETY: an instantiated graph of this device's context.
-        self.device.driver.check(unsafe { (self.device.graph_launch)(self.exec, self.device.stream) }, "cuGraphLaunch")
-    }
-}
-
-impl Drop for Graph<'_> {
-    fn drop(&mut self) {
-        // SAFETY: the graph and its instance, created by `Device::capture`, destroyed once.
+impl Calls {
+    fn resolve() -> Result<Calls, CudaError> {
+        // SAFETY: each field's type is the C signature of the driver function it is named after.
         unsafe {
-            if !self.exec.is_null() {
-                (self.device.graph_exec_destroy)(self.exec);
-            }
-            if !self.graph.is_null() {
-                (self.device.graph_destroy)(self.graph);
-            }
-        }
-    }
-}
-
-/// A device allocation, freed on drop.
-pub struct DeviceBuffer<'a> {
-    device: &'a Device,
-    /// The device address.
-    pub ptr: u64,
-    /// Its size in bytes.
-    pub len: usize,
-}
-
-impl Drop for DeviceBuffer<'_> {
-    fn drop(&mut self) {
-        // SAFETY: an allocation of this device's, freed once.
-        unsafe { (self.device.mem_free)(self.ptr) };
-    }
-}
-
-impl Device {
-    /// Opens the driver, device 0 and its primary context.
-    pub fn open() -> Result<Device, CudaError> {
-        let driver = Driver::get()?;
-        let check = |result, call| driver.check(result, call);
-        // SAFETY: each binding's type is the C signature of the driver function it is named
-        // after (as are the fields' below).
-        let (init, device_get, device_name, retain, set_current, stream_create) = unsafe {
-            (
-                driver_symbol::<unsafe extern "C" fn(c_uint) -> CuResult>("cuInit")?,
-                driver_symbol::<unsafe extern "C" fn(*mut c_int, c_int) -> CuResult>("cuDeviceGet")?,
-                driver_symbol::<unsafe extern "C" fn(*mut c_char, c_int, c_int) -> CuResult>("cuDeviceGetName")?,
-                driver_symbol::<unsafe extern "C" fn(*mut *mut c_void, c_int) -> CuResult>("cuDevicePrimaryCtxRetain")?,
-                driver_symbol::<unsafe extern "C" fn(*mut c_void) -> CuResult>("cuCtxSetCurrent")?,
-                driver_symbol::<unsafe extern "C" fn(*mut *mut c_void, c_uint) -> CuResult>("cuStreamCreate")?,
-            )
-        };
-        let mut device = 0;
-        let mut context = std::ptr::null_mut();
-        let mut stream = std::ptr::null_mut();
-        let mut name = [0 as c_char; 256];
-        // SAFETY: driver calls with out parameters this function owns.
-        unsafe {
-            check(init(0), "cuInit")?;
-            check(device_get(&mut device, 0), "cuDeviceGet")?;
-            check(device_name(name.as_mut_ptr(), name.len() as c_int, device), "cuDeviceGetName")?;
-            check(retain(&mut context, device), "cuDevicePrimaryCtxRetain")?;
-            check(set_current(context), "cuCtxSetCurrent")?;
-            check(stream_create(&mut stream, 0), "cuStreamCreate")?;
-        }
-        // SAFETY: the driver wrote a NUL-terminated name.
-        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
-        // SAFETY: as above.
-        unsafe {
-            Ok(Device {
-                driver,
-                name,
-                stream,
+            Ok(Calls {
+                init: driver_symbol("cuInit")?,
+                driver_get_version: driver_symbol("cuDriverGetVersion")?,
+                device_get: driver_symbol("cuDeviceGet")?,
+                device_name: driver_symbol("cuDeviceGetName")?,
+                primary_retain: driver_symbol("cuDevicePrimaryCtxRetain")?,
+                primary_release: driver_symbol("cuDevicePrimaryCtxRelease_v2")?,
+                ctx_push: driver_symbol("cuCtxPushCurrent_v2")?,
+                ctx_pop: driver_symbol("cuCtxPopCurrent_v2")?,
+                stream_create: driver_symbol("cuStreamCreate")?,
+                stream_destroy: driver_symbol("cuStreamDestroy_v2")?,
                 mem_alloc: driver_symbol("cuMemAlloc_v2")?,
                 mem_free: driver_symbol("cuMemFree_v2")?,
+                memset: driver_symbol("cuMemsetD8Async")?,
                 copy_to: driver_symbol("cuMemcpyHtoD_v2")?,
                 copy_on_device: driver_symbol("cuMemcpyDtoDAsync_v2")?,
                 copy_from: driver_symbol("cuMemcpyDtoH_v2")?,
@@ -136,10 +73,145 @@ impl Device {
             })
         }
     }
+}
+
+/// A GPU's primary context (the one XLA's CUDA plugin works in too) made current on this thread,
+/// with a stream of its own. On drop the stream is destroyed, and the context is made no longer
+/// current here and released.
+pub struct Device {
+    driver: &'static Driver,
+    calls: Calls,
+    name: String,
+    driver_version: i32,
+    device: c_int,
+    stream: *mut c_void,
+}
+
+/// `CU_STREAM_CAPTURE_MODE_GLOBAL`: the strictest mode (no thread may make a call that is unsafe
+/// during a capture, such as loading a module), which the kernels' launch must survive.
+const CAPTURE_MODE_GLOBAL: c_int = 0;
+
+/// Work captured from the device's stream into a CUDA graph and instantiated, as XLA's command
+/// buffers capture custom calls; destroyed on drop.
+pub struct Graph<'a> {
+    device: &'a Device,
+    graph: *mut c_void,
+    exec: *mut c_void,
+}
+
+impl Graph<'_> {
+    /// Launches the graph on the device's stream.
+    pub fn launch(&self) -> Result<(), CudaError> {
+        let device = self.device;
+        // SAFETY: an instantiated graph of this device's context.
+        device.driver.check(unsafe { (device.calls.graph_launch)(self.exec, device.stream) }, "cuGraphLaunch")
+    }
+}
+
+impl Drop for Graph<'_> {
+    fn drop(&mut self) {
+        let calls = &self.device.calls;
+        // SAFETY: the graph and its instance, created by `Device::capture`, destroyed once.
+        unsafe {
+            if !self.exec.is_null() {
+                (calls.graph_exec_destroy)(self.exec);
+            }
+            if !self.graph.is_null() {
+                (calls.graph_destroy)(self.graph);
+            }
+        }
+    }
+}
+
+/// A device allocation, freed on drop.
+pub struct DeviceBuffer<'a> {
+    device: &'a Device,
+    /// The device address.
+    pub ptr: u64,
+    /// Its size in bytes.
+    pub len: usize,
+}
+
+impl Drop for DeviceBuffer<'_> {
+    fn drop(&mut self) {
+        // SAFETY: an allocation of this device's, freed once.
+        unsafe { (self.device.calls.mem_free)(self.ptr) };
+    }
+}
+
+impl Drop for Device {
+    fn drop(&mut self) {
+        let calls = &self.calls;
+        let mut popped = std::ptr::null_mut();
+        // SAFETY: the stream, context push and retain of `open_ordinal`, each undone once (after
+        // the stream's work, which destroying a stream waits for).
+        unsafe {
+            (calls.stream_destroy)(self.stream);
+            (calls.ctx_pop)(&mut popped);
+            (calls.primary_release)(self.device);
+        }
+    }
+}
+
+impl Device {
+    /// Opens the driver, GPU 0 and its primary context.
+    pub fn open() -> Result<Device, CudaError> {
+        Device::open_ordinal(0)
+    }
+
+    /// Opens the driver, the GPU of ordinal `ordinal` (the `N` of `cuda:N`) and its primary
+    /// context.
+    pub fn open_ordinal(ordinal: usize) -> Result<Device, CudaError> {
+        let driver = Driver::get()?;
+        let calls = Calls::resolve()?;
+        let check = |result, call| driver.check(result, call);
+        let ordinal = c_int::try_from(ordinal).map_err(|_| CudaError(format!("no GPU of ordinal {ordinal}")))?;
+        let (mut driver_version, mut device) = (0, 0);
+        let mut name = [0 as c_char; 256];
+        let mut context = std::ptr::null_mut();
+        // SAFETY: driver calls with out parameters this function owns.
+        unsafe {
+            check((calls.init)(0), "cuInit")?;
+            check((calls.driver_get_version)(&mut driver_version), "cuDriverGetVersion")?;
+            check((calls.device_get)(&mut device, ordinal), "cuDeviceGet")?;
+            check((calls.device_name)(name.as_mut_ptr(), name.len() as c_int, device), "cuDeviceGetName")?;
+            check((calls.primary_retain)(&mut context, device), "cuDevicePrimaryCtxRetain")?;
+        }
+        // SAFETY: the context retained above, released below if it cannot be made current.
+        if let Err(e) = check(unsafe { (calls.ctx_push)(context) }, "cuCtxPushCurrent") {
+            // SAFETY: the retain above, undone once.
+            unsafe { (calls.primary_release)(device) };
+            return Err(e);
+        }
+        let mut stream = std::ptr::null_mut();
+        // SAFETY: the driver writes a new stream of the current context.
+        if let Err(e) = check(unsafe { (calls.stream_create)(&mut stream, 0) }, "cuStreamCreate") {
+            let mut popped = std::ptr::null_mut();
+            // SAFETY: the push and the retain above, undone once.
+            unsafe {
+                (calls.ctx_pop)(&mut popped);
+                (calls.primary_release)(device);
+            }
+            return Err(e);
+        }
+        // SAFETY: the driver wrote a NUL-terminated name.
+        let name = unsafe { std::ffi::CStr::from_ptr(name.as_ptr()) }.to_string_lossy().into_owned();
+        Ok(Device { driver, calls, name, driver_version, device, stream })
+    }
 
     /// The GPU's name.
     pub fn name(&self) -> &str {
         &self.name
+    }
+
+    /// The driver's CUDA version (`cuDriverGetVersion`: 1000 major + 10 minor).
+    pub fn driver_version(&self) -> i32 {
+        self.driver_version
+    }
+
+    /// The driver, which launches the kernels.
+    pub fn driver(&self) -> &'static Driver {
+        self.driver
     }
 
     /// The device's own stream.
@@ -152,7 +224,7 @@ impl Device {
         let buffer = self.alloc(bytes.len())?;
         // SAFETY: a fresh allocation of that size; the copy is synchronous.
         self.driver.check(
-            unsafe { (self.copy_to)(buffer.ptr, bytes.as_ptr() as *const c_void, bytes.len()) },
+            unsafe { (self.calls.copy_to)(buffer.ptr, bytes.as_ptr() as *const c_void, bytes.len()) },
             "cuMemcpyHtoD",
         )?;
         Ok(buffer)
@@ -162,16 +234,24 @@ impl Device {
     pub fn copy(&self, to: &DeviceBuffer, from: &DeviceBuffer) -> Result<(), CudaError> {
         // SAFETY: two allocations of this device, each at least that long.
         self.driver.check(
-            unsafe { (self.copy_on_device)(to.ptr, from.ptr, to.len.min(from.len), self.stream) },
+            unsafe { (self.calls.copy_on_device)(to.ptr, from.ptr, to.len.min(from.len), self.stream) },
             "cuMemcpyDtoDAsync",
         )
+    }
+
+    /// `len` bytes of device memory, zeroed (on the stream: before any work queued after).
+    pub fn zeroed(&self, len: usize) -> Result<DeviceBuffer<'_>, CudaError> {
+        let buffer = self.alloc(len)?;
+        // SAFETY: an allocation of this device of that size, on its stream.
+        self.driver.check(unsafe { (self.calls.memset)(buffer.ptr, 0, len, self.stream) }, "cuMemsetD8Async")?;
+        Ok(buffer)
     }
 
     /// `len` bytes of uninitialized device memory.
     pub fn alloc(&self, len: usize) -> Result<DeviceBuffer<'_>, CudaError> {
         let mut ptr = 0u64;
         // SAFETY: the driver writes the address of a new allocation.
-        self.driver.check(unsafe { (self.mem_alloc)(&mut ptr, len.max(1)) }, "cuMemAlloc")?;
+        self.driver.check(unsafe { (self.calls.mem_alloc)(&mut ptr, len.max(1)) }, "cuMemAlloc")?;
         Ok(DeviceBuffer { device: self, ptr, len })
     }
 
@@ -181,7 +261,7 @@ impl Device {
         let mut bytes = vec![0u8; buffer.len];
         // SAFETY: a host buffer of the allocation's size; the copy is synchronous.
         self.driver.check(
-            unsafe { (self.copy_from)(bytes.as_mut_ptr() as *mut c_void, buffer.ptr, buffer.len) },
+            unsafe { (self.calls.copy_from)(bytes.as_mut_ptr() as *mut c_void, buffer.ptr, buffer.len) },
             "cuMemcpyDtoH",
         )?;
         Ok(bytes)
@@ -190,7 +270,7 @@ impl Device {
     /// Waits for the stream's work.
     pub fn synchronize(&self) -> Result<(), CudaError> {
         // SAFETY: this device's stream.
-        self.driver.check(unsafe { (self.stream_synchronize)(self.stream) }, "cuStreamSynchronize")
+        self.driver.check(unsafe { (self.calls.stream_synchronize)(self.stream) }, "cuStreamSynchronize")
     }
 
     /// The device time `work` takes on the stream, in milliseconds, between two events.
@@ -201,18 +281,18 @@ impl Device {
         // below whatever happened.
         let timed = unsafe {
             self.driver
-                .check((self.event_create)(&mut start, 0), "cuEventCreate")
-                .and_then(|()| self.driver.check((self.event_create)(&mut end, 0), "cuEventCreate"))
-                .and_then(|()| self.driver.check((self.event_record)(start, self.stream), "cuEventRecord"))
+                .check((self.calls.event_create)(&mut start, 0), "cuEventCreate")
+                .and_then(|()| self.driver.check((self.calls.event_create)(&mut end, 0), "cuEventCreate"))
+                .and_then(|()| self.driver.check((self.calls.event_record)(start, self.stream), "cuEventRecord"))
                 .and_then(|()| work())
-                .and_then(|()| self.driver.check((self.event_record)(end, self.stream), "cuEventRecord"))
-                .and_then(|()| self.driver.check((self.event_synchronize)(end), "cuEventSynchronize"))
-                .and_then(|()| self.driver.check((self.event_elapsed)(&mut ms, start, end), "cuEventElapsedTime"))
+                .and_then(|()| self.driver.check((self.calls.event_record)(end, self.stream), "cuEventRecord"))
+                .and_then(|()| self.driver.check((self.calls.event_synchronize)(end), "cuEventSynchronize"))
+                .and_then(|()| self.driver.check((self.calls.event_elapsed)(&mut ms, start, end), "cuEventElapsedTime"))
         };
         for event in [start, end] {
             if !event.is_null() {
                 // SAFETY: an event created above, destroyed once.
-                unsafe { (self.event_destroy)(event) };
+                unsafe { (self.calls.event_destroy)(event) };
             }
         }
         timed.map(|()| ms)
@@ -223,11 +303,11 @@ impl Device {
     pub fn capture(&self, work: impl FnOnce() -> Result<(), CudaError>) -> Result<Graph<'_>, CudaError> {
         let check = |result, call| self.driver.check(result, call);
         // SAFETY: this device's stream; the capture is ended below on every path.
-        check(unsafe { (self.begin_capture)(self.stream, CAPTURE_MODE_GLOBAL) }, "cuStreamBeginCapture")?;
+        check(unsafe { (self.calls.begin_capture)(self.stream, CAPTURE_MODE_GLOBAL) }, "cuStreamBeginCapture")?;
         let worked = work();
         let mut graph = std::ptr::null_mut();
         // SAFETY: ends the capture begun above; the driver writes the graph (null if it failed).
-        let ended = check(unsafe { (self.end_capture)(self.stream, &mut graph) }, "cuStreamEndCapture");
+        let ended = check(unsafe { (self.calls.end_capture)(self.stream, &mut graph) }, "cuStreamEndCapture");
         let mut captured = Graph { device: self, graph, exec: std::ptr::null_mut() };
         if graph.is_null() {
             worked?;
@@ -237,7 +317,7 @@ impl Device {
         worked?;
         ended?;
         // SAFETY: a graph just captured; the driver writes its instance.
-        check(unsafe { (self.graph_instantiate)(&mut captured.exec, graph, 0) }, "cuGraphInstantiate")?;
+        check(unsafe { (self.calls.graph_instantiate)(&mut captured.exec, graph, 0) }, "cuGraphInstantiate")?;
         Ok(captured)
     }
 }

@@ -12,6 +12,7 @@
 pub mod device;
 mod driver;
 pub mod host;
+pub mod tune;
 
 pub use driver::{driver_library, driver_symbol, CudaError, Driver, Stream};
 
@@ -30,7 +31,7 @@ pub const MAX_MATRICES: usize = 3;
 /// One of the products' kernels, by weight format. Each computes `y[r] = sum_i w[r][i] x[i]` for
 /// `x` f32 `[k]` and `y` f32 `[rows]`, with `k` a multiple of [`GROUP`] and every array 16-byte
 /// aligned (but a [`Norm`]'s epsilon, a lone float); a matrix's arrays are, in order:
-#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash)]
+#[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kernel {
     /// `w f16 [rows, k]`.
     F16,
@@ -231,6 +232,10 @@ impl std::str::FromStr for Tiling {
 /// named keeping the default) and `format@ROWSxK=tiling` for the launches of that format whose
 /// matrices have `ROWS` rows in all and `K` inputs (`int4@3072x2048=r2t128`): the form the probe
 /// prints for the tilings it found fastest.
+///
+/// A process's launches take its setting ([`Tilings::VARIABLE`]) where it has one; else the
+/// tilings tuned for their shapes on its GPU ([`Tilings::install`], [`crate::tune`]); else
+/// [`Tiling::DEFAULT`].
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Tilings {
     by_kernel: [Tiling; 3],
@@ -245,7 +250,8 @@ impl Default for Tilings {
 }
 
 impl Tilings {
-    /// The environment variable a process's tilings are read from.
+    /// The environment variable a process's tilings are read from, when it is set (nothing is
+    /// tuned then).
     pub const VARIABLE: &'static str = "SEAM_CUDA_TILINGS";
 
     /// The tilings of a setting (see [`Tilings`]).
@@ -285,17 +291,50 @@ impl Tilings {
         Ok(tilings)
     }
 
-    /// The process's tilings: [`Tilings::VARIABLE`]'s setting when it is set, else the defaults.
-    /// Read once; a malformed setting is an error every time it is asked for.
-    pub fn of_process() -> Result<&'static Tilings, String> {
-        static TILINGS: std::sync::OnceLock<Result<Tilings, String>> = std::sync::OnceLock::new();
-        TILINGS
+    /// The process's setting ([`Tilings::VARIABLE`]), if it has one: launches take its tilings,
+    /// and nothing is tuned. Read once; a malformed setting is an error every time it is asked
+    /// for.
+    pub fn setting() -> Result<Option<&'static Tilings>, String> {
+        static SETTING: std::sync::OnceLock<Result<Option<Tilings>, String>> = std::sync::OnceLock::new();
+        SETTING
             .get_or_init(|| match std::env::var(Tilings::VARIABLE) {
-                Ok(setting) => Tilings::parse(&setting).map_err(|e| format!("{}: {e}", Tilings::VARIABLE)),
-                Err(_) => Ok(Tilings::default()),
+                Ok(setting) => Tilings::parse(&setting).map(Some).map_err(|e| format!("{}: {e}", Tilings::VARIABLE)),
+                Err(_) => Ok(None),
             })
             .as_ref()
+            .map(Option::as_ref)
             .map_err(Clone::clone)
+    }
+
+    /// The tilings tuned in this process ([`Tilings::install`]).
+    fn tuned() -> &'static std::sync::RwLock<Tilings> {
+        static TUNED: std::sync::OnceLock<std::sync::RwLock<Tilings>> = std::sync::OnceLock::new();
+        TUNED.get_or_init(Default::default)
+    }
+
+    /// Makes the launches of each shape `tuned` names take its tiling in this process (where no
+    /// setting overrides it): what [`crate::tune::tune`] picked for a model's step. Shapes
+    /// installed before and not named in `tuned` keep theirs.
+    pub fn install(tuned: &Tilings) {
+        let mut installed = Tilings::tuned().write().unwrap_or_else(|e| e.into_inner());
+        for ((kernel, rows, k), tiling) in &tuned.by_shape {
+            installed.set(*kernel, *rows, *k, *tiling);
+        }
+    }
+
+    /// The tiling a launch of `kernel` over matrices of `rows` rows in all and `k` inputs takes
+    /// in this process: the setting's if there is one, else the tuned one for its shape, else
+    /// [`Tiling::DEFAULT`].
+    pub fn of_process_launch(kernel: Kernel, rows: usize, k: usize) -> Result<Tiling, String> {
+        Ok(match Tilings::setting()? {
+            Some(setting) => setting.of_launch(kernel, rows, k),
+            None => Tilings::tuned().read().unwrap_or_else(|e| e.into_inner()).of_launch(kernel, rows, k),
+        })
+    }
+
+    /// The launch shapes this names a tiling of, with theirs.
+    pub fn shapes(&self) -> &[((Kernel, usize, usize), Tiling)] {
+        &self.by_shape
     }
 
     /// The tiling `kernel` launches with where no shape of its is named.

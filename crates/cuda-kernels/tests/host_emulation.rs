@@ -129,3 +129,23 @@ fn without_a_driver_launching_is_an_error() {
     let error = cuda_kernels::Driver::get().err().expect("no driver on this machine");
     assert!(error.0.contains("libcuda.so.1"), "{error}");
 }
+
+#[test]
+fn launches_take_the_tilings_installed_for_their_shapes() {
+    use cuda_kernels::{Kernel, Tiling, Tilings};
+    if Tilings::setting().unwrap().is_some() {
+        eprintln!("skipped: {} is set, and overrides what is installed", Tilings::VARIABLE);
+        return;
+    }
+    assert_eq!(Tilings::of_process_launch(Kernel::Int4, 3072, 2048).unwrap(), Tiling::DEFAULT);
+    let r2t128: Tiling = "r2t128".parse().unwrap();
+    Tilings::install(&Tilings::parse("int4@3072x2048=r2t128,f16=r1t64").unwrap());
+    assert_eq!(Tilings::of_process_launch(Kernel::Int4, 3072, 2048).unwrap(), r2t128);
+    // Another shape of the format, and the format named without a shape: the default still.
+    assert_eq!(Tilings::of_process_launch(Kernel::Int4, 2048, 2048).unwrap(), Tiling::DEFAULT);
+    assert_eq!(Tilings::of_process_launch(Kernel::F16, 3072, 2048).unwrap(), Tiling::DEFAULT);
+    // A later install adds its shapes and keeps the others.
+    Tilings::install(&Tilings::parse("f16@3072x2048=r8t64").unwrap());
+    assert_eq!(Tilings::of_process_launch(Kernel::F16, 3072, 2048).unwrap(), "r8t64".parse().unwrap());
+    assert_eq!(Tilings::of_process_launch(Kernel::Int4, 3072, 2048).unwrap(), r2t128);
+}

@@ -75,16 +75,16 @@ impl ArtifactCache {
         match read_verified(&path) {
             Some(bytes) => match load(bytes) {
                 Ok(value) => return Ok((value, CacheOutcome::Hit)),
-                Err(e) => eprintln!("warning: {} was refused ({e}); compiling it again", path.display()),
+                Err(e) => eprintln!("warning: {} was refused ({e}); making it again", path.display()),
             },
-            None if path.exists() => eprintln!("warning: {} is damaged; compiling it again", path.display()),
+            None if path.exists() => eprintln!("warning: {} is damaged; making it again", path.display()),
             None => {}
         }
         let (value, bytes) = build()?;
         // A cache that cannot be written (read-only, full) costs the next load a compile; it
         // must not fail this one.
         if let Err(e) = self.store(&path, &bytes) {
-            eprintln!("warning: the compiled graph was not cached ({e}); the next load compiles it again");
+            eprintln!("warning: {} was not cached ({e}); the next load makes it again", path.display());
         }
         Ok((value, CacheOutcome::Built))
     }

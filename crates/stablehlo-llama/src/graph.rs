@@ -202,6 +202,59 @@ pub const CUDA_NORMED_ROWS_INT8_TARGET: &str = "seam_cuda_normed_rows_int8";
 /// [`CUDA_NORMED_ROWS_F16_TARGET`] over int4 matrices.
 pub const CUDA_NORMED_ROWS_INT4_TARGET: &str = "seam_cuda_normed_rows_int4";
 
+/// One call of seam's CUDA kernels in a module this crate wrote: its target (one of
+/// [`CUDA_ROWS_F16_TARGET`] and the others), its inputs per row `K` and each matrix's rows `M`
+/// (its results' widths), in the order written.
+#[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
+pub struct CudaCall {
+    /// The call's target.
+    pub target: String,
+    /// Inputs per row.
+    pub k: usize,
+    /// Each matrix's rows.
+    pub rows: Vec<usize>,
+}
+
+/// The calls of seam's CUDA kernels in `module`, text that [`emit_module`] or
+/// [`emit_entry_module`] wrote, in the order written: the launches a runtime tunes the kernels
+/// for before it runs the module's graphs. Read back from the text, so that what is tuned is what
+/// the graphs call.
+pub fn cuda_calls(module: &str) -> Vec<CudaCall> {
+    let mut calls = Vec::new();
+    for line in module.lines() {
+        let Some((_, after)) = line.split_once("call_target_name = \"") else { continue };
+        let Some((target, signature)) = after.split_once('"') else { continue };
+        if !target.starts_with("seam_cuda_") {
+            continue;
+        }
+        // `} : (operand types) -> result type` or `-> (result types)`.
+        let Some((operands, results)) = signature.split_once(" : (").and_then(|(_, types)| types.rsplit_once(" -> "))
+        else {
+            continue;
+        };
+        let width = |ty: &str| match tensor_dims(ty)[..] {
+            [1, n] => Some(n),
+            _ => None,
+        };
+        let k = operands.split(", ").next().and_then(width);
+        let rows: Option<Vec<usize>> = results.split(", ").map(width).collect();
+        if let (Some(k), Some(rows)) = (k, rows) {
+            calls.push(CudaCall { target: target.to_string(), k, rows });
+        }
+    }
+    calls
+}
+
+/// The dimensions of a ranked tensor type as this crate writes it (`tensor<1x64xf32>`, within
+/// parentheses or not); none for anything else.
+fn tensor_dims(ty: &str) -> Vec<usize> {
+    let ty = ty.trim().trim_start_matches('(').trim_end_matches(')');
+    let Some(inner) = ty.strip_prefix("tensor<").and_then(|t| t.strip_suffix('>')) else { return Vec::new() };
+    let mut parts: Vec<&str> = inner.split('x').collect();
+    parts.pop(); // the element type
+    parts.iter().map(|d| d.parse().ok()).collect::<Option<Vec<usize>>>().unwrap_or_default()
+}
+
 /// What a linear kernel call reads before its product (the runtime's kernel computes it, as
 /// `cpu_kernels::LinearInput` does): operands first, then the weight's, then the residual's.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
@@ -2953,6 +3006,17 @@ mod tests {
             let gate_up = format!("-> (tensor<1x{i}xf32>, tensor<1x{i}xf32>)");
             assert_eq!(decode.matches(&qkv).count(), layers, "{format:?}: {qkv}");
             assert_eq!(decode.matches(&gate_up).count(), layers, "{format:?}: {gate_up}");
+            // What a runtime tunes the kernels for: the same calls, read back from the text.
+            let h = c.hidden_size;
+            let calls = cuda_calls(&decode);
+            assert_eq!(calls.len(), 4 * layers + 1, "{format:?}");
+            let shaped =
+                |rows: &[usize], k: usize| calls.iter().filter(|call| call.rows == rows && call.k == k).count();
+            assert_eq!(shaped(&[q_rows, kv_rows, kv_rows], h), layers, "{format:?}: {calls:?}");
+            assert_eq!(shaped(&[i, i], h), layers, "{format:?}");
+            assert_eq!(shaped(&[h], i), layers, "{format:?}: down");
+            assert_eq!(shaped(&[c.vocab_size], h), 1, "{format:?}: the LM head");
+            assert!(calls.iter().all(|call| call.target.starts_with("seam_cuda_")));
             // The norms are the kernels' now: one reduction fewer per norm (two per layer and the
             // final one).
             assert_eq!(reductions(&decode), reductions(&dots) - (2 * layers + 1), "{format:?}");

@@ -1,8 +1,9 @@
 //! Checks and times seam's CUDA kernels on GPU 0 outside XLA: each format's launches on the
 //! matrix shapes of Llama-3.2-1B (attention, MLP, the LM head; one matrix at a time, and a
 //! layer's q, k and v or gate and up in one launch with their RMSNorm), in every tiling the kernels
-//! are compiled for, launched through the same [`Driver::launch`] the XLA custom calls use and
-//! captured into a CUDA graph as XLA's command buffers capture them. Each result is compared with
+//! are compiled for, launched through the same `Driver::launch` the XLA custom calls use and
+//! captured into a CUDA graph as XLA's command buffers capture them (the tuner's timing,
+//! [`cuda_kernels::tune::Bench`]). Each result is compared with
 //! the format's definition computed here in f64, and each launch's device time turned into the
 //! bytes of weights read per second. The weights are read from the GPU's memory, not its L2
 //! cache: the launches cycle through enough copies of the matrices to overflow any L2, as a
@@ -11,14 +12,13 @@
 //! Prints the device's memory bandwidth by a device-to-device copy (each launch's best rate is
 //! given as a share of it), a table per format (microseconds per launch by tiling), the time of a 1B decode step's
 //! products by tiling (one launch per product, and launches grouped as `vector_products=
-//! cuda-kernels` groups them), and the tilings that make the grouped step shortest as a
-//! `SEAM_CUDA_TILINGS` setting (written to the file `--tilings-out` names, for
-//! `gpu-bundle/run.sh` to try in XLA's step). Exits 1 if a result is wrong (or no GPU is there).
+//! cuda-kernels` groups them), and the tilings the tuner picks for the grouped step, as a
+//! `SEAM_CUDA_TILINGS` setting. Exits 1 if a result is wrong (or no GPU is there).
 
-use cuda_kernels::device::{Device, DeviceBuffer};
-use cuda_kernels::{Driver, Kernel, Launch, Matrix, Norm, Tiling, Tilings, GROUP};
+use cuda_kernels::device::Device;
+use cuda_kernels::tune::{self, Bench, LaunchShape, Timings, LAUNCHES, ROTATION_BYTES};
+use cuda_kernels::{Kernel, Tiling, Tilings, GROUP};
 use half::f16;
-use std::ffi::c_void;
 use std::process::ExitCode;
 
 /// A kind of launch on the 1B shape: the rows of its matrices, their inputs, whether the input is
@@ -45,10 +45,6 @@ const ROWS: [Row; 7] = [
     Row { what: "gate,up+norm", matrices: &[8192, 8192], k: 2048, normed: true, each: 0, grouped: 16 },
 ];
 
-/// Launches per timed graph, at least.
-const LAUNCHES: usize = 50;
-/// Bytes of weight copies the launches cycle through: more than any GPU's L2 cache.
-const ROTATION_BYTES: usize = 256 << 20;
 /// The norms' epsilon.
 const EPS: f32 = 1e-5;
 
@@ -113,16 +109,11 @@ fn case(kernel: Kernel, rows: usize, k: usize, rng: &mut Rng) -> Case {
 }
 
 fn main() -> ExitCode {
-    let mut args = std::env::args().skip(1);
-    let tilings_out = match (args.next().as_deref(), args.next()) {
-        (None, _) => None,
-        (Some("--tilings-out"), Some(path)) => Some(path),
-        _ => {
-            eprintln!("usage: cuda-kernels-probe [--tilings-out FILE]");
-            return ExitCode::from(2);
-        }
-    };
-    match run(tilings_out) {
+    if std::env::args().len() > 1 {
+        eprintln!("usage: cuda-kernels-probe");
+        return ExitCode::from(2);
+    }
+    match run() {
         Ok(true) => ExitCode::SUCCESS,
         Ok(false) => ExitCode::FAILURE,
         Err(e) => {
@@ -140,20 +131,16 @@ fn as_bytes(values: &[f32]) -> Vec<u8> {
     values.iter().flat_map(|v| v.to_le_bytes()).collect()
 }
 
-/// One row's launch on the device: the input (and norm), each matrix in enough copies to
-/// overflow the L2 cache, the outputs, and what each output row should be.
+/// One row's launch on the device (a [`Bench`] of its shape over the row's random operands), and
+/// what each output row should be.
 struct OnDevice<'d> {
-    /// Per copy, the launch's matrices.
-    copies: Vec<Vec<Matrix>>,
-    x: DeviceBuffer<'d>,
-    norm: Option<(DeviceBuffer<'d>, DeviceBuffer<'d>)>,
-    ys: Vec<DeviceBuffer<'d>>,
+    bench: Bench<'d>,
     /// Per matrix: (row, definition, sum of the terms' magnitudes) of the rows checked.
     want: Vec<Vec<(usize, f64, f64)>>,
-    /// The weights' bytes of one launch.
-    weight_bytes: usize,
-    k: usize,
-    _buffers: Vec<DeviceBuffer<'d>>,
+}
+
+fn shape(kernel: Kernel, row: &Row) -> LaunchShape {
+    LaunchShape { kernel, matrices: row.matrices.to_vec(), k: row.k, normed: row.normed }
 }
 
 fn prepare<'d>(device: &'d Device, kernel: Kernel, row: &Row, rng: &mut Rng) -> Result<OnDevice<'d>, String> {
@@ -189,59 +176,26 @@ fn prepare<'d>(device: &'d Device, kernel: Kernel, row: &Row, rng: &mut Rng) -> 
                 .collect()
         })
         .collect();
-    let weight_bytes: usize = cases.iter().flat_map(|c| c.arrays.iter().map(Vec::len)).sum();
-    let x_dev = device.upload(&as_bytes(&x)).map_err(err)?;
+    let x = device.upload(&as_bytes(&x)).map_err(err)?;
     let norm = if row.normed {
         Some((device.upload(&as_bytes(&g)).map_err(err)?, device.upload(&as_bytes(&[EPS])).map_err(err)?))
     } else {
         None
     };
-    let ys = row.matrices.iter().map(|rows| device.alloc(rows * 4)).collect::<Result<Vec<_>, _>>().map_err(err)?;
-    let mut buffers = Vec::new();
-    let mut copies = Vec::new();
-    // Each array uploaded once; the other copies are copied from it on the device.
     let originals = cases
         .iter()
         .map(|case| case.arrays.iter().map(|a| device.upload(a)).collect::<Result<Vec<_>, _>>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
-    for copy in 0..ROTATION_BYTES.div_ceil(weight_bytes) {
-        let mut matrices = Vec::new();
-        for ((originals, rows), y) in originals.iter().zip(row.matrices).zip(&ys) {
-            let mut arrays = Vec::new();
-            for original in originals {
-                if copy == 0 {
-                    arrays.push(original.ptr as *mut c_void);
-                    continue;
-                }
-                let buffer = device.alloc(original.len).map_err(err)?;
-                device.copy(&buffer, original).map_err(err)?;
-                arrays.push(buffer.ptr as *mut c_void);
-                buffers.push(buffer);
-            }
-            matrices.push(Matrix { arrays, y: y.ptr as *mut c_void, rows: *rows });
-        }
-        copies.push(matrices);
-    }
-    buffers.extend(originals.into_iter().flatten());
-    Ok(OnDevice { copies, x: x_dev, norm, ys, want, weight_bytes, k, _buffers: buffers })
+    let bench = Bench::new(device, &shape(kernel, row), originals, x, norm).map_err(err)?;
+    Ok(OnDevice { bench, want })
 }
 
 impl OnDevice<'_> {
-    fn launch(&self, copy: usize, kernel: Kernel) -> Launch<'_> {
-        Launch {
-            kernel,
-            x: self.x.ptr as *mut c_void,
-            norm: self.norm.as_ref().map(|(g, eps)| Norm { weight: g.ptr as *mut c_void, eps: eps.ptr as *mut c_void }),
-            matrices: &self.copies[copy],
-            k: self.k,
-        }
-    }
-
     /// The worst error of the outputs, relative to each row's magnitude.
     fn worst_error(&self, device: &Device) -> Result<f64, String> {
         let mut worst = 0f64;
-        for (y, want) in self.ys.iter().zip(&self.want) {
+        for (y, want) in self.bench.outputs().iter().zip(&self.want) {
             let got: Vec<f32> = device
                 .download(y)
                 .map_err(err)?
@@ -255,11 +209,6 @@ impl OnDevice<'_> {
         }
         Ok(worst)
     }
-}
-
-/// The index (in [`Tiling::ALL`]) of the shortest of `us`, times by tiling.
-fn fastest_tiling(us: &[f64]) -> usize {
-    (0..us.len()).min_by(|&a, &b| us[a].total_cmp(&us[b])).expect("times of every tiling")
 }
 
 /// Bytes the bandwidth probe copies.
@@ -277,9 +226,27 @@ fn copy_bandwidth(device: &Device) -> Result<f64, String> {
     Ok(2.0 * COPY_BYTES as f64 / (best * 1e6))
 }
 
-fn run(tilings_out: Option<String>) -> Result<bool, String> {
+/// Whether the module loads inside a capture (global mode), as where the first custom call of a
+/// captured XLA step is the kernels' first launch in its context. When it does not, that is
+/// reported and the module is loaded outside a capture, so that the kernels are still measured.
+fn loads_in_capture(device: &Device, bench: &Bench) -> Result<bool, String> {
+    let started = std::time::Instant::now();
+    match device.capture(|| bench.launch_once(0, Tiling::DEFAULT)) {
+        Ok(_graph) => {
+            println!("(the first capture, loading the module, took {:.0} ms)", started.elapsed().as_secs_f64() * 1e3);
+            Ok(true)
+        }
+        Err(e) => {
+            println!("WRONG: loading the module inside a capture failed ({e}); loading it outside one");
+            bench.launch_once(0, Tiling::DEFAULT).map_err(err)?;
+            device.synchronize().map_err(err)?;
+            Ok(false)
+        }
+    }
+}
+
+fn run() -> Result<bool, String> {
     let device = Device::open().map_err(err)?;
-    let driver = Driver::get().map_err(err)?;
     println!(
         "seam CUDA kernels on {}: microseconds per launch, each in a CUDA graph of at least {LAUNCHES}, \
          cycling through {} MiB of weight copies; tilings r<rows per block>t<threads per block>",
@@ -293,74 +260,45 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
     );
     let mut rng = Rng(0x2545f4914f6cdd1d);
     let mut all_right = true;
-    let mut fastest = Tilings::default();
-    let mut first_capture = true;
+    let mut module_checked = false;
+    let mut picked = Tilings::default();
     for kernel in Kernel::ALL {
         let names: Vec<String> = Tiling::ALL.iter().map(|t| format!("{t:>7}")).collect();
         println!("\n{:<13} {:>6} {:>7} {}  fastest   GB/s   %bw  result", kernel.format(), "k", "MB", names.join(""));
         let (mut each_us, mut grouped_us) = ([0f64; Tiling::ALL.len()], [0f64; Tiling::ALL.len()]);
-        // The grouped step's launches: (rows in all, k, launches per step, us by tiling).
-        let mut grouped_launches = Vec::new();
+        // The grouped step's launches, with their times, as the tuner takes them.
+        let mut grouped: Timings = Vec::new();
         for row in &ROWS {
             let on_device = prepare(&device, kernel, row, &mut rng)?;
-            let copies = on_device.copies.len();
-            let launches = LAUNCHES.max(copies);
+            if !module_checked {
+                all_right &= loads_in_capture(&device, &on_device.bench)?;
+                module_checked = true;
+            }
             let mut us = Vec::new();
             let mut wrong = Vec::new();
             for (t, tiling) in Tiling::ALL.into_iter().enumerate() {
-                // The first capture also loads the module (the driver compiling the PTX) inside
-                // it, as the first custom call of a captured XLA step does.
-                let started = std::time::Instant::now();
-                let launch_copy = |copy: usize| {
-                    let launch = on_device.launch(copy, kernel);
-                    // SAFETY: device arrays of the sizes the launch reads and writes, alive
-                    // until the stream is synchronized (the downloads of `worst_error`).
-                    unsafe { driver.launch(device.stream(), &launch, tiling) }
-                };
-                let capture = || device.capture(|| (0..launches).try_for_each(|i| launch_copy(i % copies)));
-                let graph = match capture() {
-                    Ok(graph) => graph,
-                    Err(e) if first_capture => {
-                        // What XLA's first captured step would meet: reported, then the module is
-                        // loaded outside a capture so that the kernels are still measured.
-                        println!("WRONG: loading the module inside a capture failed ({e}); loading it outside one");
-                        all_right = false;
-                        launch_copy(0).map_err(err)?;
-                        device.synchronize().map_err(err)?;
-                        capture().map_err(err)?
-                    }
-                    Err(e) => return Err(format!("{} captured into a graph: {e}", kernel.entry(tiling))),
-                };
-                if first_capture {
-                    println!(
-                        "(the first capture, loading the module, took {:.0} ms)",
-                        started.elapsed().as_secs_f64() * 1e3
-                    );
-                    first_capture = false;
-                }
-                graph.launch().map_err(err)?;
-                let ms = device.time(|| graph.launch()).map_err(err)?;
+                us.push(on_device.bench.time(tiling).map_err(err)?);
                 let worst = on_device.worst_error(&device)?;
                 // f32 sums of up to 8192 terms: far under this; a wrong index or nibble is far over.
                 if worst >= 1e-4 {
                     wrong.push(format!("{tiling} (worst error {worst:.1e} of a row's magnitude)"));
                 }
-                us.push(ms as f64 * 1000.0 / launches as f64);
                 each_us[t] += row.each as f64 * us[t];
                 grouped_us[t] += row.grouped as f64 * us[t];
             }
             all_right &= wrong.is_empty();
             if row.grouped > 0 {
-                grouped_launches.push((row.matrices.iter().sum::<usize>(), row.k, row.grouped, us.clone()));
+                grouped.push((shape(kernel, row), row.grouped, us.clone()));
             }
-            let best = fastest_tiling(&us);
+            let best = tune::fastest(&us);
             let cells: Vec<String> = us.iter().map(|u| format!("{u:>7.1}")).collect();
-            let rate = on_device.weight_bytes as f64 / (us[best] * 1e3);
+            let weight_bytes = on_device.bench.shape().weight_bytes();
+            let rate = weight_bytes as f64 / (us[best] * 1e3);
             println!(
                 "{:<13} {:>6} {:>7.1} {}  {:>7} {:>6.0} {:>4.0}%  {}",
                 row.what,
                 row.k,
-                on_device.weight_bytes as f64 / 1e6,
+                weight_bytes as f64 / 1e6,
                 cells.join(""),
                 Tiling::ALL[best].to_string(),
                 rate,
@@ -369,10 +307,9 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
             );
         }
         let default = Tiling::ALL.iter().position(|t| *t == Tiling::DEFAULT).expect("the default is compiled");
-        let mut best_grouped = default;
         for (form, step_us) in [("each", &each_us), ("grouped", &grouped_us)] {
             let cells: Vec<String> = step_us.iter().map(|u| format!("{u:>7.0}")).collect();
-            let best = fastest_tiling(step_us);
+            let best = tune::fastest(step_us);
             println!(
                 "{:<13} {:>6} {:>7} {}  {:>7}",
                 format!("1B {form}"),
@@ -390,32 +327,26 @@ fn run(tilings_out: Option<String>) -> Result<bool, String> {
                 Tiling::DEFAULT,
                 step_us[default]
             );
-            best_grouped = best;
         }
-        fastest.set_format(kernel, Tiling::ALL[best_grouped]);
-        // A launch shape whose own fastest tiling beats the format's by more than noise gets its
-        // own.
-        let mut step = 0f64;
-        for (rows, k, per_step, us) in &grouped_launches {
-            let own = fastest_tiling(us);
-            let chosen = if us[own] < 0.97 * us[best_grouped] {
-                fastest.set(kernel, *rows, *k, Tiling::ALL[own]);
-                own
-            } else {
-                best_grouped
-            };
-            step += *per_step as f64 * us[chosen];
-        }
+        // What the tuner picks for the grouped step: each launch shape's fastest tiling.
+        let tuned = tune::choose(&grouped);
+        let step: f64 = grouped
+            .iter()
+            .map(|(shape, count, us)| {
+                let tiling = tuned.of_launch(shape.kernel, shape.rows(), shape.k);
+                let t = Tiling::ALL.iter().position(|t| *t == tiling).expect("a compiled tiling");
+                *count as f64 * us[t]
+            })
+            .sum();
         println!(
-            "{}: with a tiling per launch shape where one is faster, the grouped step's products take {step:.0} us \
-             ({:.2}x the default's)",
+            "{}: in the tilings the tuner picks, the grouped step's products take {step:.0} us ({:.2}x the default's)",
             kernel.format(),
             grouped_us[default] / step
         );
+        for ((kernel, rows, k), tiling) in tuned.shapes() {
+            picked.set(*kernel, *rows, *k, *tiling);
+        }
     }
-    println!("\nfastest tilings for a 1B decode step of grouped launches: {}={fastest}", Tilings::VARIABLE);
-    if let Some(path) = tilings_out {
-        std::fs::write(&path, format!("{fastest}\n")).map_err(|e| format!("writing {path}: {e}"))?;
-    }
+    println!("\ntilings the tuner picks for a 1B decode step of grouped launches: {}={picked}", Tilings::VARIABLE);
     Ok(all_right)
 }
