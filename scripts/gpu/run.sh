@@ -13,8 +13,8 @@
 #   conformance-{pjrt,iree}-cuda.json the suite's reports;
 #   bench-cuda-{pjrt,iree}.json      the benchmark reports of each backend (defaults);
 #   bench-cuda-*-{setting}.json      the same with a candidate setting, against those defaults
-#                                    (`...-cuda-kernels-fastest-tilings`: seam's kernels in the
-#                                    tilings the probe found fastest);
+#                                    (`...-SEAM_CUDA_TILINGS-r4t256`: seam's kernels in the one
+#                                    default tiling, against the tilings tuned at load);
 #   conformance-pjrt-cuda-{setting}.json the suite with a candidate that changes the kernels;
 #   bench-tiny.json                  pjrt-cuda on a tiny model: the per-step cost that is not
 #                                    moving weights (launches, host round trips);
@@ -116,10 +116,10 @@ PY
 
 step "seam backends" 60 "$SEAM" backends
 # seam's CUDA kernels on their own (ADR 0042): right on every shape of the 1B model in every
-# tiling, and the bytes per second each reaches, before XLA calls them inside a step; it writes
-# the tilings that make a 1B step's products shortest, which a candidate below tries in XLA's step.
+# tiling, and the bytes per second each reaches, before XLA calls them inside a step; it prints
+# the tilings the tuner picks for a 1B step (pjrt-cuda tunes them at load, ADR 0045).
 # (On a dry run it fails: no NVIDIA driver.)
-step "cuda-kernels-probe" 90 "$BUNDLE/bin/cuda-kernels-probe" --tilings-out "$WORK/tilings"
+step "cuda-kernels-probe" 90 "$BUNDLE/bin/cuda-kernels-probe"
 step "synth-model $shape" 60 "$SEAM" synth-model --shape "$shape" --out "$WORK/bench-model"
 export SEAM_PJRT_STEP_PROFILE=1
 selected() { case " ${SEAM_GPU_BACKENDS:-pjrt iree} " in *" $1 "*) return 0 ;; *) return 1 ;; esac; }
@@ -164,21 +164,11 @@ candidate_suite() {
     --backend "$backend-$device" --precision f16 --real-model skip \
     --json "$OUT/conformance-$backend-$device-${name//,/-}.json"
 }
-# decode's products through seam's CUDA kernels in the tilings the probe found fastest (the
-# setting has commas, which `candidate` splits on).
-fastest_tilings_candidate() {
-  selected pjrt && [ -s "$WORK/tilings" ] || return 0
-  local tilings
-  tilings=$(cat "$WORK/tilings")
-  step "bench $shape pjrt vector_products=cuda-kernels SEAM_CUDA_TILINGS=$tilings" 90 \
-    env "SEAM_CUDA_TILINGS=$tilings" "$SEAM" bench --backend "pjrt-$device" --model "$WORK/bench-model" \
-    --no-cold "${candidate_args[@]}" --set vector_products=cuda-kernels \
-    --json "$OUT/bench-$device-pjrt-vector_products-cuda-kernels-fastest-tilings.json"
-}
 # In order of what a short device call must not miss: pjrt-cuda (the backend closest to the
 # targets) and its open questions first: decode's products through seam's CUDA kernels (XLA
-# custom calls, ADR 0042; never run on a GPU before: its suite comes right after its figures),
-# then in the probe's fastest tilings (ADR 0043), then one call per product with the norms in
+# custom calls, ADR 0042, in the tilings tuned at load, ADR 0045; never run on a GPU before: its
+# suite comes right after its figures), then in the one default tiling (what tuning gains), then
+# one call per product with the norms in
 # XLA's graph (`cuda-kernels-each`: what grouping the products and folding the norms in gain);
 # greedy steps not launched ahead (ADR 0041: what launching the next step before reading the
 # token back gains); int4 read as XLA's packed 4-bit type, then as 32-bit words, in decode's
@@ -189,7 +179,7 @@ fastest_tilings_candidate() {
 defaults pjrt
 candidate "pjrt vector_products=cuda-kernels"
 candidate_suite "pjrt SEAM_PJRT_VECTOR_PRODUCTS=cuda-kernels"
-fastest_tilings_candidate
+candidate "pjrt vector_products=cuda-kernels,SEAM_CUDA_TILINGS=r4t256"
 candidate "pjrt vector_products=cuda-kernels-each"
 candidate "pjrt SEAM_PJRT_LAUNCH_AHEAD=0"
 candidate "pjrt vector_products=reduce-nibbles"
