@@ -23,7 +23,7 @@ use graph_engine::artifact_cache::ArtifactCache;
 use llama_model::LlamaConfig;
 use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError, TRAIT_COMMAND_BUFFER_COMPATIBLE};
 use pjrt_runtime::Plugin;
-use session_api::{Result, SeamError};
+use session_api::SeamError;
 use stablehlo_llama::{GraphKind, GraphOptions, GraphSpec};
 use std::ffi::c_void;
 use std::sync::OnceLock;
@@ -60,7 +60,7 @@ fn handlers(on_host: bool) -> [(&'static str, Handler); 6] {
 /// kernels compute on the host ([`cuda_kernels::host`]): a CPU plugin then runs the graphs of
 /// `vector_products=cuda-kernels` as they are, and the conformance suite checks their calls
 /// (operands, grouped results, folded norms) against the reference without a GPU.
-pub fn register_on_host(plugin: &Plugin) -> std::result::Result<(), String> {
+pub fn register_on_host(plugin: &Plugin) -> Result<(), String> {
     static DONE: Registrations = OnceLock::new();
     once_per_plugin(&DONE, plugin, || register_all(plugin, crate::host_kernels::PLATFORM, &handlers(true), 0))
 }
@@ -68,7 +68,7 @@ pub fn register_on_host(plugin: &Plugin) -> std::result::Result<(), String> {
 /// Registers the kernels' handlers with `plugin`'s XLA, once per plugin for the life of the
 /// process; the reason when the plugin refuses them, no NVIDIA driver is there to launch them or
 /// the process's tiling setting (`SEAM_CUDA_TILINGS`, [`Tilings`]) is malformed.
-pub fn register(plugin: &Plugin) -> std::result::Result<(), String> {
+pub fn register(plugin: &Plugin) -> Result<(), String> {
     static DONE: Registrations = OnceLock::new();
     once_per_plugin(&DONE, plugin, || {
         Tilings::setting()?;
@@ -92,7 +92,7 @@ unsafe extern "C" fn host_rows<const TARGET: usize>(frame: *mut CallFrame) -> *m
     unsafe { handle_with_traits(frame, 0, |frame| compute_on_host(frame, kernel, normed)) }
 }
 
-fn compute_on_host(frame: &CallFrame, kernel: Kernel, normed: bool) -> std::result::Result<(), String> {
+fn compute_on_host(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<(), String> {
     let Operands { x, norm, matrices, k } = operands(frame, kernel, normed)?;
     let launch = Launch { kernel, x, norm, matrices: &matrices, k };
     // SAFETY: a CPU plugin's arrays are host memory, of the shapes `operands` checked; XLA gives
@@ -101,12 +101,12 @@ fn compute_on_host(frame: &CallFrame, kernel: Kernel, normed: bool) -> std::resu
 }
 
 /// The device address of `buffer`, which the kernels read in 16-byte loads.
-fn aligned(buffer: &Buffer, what: &str) -> std::result::Result<*mut c_void, String> {
+fn aligned(buffer: &Buffer, what: &str) -> Result<*mut c_void, String> {
     aligned_to(buffer, what, 16)
 }
 
 /// The device address of `buffer`, if a multiple of `alignment`.
-fn aligned_to(buffer: &Buffer, what: &str, alignment: usize) -> std::result::Result<*mut c_void, String> {
+fn aligned_to(buffer: &Buffer, what: &str, alignment: usize) -> Result<*mut c_void, String> {
     if !(buffer.data as usize).is_multiple_of(alignment) {
         return Err(format!("{what} at {:?} is not {alignment}-byte aligned", buffer.data));
     }
@@ -116,13 +116,13 @@ fn aligned_to(buffer: &Buffer, what: &str, alignment: usize) -> std::result::Res
 /// The call's input, norm and matrices, after checking every array against the targets'
 /// signature (`stablehlo_llama::CUDA_ROWS_*_TARGET`, `CUDA_NORMED_ROWS_*_TARGET`): `x`, then with
 /// a norm its weight and epsilon, then each matrix's arrays; one result per matrix.
-fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> std::result::Result<Operands, String> {
+fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands, String> {
     // The call's name only on an error: a handler's every call is on a decode step's path.
     checked_operands(frame, kernel, normed)
         .map_err(|e| format!("{} product{}: {e}", kernel.format(), if normed { " of a normed input" } else { "" }))
 }
 
-fn checked_operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> std::result::Result<Operands, String> {
+fn checked_operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands, String> {
     let x = frame.arg(0)?;
     let (one, k) = rows_cols(x, "x")?;
     if one != 1 || x.dtype != dtype::F32 {
@@ -199,7 +199,7 @@ struct Operands {
     k: usize,
 }
 
-fn launch(frame: &CallFrame, kernel: Kernel, normed: bool) -> std::result::Result<(), String> {
+fn launch(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<(), String> {
     let Operands { x, norm, matrices, k } = operands(frame, kernel, normed)?;
     let stream = frame.stream()?;
     let rows = matrices.iter().map(|m| m.rows).sum();
@@ -213,7 +213,7 @@ fn launch(frame: &CallFrame, kernel: Kernel, normed: bool) -> std::result::Resul
 
 /// The launches of seam's kernels in the decode step of a model of `config` emitted with
 /// `options`, each with how many the step makes, in a stable order.
-pub fn decode_launches(config: &LlamaConfig, options: &GraphOptions) -> Result<Vec<(LaunchShape, usize)>> {
+pub fn decode_launches(config: &LlamaConfig, options: &GraphOptions) -> session_api::Result<Vec<(LaunchShape, usize)>> {
     let decode = GraphSpec { kind: GraphKind::Decode, logits: false };
     let module = stablehlo_llama::emit_entry_module(config, options, decode)
         .map_err(|e| SeamError::ModelFormat { path: None, message: e.to_string() })?;
@@ -252,7 +252,7 @@ pub fn tune(device_id: &str, launches: &[(LaunchShape, usize)]) {
     }
 }
 
-fn tune_on_device(device_id: &str, launches: &[(LaunchShape, usize)]) -> Result<()> {
+fn tune_on_device(device_id: &str, launches: &[(LaunchShape, usize)]) -> session_api::Result<()> {
     let cuda = |e: cuda_kernels::CudaError| SeamError::Backend(e.to_string());
     let ordinal = device_id.strip_prefix("cuda:").and_then(|n| n.parse().ok()).unwrap_or(0);
     let device = Device::open_ordinal(ordinal).map_err(cuda)?;
@@ -301,8 +301,8 @@ mod tests {
         let q = config.num_attention_heads * config.head_dim;
         let kv = config.num_key_value_heads * config.head_dim;
         let settings = GraphSettings { vector_products: VectorProducts::CudaKernels, ..crate::DEVICE_SETTINGS };
-        for (format, layout) in [(WeightFormat::F16, Int4Layout::DEFAULT), (WeightFormat::Int4, Int4Layout::DEFAULT)] {
-            let options = settings.options(&config, Some(64), format, layout);
+        for format in WeightFormat::ALL {
+            let options = settings.options(&config, Some(64), format, Int4Layout::DEFAULT);
             let launches = decode_launches(&config, &options).unwrap();
             let count = |matrices: &[usize], k: usize, normed: bool| {
                 launches
