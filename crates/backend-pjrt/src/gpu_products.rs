@@ -1,7 +1,8 @@
 //! seam's CUDA kernels (the `cuda-kernels` crate) as XLA custom-call targets of a CUDA plugin:
 //! decode's one-row products when the graphs are emitted with
 //! [`VectorProducts::CudaKernels`](stablehlo_llama::VectorProducts::CudaKernels) (a layer's
-//! q, k, v and its gate, up grouped, their norms folded in) or `CudaKernelsEach`.
+//! q, k, v and its gate, up grouped, their norms folded in; o and down added to the residual
+//! stream as they are written) or `CudaKernelsEach`.
 //!
 //! Each handler checks its arrays' element types and shapes against what the graph emitter
 //! promises, asks XLA for the call's CUDA stream and launches the kernel on it; it never touches
@@ -35,23 +36,47 @@ const PLATFORM: &str = "CUDA";
 /// ([`register_on_host`]): `1` to check those graphs without a GPU.
 pub const ON_CPU_ENV: &str = "SEAM_PJRT_CUDA_KERNELS_ON_CPU";
 
-/// The kernels' targets, each with its format and whether it takes a norm; a handler's `TARGET`
+/// What a target's call takes besides its input row and matrices.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Extra {
+    /// Nothing.
+    None,
+    /// An RMSNorm's weight and epsilon, after the input.
+    Norm,
+    /// A residual its one product is added to, after the input.
+    Residual,
+}
+
+/// The kernels' targets, each with its format and what its calls take; a handler's `TARGET`
 /// indexes this.
-const TARGETS: [(&str, Kernel, bool); 6] = [
-    (stablehlo_llama::CUDA_ROWS_F16_TARGET, Kernel::F16, false),
-    (stablehlo_llama::CUDA_ROWS_INT8_TARGET, Kernel::Int8, false),
-    (stablehlo_llama::CUDA_ROWS_INT4_TARGET, Kernel::Int4, false),
-    (stablehlo_llama::CUDA_NORMED_ROWS_F16_TARGET, Kernel::F16, true),
-    (stablehlo_llama::CUDA_NORMED_ROWS_INT8_TARGET, Kernel::Int8, true),
-    (stablehlo_llama::CUDA_NORMED_ROWS_INT4_TARGET, Kernel::Int4, true),
+const TARGETS: [(&str, Kernel, Extra); 9] = [
+    (stablehlo_llama::CUDA_ROWS_F16_TARGET, Kernel::F16, Extra::None),
+    (stablehlo_llama::CUDA_ROWS_INT8_TARGET, Kernel::Int8, Extra::None),
+    (stablehlo_llama::CUDA_ROWS_INT4_TARGET, Kernel::Int4, Extra::None),
+    (stablehlo_llama::CUDA_NORMED_ROWS_F16_TARGET, Kernel::F16, Extra::Norm),
+    (stablehlo_llama::CUDA_NORMED_ROWS_INT8_TARGET, Kernel::Int8, Extra::Norm),
+    (stablehlo_llama::CUDA_NORMED_ROWS_INT4_TARGET, Kernel::Int4, Extra::Norm),
+    (stablehlo_llama::CUDA_RESIDUAL_ROWS_F16_TARGET, Kernel::F16, Extra::Residual),
+    (stablehlo_llama::CUDA_RESIDUAL_ROWS_INT8_TARGET, Kernel::Int8, Extra::Residual),
+    (stablehlo_llama::CUDA_RESIDUAL_ROWS_INT4_TARGET, Kernel::Int4, Extra::Residual),
 ];
 
 /// The targets, each with its handler for a platform.
-fn handlers(on_host: bool) -> [(&'static str, Handler); 6] {
-    let handlers: [Handler; 6] = if on_host {
-        [host_rows::<0>, host_rows::<1>, host_rows::<2>, host_rows::<3>, host_rows::<4>, host_rows::<5>]
+fn handlers(on_host: bool) -> [(&'static str, Handler); 9] {
+    let handlers: [Handler; 9] = if on_host {
+        [
+            host_rows::<0>,
+            host_rows::<1>,
+            host_rows::<2>,
+            host_rows::<3>,
+            host_rows::<4>,
+            host_rows::<5>,
+            host_rows::<6>,
+            host_rows::<7>,
+            host_rows::<8>,
+        ]
     } else {
-        [rows::<0>, rows::<1>, rows::<2>, rows::<3>, rows::<4>, rows::<5>]
+        [rows::<0>, rows::<1>, rows::<2>, rows::<3>, rows::<4>, rows::<5>, rows::<6>, rows::<7>, rows::<8>]
     };
     std::array::from_fn(|i| (TARGETS[i].0, handlers[i]))
 }
@@ -79,21 +104,21 @@ pub fn register(plugin: &Plugin) -> Result<(), String> {
 
 /// The handler of the target [`TARGETS`]`[TARGET]`.
 unsafe extern "C" fn rows<const TARGET: usize>(frame: *mut CallFrame) -> *mut XlaError {
-    let (_, kernel, normed) = TARGETS[TARGET];
+    let (_, kernel, extra) = TARGETS[TARGET];
     // SAFETY: called by XLA with its call frame.
-    unsafe { handle_with_traits(frame, TRAIT_COMMAND_BUFFER_COMPATIBLE, |frame| launch(frame, kernel, normed)) }
+    unsafe { handle_with_traits(frame, TRAIT_COMMAND_BUFFER_COMPATIBLE, |frame| launch(frame, kernel, extra)) }
 }
 
 /// [`rows`] on the host: the CPU plugin's arrays in host memory, computed by
 /// [`cuda_kernels::host::compute`].
 unsafe extern "C" fn host_rows<const TARGET: usize>(frame: *mut CallFrame) -> *mut XlaError {
-    let (_, kernel, normed) = TARGETS[TARGET];
+    let (_, kernel, extra) = TARGETS[TARGET];
     // SAFETY: called by XLA with its call frame.
-    unsafe { handle_with_traits(frame, 0, |frame| compute_on_host(frame, kernel, normed)) }
+    unsafe { handle_with_traits(frame, 0, |frame| compute_on_host(frame, kernel, extra)) }
 }
 
-fn compute_on_host(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<(), String> {
-    let Operands { x, norm, matrices, k } = operands(frame, kernel, normed)?;
+fn compute_on_host(frame: &CallFrame, kernel: Kernel, extra: Extra) -> Result<(), String> {
+    let Operands { x, norm, matrices, k } = operands(frame, kernel, extra)?;
     let launch = Launch { kernel, x, norm, matrices: &matrices, k };
     // SAFETY: a CPU plugin's arrays are host memory, of the shapes `operands` checked; XLA gives
     // each result its own buffer.
@@ -114,22 +139,34 @@ fn aligned_to(buffer: &Buffer, what: &str, alignment: usize) -> Result<*mut c_vo
 }
 
 /// The call's input, norm and matrices, after checking every array against the targets'
-/// signature (`stablehlo_llama::CUDA_ROWS_*_TARGET`, `CUDA_NORMED_ROWS_*_TARGET`): `x`, then with
-/// a norm its weight and epsilon, then each matrix's arrays; one result per matrix.
-fn operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands, String> {
+/// signature (`stablehlo_llama::CUDA_ROWS_*_TARGET`, `CUDA_NORMED_ROWS_*_TARGET`,
+/// `CUDA_RESIDUAL_ROWS_*_TARGET`): `x`, then with a norm its weight and epsilon or with a residual
+/// the residual, then each matrix's arrays; one result per matrix.
+fn operands(frame: &CallFrame, kernel: Kernel, extra: Extra) -> Result<Operands, String> {
     // The call's name only on an error: a handler's every call is on a decode step's path.
-    checked_operands(frame, kernel, normed)
-        .map_err(|e| format!("{} product{}: {e}", kernel.format(), if normed { " of a normed input" } else { "" }))
+    checked_operands(frame, kernel, extra).map_err(|e| {
+        let what = match extra {
+            Extra::None => "",
+            Extra::Norm => " of a normed input",
+            Extra::Residual => " added to a residual",
+        };
+        format!("{} product{what}: {e}", kernel.format())
+    })
 }
 
-fn checked_operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<Operands, String> {
+fn checked_operands(frame: &CallFrame, kernel: Kernel, extra: Extra) -> Result<Operands, String> {
+    let normed = extra == Extra::Norm;
     let x = frame.arg(0)?;
     let (one, k) = rows_cols(x, "x")?;
     if one != 1 || x.dtype != dtype::F32 {
         return Err(format!("x f32[1, k] expected, got type {} {:?}", x.dtype, x.dims()));
     }
     let x_data = aligned(x, "x")?;
-    let lead = if normed { 3 } else { 1 };
+    let lead = match extra {
+        Extra::None => 1,
+        Extra::Norm => 3,
+        Extra::Residual => 2,
+    };
     let norm = if normed {
         let (weight, eps) = (frame.arg(1)?, frame.arg(2)?);
         if weight.dtype != dtype::F32 || weight.dims() != [k] || eps.dtype != dtype::F32 || !eps.dims().is_empty() {
@@ -149,10 +186,11 @@ fn checked_operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<O
     };
     let per_matrix = kernel.weight_arrays();
     let count = frame.ret_count();
-    if count == 0 || count > MAX_MATRICES || frame.arg_count() != lead + count * per_matrix {
+    let most = if extra == Extra::Residual { 1 } else { MAX_MATRICES };
+    if count == 0 || count > most || frame.arg_count() != lead + count * per_matrix {
         return Err(format!(
             "{} arguments and {count} results, where {lead} + {per_matrix} per matrix and a result per matrix \
-             (1 to {MAX_MATRICES}) were expected",
+             (1 to {most}) were expected",
             frame.arg_count()
         ));
     }
@@ -186,7 +224,20 @@ fn checked_operands(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<O
         if y.dtype != dtype::F32 || y.dims() != [1, m] {
             return Err(format!("result {j} f32[1, {m}] expected, got type {} {:?}", y.dtype, y.dims()));
         }
-        matrices.push(Matrix { arrays, y: aligned(y, "a result")?, rows: m });
+        let residual = if extra == Extra::Residual {
+            let residual = frame.arg(1)?;
+            if residual.dtype != dtype::F32 || residual.dims() != [1, m] {
+                return Err(format!(
+                    "the residual f32[1, {m}] expected, got type {} {:?}",
+                    residual.dtype,
+                    residual.dims()
+                ));
+            }
+            Some(aligned(residual, "the residual")?)
+        } else {
+            None
+        };
+        matrices.push(Matrix { arrays, y: aligned(y, "a result")?, residual, rows: m });
     }
     Ok(Operands { x: x_data, norm, matrices, k })
 }
@@ -199,8 +250,8 @@ struct Operands {
     k: usize,
 }
 
-fn launch(frame: &CallFrame, kernel: Kernel, normed: bool) -> Result<(), String> {
-    let Operands { x, norm, matrices, k } = operands(frame, kernel, normed)?;
+fn launch(frame: &CallFrame, kernel: Kernel, extra: Extra) -> Result<(), String> {
+    let Operands { x, norm, matrices, k } = operands(frame, kernel, extra)?;
     let stream = frame.stream()?;
     let rows = matrices.iter().map(|m| m.rows).sum();
     let tiling = Tilings::of_process_launch(kernel, rows, k)?;
@@ -219,10 +270,16 @@ pub fn decode_launches(config: &LlamaConfig, options: &GraphOptions) -> session_
         .map_err(|e| SeamError::ModelFormat { path: None, message: e.to_string() })?;
     let mut launches: Vec<(LaunchShape, usize)> = Vec::new();
     for call in stablehlo_llama::cuda_calls(&module) {
-        let Some((_, kernel, normed)) = TARGETS.iter().find(|(target, _, _)| *target == call.target) else {
+        let Some((_, kernel, extra)) = TARGETS.iter().find(|(target, _, _)| *target == call.target) else {
             return Err(SeamError::Backend(format!("the decode graph calls {}, which no handler serves", call.target)));
         };
-        let shape = LaunchShape { kernel: *kernel, matrices: call.rows, k: call.k, normed: *normed };
+        let shape = LaunchShape {
+            kernel: *kernel,
+            matrices: call.rows,
+            k: call.k,
+            normed: *extra == Extra::Norm,
+            residual: *extra == Extra::Residual,
+        };
         match launches.iter_mut().find(|(known, _)| *known == shape) {
             Some((_, count)) => *count += 1,
             None => launches.push((shape, 1)),
@@ -311,11 +368,17 @@ mod tests {
                     .map(|(_, n)| *n)
                     .sum::<usize>()
             };
-            // Per layer: q, k, v in one launch and gate, up in another, both normed; o; down.
+            // Per layer: q, k, v in one launch and gate, up in another, both normed; o and down,
+            // each added to the residual stream.
             assert_eq!(count(&[q, kv, kv], h, true), layers, "{format:?}: {launches:?}");
             assert_eq!(count(&[i, i], h, true), layers, "{format:?}");
             assert_eq!(count(&[h], q, false), layers, "{format:?}: o");
             assert_eq!(count(&[h], i, false), layers, "{format:?}: down");
+            assert_eq!(
+                launches.iter().filter(|(s, _)| s.residual).map(|(_, n)| n).sum::<usize>(),
+                2 * layers,
+                "{format:?}: {launches:?}"
+            );
             // The LM head, with the final norm.
             assert_eq!(count(&[config.vocab_size], h, true), 1, "{format:?}");
             assert_eq!(launches.iter().map(|(_, n)| n).sum::<usize>(), 4 * layers + 1);
@@ -329,7 +392,7 @@ mod tests {
         let each = GraphSettings { vector_products: VectorProducts::CudaKernelsEach, ..crate::DEVICE_SETTINGS };
         let launches =
             decode_launches(&config, &each.options(&config, Some(64), WeightFormat::F16, Int4Layout::DEFAULT)).unwrap();
-        assert!(launches.iter().all(|(s, _)| s.matrices.len() == 1 && !s.normed), "{launches:?}");
+        assert!(launches.iter().all(|(s, _)| s.matrices.len() == 1 && !s.normed && !s.residual), "{launches:?}");
         assert_eq!(launches.iter().map(|(_, n)| n).sum::<usize>(), 7 * layers + 1);
         // Graphs without the kernels' calls: nothing to tune.
         let options = crate::DEVICE_SETTINGS.options(&config, Some(64), WeightFormat::F16, Int4Layout::DEFAULT);

@@ -7,7 +7,9 @@
 // (a decode step is hundreds of small launches), and more blocks for the small matrices. The
 // input may come un-normalized with an RMSNorm weight: the kernel then multiplies by x * g and
 // scales each sum by 1 / sqrt(mean(x^2) + eps) at the end, the mean summed from the same loads of
-// x, so that the norm costs no launch and no pass of its own.
+// x, so that the norm costs no launch and no pass of its own. A matrix may come with a residual
+// (f32 [rows]) that its output rows are added to as they are written (a layer's o and down: the
+// residual stream's adds cost no launch either).
 //
 // Layout of the work: a block of THREADS threads computes ROWS consecutive output rows of one
 // matrix. A row's inputs are split into chunks of 8 (16 bytes of f16, 8 of int8, 4 of int4); the
@@ -88,12 +90,14 @@ SEAM_FN float seam_bits_to_float(unsigned int bits) {
 #define SEAM_CODE_BITS 0x4B000000u
 #define SEAM_CODE_BASE 8388608.0f
 
-// The matrices of one launch (crates/cuda-kernels/src/lib.rs `Products`, the same layout): their
-// arrays in the format's order (f16: w; int8: q, scales; int4: packed, scales, biases), outputs
-// and rows; matrix j's blocks start at block first_block[j], in order.
+// The matrices of one launch (crates/cuda-kernels/src/lib.rs `ProductsParam`, the same layout):
+// their arrays in the format's order (f16: w; int8: q, scales; int4: packed, scales, biases),
+// outputs, residuals (null for none) and rows; matrix j's blocks start at block first_block[j], in
+// order.
 struct seam_products {
   const void* arrays[SEAM_MAX_MATRICES][3];
   float* y[SEAM_MAX_MATRICES];
+  const float* residual[SEAM_MAX_MATRICES];
   int rows[SEAM_MAX_MATRICES];
   int first_block[SEAM_MAX_MATRICES];
   int count;
@@ -103,6 +107,7 @@ struct seam_products {
 struct seam_matrix {
   const void* arrays[3];
   float* y;
+  const float* residual;
   int rows, first_block;
 };
 
@@ -112,6 +117,7 @@ SEAM_FN seam_matrix matrix_of(const seam_products& set, int j) {
   seam_matrix m;
   for (int a = 0; a < 3; a++) m.arrays[a] = j == 0 ? set.arrays[0][a] : j == 1 ? set.arrays[1][a] : set.arrays[2][a];
   m.y = j == 0 ? set.y[0] : j == 1 ? set.y[1] : set.y[2];
+  m.residual = j == 0 ? set.residual[0] : j == 1 ? set.residual[1] : set.residual[2];
   m.rows = j == 0 ? set.rows[0] : j == 1 ? set.rows[1] : set.rows[2];
   m.first_block = j == 0 ? set.first_block[0] : j == 1 ? set.first_block[1] : set.first_block[2];
   return m;
@@ -125,6 +131,13 @@ SEAM_FN int block_matrix(const seam_products& set, int block) {
 // What an RMSNorm makes of a sum over x * g: the sum over the normalized input.
 SEAM_FN float rms_normalized(float sum, float squares, int k, float eps) {
   return sum / sqrtf(squares / (float)k + eps);
+}
+
+// Output row `row` of a matrix from its block's sum (and sum of squares): normalized where the
+// launch has a norm, added to the matrix's residual where it has one.
+SEAM_FN float row_output(const seam_matrix& m, int row, float sum, float squares, bool normed, int k, float eps) {
+  const float product = normed ? rms_normalized(sum, squares, k, eps) : sum;
+  return m.residual ? m.residual[row] + product : product;
 }
 
 // The 8 activations of chunk `c`.
@@ -302,10 +315,9 @@ SEAM_FN void thread_sums(const M& m, const float* SEAM_RESTRICT x, const float* 
 }
 
 #ifndef SEAM_HOST_EMULATION
-// The block's sums of its threads' partial sums (and of the squares), written to y.
+// The block's sums of its threads' partial sums (and of the squares), written to m's output.
 template <int ROWS, int THREADS>
-SEAM_FN void block_sums(float acc[ROWS + 1], float* SEAM_RESTRICT y, int row0, int rows, bool normed, int k,
-                        float eps) {
+SEAM_FN void block_sums(float acc[ROWS + 1], const seam_matrix& m, int row0, bool normed, int k, float eps) {
   __shared__ float warp_sums[THREADS / 32][ROWS + 1];
   const int lane = threadIdx.x % 32, warp = threadIdx.x / 32;
   SEAM_UNROLL
@@ -315,13 +327,14 @@ SEAM_FN void block_sums(float acc[ROWS + 1], float* SEAM_RESTRICT y, int row0, i
     if (lane == 0) warp_sums[warp][r] = v;
   }
   __syncthreads();
-  if (threadIdx.x < ROWS && row0 + threadIdx.x < rows) {
+  if (threadIdx.x < ROWS && row0 + threadIdx.x < m.rows) {
     float v = 0.0f, squares = 0.0f;
     for (int w = 0; w < THREADS / 32; w++) {
       v += warp_sums[w][threadIdx.x];
       squares += warp_sums[w][ROWS];
     }
-    y[row0 + threadIdx.x] = normed ? rms_normalized(v, squares, k, eps) : v;
+    const int row = row0 + threadIdx.x;
+    m.y[row] = row_output(m, row, v, squares, normed, k, eps);
   }
 }
 
@@ -332,7 +345,7 @@ SEAM_FN void rows_kernel(const seam_products& set, const float* SEAM_RESTRICT x,
   const int row0 = (blockIdx.x - m.first_block) * ROWS;
   float acc[ROWS + 1];
   thread_sums<ROWS, THREADS>(M::of(m, k), x, norm, row0, m.rows, k, threadIdx.x, acc);
-  block_sums<ROWS, THREADS>(acc, m.y, row0, m.rows, norm != nullptr, k, norm ? *eps : 0.0f);
+  block_sums<ROWS, THREADS>(acc, m, row0, norm != nullptr, k, norm ? *eps : 0.0f);
 }
 
 // The entry points, per format and tiling: launched with the matrices' blocks (ceil(rows / ROWS)

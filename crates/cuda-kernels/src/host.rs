@@ -8,7 +8,7 @@ use crate::{Kernel, Launch, Tiling, GROUP};
 use half::f16;
 
 /// Computes `launch` on the host: each matrix's rows over the input (normalized first when the
-/// launch has a norm) into its output.
+/// launch has a norm), added to its residual if it has one, into its output.
 ///
 /// # Safety
 /// Every address of `launch` is host memory of the size [`Launch`] gives for its shapes, the
@@ -38,6 +38,10 @@ pub unsafe fn compute(launch: &Launch) -> Result<(), String> {
             // SAFETY: the caller's promise on the format's arrays.
             unsafe { std::slice::from_raw_parts(matrix.arrays[index] as *const f16, len) }
         };
+        let residual = matrix.residual.map(|r| {
+            // SAFETY: the caller's promise: a residual is `rows` floats.
+            unsafe { std::slice::from_raw_parts(r as *const f32, rows) }
+        });
         for (r, out) in y.iter_mut().enumerate() {
             let sum: f32 = match launch.kernel {
                 Kernel::F16 => {
@@ -65,7 +69,7 @@ pub unsafe fn compute(launch: &Launch) -> Result<(), String> {
                         .sum()
                 }
             };
-            *out = sum * scale;
+            *out = residual.map_or(0.0, |residual| residual[r]) + sum * scale;
         }
     }
     Ok(())

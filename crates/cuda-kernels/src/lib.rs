@@ -1,7 +1,8 @@
 //! seam's CUDA kernels, for runtimes that hand seam a CUDA stream (XLA's custom calls on
 //! pjrt-cuda): decode's one-row products `y = W x` in the three weight formats, reading the
 //! stored weights once ([`Kernel`]); up to three matrices over the same input in one launch, the
-//! input optionally RMS-normalized on the way ([`Launch`]).
+//! input optionally RMS-normalized on the way, each output optionally added to a residual
+//! ([`Launch`]).
 //!
 //! The kernels are CUDA C (`kernels/products.cu`), compiled ahead to PTX by
 //! `scripts/cuda-kernels.sh` and embedded here: neither the build machine nor a GPU machine needs
@@ -84,14 +85,17 @@ pub fn check_shape(rows: usize, k: usize) -> Result<(), String> {
     Ok(())
 }
 
-/// One matrix of a [`Launch`]: the device addresses of its arrays (in [`Kernel`]'s order) and of
-/// its output (f32 `[rows]`), and its rows.
+/// One matrix of a [`Launch`]: the device addresses of its arrays (in [`Kernel`]'s order), of its
+/// output (f32 `[rows]`) and of a residual (f32 `[rows]`) the output is the sum of with the
+/// product, if any; and its rows.
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct Matrix {
     /// The format's arrays.
     pub arrays: Vec<*mut c_void>,
     /// The output.
     pub y: *mut c_void,
+    /// The residual each output row is added to.
+    pub residual: Option<*mut c_void>,
     /// Output rows.
     pub rows: usize,
 }
@@ -129,6 +133,7 @@ pub struct Launch<'a> {
 pub struct ProductsParam {
     arrays: [[u64; 3]; MAX_MATRICES],
     y: [u64; MAX_MATRICES],
+    residual: [u64; MAX_MATRICES],
     rows: [i32; MAX_MATRICES],
     first_block: [i32; MAX_MATRICES],
     count: i32,
@@ -146,6 +151,7 @@ impl Launch<'_> {
         let mut param = ProductsParam {
             arrays: [[0; 3]; MAX_MATRICES],
             y: [0; MAX_MATRICES],
+            residual: [0; MAX_MATRICES],
             rows: [0; MAX_MATRICES],
             first_block: [0; MAX_MATRICES],
             count: count as i32,
@@ -165,6 +171,7 @@ impl Launch<'_> {
                 param.arrays[j][a] = *array as u64;
             }
             param.y[j] = matrix.y as u64;
+            param.residual[j] = matrix.residual.map_or(0, |r| r as u64);
             param.rows[j] = matrix.rows as i32;
             param.first_block[j] = blocks as i32;
             blocks += tiling.grid(matrix.rows).0 as usize;

@@ -9,7 +9,8 @@ use crate::{CudaError, Kernel, Launch, Matrix, Norm, Tiling, Tilings, GROUP};
 use std::ffi::c_void;
 
 /// One kind of launch: a format, the rows of each of its matrices (one to
-/// [`crate::MAX_MATRICES`]), their inputs, and whether the input is RMS-normalized in the launch.
+/// [`crate::MAX_MATRICES`]), their inputs, whether the input is RMS-normalized in the launch, and
+/// whether each output is added to a residual.
 #[derive(Debug, Clone, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub struct LaunchShape {
     /// The matrices' format.
@@ -20,6 +21,8 @@ pub struct LaunchShape {
     pub k: usize,
     /// Whether the launch applies an RMSNorm to its input.
     pub normed: bool,
+    /// Whether each matrix's output is added to a residual.
+    pub residual: bool,
 }
 
 impl LaunchShape {
@@ -64,6 +67,8 @@ pub struct Bench<'d> {
     x: DeviceBuffer<'d>,
     norm: Option<(DeviceBuffer<'d>, DeviceBuffer<'d>)>,
     ys: Vec<DeviceBuffer<'d>>,
+    /// Kept for the launches, which read them.
+    _residuals: Vec<DeviceBuffer<'d>>,
     /// Per copy, the launch's matrices.
     copies: Vec<Vec<Matrix>>,
     _buffers: Vec<DeviceBuffer<'d>>,
@@ -71,24 +76,33 @@ pub struct Bench<'d> {
 
 impl<'d> Bench<'d> {
     /// A bench of `shape` whose first copy of the matrices is `originals` (per matrix, its
-    /// arrays), the input `x` (f32 `[k]`) and, for a normed shape, the norm's weight (f32 `[k]`)
-    /// and epsilon (f32 `[1]`); the other copies are copied from the first on the device.
+    /// arrays), the input `x` (f32 `[k]`), for a normed shape the norm's weight (f32 `[k]`) and
+    /// epsilon (f32 `[1]`), and for a shape with residuals one per matrix (f32 `[rows]`, else
+    /// none); the other copies of the matrices are copied from the first on the device.
     pub fn new(
         device: &'d Device,
         shape: &LaunchShape,
         originals: Vec<Vec<DeviceBuffer<'d>>>,
         x: DeviceBuffer<'d>,
         norm: Option<(DeviceBuffer<'d>, DeviceBuffer<'d>)>,
+        residuals: Vec<DeviceBuffer<'d>>,
     ) -> Result<Bench<'d>, CudaError> {
-        if originals.len() != shape.matrices.len() || norm.is_some() != shape.normed {
-            return Err(CudaError(format!("a bench of {shape:?} given {} matrices", originals.len())));
+        let matrices = shape.matrices.len();
+        let wanted_residuals = if shape.residual { matrices } else { 0 };
+        if originals.len() != matrices || norm.is_some() != shape.normed || residuals.len() != wanted_residuals {
+            return Err(CudaError(format!(
+                "a bench of {shape:?} given {} matrices, {} residuals and {} norm",
+                originals.len(),
+                residuals.len(),
+                if norm.is_some() { "a" } else { "no" }
+            )));
         }
         let ys = shape.matrices.iter().map(|rows| device.zeroed(rows * 4)).collect::<Result<Vec<_>, _>>()?;
         let mut buffers = Vec::new();
         let mut copies = Vec::new();
         for copy in 0..ROTATION_BYTES.div_ceil(shape.weight_bytes().max(1)) {
             let mut matrices = Vec::new();
-            for ((originals, rows), y) in originals.iter().zip(&shape.matrices).zip(&ys) {
+            for (j, ((originals, rows), y)) in originals.iter().zip(&shape.matrices).zip(&ys).enumerate() {
                 let mut arrays = Vec::new();
                 for original in originals {
                     if copy == 0 {
@@ -100,12 +114,13 @@ impl<'d> Bench<'d> {
                     arrays.push(buffer.ptr as *mut c_void);
                     buffers.push(buffer);
                 }
-                matrices.push(Matrix { arrays, y: y.ptr as *mut c_void, rows: *rows });
+                let residual = residuals.get(j).map(|r| r.ptr as *mut c_void);
+                matrices.push(Matrix { arrays, y: y.ptr as *mut c_void, residual, rows: *rows });
             }
             copies.push(matrices);
         }
         buffers.extend(originals.into_iter().flatten());
-        Ok(Bench { device, shape: shape.clone(), x, norm, ys, copies, _buffers: buffers })
+        Ok(Bench { device, shape: shape.clone(), x, norm, ys, _residuals: residuals, copies, _buffers: buffers })
     }
 
     /// A bench of `shape` over zeroed weights and input (a product's time does not depend on the
@@ -118,7 +133,12 @@ impl<'d> Bench<'d> {
             .collect::<Result<Vec<_>, _>>()?;
         let x = device.zeroed(shape.k * 4)?;
         let norm = if shape.normed { Some((device.zeroed(shape.k * 4)?, device.zeroed(4)?)) } else { None };
-        Bench::new(device, shape, originals, x, norm)
+        let residuals = if shape.residual {
+            shape.matrices.iter().map(|rows| device.zeroed(rows * 4)).collect::<Result<Vec<_>, _>>()?
+        } else {
+            Vec::new()
+        };
+        Bench::new(device, shape, originals, x, norm, residuals)
     }
 
     /// The launch of copy `copy` of the matrices.
@@ -223,7 +243,7 @@ mod tests {
     use super::*;
 
     fn shape(kernel: Kernel, matrices: &[usize], k: usize, normed: bool) -> LaunchShape {
-        LaunchShape { kernel, matrices: matrices.to_vec(), k, normed }
+        LaunchShape { kernel, matrices: matrices.to_vec(), k, normed, residual: false }
     }
 
     /// Times by tiling: `base` everywhere but `fast` at the tiling `at`.

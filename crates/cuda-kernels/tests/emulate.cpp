@@ -1,8 +1,8 @@
 // Runs the per-thread part of kernels/products.cu on the host for every thread of every block,
 // sums the threads' partial sums (what the kernels' warp and block reductions do), and checks
 // each format's rows against the format's definition, computed input by input: one matrix with
-// its input as it is, and three matrices of different heights in one launch with an RMSNorm
-// applied to the input, in every tiling. Prints one line per case; exits 1 when a case is off by
+// its input as it is and a residual added, and three matrices of different heights in one launch
+// with an RMSNorm applied to the input (the second with a residual), in every tiling. Prints one line per case; exits 1 when a case is off by
 // more than float rounding.
 #define SEAM_HOST_EMULATION
 #include <cmath>
@@ -58,7 +58,7 @@ static void run(const seam_products& set, const float* x, const float* norm, flo
       for (int r = 0; r <= ROWS; r++) sums[r] += acc[r];
     }
     for (int r = 0; r < ROWS && row0 + r < m.rows; r++) {
-      m.y[row0 + r] = norm ? rms_normalized(sums[r], sums[ROWS], k, eps) : sums[r];
+      m.y[row0 + r] = row_output(m, row0 + r, sums[r], sums[ROWS], norm != nullptr, k, eps);
     }
   }
 }
@@ -102,11 +102,13 @@ struct Matrices {
     const int nibble = i % 2 ? byte >> 4 : byte & 15;
     return (double)seam_half_to_float(scales[g]) * nibble + seam_half_to_float(biases[g]);
   }
-  // Rows first..first + count of format f over `input`: (sums, sums of magnitudes).
+  // Rows first..first + count of format f over `input`, each added to `residual[first + r]` if
+  // given: (sums, sums of magnitudes).
   void products(int f, int first, int count, const std::vector<double>& input, std::vector<double>& want,
-                std::vector<double>& magnitude) const {
+                std::vector<double>& magnitude, const float* residual = nullptr) const {
     want.assign(count, 0.0), magnitude.assign(count, 0.0);
     for (int r = 0; r < count; r++) {
+      if (residual) want[r] = residual[first + r], magnitude[r] = std::fabs(residual[first + r]);
       for (int i = 0; i < k; i++) {
         const double term = weight(f, first + r, i) * input[i];
         want[r] += term, magnitude[r] += std::fabs(term);
@@ -129,7 +131,7 @@ struct Matrices {
 
 template <int ROWS, int THREADS>
 static void check_tiling(const Matrices& m, const std::vector<float>& x, const std::vector<float>& norm, float eps,
-                         const std::vector<double>& normed_x) {
+                         const std::vector<double>& normed_x, const std::vector<float>& residual) {
   const char* names[3] = {"f16", "int8", "int4"};
   const int k = m.k;
   std::vector<double> plain_x(x.begin(), x.end());
@@ -138,15 +140,16 @@ static void check_tiling(const Matrices& m, const std::vector<float>& x, const s
   const int parts[3][2] = {{0, a}, {a, b}, {a + b, m.rows - a - b}};
   for (int f = 0; f < 3; f++) {
     std::vector<double> want, magnitude;
-    // One matrix, the input as it is.
+    // One matrix, the input as it is, added to a residual.
     seam_products one = {};
     std::vector<float> y(m.rows, NAN);
     m.place(one, 0, f, 0, m.rows, y.data());
+    one.residual[0] = residual.data();
     one.count = 1;
     if (f == 0) run<ROWS, THREADS, seam_f16_rows>(one, x.data(), nullptr, 0.0f, k);
     if (f == 1) run<ROWS, THREADS, seam_int8_rows>(one, x.data(), nullptr, 0.0f, k);
     if (f == 2) run<ROWS, THREADS, seam_int4_rows>(one, x.data(), nullptr, 0.0f, k);
-    m.products(f, 0, m.rows, plain_x, want, magnitude);
+    m.products(f, 0, m.rows, plain_x, want, magnitude, residual.data());
     check(names[f], "one", ROWS, THREADS, m.rows, k, y, want, magnitude);
     // The matrices of one launch (those with rows), the input normalized.
     seam_products set = {};
@@ -156,6 +159,8 @@ static void check_tiling(const Matrices& m, const std::vector<float>& x, const s
       if (part[1] == 0) continue;
       ys.emplace_back(part[1], NAN);
       m.place(set, set.count, f, part[0], part[1], ys.back().data());
+      // The second matrix's rows added to the residual's rows at the same place.
+      if (set.count == 1) set.residual[1] = residual.data() + part[0];
       set.first_block[set.count] = blocks;
       blocks += (part[1] + ROWS - 1) / ROWS;
       set.count++;
@@ -165,7 +170,16 @@ static void check_tiling(const Matrices& m, const std::vector<float>& x, const s
     if (f == 2) run<ROWS, THREADS, seam_int4_rows>(set, x.data(), norm.data(), eps, k);
     std::vector<float> got;
     for (const auto& part_y : ys) got.insert(got.end(), part_y.begin(), part_y.end());
-    m.products(f, 0, m.rows, normed_x, want, magnitude);
+    std::vector<double> part_want, part_magnitude;
+    want.clear(), magnitude.clear();
+    for (int j = 0, placed = 0; j < 3; j++) {
+      if (parts[j][1] == 0) continue;
+      m.products(f, parts[j][0], parts[j][1], normed_x, part_want, part_magnitude,
+                 placed == 1 ? residual.data() : nullptr);
+      want.insert(want.end(), part_want.begin(), part_want.end());
+      magnitude.insert(magnitude.end(), part_magnitude.begin(), part_magnitude.end());
+      placed++;
+    }
     check(names[f], "normed set", ROWS, THREADS, m.rows, k, got, want, magnitude);
   }
 }
@@ -175,16 +189,18 @@ int main() {
   for (const auto& shape : shapes) {
     const int rows = shape[0], k = shape[1];
     const Matrices m(rows, k);
-    std::vector<float> x(k), norm(k);
+    std::vector<float> x(k), norm(k), residual(rows);
     for (float& v : x) v = seam_half_to_float(random_half());
     for (float& v : norm) v = seam_half_to_float(random_half());
+    // Of about the products' size (sums of k terms of about 1 in magnitude).
+    for (float& v : residual) v = seam_half_to_float(random_half()) * std::sqrt((float)k);
     const float eps = 1e-5f;
     double squares = 0.0;
     for (float v : x) squares += (double)v * v;
     const double scale = 1.0 / std::sqrt(squares / k + eps);
     std::vector<double> normed_x(k);
     for (int i = 0; i < k; i++) normed_x[i] = (double)x[i] * scale * norm[i];
-#define CHECK_TILING(R, T) check_tiling<R, T>(m, x, norm, eps, normed_x);
+#define CHECK_TILING(R, T) check_tiling<R, T>(m, x, norm, eps, normed_x, residual);
     SEAM_TILINGS(CHECK_TILING)
   }
   return failures ? 1 : 0;

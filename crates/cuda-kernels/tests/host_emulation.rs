@@ -22,8 +22,8 @@ fn the_kernels_threads_compute_each_formats_products() {
     let report = String::from_utf8_lossy(&run.stdout);
     println!("{report}");
     assert!(run.status.success(), "the emulated kernels disagree with the formats:\n{report}");
-    // Every format on every shape in every tiling, one matrix and a normed set of three (a
-    // harness that checked nothing would print nothing).
+    // Every format on every shape in every tiling, one matrix with a residual and a normed set of
+    // three (a harness that checked nothing would print nothing).
     let cases = 2 * 3 * 5 * cuda_kernels::Tiling::ALL.len();
     assert_eq!(report.lines().filter(|l| l.ends_with(": ok")).count(), cases, "{report}");
     for tiling in cuda_kernels::Tiling::ALL {
@@ -61,20 +61,23 @@ fn a_launchs_matrices_take_consecutive_blocks() {
     let matrix = |rows, base: usize, arrays: usize| Matrix {
         arrays: (0..arrays).map(|i| at(base + 16 * i)).collect(),
         y: at(base + 256),
+        residual: None,
         rows,
     };
-    let matrices = [matrix(2048, 0x1000, 3), matrix(512, 0x2000, 3), matrix(9, 0x3000, 3)];
+    let mut matrices = [matrix(2048, 0x1000, 3), matrix(512, 0x2000, 3), matrix(9, 0x3000, 3)];
+    matrices[1].residual = Some(at(0x2200));
     let launch = Launch { kernel: Kernel::Int4, x: at(0x10), norm: None, matrices: &matrices, k: 2048 };
     let tiling: Tiling = "r4t128".parse().unwrap();
     let (param, blocks) = launch.products(tiling).unwrap();
     assert_eq!(blocks, 512 + 128 + 3);
-    // The fields as the kernels read them (`seam_products`): arrays, outputs, rows, first blocks,
-    // count.
-    let words: Vec<u64> = unsafe { std::mem::transmute::<cuda_kernels::ProductsParam, [u64; 16]>(param) }.to_vec();
+    // The fields as the kernels read them (`seam_products`): arrays, outputs, residuals (null for
+    // none), rows, first blocks, count.
+    let words: Vec<u64> = unsafe { std::mem::transmute::<cuda_kernels::ProductsParam, [u64; 19]>(param) }.to_vec();
     assert_eq!(&words[..3], &[0x1000, 0x1010, 0x1020]);
     assert_eq!(&words[6..9], &[0x3000, 0x3010, 0x3020]);
     assert_eq!(&words[9..12], &[0x1100, 0x2100, 0x3100]);
-    let ints: Vec<i32> = words[12..].iter().flat_map(|w| [*w as u32 as i32, (*w >> 32) as u32 as i32]).collect();
+    assert_eq!(&words[12..15], &[0, 0x2200, 0]);
+    let ints: Vec<i32> = words[15..].iter().flat_map(|w| [*w as u32 as i32, (*w >> 32) as u32 as i32]).collect();
     assert_eq!(&ints[..7], &[2048, 512, 9, 0, 512, 640, 3]);
     // What cannot be launched.
     let wrong_arrays = [matrix(8, 0x1000, 2)];

@@ -141,11 +141,13 @@ pub enum VectorProducts {
     /// nibbles) once in 16-, 8- and 4-byte loads: for a runtime that registers them for XLA's
     /// CUDA platform. A layer's q, k and v are one call, and its gate and up another, each with the
     /// RMSNorm before them folded in ([`CUDA_NORMED_ROWS_F16_TARGET`] and the others), as is the
-    /// LM head with the final norm; o and down are a call each. Dense matrices are then laid out
-    /// row-major; matrices held in f32 (`dense=f32`) keep [`VectorProducts::Reduce`].
+    /// LM head with the final norm; o and down are a call each, which adds the residual stream
+    /// to its product as it writes it ([`CUDA_RESIDUAL_ROWS_F16_TARGET`] and the others). Dense
+    /// matrices are then laid out row-major; matrices held in f32 (`dense=f32`) keep
+    /// [`VectorProducts::Reduce`].
     CudaKernels,
-    /// [`VectorProducts::CudaKernels`] with one call per product and the norms in the graph: what
-    /// grouping the products and folding the norms in gain.
+    /// [`VectorProducts::CudaKernels`] with one call per product and the norms and residual adds
+    /// in the graph: what grouping the products and folding the norms and adds in gain.
     CudaKernelsEach,
 }
 
@@ -201,6 +203,16 @@ pub const CUDA_NORMED_ROWS_INT8_TARGET: &str = "seam_cuda_normed_rows_int8";
 
 /// [`CUDA_NORMED_ROWS_F16_TARGET`] over int4 matrices.
 pub const CUDA_NORMED_ROWS_INT4_TARGET: &str = "seam_cuda_normed_rows_int4";
+
+/// [`CUDA_ROWS_F16_TARGET`] of one matrix added to a residual: `(x f32[1, K], residual f32[1, M],
+/// w f16[M, K]) -> f32[1, M]`, `residual + x w^T` (a layer's o and down, with the residual stream).
+pub const CUDA_RESIDUAL_ROWS_F16_TARGET: &str = "seam_cuda_residual_rows_f16";
+
+/// [`CUDA_RESIDUAL_ROWS_F16_TARGET`] over an int8 matrix.
+pub const CUDA_RESIDUAL_ROWS_INT8_TARGET: &str = "seam_cuda_residual_rows_int8";
+
+/// [`CUDA_RESIDUAL_ROWS_F16_TARGET`] over an int4 matrix.
+pub const CUDA_RESIDUAL_ROWS_INT4_TARGET: &str = "seam_cuda_residual_rows_int4";
 
 /// One call of seam's CUDA kernels in a module this crate wrote: its target (one of
 /// [`CUDA_ROWS_F16_TARGET`] and the others), its inputs per row `K` and each matrix's rows `M`
@@ -1089,17 +1101,47 @@ fn cuda_group(ws: &[&MatrixArg]) -> bool {
         && ws.windows(2).all(|pair| std::mem::discriminant(pair[0]) == std::mem::discriminant(pair[1]))
 }
 
+/// `residual + a w^T`: one call of seam's CUDA kernels that adds the residual as it writes, where
+/// `w`'s products take them grouped ([`cuda_group`]); else the product, then the add.
+fn residual_linear(b: &mut FnBuilder, residual: &Val, a: &Val, w: &MatrixArg) -> Val {
+    if cuda_group(&[w]) {
+        return cuda_residual_product(b, a, residual, w);
+    }
+    let product = linear(b, a, w);
+    b.add(residual, &product)
+}
+
 /// The products of one row `x` (`[1, K]`) with each of `ws` (one format, at most three) as one
 /// call of seam's CUDA kernels, the row first RMS-normalized by `norm` (the weight and epsilon)
 /// if given: `f32[1, M]` per matrix.
 fn cuda_products(b: &mut FnBuilder, x: &Val, norm: Option<(&Val, f32)>, ws: &[&MatrixArg]) -> Vec<Val> {
+    cuda_call(b, x, norm, None, ws)
+}
+
+/// `residual + x w^T` for one row `x` (`[1, K]`) and the residual stream's row (`[1, M]`), as one
+/// call of seam's CUDA kernels that adds the residual as it writes the product.
+fn cuda_residual_product(b: &mut FnBuilder, x: &Val, residual: &Val, w: &MatrixArg) -> Val {
+    cuda_call(b, x, None, Some(residual), &[w]).remove(0)
+}
+
+/// A call of seam's CUDA kernels: [`cuda_products`], or with a residual (one matrix, no norm)
+/// [`cuda_residual_product`].
+fn cuda_call(
+    b: &mut FnBuilder,
+    x: &Val,
+    norm: Option<(&Val, f32)>,
+    residual: Option<&Val>,
+    ws: &[&MatrixArg],
+) -> Vec<Val> {
     debug_assert_eq!(x.dims()[0], 1, "the CUDA kernels are for one-row calls");
     debug_assert!((1..=3).contains(&ws.len()), "a launch of the CUDA kernels takes one to three matrices");
+    debug_assert!(residual.is_none() || (norm.is_none() && ws.len() == 1), "a residual is added to one product");
     let eps = norm.map(|(_, eps)| b.const_f32(eps, &[]));
     let mut operands: Vec<&Val> = vec![x];
     if let (Some((weight, _)), Some(eps)) = (norm, &eps) {
         operands.extend([weight, eps]);
     }
+    operands.extend(residual);
     let mut tys = Vec::with_capacity(ws.len());
     for w in ws {
         let arrays: Vec<&Val> = match w {
@@ -1110,13 +1152,16 @@ fn cuda_products(b: &mut FnBuilder, x: &Val, norm: Option<(&Val, f32)>, ws: &[&M
         tys.push(Ty::new(&[1, arrays[0].dims()[0]], Elem::F32));
         operands.extend(arrays);
     }
-    let target = match (ws[0], norm.is_some()) {
-        (MatrixArg::Dense { .. }, false) => CUDA_ROWS_F16_TARGET,
-        (MatrixArg::Int8 { .. }, false) => CUDA_ROWS_INT8_TARGET,
-        (MatrixArg::Int4 { .. }, false) => CUDA_ROWS_INT4_TARGET,
-        (MatrixArg::Dense { .. }, true) => CUDA_NORMED_ROWS_F16_TARGET,
-        (MatrixArg::Int8 { .. }, true) => CUDA_NORMED_ROWS_INT8_TARGET,
-        (MatrixArg::Int4 { .. }, true) => CUDA_NORMED_ROWS_INT4_TARGET,
+    let target = match (ws[0], norm.is_some(), residual.is_some()) {
+        (MatrixArg::Dense { .. }, _, true) => CUDA_RESIDUAL_ROWS_F16_TARGET,
+        (MatrixArg::Int8 { .. }, _, true) => CUDA_RESIDUAL_ROWS_INT8_TARGET,
+        (MatrixArg::Int4 { .. }, _, true) => CUDA_RESIDUAL_ROWS_INT4_TARGET,
+        (MatrixArg::Dense { .. }, false, false) => CUDA_ROWS_F16_TARGET,
+        (MatrixArg::Int8 { .. }, false, false) => CUDA_ROWS_INT8_TARGET,
+        (MatrixArg::Int4 { .. }, false, false) => CUDA_ROWS_INT4_TARGET,
+        (MatrixArg::Dense { .. }, true, false) => CUDA_NORMED_ROWS_F16_TARGET,
+        (MatrixArg::Int8 { .. }, true, false) => CUDA_NORMED_ROWS_INT8_TARGET,
+        (MatrixArg::Int4 { .. }, true, false) => CUDA_NORMED_ROWS_INT4_TARGET,
     };
     match &tys[..] {
         [one] => vec![b.custom_call(target, &operands, one.clone())],
@@ -1646,8 +1691,7 @@ fn decoder_layer(
         x = kernel_linear(b, rows, &[&gate, &up], KernelInput::SwiGlu, &w_down, Some(&x));
         return (x, updated);
     }
-    let projected = linear(b, &attn, &wo);
-    x = b.add(&x, &projected);
+    x = residual_linear(b, &x, &attn, &wo);
 
     let (gate, up) = if cuda_group(&[&w_gate, &w_up]) {
         let mut gate_up = cuda_products(b, &x, Some((&mlp_norm, eps)), &[&w_gate, &w_up]);
@@ -1658,8 +1702,7 @@ fn decoder_layer(
         (linear(b, &normed, &w_gate), linear(b, &normed, &w_up))
     };
     let act = swiglu(b, &gate, &up);
-    let down = linear(b, &act, &w_down);
-    x = b.add(&x, &down);
+    x = residual_linear(b, &x, &act, &w_down);
     (x, updated)
 }
 
@@ -2966,6 +3009,7 @@ mod tests {
         };
         let plain = [CUDA_ROWS_F16_TARGET, CUDA_ROWS_INT8_TARGET, CUDA_ROWS_INT4_TARGET];
         let normed = [CUDA_NORMED_ROWS_F16_TARGET, CUDA_NORMED_ROWS_INT8_TARGET, CUDA_NORMED_ROWS_INT4_TARGET];
+        let residual = [CUDA_RESIDUAL_ROWS_F16_TARGET, CUDA_RESIDUAL_ROWS_INT8_TARGET, CUDA_RESIDUAL_ROWS_INT4_TARGET];
         let reductions = |text: &str| text.matches("stablehlo.reduce\"").count();
         for format in [WeightFormat::F16, WeightFormat::Int4] {
             // The norms' and the softmax's reductions only, as where fp16's products are dots.
@@ -2979,6 +3023,7 @@ mod tests {
             let [f16, int8, int4] = calls(&decode, plain);
             assert_eq!(f16 + int8 + int4, 7 * layers + 1, "{format:?}: seven per layer, and the LM head");
             assert_eq!(calls(&decode, normed), [0; 3], "{format:?}");
+            assert_eq!(calls(&decode, residual), [0; 3], "{format:?}");
             match format {
                 WeightFormat::F16 => assert_eq!(f16, 7 * layers + 1),
                 _ => assert!(int4 >= 7 * layers && f16 == 0, "{format:?}: {int8} int8, {int4} int4"),
@@ -2987,16 +3032,17 @@ mod tests {
             assert!(!emit_module(&c, &o, &[prefill]).unwrap().contains("seam_cuda"), "{format:?}: prefill keeps dots");
 
             // Grouped: q, k, v one call and gate, up another, each with its norm folded in; o and
-            // down a call each; the LM head with the final norm.
+            // down a call each, with the residual add folded in; the LM head with the final norm.
             let o = GraphOptions { vector_products: VectorProducts::CudaKernels, ..options(format) };
             assert_eq!(o.dense_layout(), crate::DenseLayout::RowMajor);
             let decode = emit_module(&c, &o, &[decode_spec]).unwrap();
-            let [f16, int8, int4] = calls(&decode, plain);
+            assert_eq!(calls(&decode, plain), [0; 3], "{format:?}");
+            let [residual_f16, residual_int8, residual_int4] = calls(&decode, residual);
             let [normed_f16, normed_int8, normed_int4] = calls(&decode, normed);
-            assert_eq!(f16 + int8 + int4, 2 * layers, "{format:?}: o and down");
+            assert_eq!(residual_f16 + residual_int8 + residual_int4, 2 * layers, "{format:?}: o and down");
             assert_eq!(normed_f16 + normed_int8 + normed_int4, 2 * layers + 1, "{format:?}: qkv, gate-up, the head");
             if format == WeightFormat::F16 {
-                assert_eq!((int8, int4, normed_int8, normed_int4), (0, 0, 0, 0));
+                assert_eq!((residual_int8, residual_int4, normed_int8, normed_int4), (0, 0, 0, 0));
             }
             // A call of three products has three results, one of two two; their types in order.
             let q_rows = c.num_attention_heads * c.head_dim;

@@ -1,6 +1,7 @@
 //! Checks and times seam's CUDA kernels on GPU 0 outside XLA: each format's launches on the
-//! matrix shapes of Llama-3.2-1B (attention, MLP, the LM head; one matrix at a time, and a
-//! layer's q, k and v or gate and up in one launch with their RMSNorm), in every tiling the kernels
+//! matrix shapes of Llama-3.2-1B (attention, MLP, the LM head; one matrix at a time, a layer's
+//! q, k and v or gate and up in one launch with their RMSNorm, and o or down added to a
+//! residual), in every tiling the kernels
 //! are compiled for, launched through the same `Driver::launch` the XLA custom calls use and
 //! captured into a CUDA graph as XLA's command buffers capture them (the tuner's timing,
 //! [`cuda_kernels::tune::Bench`]). Each result is compared with
@@ -22,27 +23,30 @@ use half::f16;
 use std::process::ExitCode;
 
 /// A kind of launch on the 1B shape: the rows of its matrices, their inputs, whether the input is
-/// normalized in the launch, and how many of it a decode step makes with one launch per product
-/// and with the grouped launches (16 layers and the LM head).
+/// normalized in the launch and the outputs added to residuals, and how many of it a decode step
+/// makes with one launch per product and with the grouped launches (16 layers and the LM head).
 struct Row {
     what: &'static str,
     matrices: &'static [usize],
     k: usize,
     normed: bool,
+    residual: bool,
     each: usize,
     grouped: usize,
 }
 
-const ROWS: [Row; 7] = [
-    Row { what: "q, o", matrices: &[2048], k: 2048, normed: false, each: 32, grouped: 16 },
-    Row { what: "k, v", matrices: &[512], k: 2048, normed: false, each: 32, grouped: 0 },
-    Row { what: "gate, up", matrices: &[8192], k: 2048, normed: false, each: 32, grouped: 0 },
-    Row { what: "down", matrices: &[2048], k: 8192, normed: false, each: 16, grouped: 16 },
+const ROWS: [Row; 9] = [
+    Row { what: "q, o", matrices: &[2048], k: 2048, normed: false, residual: false, each: 32, grouped: 0 },
+    Row { what: "k, v", matrices: &[512], k: 2048, normed: false, residual: false, each: 32, grouped: 0 },
+    Row { what: "gate, up", matrices: &[8192], k: 2048, normed: false, residual: false, each: 32, grouped: 0 },
+    Row { what: "down", matrices: &[2048], k: 8192, normed: false, residual: false, each: 16, grouped: 0 },
     // (The grouped step's LM head is normalized in its launch; the norm's loads are the
     // activations', so it is counted at the plain head's time.)
-    Row { what: "lm head", matrices: &[128256], k: 2048, normed: false, each: 1, grouped: 1 },
-    Row { what: "qkv+norm", matrices: &[2048, 512, 512], k: 2048, normed: true, each: 0, grouped: 16 },
-    Row { what: "gate,up+norm", matrices: &[8192, 8192], k: 2048, normed: true, each: 0, grouped: 16 },
+    Row { what: "lm head", matrices: &[128256], k: 2048, normed: false, residual: false, each: 1, grouped: 1 },
+    Row { what: "qkv+norm", matrices: &[2048, 512, 512], k: 2048, normed: true, residual: false, each: 0, grouped: 16 },
+    Row { what: "o+residual", matrices: &[2048], k: 2048, normed: false, residual: true, each: 0, grouped: 16 },
+    Row { what: "gate,up+norm", matrices: &[8192, 8192], k: 2048, normed: true, residual: false, each: 0, grouped: 16 },
+    Row { what: "down+residual", matrices: &[2048], k: 8192, normed: false, residual: true, each: 0, grouped: 16 },
 ];
 
 /// The norms' epsilon.
@@ -140,7 +144,7 @@ struct OnDevice<'d> {
 }
 
 fn shape(kernel: Kernel, row: &Row) -> LaunchShape {
-    LaunchShape { kernel, matrices: row.matrices.to_vec(), k: row.k, normed: row.normed }
+    LaunchShape { kernel, matrices: row.matrices.to_vec(), k: row.k, normed: row.normed, residual: row.residual }
 }
 
 fn prepare<'d>(device: &'d Device, kernel: Kernel, row: &Row, rng: &mut Rng) -> Result<OnDevice<'d>, String> {
@@ -156,16 +160,24 @@ fn prepare<'d>(device: &'d Device, kernel: Kernel, row: &Row, rng: &mut Rng) -> 
         x.iter().map(|v| *v as f64).collect()
     };
     let cases: Vec<Case> = row.matrices.iter().map(|rows| case(kernel, *rows, k, rng)).collect();
+    // Of about the products' size (sums of k terms of about 0.1 or less).
+    let residuals: Vec<Vec<f32>> = if row.residual {
+        row.matrices.iter().map(|rows| (0..*rows).map(|_| rng.unit()).collect()).collect()
+    } else {
+        Vec::new()
+    };
     let want = cases
         .iter()
         .zip(row.matrices)
-        .map(|(case, &rows)| {
+        .enumerate()
+        .map(|(j, (case, &rows))| {
             // The LM head's every 7th row: every position in a block, in a few seconds.
             let step = if rows > 8192 { 7 } else { 1 };
             (0..rows)
                 .step_by(step)
                 .map(|r| {
-                    let (mut sum, mut magnitude) = (0f64, 0f64);
+                    let added = residuals.get(j).map_or(0.0, |residual| residual[r] as f64);
+                    let (mut sum, mut magnitude) = (added, added.abs());
                     for (i, xi) in input.iter().enumerate() {
                         let term = (case.weight)(r, i) * xi;
                         sum += term;
@@ -187,7 +199,9 @@ fn prepare<'d>(device: &'d Device, kernel: Kernel, row: &Row, rng: &mut Rng) -> 
         .map(|case| case.arrays.iter().map(|a| device.upload(a)).collect::<Result<Vec<_>, _>>())
         .collect::<Result<Vec<_>, _>>()
         .map_err(err)?;
-    let bench = Bench::new(device, &shape(kernel, row), originals, x, norm).map_err(err)?;
+    let residuals =
+        residuals.iter().map(|r| device.upload(&as_bytes(r))).collect::<Result<Vec<_>, _>>().map_err(err)?;
+    let bench = Bench::new(device, &shape(kernel, row), originals, x, norm, residuals).map_err(err)?;
     Ok(OnDevice { bench, want })
 }
 
