@@ -233,7 +233,8 @@ fn checked_operands(frame: &CallFrame, kernel: Kernel, extra: Extra) -> Result<O
                     residual.dims()
                 ));
             }
-            Some(aligned(residual, "the residual")?)
+            // Read a float at a time, like epsilon.
+            Some(aligned_to(residual, "the residual", 4)?)
         } else {
             None
         };
