@@ -349,8 +349,8 @@ SEAM_FN void rows_kernel(const seam_products& set, const float* SEAM_RESTRICT x,
 }
 
 // The entry points, per format and tiling: launched with the matrices' blocks (ceil(rows / ROWS)
-// each) of THREADS threads; k a multiple of 32, every array but eps 16-byte aligned; `norm` (f32 [k])
-// and `eps` (f32 [1]) both null, or an RMSNorm to apply to x first.
+// each) of THREADS threads; k a multiple of 32, every array but eps and the residuals 16-byte
+// aligned; `norm` (f32 [k]) and `eps` (f32 [1]) both null, or an RMSNorm to apply to x first.
 #define SEAM_ENTRY(FORMAT, R, T)                                                                      \
   extern "C" __global__ void __launch_bounds__(T)                                                     \
       seam_rows_##FORMAT##_r##R##t##T(const float* __restrict__ x, const float* __restrict__ norm,    \

@@ -31,7 +31,8 @@ pub const MAX_MATRICES: usize = 3;
 
 /// One of the products' kernels, by weight format. Each computes `y[r] = sum_i w[r][i] x[i]` for
 /// `x` f32 `[k]` and `y` f32 `[rows]`, with `k` a multiple of [`GROUP`] and every array 16-byte
-/// aligned (but a [`Norm`]'s epsilon, a lone float); a matrix's arrays are, in order:
+/// aligned (but a [`Norm`]'s epsilon and a [`Matrix`]'s residual, read a float at a time); a
+/// matrix's arrays are, in order:
 #[derive(Debug, Clone, Copy, PartialEq, Eq, Hash, PartialOrd, Ord)]
 pub enum Kernel {
     /// `w f16 [rows, k]`.
@@ -237,8 +238,8 @@ impl std::str::FromStr for Tiling {
 /// another, and per launch shape where a setting names one. A setting is either one tiling for
 /// every format (`r8t128`) or a list of `format=tiling` (`f16=r4t256,int4=r8t64`, formats not
 /// named keeping the default) and `format@ROWSxK=tiling` for the launches of that format whose
-/// matrices have `ROWS` rows in all and `K` inputs (`int4@3072x2048=r2t128`): the form the probe
-/// prints for the tilings it found fastest.
+/// matrices have `ROWS` rows in all and `K` inputs (`int4@3072x2048=r2t128`): the form the tuner's
+/// choice is printed and cached in.
 ///
 /// A process's launches take its setting ([`Tilings::VARIABLE`]) where it has one; else the
 /// tilings tuned for their shapes on its GPU ([`Tilings::install`], [`crate::tune`]); else
