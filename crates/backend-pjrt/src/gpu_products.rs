@@ -295,19 +295,26 @@ fn tilings_cache() -> ArtifactCache {
     ArtifactCache::new(llama_model::home::pjrt_cache_dir(), "tilings")
 }
 
-/// Tunes the kernels' tilings for `launches` (what [`decode_launches`] gives) on the GPU
-/// `device_id` (`cuda:N`) and installs them for this process ([`Tilings::install`]), unless the
-/// process's setting (`SEAM_CUDA_TILINGS`) chose them. Tuned tilings are cached on disk per GPU,
-/// driver, kernels and launches: a later load on the machine takes the same tilings (a product's
-/// rounding depends on its tiling, so tokens stay the same from load to load) without timing
-/// again. A tuning that fails is a warning, not an error: launches keep the default tiling.
-pub fn tune(device_id: &str, launches: &[(LaunchShape, usize)]) {
-    if launches.is_empty() || matches!(Tilings::setting(), Ok(Some(_))) {
-        return;
+/// Tunes the kernels' tilings for the launches of the decode step of a model of `config` emitted
+/// with `options` ([`decode_launches`]) on the GPU `device_id` (`cuda:N`) and installs them for
+/// this process ([`Tilings::install`]), unless the process's setting (`SEAM_CUDA_TILINGS`) chose
+/// them (then the graph is not even read). Tuned tilings are cached on disk per GPU, driver,
+/// kernels and launches: a later load on the machine takes the same tilings (a product's rounding
+/// depends on its tiling, so tokens stay the same from load to load) without timing again. A
+/// tuning that fails is a warning, not an error: launches keep the default tiling. The error is
+/// the decode graph's, which cannot be emitted.
+pub fn tune(device_id: &str, config: &LlamaConfig, options: &GraphOptions) -> session_api::Result<()> {
+    if matches!(Tilings::setting(), Ok(Some(_))) {
+        return Ok(());
     }
-    if let Err(e) = tune_on_device(device_id, launches) {
+    let launches = decode_launches(config, options)?;
+    if launches.is_empty() {
+        return Ok(());
+    }
+    if let Err(e) = tune_on_device(device_id, &launches) {
         eprintln!("warning: pjrt: seam's CUDA kernels were not tuned ({e}); they launch in the default tiling");
     }
+    Ok(())
 }
 
 fn tune_on_device(device_id: &str, launches: &[(LaunchShape, usize)]) -> session_api::Result<()> {

@@ -320,6 +320,7 @@ fn cpu_defaults(client: &pjrt_runtime::Client, request: &LoadRequest) -> Result<
 
 fn load_engine(target: &Target, request: &LoadRequest) -> Result<PjrtEngine> {
     let on_cpu = target.device.kind == DeviceKind::Cpu;
+    let on_gpu = target.device.id.starts_with("cuda");
     if on_cpu {
         // The CPU plugin takes no option for the size of its thread pool.
         graph_engine::refuse_thread_count(BACKEND_NAME, request, "the XLA CPU client")?;
@@ -329,7 +330,7 @@ fn load_engine(target: &Target, request: &LoadRequest) -> Result<PjrtEngine> {
     if settings.vector_products.is_cuda_kernels() {
         let setting = format!("vector_products={}", settings.vector_products.setting());
         let plugin = target.found.client.plugin();
-        let registered = if target.device.id.starts_with("cuda") {
+        let registered = if on_gpu {
             gpu_products::register(plugin)
         } else if on_cpu && std::env::var(gpu_products::ON_CPU_ENV).as_deref() == Ok("1") {
             // The kernels' arithmetic on the host: the graphs' calls checked without a GPU.
@@ -346,10 +347,9 @@ fn load_engine(target: &Target, request: &LoadRequest) -> Result<PjrtEngine> {
         })?;
     }
     let client = Arc::clone(&target.found.client);
-    let on_gpu = target.device.id.starts_with("cuda");
     graph_engine::load_engine(BACKEND_NAME, &target.device.id, request, settings, |model| {
         if on_gpu && model.options.vector_products.is_cuda_kernels() {
-            gpu_products::tune(&target.device.id, &gpu_products::decode_launches(model.config, model.options)?);
+            gpu_products::tune(&target.device.id, model.config, model.options)?;
         }
         Ok(PjrtRuntime::new(client, on_cpu, model))
     })

@@ -70,6 +70,16 @@ impl Kernel {
             Kernel::Int4 => 3,
         }
     }
+
+    /// The bytes of each of a matrix's arrays (in the order above), for `rows` rows of `k` inputs.
+    pub fn array_bytes(self, rows: usize, k: usize) -> Vec<usize> {
+        let groups = rows * k / GROUP;
+        match self {
+            Kernel::F16 => vec![rows * k * 2],
+            Kernel::Int8 => vec![rows * k, groups * 2],
+            Kernel::Int4 => vec![rows * k / 2, groups * 2, groups * 2],
+        }
+    }
 }
 
 /// Why a product's shape cannot go to the kernels (checked before every launch: a wrong launch

@@ -5,7 +5,7 @@
 //! it is measured rather than guessed. The timing ([`Bench`]) is the probe's too.
 
 use crate::device::{Device, DeviceBuffer};
-use crate::{CudaError, Kernel, Launch, Matrix, Norm, Tiling, Tilings, GROUP};
+use crate::{CudaError, Kernel, Launch, Matrix, Norm, Tiling, Tilings};
 use std::ffi::c_void;
 
 /// One kind of launch: a format, the rows of each of its matrices (one to
@@ -32,19 +32,9 @@ impl LaunchShape {
         self.matrices.iter().sum()
     }
 
-    /// The bytes of one matrix of `rows` rows in the format, by array (in [`Kernel`]'s order).
-    pub fn array_bytes(&self, rows: usize) -> Vec<usize> {
-        let groups = rows * self.k / GROUP;
-        match self.kernel {
-            Kernel::F16 => vec![rows * self.k * 2],
-            Kernel::Int8 => vec![rows * self.k, groups * 2],
-            Kernel::Int4 => vec![rows * self.k / 2, groups * 2, groups * 2],
-        }
-    }
-
     /// The weights' bytes one launch reads.
     pub fn weight_bytes(&self) -> usize {
-        self.matrices.iter().map(|rows| self.array_bytes(*rows).iter().sum::<usize>()).sum()
+        self.matrices.iter().map(|rows| self.kernel.array_bytes(*rows, self.k).iter().sum::<usize>()).sum()
     }
 }
 
@@ -67,8 +57,6 @@ pub struct Bench<'d> {
     x: DeviceBuffer<'d>,
     norm: Option<(DeviceBuffer<'d>, DeviceBuffer<'d>)>,
     ys: Vec<DeviceBuffer<'d>>,
-    /// Kept for the launches, which read them.
-    _residuals: Vec<DeviceBuffer<'d>>,
     /// Per copy, the launch's matrices.
     copies: Vec<Vec<Matrix>>,
     _buffers: Vec<DeviceBuffer<'d>>,
@@ -119,8 +107,8 @@ impl<'d> Bench<'d> {
             }
             copies.push(matrices);
         }
-        buffers.extend(originals.into_iter().flatten());
-        Ok(Bench { device, shape: shape.clone(), x, norm, ys, _residuals: residuals, copies, _buffers: buffers })
+        buffers.extend(originals.into_iter().flatten().chain(residuals));
+        Ok(Bench { device, shape: shape.clone(), x, norm, ys, copies, _buffers: buffers })
     }
 
     /// A bench of `shape` over zeroed weights and input (a product's time does not depend on the
@@ -129,7 +117,7 @@ impl<'d> Bench<'d> {
         let originals = shape
             .matrices
             .iter()
-            .map(|rows| shape.array_bytes(*rows).into_iter().map(|len| device.zeroed(len)).collect())
+            .map(|rows| shape.kernel.array_bytes(*rows, shape.k).into_iter().map(|len| device.zeroed(len)).collect())
             .collect::<Result<Vec<_>, _>>()?;
         let x = device.zeroed(shape.k * 4)?;
         let norm = if shape.normed { Some((device.zeroed(shape.k * 4)?, device.zeroed(4)?)) } else { None };
@@ -256,7 +244,7 @@ mod tests {
         let int4 = shape(Kernel::Int4, &[64, 32], 128, true);
         assert_eq!(int4.rows(), 96);
         // Per matrix: packed nibbles, then an f16 scale and bias per group of 32.
-        assert_eq!(int4.array_bytes(64), vec![64 * 64, 64 * 4 * 2, 64 * 4 * 2]);
+        assert_eq!(Kernel::Int4.array_bytes(64, 128), vec![64 * 64, 64 * 4 * 2, 64 * 4 * 2]);
         assert_eq!(int4.weight_bytes(), 96 * 64 + 2 * 96 * 4 * 2);
         assert_eq!(shape(Kernel::Int8, &[8], 64, false).weight_bytes(), 8 * 64 + 8 * 2 * 2);
         assert_eq!(shape(Kernel::F16, &[8], 64, false).weight_bytes(), 8 * 64 * 2);
