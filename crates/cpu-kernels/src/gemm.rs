@@ -14,6 +14,12 @@
 //! A block of panels is [`BLOCK_ROWS`] rows by [`K_CHUNK`] columns, small enough to stay in the
 //! core's second-level cache while every token passes over it; a tile's activations (six tokens
 //! of one chunk) stay in the first.
+//!
+//! A call of a dozen tokens takes about as long to read its weights from memory as to multiply
+//! them, so the two must overlap: while a chunk is converted, the stored bytes of the chunk after
+//! it are prefetched ([`AheadFn`]), and they arrive while this chunk's tiles run. A format whose
+//! layout gives panels directly (f16 rows transposed in registers, the int4/int8 panels) packs
+//! them without a row-major copy in between.
 
 use crate::matmul::for_each_row_run;
 use crate::pool::Pool;
@@ -53,6 +59,29 @@ pub(crate) struct Tile {
 /// definition.
 pub(crate) type PackFn<'a> = dyn Fn(usize, usize, &mut [f32]) + Sync + 'a;
 
+/// `ahead(row, k0, columns)`: asks the memory system, now, for the stored bytes that a later
+/// `pack` of row `row` (of the panel starting at `row`, for [`gemm_panels`]) over columns `k0..k0
+/// + columns` will read, so that they arrive while the current chunk's multiply-adds run.
+pub(crate) type AheadFn<'a> = dyn Fn(usize, usize, usize) + Sync + 'a;
+
+/// Asks for every cache line of `bytes` (a prefetch: never faults, never waits for the data).
+#[inline]
+pub(crate) fn prefetch<T>(bytes: &[T]) {
+    #[cfg(target_arch = "x86_64")]
+    {
+        use std::arch::x86_64::{_mm_prefetch, _MM_HINT_T0};
+        let (start, len) = (bytes.as_ptr() as *const i8, std::mem::size_of_val(bytes));
+        // The line holding the first byte, then every line after it that holds one.
+        let first = (start as usize) & 63;
+        for line in (0..len + first).step_by(64) {
+            // SAFETY: a prefetch never faults, whatever the address.
+            unsafe { _mm_prefetch::<_MM_HINT_T0>(start.wrapping_add(line).wrapping_sub(first)) };
+        }
+    }
+    #[cfg(not(target_arch = "x86_64"))]
+    let _ = bytes;
+}
+
 /// A task's buffers: rows as the format converts them, and the same as panels.
 #[derive(Default)]
 struct Buffers {
@@ -64,39 +93,31 @@ crate::scratch::footprint!(Buffers: rows, panels);
 
 static BUFFERS: Scratch<Buffers> = Scratch::new();
 
-/// `out[t, r] = x[t, :] · W[r, :]` for `x` `[tokens, k]` and `out` `[tokens, n]`, `W` read
-/// through `pack`. `isa` has AVX2 + FMA (the caller checked the CPU runs it); with
-/// [`Isa::Avx512`] the tiles are 512 bits wide: two panels (32 rows) by twelve tokens.
-pub(crate) fn gemm(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [f32], pack: &PackFn<'_>) {
-    gemm_packed(isa, pool, x, k, n, out, Pack::Rows(pack))
-}
-
 /// `pack(row0, k0, dst)`: rows `row0..row0 + 16` (zeros past the matrix) of columns `k0..k0 +
 /// dst.len() / 16` as f32, column by column (`dst[c * 16 + r]`): one of [`gemm`]'s panels, for
 /// weights whose own layout gives a panel more cheaply than its rows one by one.
 pub(crate) type PanelPackFn<'a> = dyn Fn(usize, usize, &mut [f32]) + Sync + 'a;
 
-/// [`gemm`] with the weights given a panel at a time: `isa` has AVX2 + FMA.
-pub(crate) fn gemm_panels(
-    isa: Isa,
-    pool: &Pool,
-    x: &[f32],
-    k: usize,
-    n: usize,
-    out: &mut [f32],
-    pack: &PanelPackFn<'_>,
-) {
-    gemm_packed(isa, pool, x, k, n, out, Pack::Panels(pack))
-}
-
 /// How a product's weights are converted: a row at a time, or a panel at a time.
 #[derive(Clone, Copy)]
-enum Pack<'a> {
+pub(crate) enum Pack<'a> {
     Rows(&'a PackFn<'a>),
     Panels(&'a PanelPackFn<'a>),
 }
 
-fn gemm_packed(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [f32], pack: Pack<'_>) {
+/// A product's weights as [`gemm`] reads them: how they are converted, and how what a
+/// conversion will read is asked for ahead of it.
+#[derive(Clone, Copy)]
+pub(crate) struct Weights<'a> {
+    pub pack: Pack<'a>,
+    pub ahead: &'a AheadFn<'a>,
+}
+
+/// `out[t, r] = x[t, :] · W[r, :]` for `x` `[tokens, k]` and `out` `[tokens, n]`, `W` read
+/// through `weights`. `isa` has AVX2 + FMA (the caller checked the CPU runs it); with
+/// [`Isa::Avx512`] the tiles are 512 bits wide: two panels (32 rows) by twelve tokens.
+pub(crate) fn gemm(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [f32], weights: Weights<'_>) {
+    let Weights { pack, ahead } = weights;
     if k == 0 {
         // No columns: every product is an empty sum.
         out.fill(0.0);
@@ -118,6 +139,18 @@ fn gemm_packed(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [
                 let panel_count = block_rows.div_ceil(PANEL_WIDTH);
                 for k0 in (0..k).step_by(K_CHUNK) {
                     let kc = K_CHUNK.min(k - k0);
+                    // As each row (panel) of this chunk is converted, the same row's next chunk
+                    // (past the last, the row a block further on) is asked for: a call of few
+                    // tokens spends about as long reading its weights from memory as multiplying
+                    // them, and without this the two took turns instead of overlapping. Rows read
+                    // a chunk at a time are short jumps that the hardware prefetchers do not follow.
+                    let ask_next = |row: usize| {
+                        if k0 + kc < k {
+                            ahead(row, k0 + kc, K_CHUNK.min(k - k0 - kc));
+                        } else if row + block_rows_max < end {
+                            ahead(row + block_rows_max, 0, K_CHUNK.min(k));
+                        }
+                    };
                     panels.resize(panel_count * PANEL_WIDTH * kc, 0.0);
                     match pack {
                         Pack::Rows(pack) => {
@@ -125,6 +158,7 @@ fn gemm_packed(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [
                             for (i, dst) in row_buf.chunks_exact_mut(kc).enumerate() {
                                 if i < block_rows {
                                     pack(block + i, k0, dst);
+                                    ask_next(block + i);
                                 } else {
                                     dst.fill(0.0);
                                 }
@@ -139,6 +173,7 @@ fn gemm_packed(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &mut [
                         Pack::Panels(pack) => {
                             for (p, dst) in panels.chunks_exact_mut(PANEL_WIDTH * kc).enumerate() {
                                 pack(block + p * PANEL_WIDTH, k0, dst);
+                                ask_next(block + p * PANEL_WIDTH);
                             }
                         }
                     }
@@ -235,6 +270,40 @@ pub(crate) mod avx2 {
         }
     }
 
+    /// Rows `row0..row0 + PANEL_WIDTH` of the f16 matrix `data` (`k` columns; rows past
+    /// `data`'s end as zeros), columns `k0..k0 + dst.len() / PANEL_WIDTH`, as one f32 panel
+    /// `dst`: widened and transposed in registers, eight rows by eight columns at a time, with no
+    /// row-major copy in between.
+    ///
+    /// # Safety
+    /// AVX2 and F16C; `data.len()` a multiple of `k`, `row0` one of its rows and the columns within `k`.
+    #[target_feature(enable = "avx2,f16c")]
+    pub unsafe fn f16_panel(data: &[u16], k: usize, row0: usize, k0: usize, dst: &mut [f32]) {
+        let kc = dst.len() / PANEL_WIDTH;
+        let rows = (data.len() / k).saturating_sub(row0).min(PANEL_WIDTH);
+        debug_assert!(dst.len() == PANEL_WIDTH * kc && k0 + kc <= k && rows > 0);
+        let (s, d) = (data.as_ptr().add(row0 * k + k0), dst.as_mut_ptr());
+        let mut c = 0;
+        while c + 8 <= kc {
+            for half in 0..PANEL_WIDTH / 8 {
+                let mut v = [_mm256_setzero_ps(); 8];
+                for (i, r) in v.iter_mut().enumerate().take(rows.saturating_sub(8 * half)) {
+                    *r = _mm256_cvtph_ps(_mm_loadu_si128(s.add((8 * half + i) * k + c) as *const __m128i));
+                }
+                for (j, col) in transpose8(v).into_iter().enumerate() {
+                    _mm256_storeu_ps(d.add((c + j) * PANEL_WIDTH + 8 * half), col);
+                }
+            }
+            c += 8;
+        }
+        for col in c..kc {
+            for r in 0..PANEL_WIDTH {
+                let value = if r < rows { half::f16::from_bits(*s.add(r * k + col)).to_f32() } else { 0.0 };
+                *d.add(col * PANEL_WIDTH + r) = value;
+            }
+        }
+    }
+
     #[target_feature(enable = "avx2")]
     #[inline]
     unsafe fn transpose8(v: [__m256; 8]) -> [__m256; 8] {
@@ -325,24 +394,6 @@ pub(crate) mod avx2 {
         let mut all = [[_mm256_setzero_ps(); 2]; TILE_TOKENS];
         all[..T].copy_from_slice(&acc);
         all
-    }
-
-    /// f16 bits to f32, eight at a time.
-    ///
-    /// # Safety
-    /// AVX2 and F16C.
-    #[target_feature(enable = "avx2,f16c")]
-    pub unsafe fn widen_f16(src: &[u16], dst: &mut [f32]) {
-        let len = src.len().min(dst.len());
-        let mut i = 0;
-        while i + 8 <= len {
-            let v = _mm256_cvtph_ps(_mm_loadu_si128(src.as_ptr().add(i) as *const __m128i));
-            _mm256_storeu_ps(dst.as_mut_ptr().add(i), v);
-            i += 8;
-        }
-        for j in i..len {
-            dst[j] = half::f16::from_bits(src[j]).to_f32();
-        }
     }
 
     /// Whole int4 groups to f32 by the format's definition (`scale * q + bias`, element `2i` the
@@ -474,7 +525,7 @@ pub(crate) mod avx2 {
     pub unsafe fn tile(_: &super::Tile) {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
-    pub unsafe fn widen_f16(_: &[u16], _: &mut [f32]) {
+    pub unsafe fn f16_panel(_: &[u16], _: usize, _: usize, _: usize, _: &mut [f32]) {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
     pub unsafe fn dequantize_int4(_: &[u8], _: &[u16], _: &[u16], _: &mut [f32]) {

@@ -1,6 +1,6 @@
 //! `y = x W^T` for weights stored as f16, seam's int4 or seam's int8, f32 activations and results.
 
-use crate::gemm::{self, gemm};
+use crate::gemm::{self, gemm, Pack, Weights};
 use crate::pool::Pool;
 use crate::q8;
 use crate::scratch::Scratch;
@@ -107,11 +107,15 @@ pub fn matmul_f16(
     check_len("output", out.len(), tokens * n)?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
     if isa.has_avx2() && tokens >= GEMM_FROM_TOKENS {
-        gemm(isa, pool, x, k, n, out, &|row, k0, dst| {
-            let src = &w.data[row * k + k0..row * k + k0 + dst.len()];
-            // SAFETY: the AVX2 path, which the CPU supports (checked above).
-            unsafe { gemm::avx2::widen_f16(src, dst) }
-        });
+        // SAFETY: the AVX2 path, which the CPU supports (checked above); `row0` is a row of `w`
+        // (the product splits rows at panels) and the chunk's columns are within `k`.
+        let pack = |row0, k0, dst: &mut [f32]| unsafe { gemm::avx2::f16_panel(w.data, k, row0, k0, dst) };
+        let ahead = |row0, k0, columns| {
+            for row in row0..n.min(row0 + gemm::PANEL_WIDTH) {
+                gemm::prefetch(&w.data[row * k + k0..row * k + k0 + columns]);
+            }
+        };
+        gemm(isa, pool, x, k, n, out, Weights { pack: Pack::Panels(&pack), ahead: &ahead });
         return Ok(());
     }
     if isa.has_avx2() && tokens >= BLOCK_FROM_TOKENS {
@@ -193,12 +197,20 @@ pub fn matmul_int4(
         return Ok(());
     }
     if tokens >= GEMM_FROM_TOKENS {
-        gemm(isa, pool, x, k, n, out, &|row, k0, dst| {
+        let pack = |row, k0, dst: &mut [f32]| {
             let (p, s, b) = row_of(&w, row, groups);
             let (g0, g1) = (k0 / GROUP_SIZE, (k0 + dst.len()) / GROUP_SIZE);
             // SAFETY: the AVX2 path, which the CPU supports (checked above).
             unsafe { gemm::avx2::dequantize_int4(&p[k0 / 2..], &s[g0..g1], &b[g0..g1], dst) }
-        });
+        };
+        let ahead = |row, k0, columns| {
+            let (p, s, b) = row_of(&w, row, groups);
+            let (g0, g1) = (k0 / GROUP_SIZE, (k0 + columns) / GROUP_SIZE);
+            gemm::prefetch(&p[k0 / 2..(k0 + columns) / 2]);
+            gemm::prefetch(&s[g0..g1]);
+            gemm::prefetch(&b[g0..g1]);
+        };
+        gemm(isa, pool, x, k, n, out, Weights { pack: Pack::Rows(&pack), ahead: &ahead });
         return Ok(());
     }
     if isa == Isa::Avx512Vnni && tokens <= VNNI_MAX_TOKENS {
@@ -292,12 +304,18 @@ pub fn matmul_int8(
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
     let row_of = |row: usize| (&w.codes[row * k..(row + 1) * k], &w.scales[row * groups..(row + 1) * groups]);
     if isa.has_avx2() && tokens >= GEMM_FROM_TOKENS {
-        gemm(isa, pool, x, k, n, out, &|row, k0, dst| {
+        let pack = |row, k0, dst: &mut [f32]| {
             let (codes, scales) = row_of(row);
             let g0 = k0 / GROUP_SIZE;
             // SAFETY: the AVX2 path, which the CPU supports (checked above).
             unsafe { gemm::avx2::dequantize_int8(&codes[k0..], &scales[g0..g0 + dst.len() / GROUP_SIZE], dst) }
-        });
+        };
+        let ahead = |row, k0, columns| {
+            let (codes, scales) = row_of(row);
+            gemm::prefetch(&codes[k0..k0 + columns]);
+            gemm::prefetch(&scales[k0 / GROUP_SIZE..(k0 + columns) / GROUP_SIZE]);
+        };
+        gemm(isa, pool, x, k, n, out, Weights { pack: Pack::Rows(&pack), ahead: &ahead });
         return Ok(());
     }
     if isa == Isa::Avx512Vnni && tokens <= VNNI_MAX_TOKENS {

@@ -313,7 +313,7 @@ fn product(
 /// converted to f32 in place, a register of 16 rows at a time.
 fn gemm_from_panels(isa: Isa, pool: &Pool, x: &[f32], w: Panels<'_>, out: &mut [f32]) {
     let (rows, cols) = w.shape();
-    crate::gemm::gemm_panels(isa, pool, x, cols, rows, out, &|row0, k0, dst| {
+    let pack = |row0, k0, dst: &mut [f32]| {
         // SAFETY: the caller checked that the CPU has AVX2 (and AVX-512 where it is used); `row0`
         // starts a panel (the product splits its rows at multiples of 16) and `dst` holds whole
         // groups of it.
@@ -324,7 +324,29 @@ fn gemm_from_panels(isa: Isa, pool: &Pool, x: &[f32], w: Panels<'_>, out: &mut [
                 avx2::panel_to_f32(w, row0, k0, dst)
             }
         }
-    });
+    };
+    let ahead = |row0, k0, columns| {
+        // The panel's groups `g0..g1`, laid out as `panel_to_f32` reads them: each group's rows
+        // side by side, the panel's groups one after another.
+        let (groups, width) = (cols / GROUP_SIZE, PANEL_ROWS.min(rows - row0));
+        let (g0, g1) = (k0 / GROUP_SIZE, (k0 + columns) / GROUP_SIZE);
+        let scales = row0 * groups + g0 * width..row0 * groups + g1 * width;
+        match w {
+            Panels::Int4(w) => {
+                let at = row0 * cols / 2;
+                crate::gemm::prefetch(&w.packed[at + g0 * GROUP_BYTES * width..at + g1 * GROUP_BYTES * width]);
+                crate::gemm::prefetch(&w.scales[scales.clone()]);
+                crate::gemm::prefetch(&w.biases[scales]);
+            }
+            Panels::Int8(w) => {
+                let at = row0 * cols;
+                crate::gemm::prefetch(&w.codes[at + g0 * GROUP_SIZE * width..at + g1 * GROUP_SIZE * width]);
+                crate::gemm::prefetch(&w.scales[scales]);
+            }
+        }
+    };
+    let weights = crate::gemm::Weights { pack: crate::gemm::Pack::Panels(&pack), ahead: &ahead };
+    crate::gemm::gemm(isa, pool, x, cols, rows, out, weights);
 }
 
 /// Row-major copies of a run of panels, and the run's products, per task.
