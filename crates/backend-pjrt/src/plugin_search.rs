@@ -57,7 +57,8 @@ impl PjrtDevice {
     }
 }
 
-/// site-packages folders pip may have installed a plugin wheel into.
+/// site-packages folders pip may have installed a plugin wheel into, found without starting
+/// Python.
 fn site_packages() -> Vec<PathBuf> {
     let mut roots: Vec<PathBuf> = Vec::new();
     if let Some(venv) = std::env::var_os("VIRTUAL_ENV") {
@@ -81,7 +82,6 @@ fn site_packages() -> Vec<PathBuf> {
             out.push(python.join("dist-packages"));
         }
     }
-    out.extend(python_site_packages());
     out
 }
 
@@ -104,21 +104,26 @@ fn ask_python_site_packages() -> Vec<PathBuf> {
     }
 }
 
-/// The folders searched for plugin wheels, in order.
-fn search_folders() -> Vec<PathBuf> {
+/// The folders searched for plugin wheels, in order: first those known without starting Python
+/// (the project's installs, then site-packages folders), then, with `ask_python`, those of the
+/// `python3` on the `PATH` that are not among them.
+fn search_folders(ask_python: bool) -> Vec<PathBuf> {
     let mut folders =
         vec![llama_model::home::pjrt_plugin_dir(), crate::cuda_plugin::install_dir(&crate::cuda_plugin::CUDA13)];
     folders.extend(site_packages().into_iter().filter(|p| p.is_dir()));
+    if ask_python {
+        for folder in python_site_packages() {
+            if folder.is_dir() && !folders.contains(&folder) {
+                folders.push(folder);
+            }
+        }
+    }
     folders
 }
 
-/// The candidate plugin files for `device`, in search order, and whether the path was explicit.
-pub fn candidates(device: PjrtDevice) -> (Vec<PathBuf>, bool) {
-    if let Some(path) = std::env::var_os(device.plugin_env()).filter(|p| !p.is_empty()) {
-        return (vec![PathBuf::from(path)], true);
-    }
-    let folders = search_folders();
-    let mut out = Vec::new();
+/// The plugin files of `device` in `folders`, in order, without repeats.
+fn candidates_in(device: PjrtDevice, folders: &[PathBuf]) -> Vec<PathBuf> {
+    let mut out: Vec<PathBuf> = Vec::new();
     for folder in folders {
         for file in device.wheel_files() {
             let path = folder.join(file);
@@ -127,7 +132,7 @@ pub fn candidates(device: PjrtDevice) -> (Vec<PathBuf>, bool) {
             }
         }
     }
-    (out, false)
+    out
 }
 
 /// A plugin that loaded, with a client on its device.
@@ -186,18 +191,37 @@ impl SearchFailure {
 
 /// Loads the first candidate plugin for `device` whose client starts and reports the right
 /// platform with at least one device.
+///
+/// Python is started to ask for its site-packages only when no plugin in the folders known
+/// without it loads: starting it (through a version manager's shims, often) costs a new process
+/// more than the rest of its start-up, and the project's own install usually answers first.
 pub fn find_plugin(device: PjrtDevice) -> Result<FoundPlugin, SearchFailure> {
-    let (paths, explicit) = candidates(device);
-    let folders = if explicit { Vec::new() } else { search_folders() };
-    let mut failure = SearchFailure { device, tried: Vec::new(), missing: Vec::new(), folders, explicit };
-    for path in paths {
-        if !path.is_file() {
-            failure.missing.push(path);
-            continue;
+    let explicit_path = std::env::var_os(device.plugin_env()).filter(|p| !p.is_empty());
+    let explicit = explicit_path.is_some();
+    let mut failure = SearchFailure { device, tried: Vec::new(), missing: Vec::new(), folders: Vec::new(), explicit };
+    let try_paths = |paths: Vec<PathBuf>, failure: &mut SearchFailure| {
+        for path in paths {
+            if failure.missing.contains(&path) || failure.tried.iter().any(|(tried, _)| *tried == path) {
+                continue;
+            }
+            if !path.is_file() {
+                failure.missing.push(path);
+                continue;
+            }
+            match open_client(&path, Some(device)) {
+                Ok(found) => return Some(found),
+                Err(why) => failure.tried.push((path, why)),
+            }
         }
-        match open_client(&path, Some(device)) {
-            Ok(found) => return Ok(found),
-            Err(why) => failure.tried.push((path, why)),
+        None
+    };
+    if let Some(path) = explicit_path {
+        return try_paths(vec![PathBuf::from(path)], &mut failure).ok_or(failure);
+    }
+    for ask_python in [false, true] {
+        failure.folders = search_folders(ask_python);
+        if let Some(found) = try_paths(candidates_in(device, &failure.folders), &mut failure) {
+            return Ok(found);
         }
     }
     Err(failure)
