@@ -124,6 +124,15 @@ impl GraphRuntime for IreeRuntime {
         Ok(IreeCache { id: self.worker.copy_cache(cache.id)?, worker: self.worker.clone() })
     }
 
+    /// On the CPU, where the buffers are host memory: zeroed through a mapping.
+    fn zero_cache(&self, cache: &mut IreeCache) -> Result<bool> {
+        if self.device != IreeDevice::Cpu {
+            return Ok(false);
+        }
+        self.worker.zero_cache(cache.id)?;
+        Ok(true)
+    }
+
     fn execute(&self, cache: &mut IreeCache, call: &GraphCall) -> Result<GraphOutput> {
         Ok(self.worker.step(cache.id, self.module_of(call.graph)?, call.clone())?)
     }

@@ -165,6 +165,17 @@ impl WorkerHandle {
         })
     }
 
+    /// Zeroes the buffers of cache `id` in place; an error where it has none (a failed step
+    /// consumed them) or they cannot be mapped.
+    pub fn zero_cache(&self, id: CacheId) -> Result<(), IreeError> {
+        self.run(move |state| match state.caches.get(&id) {
+            Some(Cache { buffers: Some(buffers), .. }) => {
+                buffers.iter().try_for_each(BufferView::zero).map_err(IreeError::from)
+            }
+            _ => Err(IreeError::Runtime(format!("no live KV cache {id} to zero"))),
+        })
+    }
+
     /// Frees a cache (no reply: called from `Drop`).
     pub fn drop_cache(&self, id: CacheId) {
         let _ = self.sender.send(Box::new(move |state: &mut WorkerState| {

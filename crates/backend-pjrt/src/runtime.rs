@@ -45,7 +45,8 @@ fn element(dtype: ArgDtype) -> ElementType {
 /// One model's graphs on a PJRT client.
 pub struct PjrtRuntime {
     client: Arc<Client>,
-    /// Give a freed cache's pages back to the OS (the CPU plugin, see [`PjrtCache`]).
+    /// The buffers are host memory (the CPU plugin): a freed cache's pages go back to the OS
+    /// (see [`PjrtCache`]), and a closed session's cache is zeroed in place for the next one.
     host_memory: bool,
     config: LlamaConfig,
     options: GraphOptions,
@@ -365,6 +366,22 @@ impl GraphRuntime for PjrtRuntime {
             .map(|shape| self.client.zeros(self.cache_element, shape))
             .collect::<std::result::Result<_, _>>();
         Ok(PjrtCache { buffers: Some(buffers.map_err(pjrt_error)?), ahead: None, release_memory: self.host_memory })
+    }
+
+    /// On the CPU plugin, whose buffers are host memory: zeroed in place, once a step launched
+    /// ahead on them is done.
+    fn zero_cache(&self, cache: &mut PjrtCache) -> Result<bool> {
+        if !self.host_memory {
+            return Ok(false);
+        }
+        cache.settle();
+        let buffers = cache.buffers.as_deref().ok_or_else(cache_lost)?;
+        for buffer in buffers {
+            // SAFETY: the CPU plugin's buffers are host memory; no step runs on this cache now
+            // (the one launched ahead is settled, and its session is closed).
+            unsafe { buffer.zero_host_memory() }.map_err(pjrt_error)?;
+        }
+        Ok(true)
     }
 
     fn copy_cache(&self, cache: &PjrtCache) -> Result<PjrtCache> {

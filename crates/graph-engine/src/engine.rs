@@ -11,7 +11,10 @@
 //! ## Sequence state
 //! Attention reads only cache positions below the call's own, so a rewind is the position alone:
 //! stale entries after it are masked and overwritten by the next call. A fork copies the cache;
-//! a reset after a failure replaces it (the failed call may have consumed it).
+//! a reset after a failure replaces it (the failed call may have consumed it). A closed session's
+//! cache is zeroed in place and kept for the next new session ([`IDLE_CACHES`], ADR 0046):
+//! zeroed rather than handed on stale, so that no entry of one session, however it came out,
+//! ever meets another's arithmetic.
 
 use crate::runtime::{BatchCall, GraphCall, GraphInput, GraphRuntime};
 use session_api::{
@@ -61,9 +64,17 @@ pub fn batch_graph(batch: usize) -> GraphSpec {
     graph_of(GraphKind::DecodeBatch { batch })
 }
 
+/// How many closed sessions' caches (zeroed) an engine keeps for its next new sessions: enough
+/// for sessions that follow one another (a server's requests, a benchmark's repeats) without
+/// holding a burst's worth of caches for ever.
+pub const IDLE_CACHES: usize = 2;
+
 /// What an engine and its sessions share.
 pub(crate) struct Shared<R: GraphRuntime> {
     pub runtime: R,
+    /// Caches of closed sessions, zeroed ([`GraphRuntime::zero_cache`]), for new sessions to
+    /// take before asking the runtime for a new one; at most [`IDLE_CACHES`].
+    pub idle_caches: Mutex<Vec<R::Cache>>,
     /// Prefill buckets of the token graphs (decode is the one-token graph).
     pub buckets: Vec<usize>,
     pub max_context: usize,
@@ -107,7 +118,7 @@ impl<R: GraphRuntime> Shared<R> {
             positions: steps.iter().map(|s| s.position as i32).collect(),
             read_logits: want_logits,
         };
-        let mut caches: Vec<&mut R::Cache> = steps.iter_mut().map(|s| &mut s.steps.cache).collect();
+        let mut caches: Vec<&mut R::Cache> = steps.iter_mut().map(|s| s.steps.cache_mut()).collect();
         let outputs = self.runtime.execute_batch(&mut caches, &call)?;
         if outputs.len() != steps.len() {
             return Err(SeamError::Backend(format!(
@@ -215,8 +226,12 @@ impl<R: GraphRuntime> Engine for GraphEngine<R> {
     }
 
     fn open_steps(&self, _options: &SessionOptions) -> Result<Box<dyn SessionSteps>> {
-        let cache = self.shared.runtime.new_cache()?;
-        Ok(Box::new(GraphSteps { shared: Arc::clone(&self.shared), cache }))
+        let idle = self.shared.idle_caches.lock().unwrap_or_else(|p| p.into_inner()).pop();
+        let cache = match idle {
+            Some(cache) => cache,
+            None => self.shared.runtime.new_cache()?,
+        };
+        Ok(Box::new(GraphSteps { shared: Arc::clone(&self.shared), cache: Some(cache) }))
     }
 
     /// The batch in calls of [`split_batch`]'s sizes, each reading the weights once for all its
@@ -268,10 +283,32 @@ impl<R: GraphRuntime> Engine for GraphEngine<R> {
 /// One sequence: a cache on the device.
 struct GraphSteps<R: GraphRuntime> {
     shared: Arc<Shared<R>>,
-    cache: R::Cache,
+    /// `None` only while being dropped.
+    cache: Option<R::Cache>,
+}
+
+impl<R: GraphRuntime> Drop for GraphSteps<R> {
+    /// The cache goes to the engine's idle ones, zeroed, if there is room and the runtime can
+    /// zero it in place; else it is freed.
+    fn drop(&mut self) {
+        let Some(mut cache) = self.cache.take() else { return };
+        let shared = &self.shared;
+        let room = || shared.idle_caches.lock().unwrap_or_else(|p| p.into_inner()).len() < IDLE_CACHES;
+        // Zeroed before the lock is taken: a new session need not wait for it.
+        if room() && matches!(shared.runtime.zero_cache(&mut cache), Ok(true)) {
+            let mut idle = shared.idle_caches.lock().unwrap_or_else(|p| p.into_inner());
+            if idle.len() < IDLE_CACHES {
+                idle.push(cache);
+            }
+        }
+    }
 }
 
 impl<R: GraphRuntime> GraphSteps<R> {
+    fn cache_mut(&mut self) -> &mut R::Cache {
+        self.cache.as_mut().unwrap_or_else(|| unreachable!("taken only by drop"))
+    }
+
     /// The calls that append `input` at `position`, each padded to its graph's rows.
     fn plan(&self, position: usize, input: &StepInput<'_>) -> Result<Vec<GraphCall>> {
         let (buckets, max_context, hidden) = (&self.shared.buckets, self.shared.max_context, self.shared.hidden_size);
@@ -317,7 +354,8 @@ impl<R: GraphRuntime> SessionSteps for GraphSteps<R> {
                 GraphKind::PrefillEmbeddings { bucket } => self.shared.ensure_embedding_graph(bucket)?,
                 _ => self.shared.ensure_token_graph(call.graph)?,
             }
-            output = Some(self.shared.runtime.execute(&mut self.cache, call)?);
+            let cache = self.cache.as_mut().unwrap_or_else(|| unreachable!("taken only by drop"));
+            output = Some(self.shared.runtime.execute(cache, call)?);
         }
         let output = output.ok_or(SeamError::EmptyInput)?;
         Ok(RawStep { greedy_token: Some(output.token), logits: output.logits, hidden_states: None })
@@ -330,15 +368,16 @@ impl<R: GraphRuntime> SessionSteps for GraphSteps<R> {
     }
 
     fn fork(&self, _position: usize) -> Result<Box<dyn SessionSteps>> {
-        let cache = self.shared.runtime.copy_cache(&self.cache)?;
-        Ok(Box::new(GraphSteps { shared: Arc::clone(&self.shared), cache }))
+        let own = self.cache.as_ref().unwrap_or_else(|| unreachable!("taken only by drop"));
+        let cache = self.shared.runtime.copy_cache(own)?;
+        Ok(Box::new(GraphSteps { shared: Arc::clone(&self.shared), cache: Some(cache) }))
     }
 
     fn reset(&mut self, after_failure: bool) -> Result<()> {
         // A healthy cache keeps its stale entries (masked); one a failed call may have consumed
         // or half-written is replaced.
         if after_failure {
-            self.cache = self.shared.runtime.new_cache()?;
+            self.cache = Some(self.shared.runtime.new_cache()?);
         }
         Ok(())
     }

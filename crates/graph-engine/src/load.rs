@@ -407,6 +407,7 @@ pub fn load_engine<R: GraphRuntime>(
     };
     let shared = Shared {
         runtime,
+        idle_caches: Mutex::new(Vec::new()),
         buckets,
         max_context: options.max_context,
         hidden_size: config.hidden_size,

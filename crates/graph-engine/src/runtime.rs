@@ -99,6 +99,17 @@ pub trait GraphRuntime: Send + Sync + 'static {
     /// A zeroed cache.
     fn new_cache(&self) -> Result<Self::Cache>;
 
+    /// Zeroes `cache` in place, leaving it as [`GraphRuntime::new_cache`] makes one, so that the
+    /// engine can give a closed session's cache to the next new one: a new cache is new memory,
+    /// whose pages the system must map and clear on first touch, and on a CPU that costs a new
+    /// session about as long as prefilling a short prompt. `Ok(false)` where the runtime cannot
+    /// (the default: the engine then keeps no closed session's cache); an error where the cache
+    /// is not whole (a failed call consumed it): the engine drops it.
+    fn zero_cache(&self, cache: &mut Self::Cache) -> Result<bool> {
+        let _ = cache;
+        Ok(false)
+    }
+
     /// A new cache holding a copy of `cache`.
     fn copy_cache(&self, cache: &Self::Cache) -> Result<Self::Cache>;
 

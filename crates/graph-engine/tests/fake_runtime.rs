@@ -26,7 +26,7 @@ use stablehlo_llama::{
     StorageDtype, VectorProducts,
 };
 use std::path::Path;
-use std::sync::atomic::{AtomicBool, Ordering};
+use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{Arc, Mutex};
 
 const NAME: &str = "fake-graph";
@@ -39,6 +39,11 @@ struct FakeRuntime {
     uploaded: AtomicBool,
     /// Set once the engine was prepared for serving: from then on a load is refused.
     sealed: AtomicBool,
+    /// Caches made by `new_cache`, and zeroed by `zero_cache` for the engine to reuse.
+    made: AtomicUsize,
+    zeroed: AtomicUsize,
+    /// Fails the next call, consuming its cache.
+    fail_next: AtomicBool,
 }
 
 impl FakeRuntime {
@@ -53,14 +58,18 @@ impl FakeRuntime {
             loaded: Mutex::new(Vec::new()),
             uploaded: AtomicBool::new(false),
             sealed: AtomicBool::new(false),
+            made: AtomicUsize::new(0),
+            zeroed: AtomicUsize::new(0),
+            fail_next: AtomicBool::new(false),
         })
     }
 }
 
-/// A cache: the reference's steps and how many positions they hold.
+/// A cache: the reference's steps and how many positions they hold (`None` after a call failed
+/// on it: consumed, as a device's cache may be).
 struct FakeCache {
     steps: Box<dyn SessionSteps>,
-    filled: usize,
+    filled: Option<usize>,
 }
 
 impl GraphRuntime for FakeRuntime {
@@ -95,11 +104,22 @@ impl GraphRuntime for FakeRuntime {
     }
 
     fn new_cache(&self) -> Result<FakeCache> {
-        Ok(FakeCache { steps: self.reference.open_steps(&SessionOptions::default())?, filled: 0 })
+        self.made.fetch_add(1, Ordering::SeqCst);
+        Ok(FakeCache { steps: self.reference.open_steps(&SessionOptions::default())?, filled: Some(0) })
+    }
+
+    /// A consumed cache cannot be zeroed; any other is emptied as a zeroed one is.
+    fn zero_cache(&self, cache: &mut FakeCache) -> Result<bool> {
+        cache.filled.ok_or_else(|| SeamError::Backend("a consumed cache".into()))?;
+        cache.steps = self.reference.open_steps(&SessionOptions::default())?;
+        cache.filled = Some(0);
+        self.zeroed.fetch_add(1, Ordering::SeqCst);
+        Ok(true)
     }
 
     fn copy_cache(&self, cache: &FakeCache) -> Result<FakeCache> {
-        Ok(FakeCache { steps: cache.steps.fork(cache.filled)?, filled: cache.filled })
+        let filled = cache.filled.ok_or_else(|| SeamError::Backend("a consumed cache".into()))?;
+        Ok(FakeCache { steps: cache.steps.fork(filled)?, filled: Some(filled) })
     }
 
     fn execute(&self, cache: &mut FakeCache, call: &GraphCall) -> Result<GraphOutput> {
@@ -110,10 +130,14 @@ impl GraphRuntime for FakeRuntime {
         if !self.uploaded.load(Ordering::SeqCst) {
             return Err(SeamError::Backend("no weights uploaded".into()));
         }
-        if call.position > cache.filled || call.position + call.count > self.options.max_context {
+        let filled = cache.filled.take().ok_or_else(|| SeamError::Backend("a consumed cache".into()))?;
+        if self.fail_next.swap(false, Ordering::SeqCst) {
+            return Err(SeamError::Backend("an injected failure".into()));
+        }
+        if call.position > filled || call.position + call.count > self.options.max_context {
             return Err(SeamError::Backend(format!(
-                "a call at {} of {} rows on a cache of {}",
-                call.position, call.count, cache.filled
+                "a call at {} of {} rows on a cache of {filled}",
+                call.position, call.count
             )));
         }
         // Positions from `position` on are stale (a rewind): the call overwrites them.
@@ -134,7 +158,7 @@ impl GraphRuntime for FakeRuntime {
             .append(call.position, input, true)?
             .logits
             .ok_or_else(|| SeamError::Backend("no logits".into()))?;
-        cache.filled = call.position + call.count;
+        cache.filled = Some(call.position + call.count);
         let token = session_api::sampling::argmax(&logits);
         Ok(GraphOutput { token, logits: call.read_logits.then_some(logits) })
     }
@@ -243,6 +267,58 @@ fn prepared_engine_loads_nothing_while_serving() -> std::result::Result<(), Stri
     Ok(())
 }
 
+/// A closed session's cache goes, zeroed, to the next new session (at most
+/// [`graph_engine::IDLE_CACHES`] are kept), which computes what a fresh cache would; a cache a
+/// failed call consumed is never handed on.
+fn closed_sessions_caches_are_reused() -> std::result::Result<(), String> {
+    let models = conformance::models::tiny_models(&conformance::models::default_cache_dir())?;
+    let request = LoadRequest::new(&models[0].dir, WeightFormat::F16);
+    let engine = Arc::new(load_fake(&request).map_err(|e| e.to_string())?);
+    let counts = || (engine.runtime().made.load(Ordering::SeqCst), engine.runtime().zeroed.load(Ordering::SeqCst));
+    let sessions: Arc<dyn Engine> = engine.clone();
+    let generate = |engine: &Arc<dyn Engine>| {
+        let mut session = engine.new_checked_session(SessionOptions::default()).map_err(|e| e.to_string())?;
+        let mut token = session.prefill(&[3, 1, 4, 1, 5]).map_err(|e| e.to_string())?.token;
+        let mut tokens = vec![token];
+        for _ in 0..4 {
+            token = session.decode(token).map_err(|e| e.to_string())?.token;
+            tokens.push(token);
+        }
+        Ok::<_, String>((session, tokens))
+    };
+    let (first, want) = generate(&sessions)?;
+    drop(first);
+    if counts() != (1, 1) {
+        return Err(format!("after one closed session: {:?} caches made and zeroed, not (1, 1)", counts()));
+    }
+    let (second, got) = generate(&sessions)?;
+    if got != want || counts() != (1, 1) {
+        return Err(format!("a reused cache: {got:?} (fresh: {want:?}), {:?} made and zeroed", counts()));
+    }
+    // Three open at once, then closed: only IDLE_CACHES of them are kept (zeroed).
+    let (third, _) = generate(&sessions)?;
+    let (fourth, _) = generate(&sessions)?;
+    drop((second, third, fourth));
+    let kept = 1 + graph_engine::IDLE_CACHES.min(3);
+    if counts() != (3, kept) {
+        return Err(format!("three closed sessions: {:?} made and zeroed, not (3, {kept})", counts()));
+    }
+    // A failed call consumes its cache: the next session still gets a whole one.
+    let mut failing = sessions.new_checked_session(SessionOptions::default()).map_err(|e| e.to_string())?;
+    engine.runtime().fail_next.store(true, Ordering::SeqCst);
+    if failing.prefill(&[1, 2]).is_ok() {
+        return Err("the injected failure did not fail the call".into());
+    }
+    drop(failing);
+    for _ in 0..3 {
+        let (_, got) = generate(&sessions)?;
+        if got != want {
+            return Err(format!("after a failed session: {got:?}, fresh: {want:?}"));
+        }
+    }
+    Ok(())
+}
+
 fn main() {
     let options = SuiteOptions { progress: true, real_model: RealModelParity::Skip, ..SuiteOptions::from_env() };
     let report = match conformance::run_targets(&[Target::new(Box::new(FakeBackend))], &options) {
@@ -269,5 +345,11 @@ fn main() {
         eprintln!("{NAME}: {e}");
         std::process::exit(1);
     }
-    println!("conformance: {NAME} passed; a prepared engine served batches without loading a graph");
+    if let Err(e) = closed_sessions_caches_are_reused() {
+        eprintln!("{NAME}: {e}");
+        std::process::exit(1);
+    }
+    println!(
+        "conformance: {NAME} passed; a prepared engine served batches without loading a graph; closed sessions' caches were reused"
+    );
 }

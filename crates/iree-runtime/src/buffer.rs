@@ -251,6 +251,22 @@ impl BufferView {
         Ok(out)
     }
 
+    /// Sets every byte to zero through a host mapping of the buffer (no copy, no new memory);
+    /// an error where the buffer cannot be mapped (device memory of a GPU).
+    pub fn zero(&self) -> Result<()> {
+        // SAFETY: the buffer is live; the whole of it is written.
+        check(
+            unsafe {
+                sys::iree_hal_buffer_map_zero(
+                    sys::iree_hal_buffer_view_buffer(self.raw.as_ptr()),
+                    0,
+                    self.byte_length() as _,
+                )
+            },
+            "zeroing a buffer",
+        )
+    }
+
     /// The contents as values of `T` (whose size must be the element type's).
     pub fn read<T: bytemuck::Pod>(&self) -> Result<Vec<T>> {
         let element = self.element_type().ok_or_else(|| Error::new("a buffer of an element type seam does not use"))?;

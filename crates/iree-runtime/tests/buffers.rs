@@ -87,3 +87,13 @@ fn an_unknown_driver_is_an_error_not_a_crash() {
     let err = Device::create("no-such-driver").unwrap_err();
     assert!(err.to_string().contains("no-such-driver"), "{err}");
 }
+
+#[test]
+fn a_zeroed_buffer_reads_back_zeros_and_keeps_its_shape() {
+    let device = cpu();
+    let values: Vec<f32> = (0..24).map(|i| i as f32 + 1.0).collect();
+    let view = device.upload(bytemuck::cast_slice(&values), ElementType::F32, &[4, 6]).unwrap();
+    view.zero().unwrap();
+    assert_eq!(view.shape(), vec![4, 6]);
+    assert_eq!(view.read::<f32>().unwrap(), vec![0.0; 24]);
+}

@@ -114,6 +114,32 @@ impl Buffer {
         Ok(out)
     }
 
+    /// Waits until the buffer's contents are ready (the computation producing them has run);
+    /// that computation's error if it failed.
+    pub fn wait_ready(&self) -> Result<()> {
+        let mut a = args!(PJRT_Buffer_ReadyEvent_Args { buffer: self.raw });
+        call!(self.client.plugin(), PJRT_Buffer_ReadyEvent, &mut a)?;
+        self.client.plugin().await_event(a.event)
+    }
+
+    /// Sets every byte of the buffer to zero in place, once its contents are ready: no copy and
+    /// no new memory.
+    ///
+    /// # Safety
+    /// The plugin's buffers must be host memory (a CPU plugin's, whose [`Buffer::device_address`]
+    /// is a host address), and no computation may be reading or writing this buffer.
+    pub unsafe fn zero_host_memory(&self) -> Result<()> {
+        self.wait_ready()?;
+        let (address, len) = (self.device_address()?, self.on_device_size()?);
+        if address == 0 {
+            return Err(PjrtError::InvalidArgument("a buffer without an address".into()));
+        }
+        // SAFETY: by the caller's promise the buffer's `len` bytes at `address` are host memory
+        // that nothing else touches now.
+        unsafe { std::ptr::write_bytes(address as *mut u8, 0, len) };
+        Ok(())
+    }
+
     /// The address of the buffer's memory on its device (a host address on a CPU plugin): what
     /// shows whether a buffer made by [`Client::buffer_aliasing_host`] aliases the host bytes.
     pub fn device_address(&self) -> Result<usize> {

@@ -247,3 +247,15 @@ module @ffi_test {{
     let error = executable.execute(vec![ExecuteArg::Keep(&x)]).unwrap_err();
     assert!(error.to_string().contains("f32 only"), "{error}");
 }
+
+#[test]
+fn host_memory_is_zeroed_in_place() {
+    let client = client();
+    let values: Vec<f32> = (0..32).map(|i| i as f32 - 7.5).collect();
+    let buffer = client.buffer_from_host(&f32_bytes(&values), ElementType::F32, &[4, 8]).unwrap();
+    let address = buffer.device_address().unwrap();
+    // SAFETY: the CPU plugin's buffers are host memory, and nothing else uses this one.
+    unsafe { buffer.zero_host_memory() }.unwrap();
+    assert_eq!(buffer.device_address().unwrap(), address, "zeroed in place, not replaced");
+    assert_eq!(f32_values(&buffer.to_host().unwrap()), vec![0.0; 32]);
+}
