@@ -2,10 +2,11 @@
 //! are in host memory (XLA's CPU plugin) to run graphs that call the kernels, so that the calls
 //! themselves (operands, their order, the grouped results, the folded norm) are checked against
 //! the reference backend without a GPU. The kernels' own arithmetic is checked by the host
-//! emulation of their source (`tests/emulate.cpp`); this is the formats' definition, in f32.
+//! emulation of their source (`tests/emulate.cpp`); this is the formats' definition, in f32, as
+//! the CPU kernels define it (`cpu_kernels::scalar`), written nowhere else.
 
 use crate::{Kernel, Launch, Tiling, GROUP};
-use half::f16;
+use cpu_kernels::scalar;
 
 /// Computes `launch` on the host: each matrix's rows over the input (normalized first when the
 /// launch has a norm), added to its residual if it has one, into its output.
@@ -35,8 +36,8 @@ pub unsafe fn compute(launch: &Launch) -> Result<(), String> {
         // SAFETY: the caller's promise: the output is `rows` floats of its own.
         let y = unsafe { std::slice::from_raw_parts_mut(matrix.y as *mut f32, rows) };
         let halves = |index: usize, len: usize| {
-            // SAFETY: the caller's promise on the format's arrays.
-            unsafe { std::slice::from_raw_parts(matrix.arrays[index] as *const f16, len) }
+            // SAFETY: the caller's promise on the format's arrays (f16 bits).
+            unsafe { std::slice::from_raw_parts(matrix.arrays[index] as *const u16, len) }
         };
         let residual = matrix.residual.map(|r| {
             // SAFETY: the caller's promise: a residual is `rows` floats.
@@ -44,29 +45,19 @@ pub unsafe fn compute(launch: &Launch) -> Result<(), String> {
         });
         for (r, out) in y.iter_mut().enumerate() {
             let sum: f32 = match launch.kernel {
-                Kernel::F16 => {
-                    let w = &halves(0, rows * k)[r * k..(r + 1) * k];
-                    w.iter().zip(&input).map(|(w, x)| w.to_f32() * x).sum()
-                }
+                Kernel::F16 => scalar::dot_f16(&input, &halves(0, rows * k)[r * k..(r + 1) * k]),
                 Kernel::Int8 => {
                     // SAFETY: as above; the codes are `rows * k` bytes.
                     let q = unsafe { std::slice::from_raw_parts(matrix.arrays[0] as *const i8, rows * k) };
                     let scales = &halves(1, rows * groups)[r * groups..(r + 1) * groups];
-                    (0..k).map(|i| scales[i / GROUP].to_f32() * q[r * k + i] as f32 * input[i]).sum()
+                    scalar::dot_int8(&input, &q[r * k..(r + 1) * k], scales, GROUP)
                 }
                 Kernel::Int4 => {
                     // SAFETY: as above; the packed codes are `rows * k / 2` bytes.
                     let packed = unsafe { std::slice::from_raw_parts(matrix.arrays[0] as *const u8, rows * k / 2) };
                     let scales = &halves(1, rows * groups)[r * groups..(r + 1) * groups];
                     let biases = &halves(2, rows * groups)[r * groups..(r + 1) * groups];
-                    (0..k)
-                        .map(|i| {
-                            let byte = packed[(r * k + i) / 2];
-                            let code = if i % 2 == 0 { byte & 15 } else { byte >> 4 };
-                            let g = i / GROUP;
-                            (scales[g].to_f32() * code as f32 + biases[g].to_f32()) * input[i]
-                        })
-                        .sum()
+                    scalar::dot_int4(&input, &packed[r * k / 2..(r + 1) * k / 2], scales, biases, GROUP)
                 }
             };
             *out = residual.map_or(0.0, |residual| residual[r]) + sum * scale;
