@@ -11,6 +11,7 @@
 //! A chat template usually writes the BOS token itself (Llama 3 starts with `{{ bos_token }}`):
 //! encode a rendered conversation with `add_special_tokens = false`, or the BOS appears twice.
 
+pub mod bpe_file;
 mod chat_template;
 mod error;
 mod json_dumps;

@@ -46,9 +46,14 @@ impl Tokenizer {
         // Parsing from bytes (rather than `tokenizers::Tokenizer::from_file`) keeps a missing
         // file and a malformed one apart: the crate reports both as one opaque error.
         let malformed = |message: String| TokenizerError::MalformedTokenizer { path: path.to_path_buf(), message };
-        let inner = guarded(|| tokenizers::Tokenizer::from_bytes(&bytes))
-            .map_err(malformed)?
-            .map_err(|e| malformed(e.to_string()))?;
+        // A BPE model's file is read by the typed reader (`bpe_file`), anything else by the
+        // crate's own.
+        let inner = guarded(|| match crate::bpe_file::read(&bytes) {
+            Some(read) => read,
+            None => tokenizers::Tokenizer::from_bytes(&bytes).map_err(|e| e.to_string()),
+        })
+        .map_err(malformed)?
+        .map_err(malformed)?;
         Ok(Tokenizer { inner, as_text: OnceLock::new(), path: path.to_path_buf() })
     }
 

@@ -274,3 +274,63 @@ fn special_token_text_in_a_message_stays_text() {
     let tail = tok.encode("<|eot_id|><|start_header_id|>assistant<|end_header_id|>\n\n", false).unwrap();
     assert_eq!(&kept[kept.len() - tail.len()..], &tail[..]);
 }
+
+/// The typed BPE reader seam loads with (`chat_tokenizer::bpe_file`) gives the tokenizer the
+/// `tokenizers` crate's own reader gives: the same when written back out (vocabulary, merges in
+/// rank order, added tokens with their ids, every pipeline part), and the same ids for texts
+/// that meet the merges, the byte fallback, special tokens and the post-processor.
+#[test]
+fn the_typed_bpe_reader_reads_what_the_crates_reader_reads() {
+    let bytes = std::fs::read(llama32_dir().join("tokenizer.json")).unwrap();
+    let typed = chat_tokenizer::bpe_file::read(&bytes).expect("Llama 3.2's model is BPE").unwrap();
+    let generic = tokenizers::Tokenizer::from_bytes(&bytes).unwrap();
+    assert!(
+        serde_json::to_value(&typed).unwrap() == serde_json::to_value(&generic).unwrap(),
+        "the two readers' tokenizers serialize differently"
+    );
+    let texts = [
+        "Hello, world! 1234567 tokens",
+        "naïve café — 東京 🙂 \u{0}\t\r\n  spaces",
+        "<|begin_of_text|><|start_header_id|>user<|end_header_id|>\n\nHi<|eot_id|>",
+        "",
+    ];
+    for text in texts {
+        for special in [false, true] {
+            let ids = |t: &tokenizers::Tokenizer| t.encode(text, special).unwrap().get_ids().to_vec();
+            assert_eq!(ids(&typed), ids(&generic), "{text:?} (special tokens {special})");
+        }
+    }
+}
+
+/// The older merge form (one string `"a b"` per merge, after a `#version` line) reads as the
+/// crate reads it; a model of another kind is left to the crate (`None`); a malformed merge is an
+/// error, not a panic.
+#[test]
+fn the_typed_bpe_reader_takes_the_older_merges_and_leaves_other_models() {
+    let file = |model: &str| {
+        format!(
+            r#"{{"version":"1.0","truncation":null,"padding":null,"added_tokens":[{{"id":5,"content":"<s>","single_word":false,"lstrip":false,"rstrip":false,"normalized":false,"special":true}}],"normalizer":null,"pre_tokenizer":null,"post_processor":null,"decoder":null,"model":{model}}}"#
+        )
+    };
+    let legacy = file(
+        r##"{"type":"BPE","dropout":null,"unk_token":"u","fuse_unk":true,"byte_fallback":true,"ignore_merges":true,"vocab":{"u":0,"a":1,"b":2,"ab":3,"abb":4},"merges":["#version: 0.2","a b","ab b"]}"##,
+    );
+    let typed = chat_tokenizer::bpe_file::read(legacy.as_bytes()).expect("a BPE model").unwrap();
+    let generic = tokenizers::Tokenizer::from_bytes(legacy.as_bytes()).unwrap();
+    assert!(serde_json::to_value(&typed).unwrap() == serde_json::to_value(&generic).unwrap());
+    for text in ["abbab<s>", "zzabz", "abb"] {
+        assert_eq!(
+            typed.encode(text, false).unwrap().get_ids(),
+            generic.encode(text, false).unwrap().get_ids(),
+            "{text}"
+        );
+    }
+
+    let word_piece = file(
+        r###"{"type":"WordPiece","unk_token":"u","continuing_subword_prefix":"##","max_input_chars_per_word":100,"vocab":{"u":0,"a":1}}"###,
+    );
+    assert!(chat_tokenizer::bpe_file::read(word_piece.as_bytes()).is_none());
+
+    let bad = file(r#"{"type":"BPE","vocab":{"a":0},"merges":["a b c"]}"#);
+    assert!(matches!(chat_tokenizer::bpe_file::read(bad.as_bytes()), Some(Err(_))));
+}
