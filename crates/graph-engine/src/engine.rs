@@ -71,10 +71,11 @@ pub const IDLE_CACHES: usize = 2;
 
 /// What an engine and its sessions share.
 pub(crate) struct Shared<R: GraphRuntime> {
-    pub runtime: R,
     /// Caches of closed sessions, zeroed ([`GraphRuntime::zero_cache`]), for new sessions to
-    /// take before asking the runtime for a new one; at most [`IDLE_CACHES`].
+    /// take before asking the runtime for a new one; at most [`IDLE_CACHES`]. Declared before
+    /// the runtime, so dropped before it, as a session's cache is.
     pub idle_caches: Mutex<Vec<R::Cache>>,
+    pub runtime: R,
     /// Prefill buckets of the token graphs (decode is the one-token graph).
     pub buckets: Vec<usize>,
     pub max_context: usize,
