@@ -60,8 +60,8 @@ pub(crate) struct Tile {
 pub(crate) type PackFn<'a> = dyn Fn(usize, usize, &mut [f32]) + Sync + 'a;
 
 /// `ahead(row, k0, columns)`: asks the memory system, now, for the stored bytes that a later
-/// `pack` of row `row` (of the panel starting at `row`, for [`gemm_panels`]) over columns `k0..k0
-/// + columns` will read, so that they arrive while the current chunk's multiply-adds run.
+/// `pack` of row `row` (of the panel starting at `row`, for [`Pack::Panels`]) over columns
+/// `k0..k0 + columns` will read, so that they arrive while the current chunk's multiply-adds run.
 pub(crate) type AheadFn<'a> = dyn Fn(usize, usize, usize) + Sync + 'a;
 
 /// Asks for every cache line of `bytes` (a prefetch: never faults, never waits for the data).
