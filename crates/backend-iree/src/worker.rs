@@ -34,13 +34,6 @@ pub struct CacheShape {
     pub shapes: Vec<Vec<usize>>,
 }
 
-impl CacheShape {
-    /// Bytes of tensor `i`.
-    fn bytes(&self, i: usize) -> usize {
-        self.shapes[i].iter().product::<usize>() * self.element.size()
-    }
-}
-
 /// The VM module name of the emitted graphs (`module @seam_llama`): functions are resolved as
 /// `seam_llama.<function>` inside the module that holds them.
 const VM_MODULE: &str = "seam_llama";
@@ -228,16 +221,15 @@ impl WorkerState {
         Ok(())
     }
 
-    /// A new cache: zeros, or the bytes of an earlier one.
+    /// A new cache: zeros (made in place on the CPU, so that its pages cost only where the
+    /// session touches them: [`Device::zeros`]), or the bytes of an earlier one.
     fn new_cache(&mut self, shape: CacheShape, contents: Option<Vec<Vec<u8>>>) -> Result<CacheId, IreeError> {
         let mut buffers = Vec::with_capacity(shape.shapes.len());
-        let zeros = vec![0u8; (0..shape.shapes.len()).map(|i| shape.bytes(i)).max().unwrap_or(0)];
         for (i, dims) in shape.shapes.iter().enumerate() {
-            let bytes = match &contents {
-                Some(contents) => &contents[i][..],
-                None => &zeros[..shape.bytes(i)],
-            };
-            buffers.push(self.device.upload(bytes, shape.element, dims)?);
+            buffers.push(match &contents {
+                Some(contents) => self.device.upload(&contents[i], shape.element, dims)?,
+                None => self.device.zeros(shape.element, dims)?,
+            });
         }
         let id = self.next_cache;
         self.next_cache += 1;

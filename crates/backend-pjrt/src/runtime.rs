@@ -359,11 +359,20 @@ impl GraphRuntime for PjrtRuntime {
         Ok(Some(best))
     }
 
+    /// On the CPU plugin, zeros made in place ([`pjrt_runtime::Client::host_zeros`]): pages come
+    /// as zeros where a step first touches them, so a new cache costs what its session uses
+    /// rather than a copy of zeros over the whole context. On a device, a copy of zeros.
     fn new_cache(&self) -> Result<PjrtCache> {
         let buffers = self
             .cache_shapes
             .iter()
-            .map(|shape| self.client.zeros(self.cache_element, shape))
+            .map(|shape| {
+                if !self.host_memory {
+                    return self.client.zeros(self.cache_element, shape);
+                }
+                // SAFETY: the CPU plugin's buffers are host memory.
+                unsafe { self.client.host_zeros(self.cache_element, shape) }
+            })
             .collect::<std::result::Result<_, _>>();
         Ok(PjrtCache { buffers: Some(buffers.map_err(pjrt_error)?), ahead: None, release_memory: self.host_memory })
     }

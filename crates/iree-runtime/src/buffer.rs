@@ -109,6 +109,82 @@ impl Device {
         Ok(BufferView { raw, device: self.clone(), imported: false })
     }
 
+    /// A zero-filled dense row-major `shape` tensor of `element`. On a device whose memory is the
+    /// host's ([`Device::host_memory`]) it is made in place: allocated, then its whole pages given
+    /// back to the system ([`host_pages::zero`]), so they read as zeros and cost a page fault
+    /// only where a dispatch first touches them. Elsewhere (a GPU) it is a copy of zeros.
+    pub fn zeros(&self, element: ElementType, shape: &[usize]) -> Result<BufferView> {
+        let len = shape.iter().try_fold(element.size(), |n, &d| n.checked_mul(d));
+        let len = len.ok_or_else(|| Error::new(format!("a {shape:?} tensor of {element:?} is too large")))?;
+        if !self.host_memory() || len == 0 {
+            return self.upload(&vec![0u8; len], element, shape);
+        }
+        let mut buffer = std::ptr::null_mut();
+        // SAFETY: the allocator is live; the new buffer's one reference is this function's.
+        check(
+            unsafe {
+                sys::iree_hal_allocator_allocate_buffer(
+                    self.allocator(),
+                    device_params(sys::iree_hal_memory_access_bits_t_IREE_HAL_MEMORY_ACCESS_ALL),
+                    len as _,
+                    &mut buffer,
+                )
+            },
+            "allocating a buffer",
+        )?;
+        let view = self.view_of_owned(buffer, element, shape)?;
+        let mut mapping = sys::iree_hal_buffer_mapping_t::default();
+        // SAFETY: the buffer is live and new: no dispatch uses it; the mapping covers all of it.
+        check(
+            unsafe {
+                sys::iree_hal_buffer_map_range(
+                    sys::iree_hal_buffer_view_buffer(view.raw.as_ptr()),
+                    sys::iree_hal_mapping_mode_bits_t_IREE_HAL_MAPPING_MODE_SCOPED as _,
+                    sys::iree_hal_memory_access_bits_t_IREE_HAL_MEMORY_ACCESS_DISCARD_WRITE as _,
+                    0,
+                    len as _,
+                    &mut mapping,
+                )
+            },
+            "mapping a new buffer",
+        )?;
+        // SAFETY: the mapping's `data_length` bytes are the new buffer's host memory, which
+        // nothing else uses.
+        unsafe { host_pages::zero(mapping.contents.data, mapping.contents.data_length) };
+        // SAFETY: the mapping was made above and is unmapped once.
+        check(unsafe { sys::iree_hal_buffer_unmap_range(&mut mapping) }, "unmapping a new buffer")?;
+        Ok(view)
+    }
+
+    /// A view of `buffer` (whose one reference this function takes over and releases) as a dense
+    /// row-major `shape` tensor of `element`.
+    fn view_of_owned(
+        &self,
+        buffer: *mut sys::iree_hal_buffer_t,
+        element: ElementType,
+        shape: &[usize],
+    ) -> Result<BufferView> {
+        let mut view = std::ptr::null_mut();
+        // SAFETY: `buffer` is live (one reference is this function's, released below; the view
+        // retains its own).
+        let status = unsafe {
+            let status = sys::iree_hal_buffer_view_create(
+                buffer,
+                shape.len(),
+                shape.as_ptr().cast(),
+                element.raw(),
+                sys::iree_hal_encoding_types_t_IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR as _,
+                crate::host_allocator(),
+                &mut view,
+            );
+            sys::iree_hal_buffer_release(buffer);
+            status
+        };
+        check(status, "viewing a buffer")?;
+        let raw = NonNull::new(view).ok_or_else(|| Error::new("IREE made no buffer view"))?;
+        Ok(BufferView { raw, device: self.clone(), imported: false })
+    }
+
     /// A read-only buffer over `memory[range]` (a dense row-major `shape` tensor of `element`).
     ///
     /// On a device whose memory is the host's ([`Device::host_memory`]) and with the range
@@ -165,25 +241,9 @@ impl Device {
             drop(unsafe { Box::from_raw(keep) });
             return Err(e);
         }
-        let mut view = std::ptr::null_mut();
-        // SAFETY: `buffer` is live (this function owns one reference, released below; the view
-        // retains its own).
-        let status = unsafe {
-            let status = sys::iree_hal_buffer_view_create(
-                buffer,
-                shape.len(),
-                shape.as_ptr().cast(),
-                element.raw(),
-                sys::iree_hal_encoding_types_t_IREE_HAL_ENCODING_TYPE_DENSE_ROW_MAJOR as _,
-                crate::host_allocator(),
-                &mut view,
-            );
-            sys::iree_hal_buffer_release(buffer);
-            status
-        };
-        check(status, "viewing an imported buffer")?;
-        let raw = NonNull::new(view).ok_or_else(|| Error::new("IREE made no buffer view"))?;
-        Ok(BufferView { raw, device: self.clone(), imported: true })
+        let mut view = self.view_of_owned(buffer, element, shape)?;
+        view.imported = true;
+        Ok(view)
     }
 }
 

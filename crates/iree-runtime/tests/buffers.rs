@@ -97,3 +97,16 @@ fn a_zeroed_buffer_reads_back_zeros_and_keeps_its_shape() {
     assert_eq!(view.shape(), vec![4, 6]);
     assert_eq!(view.read::<f32>().unwrap(), vec![0.0; 24]);
 }
+
+#[test]
+fn new_zeros_read_back_as_zeros_at_any_size() {
+    let device = cpu();
+    for elements in [24usize, 3 << 20] {
+        // Memory just freed, full of ones, is what the allocator is likely to hand out next.
+        drop(device.upload(&vec![0xffu8; elements * 4], ElementType::F32, &[elements]).unwrap());
+        let view = device.zeros(ElementType::F32, &[elements / 4, 4]).unwrap();
+        assert_eq!(view.shape(), vec![elements / 4, 4]);
+        assert!(view.read::<f32>().unwrap().iter().all(|&v| v == 0.0), "{elements} elements: not all zeros");
+    }
+    assert_eq!(device.zeros(ElementType::F16, &[0, 8]).unwrap().byte_length(), 0);
+}

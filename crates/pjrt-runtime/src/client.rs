@@ -188,6 +188,39 @@ impl Client {
         Ok((a.buffer, a.done_with_host_buffer))
     }
 
+    /// A zero-filled buffer made in place, for a plugin whose buffers are host memory: allocated
+    /// uninitialized, then its whole pages given back to the system ([`host_pages::zero`]), so
+    /// they read as zeros and cost a page fault only where a computation first touches them.
+    /// Nothing is copied; a large cache costs what its use touches, not its size.
+    ///
+    /// # Safety
+    /// The plugin's buffers must be host memory (a CPU plugin's, whose [`Buffer::device_address`]
+    /// is a host address).
+    pub unsafe fn host_zeros(self: &Arc<Self>, element: ElementType, dims: &[usize]) -> Result<Buffer> {
+        let shape: Vec<i64> = dims.iter().map(|&d| d as i64).collect();
+        let mut a = args!(PJRT_Client_CreateUninitializedBuffer_Args {
+            client: self.raw,
+            shape_dims: shape.as_ptr(),
+            shape_num_dims: shape.len(),
+            shape_element_type: element.to_sys(),
+            device: self.device,
+        });
+        call!(self.plugin, PJRT_Client_CreateUninitializedBuffer, &mut a)?;
+        let buffer = Buffer { client: Arc::clone(self), raw: a.buffer, lent: None };
+        buffer.wait_ready()?;
+        let (address, len) = (buffer.device_address()?, buffer.on_device_size()?);
+        let expected = dims.iter().product::<usize>() * element.size();
+        if address == 0 || len < expected {
+            return Err(PjrtError::InvalidArgument(format!(
+                "a new {element:?} buffer of shape {dims:?} at address {address:#x} of {len} bytes"
+            )));
+        }
+        // SAFETY: by the caller's promise the address is host memory; the buffer is new, so
+        // nothing else reads or writes its `len` bytes.
+        unsafe { host_pages::zero(address as *mut u8, len) };
+        Ok(buffer)
+    }
+
     /// A zero-filled buffer (through a host copy: the C API's uninitialized buffers are not
     /// guaranteed to be zero).
     pub fn zeros(self: &Arc<Self>, element: ElementType, dims: &[usize]) -> Result<Buffer> {

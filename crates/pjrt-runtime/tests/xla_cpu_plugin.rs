@@ -259,3 +259,23 @@ fn host_memory_is_zeroed_in_place() {
     assert_eq!(buffer.device_address().unwrap(), address, "zeroed in place, not replaced");
     assert_eq!(f32_values(&buffer.to_host().unwrap()), vec![0.0; 32]);
 }
+
+#[test]
+fn host_zeros_are_zeros_at_any_size_and_take_a_computation() {
+    let client = client();
+    // A small buffer is written; a large one gets the system's zero pages (host_pages::zero).
+    for elements in [32usize, 3 << 20] {
+        // SAFETY: the CPU plugin's buffers are host memory.
+        let buffer = unsafe { client.host_zeros(ElementType::F32, &[elements]) }.unwrap();
+        assert_eq!(buffer.dims().unwrap(), vec![elements]);
+        assert!(buffer.to_host().unwrap().iter().all(|&b| b == 0), "{elements} elements: a byte is not zero");
+    }
+    // Donated to a computation that updates it in place, as a KV cache is.
+    let executable = client.compile(PROGRAM, &CompileOptions::default()).unwrap();
+    // SAFETY: as above.
+    let state = unsafe { client.host_zeros(ElementType::F16, &[4]) }.unwrap();
+    let w = client.buffer_from_host(&f32_bytes(&[0.; 8]), ElementType::F32, &[2, 4]).unwrap();
+    let x = client.buffer_from_host(&f32_bytes(&[1., 2., 3., 0.5]), ElementType::F32, &[4]).unwrap();
+    let out = executable.execute(vec![ExecuteArg::Donate(state), ExecuteArg::Keep(&w), ExecuteArg::Keep(&x)]).unwrap();
+    assert_eq!(out[0].to_host().unwrap(), f16_bytes(&[1., 2., 3., 0.5]));
+}
