@@ -223,6 +223,8 @@ pub fn parse_settings(pairs: &[String]) -> Result<BTreeMap<String, String>, CliE
         .collect()
 }
 
+/// `seam run`: loads the model, generates, prints. On success the process ends here, once the
+/// output is flushed ([`crate::end_process_now`]); an error returns to the caller.
 pub fn run(args: RunArgs) -> Result<(), CliError> {
     let prompt_text = read_prompt(&args)?;
     if prompt_text.trim().is_empty() {
@@ -336,9 +338,10 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
         );
         say!("{}", output.stats.summary());
     }
-    // The command ends here: the system reclaims the engine's memory at once, where dropping it
-    // would first destroy every buffer and unmap every weight, one by one.
+    // The command ends here, and so does the process: the system reclaims the engine's memory,
+    // the tokenizer's tables and the plugins' objects at once, where dropping them would first
+    // destroy every buffer, unmap every weight and run the C++ plugins' exit-time destructors.
     std::mem::forget(session);
     std::mem::forget(engine);
-    Ok(())
+    crate::end_process_now()
 }
