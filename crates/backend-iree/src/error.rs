@@ -1,4 +1,4 @@
-//! Errors of the IREE backend, and how they map onto the session contract's [`SeamError`].
+//! Errors of the IREE backend, and how they map onto the session contract's [`SeamError`](session_api::SeamError).
 
 use std::path::PathBuf;
 

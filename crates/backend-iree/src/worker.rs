@@ -4,8 +4,9 @@
 //! `Send + Sync` engine and `Send` sessions. So one dedicated thread creates and owns everything
 //! IREE: the device, the loaded modules, the weight buffers (imported or uploaded once, shared by
 //! every session) and each session's KV cache buffers. Engines and sessions hold a
-//! [`WorkerHandle`] and send it [`Request`]s over a channel; each request carries its own reply
-//! channel. The thread ends when the last handle is dropped, releasing the device memory.
+//! [`WorkerHandle`] and send it jobs (closures over the thread's state) over a channel; each job
+//! carries its own reply channel. The thread ends when the last handle is dropped, releasing the
+//! device memory.
 //!
 //! The KV cache stays on the device: a step passes the session's cache buffers to the function,
 //! which (through the graphs' `tf.aliasing_output` attributes) imports them as consumed and writes

@@ -10,7 +10,7 @@
 //! empty until the engine replaces it.
 //!
 //! On a device (not the CPU plugin), a greedy decode step launches the next one before it returns
-//! (ADR 0041, [`Ahead`]): the next step takes this step's token and caches as they are on the
+//! (ADR 0041, `Ahead`): the next step takes this step's token and caches as they are on the
 //! device, so the device has it queued while the host reads this token back and the caller asks
 //! for the next; the host's launch of each step then overlaps the device's work on the one before.
 
@@ -197,7 +197,7 @@ fn cache_lost() -> SeamError {
 }
 
 /// A session's cache buffers; `None` after a failed call consumed them, or while a step launched
-/// ahead holds them ([`PjrtCache::settle`]).
+/// ahead holds them (`PjrtCache::settle`).
 pub struct PjrtCache {
     buffers: Option<Vec<Buffer>>,
     /// The decode step launched ahead on these caches, if one was.

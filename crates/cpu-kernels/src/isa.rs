@@ -26,7 +26,7 @@ pub enum Isa {
 pub const ISA_ENV: &str = "SEAM_CPU_ISA";
 
 impl Isa {
-    /// The name used in reports and in [`ISA_ENV`].
+    /// The name used in reports and in `SEAM_CPU_ISA`.
     pub fn name(self) -> &'static str {
         match self {
             Isa::Scalar => "scalar",
@@ -68,7 +68,7 @@ impl Isa {
         [Isa::Scalar, Isa::Avx2, Isa::Avx512, Isa::Avx512Vnni].into_iter().filter(|isa| isa.is_supported()).collect()
     }
 
-    /// The fastest supported path, unless [`ISA_ENV`] asks for a slower one (an unknown or
+    /// The fastest supported path, unless `SEAM_CPU_ISA` asks for a slower one (an unknown or
     /// unsupported value there is ignored with a warning on stderr). Decided once per process.
     pub fn best() -> Isa {
         static BEST: OnceLock<Isa> = OnceLock::new();

@@ -159,7 +159,7 @@ impl<'d> Bench<'d> {
 
     /// The device time of one launch in `tiling`, in microseconds: launches cycling through the
     /// copies, captured into a CUDA graph as XLA's command buffers capture them, the graph run
-    /// once to warm up and then timed [`REPEATS`] times, the shortest counting.
+    /// once to warm up and then timed `REPEATS` times, the shortest counting.
     pub fn time(&self, tiling: Tiling) -> Result<f64, CudaError> {
         let copies = self.copies.len();
         let launches = LAUNCHES.max(copies);

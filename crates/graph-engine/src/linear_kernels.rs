@@ -33,7 +33,7 @@ pub trait LinearEntry {
     /// What the runtime registers for a target (a function pointer of its calling convention).
     type Entry;
 
-    /// The instance for weight format `FORMAT` ([`format`]), input `INPUT` ([`input`]), a
+    /// The instance for weight format `FORMAT` ([`format`](mod@format)), input `INPUT` ([`input`]), a
     /// residual operand when `RESIDUAL`, and activations rounded to int8 when `INT8_ACTIVATIONS`
     /// ([`KernelActivations::Int8`]; never for f16 weights).
     fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const INT8_ACTIVATIONS: bool>() -> Self::Entry;

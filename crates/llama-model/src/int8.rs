@@ -16,7 +16,7 @@ use crate::tensor_store::{Dtype, OwnedTensor, TensorStore};
 use half::f16;
 use rayon::prelude::*;
 
-/// Values per quantization group: int4's (so the two share [`check_shape`]), which is also Q8_0's.
+/// Values per quantization group: int4's (so the two share `check_shape`), which is also Q8_0's.
 pub const GROUP_SIZE: usize = crate::int4::GROUP_SIZE;
 
 /// A `[rows, cols]` matrix in seam's int8 format; `cols` is a multiple of [`GROUP_SIZE`].

@@ -289,7 +289,7 @@ impl<'a> dyn Engine + 'a {
         Ok(Box::new(self.new_checked_session(options)?))
     }
 
-    /// [`new_session`](Self::new_session) as the concrete [`CheckedSession`], which batched
+    /// `new_session` as the concrete [`CheckedSession`], which batched
     /// decodes ([`crate::batch`]) and [`CheckedSession::restart`] work on.
     pub fn new_checked_session(&self, options: SessionOptions) -> Result<CheckedSession> {
         let (limits, steps) = self.checked_parts(&options)?;

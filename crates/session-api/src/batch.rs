@@ -3,7 +3,7 @@
 //!
 //! Callers use `decode_batch` on `dyn Engine` with the engine's own [`CheckedSession`]s (made by
 //! `new_checked_session`). Every entry is checked exactly as `Session::decode` checks it; the
-//! entries that pass go to [`Engine::decode_batch_steps`](crate::Engine::decode_batch_steps) together, and each
+//! entries that pass go to [`Engine::decode_batch_steps`] together, and each
 //! result is taken as a lone decode's would be (sampling, poisoning, the position). So the
 //! contract's rules hold for a batch the same way on every backend, and a sequence decoded in a
 //! batch gets the token it would have got alone.

@@ -19,7 +19,7 @@ pub const CASES: [Case; 2] = [
     SEVENTEEN_CASE,
 ];
 
-/// Seventeen sequences at once (see [`SEVENTEEN`]); the runner also runs it on the real model
+/// Seventeen sequences at once (see `SEVENTEEN`); the runner also runs it on the real model
 /// (int4, for engines that claim batched decode).
 pub const SEVENTEEN_CASE: Case = Case {
     name: "batch.seventeen",
