@@ -3,7 +3,7 @@
 #
 #   scripts/compare-llama-cpp.sh [--model smollm2|llama-3.2-1b] [--backends iree-cpu,pjrt-cpu]
 #                                [--threads N] [--repeats N] [--quick] [--out FILE]
-#                                [--set KEY=VALUE ...]
+#                                [--depth N] [--set KEY=VALUE ...]
 #
 # Builds llama.cpp's llama-bench from the pinned llama-cpp-python source tarball
 # (scripts/build-llama-bench.sh), makes the GGUFs llama.cpp reads (`seam export-gguf`), runs
@@ -13,6 +13,9 @@
 # -t $(nproc) unless --threads says otherwise. Idempotent: built binaries, GGUFs and models are reused.
 # --set passes a backend setting to seam bench (e.g. activations=int8, ADR 0024: the kernels'
 # int4 products over activations rounded to int8, as llama.cpp's Q4_1 x Q8_1).
+# --depth N times decode after N tokens of context on both sides (`seam bench --decode-depth N`,
+# `llama-bench -d N` in a run of its own, so that prefill stays measured from an empty context);
+# without it, seam decodes after a 16-token prompt and llama-bench from an empty context.
 #
 # Models:
 #   smollm2       the default model: llama.cpp runs the original Q4_1 GGUF (which seam's int4
@@ -27,6 +30,7 @@ threads="$(nproc)"
 backends=""
 repeats=3
 quick=0
+depth=0
 out=""
 settings=()
 while [ $# -gt 0 ]; do
@@ -36,6 +40,7 @@ while [ $# -gt 0 ]; do
     --threads) threads="$2"; shift 2 ;;
     --repeats) repeats="$2"; shift 2 ;;
     --quick) quick=1; shift ;;
+    --depth) depth="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --set) settings+=(--set "$2"); shift 2 ;;
     -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
@@ -72,7 +77,16 @@ trap 'rm -rf "$tmp"' EXIT
 for pair in "f16:$f16" "int4:$q4_1"; do
   format="${pair%%:*}"; gguf="${pair#*:}"
   step "llama-bench $(basename "$gguf") -t $threads -p $prompt_lengths -n $decode_tokens -r $repeats"
-  "$llama_bench" -m "$gguf" -t "$threads" -p "$prompt_lengths" -n "$decode_tokens" -r "$repeats" -o json > "$tmp/llama-$format.json"
+  if [ "$depth" -gt 0 ]; then
+    # Prefill from an empty context, then decode after $depth tokens: two runs, one list.
+    "$llama_bench" -m "$gguf" -t "$threads" -p "$prompt_lengths" -n 0 -r "$repeats" -o json > "$tmp/llama-pp-$format.json"
+    step "llama-bench $(basename "$gguf") -t $threads -p 0 -n $decode_tokens -d $depth -r $repeats"
+    "$llama_bench" -m "$gguf" -t "$threads" -p 0 -n "$decode_tokens" -d "$depth" -r "$repeats" -o json > "$tmp/llama-tg-$format.json"
+    python3 -c 'import json,sys; json.dump(json.load(open(sys.argv[1])) + json.load(open(sys.argv[2])), open(sys.argv[3], "w"))' \
+      "$tmp/llama-pp-$format.json" "$tmp/llama-tg-$format.json" "$tmp/llama-$format.json"
+  else
+    "$llama_bench" -m "$gguf" -t "$threads" -p "$prompt_lengths" -n "$decode_tokens" -r "$repeats" -o json > "$tmp/llama-$format.json"
+  fi
   # A whole llama.cpp process on the file (load, warm-up, one token), against which a new
   # `seam run --max-tokens 1` process (timed by seam bench) is compared.
   step "llama-bench $(basename "$gguf") -t $threads -p 0 -n 1 -r 1, whole process, $repeats times"
@@ -89,6 +103,7 @@ PY
 done
 
 bench_args=(bench --model "$model_dir" --prompt-lengths "$prompt_lengths" --decode-tokens "$decode_tokens" --repeats "$repeats" --json "$tmp/seam.json" ${settings[@]+"${settings[@]}"})
+if [ "$depth" -gt 0 ]; then bench_args+=(--decode-depth "$depth"); fi
 IFS=',' read -r -a names <<< "$backends"
 for b in "${names[@]}"; do bench_args+=(--backend "$b"); done
 step "$seam ${bench_args[*]}"
@@ -97,7 +112,7 @@ step "$seam ${bench_args[*]}"
 llama_commit="$("$llama_bench" --version 2>&1 | head -1 || true)"
 seam_commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 context="$(python3 -c 'import json,sys; print(json.dumps({"command": sys.argv[1], "model": sys.argv[2], "threads": int(sys.argv[3]), "llama_cpp": sys.argv[4], "llama_cpp_python": "0.3.36", "seam_commit": sys.argv[5], "ggufs": sys.argv[6:]}))' \
-  "scripts/compare-llama-cpp.sh --model $model --backends $backends --threads $threads --repeats $repeats$( [ "$quick" = 1 ] && echo ' --quick')" "$model" "$threads" "$llama_commit" "$seam_commit" "$f16" "$q4_1")"
+  "scripts/compare-llama-cpp.sh --model $model --backends $backends --threads $threads --repeats $repeats$( [ "$quick" = 1 ] && echo ' --quick')$( [ "$depth" -gt 0 ] && echo " --depth $depth")" "$model" "$threads" "$llama_commit" "$seam_commit" "$f16" "$q4_1")"
 python3 scripts/compare_llama_cpp.py --seam "$tmp/seam.json" --llama "f16=$tmp/llama-f16.json" --llama "int4=$tmp/llama-int4.json" \
   --llama-process "f16=$tmp/llama-process-f16.json" --llama-process "int4=$tmp/llama-process-int4.json" \
   --context "$context" --out "$out"

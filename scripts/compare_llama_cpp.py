@@ -19,6 +19,11 @@ import sys
 from statistics import median
 
 
+def llama_decode_depth(entries):
+    """The context before llama-bench's decode runs (`-d`), 0 where it has none."""
+    return next((e.get("n_depth", 0) for e in entries if e.get("n_prompt", 0) == 0 and e.get("n_gen", 0) > 0), 0)
+
+
 def llama_rates(entries):
     """{('prefill', n) | ('decode', n): tokens/s} from llama-bench's JSON output."""
     rates = {}
@@ -62,6 +67,9 @@ def main() -> int:
         llama_process[fmt_name] = json.load(open(path))
 
     lengths = seam["settings"]["prompt_lengths"]
+    seam_depth = seam["settings"].get("decode_prompt_tokens", 16)
+    llama_depths = sorted({llama_decode_depth(entries) for entries in llama_raw.values()})
+    print(f"decode after {seam_depth} tokens of context (seam) and {', '.join(map(str, llama_depths)) or '-'} (llama.cpp)")
     rows = []
     for r in seam["results"]:
         ref = llama.get(r["weights"], {})

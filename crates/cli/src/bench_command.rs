@@ -9,8 +9,8 @@
 //!   loads of this run left behind: bench one backend and format per run for a clean figure);
 //! - prefill throughput at each prompt length (a new session, one `prefill` of the whole prompt;
 //!   time to first token is the same call plus creating the session);
-//! - decode throughput over `--decode-tokens` greedy steps after a short prompt, with per-step
-//!   p50 / p90;
+//! - decode throughput over `--decode-tokens` greedy steps after a prompt of `--decode-depth`
+//!   tokens (16 by default), with per-step p50 / p90;
 //! - a new process: `seam run --max-tokens 1` on the same backend, format and model, with every
 //!   cache warm, timed from spawn to exit, with the load, time to first token and resident
 //!   memory (after the load, and its peak) it reports: what a user waits for and pays on every
@@ -47,13 +47,19 @@ pub struct BenchArgs {
     /// Prompt lengths for prefill throughput, comma-separated.
     #[arg(long, value_delimiter = ',', default_value = "16,128,512")]
     prompt_lengths: Vec<usize>,
-    /// Greedy decode steps to time (after a 16-token prompt).
+    /// Greedy decode steps to time (after a prompt of `--decode-depth` tokens).
     #[arg(long, default_value_t = 64)]
     decode_tokens: usize,
+    /// Tokens of context before the timed decode: the prompt prefilled first. A step attends
+    /// over every earlier position, so a deep context is what a long conversation's decode costs
+    /// (llama-bench's `-d`).
+    #[arg(long, default_value_t = 16)]
+    decode_depth: usize,
     /// Repetitions of each measurement (min and median are reported).
     #[arg(long, default_value_t = 3)]
     repeats: usize,
-    /// Context to load with (must hold the longest prompt, and 16 + decode tokens).
+    /// Context to load with (must hold the longest prompt, and the decode depth plus the decode
+    /// tokens).
     #[arg(long)]
     max_context: Option<usize>,
     /// Skip the cold load (which compiles every graph again).
@@ -397,9 +403,15 @@ fn measure_process(
 }
 
 pub fn run(args: BenchArgs) -> Result<(), CliError> {
-    if args.repeats == 0 || args.decode_tokens == 0 || args.prompt_lengths.contains(&0) || args.batches.contains(&0) {
+    if args.repeats == 0
+        || args.decode_tokens == 0
+        || args.decode_depth == 0
+        || args.prompt_lengths.contains(&0)
+        || args.batches.contains(&0)
+    {
         return Err(CliError::Usage(
-            "--repeats, --decode-tokens, every prompt length and every batch size must be at least 1".into(),
+            "--repeats, --decode-tokens, --decode-depth, every prompt length and every batch size must be at least 1"
+                .into(),
         ));
     }
     if let Some(&largest) = args.batches.iter().max() {
@@ -409,7 +421,14 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             return Err(CliError::Usage(format!("--batches {largest}: at most {MAX_BENCH_BATCH} sequences")));
         }
     }
-    let longest = args.prompt_lengths.iter().copied().max().unwrap_or(16).max(args.decode_tokens.saturating_add(16));
+    let longest = args
+        .prompt_lengths
+        .iter()
+        .copied()
+        .max()
+        .unwrap_or(16)
+        .max(args.decode_depth.saturating_add(args.decode_tokens))
+        .max(args.decode_tokens.saturating_add(16));
     if let Some(max) = args.max_context {
         if max < longest {
             return Err(CliError::Usage(format!("--max-context {max} cannot hold {longest} tokens")));
@@ -423,7 +442,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
     let model_context = model.config().max_position_embeddings;
     if longest > model_context {
         return Err(CliError::Usage(format!(
-            "a prompt length or 16 + --decode-tokens of {longest} is beyond the model's context of {model_context}"
+            "a prompt length or --decode-depth + --decode-tokens of {longest} is beyond the model's context of {model_context}"
         )));
     }
     let has_tokenizer = model.tokenizer_path().is_file();
@@ -464,7 +483,8 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             for &n in &args.prompt_lengths {
                 prefill.push(measure_prefill(&engine, &prompt_ids(n, vocab), args.repeats)?);
             }
-            let mut decode = measure_decode(&engine, &prompt_ids(16, vocab), args.decode_tokens, args.repeats)?;
+            let mut decode =
+                measure_decode(&engine, &prompt_ids(args.decode_depth, vocab), args.decode_tokens, args.repeats)?;
             if let Some(bytes_per_token) = info.decode_bytes_per_token {
                 if !probes.contains_key(&info.device) {
                     // The probe only adds a figure: its failure must not lose the measurements.
@@ -518,7 +538,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         }
     }
 
-    print_table(&results);
+    print_table(&results, args.decode_depth);
     print_batched(&results);
     let mut probed: Vec<_> = probes.iter().collect();
     probed.sort_by_key(|(device, _)| device.as_str());
@@ -538,7 +558,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
             settings: serde_json::json!({
                 "prompt_lengths": args.prompt_lengths,
                 "decode_tokens": args.decode_tokens,
-                "decode_prompt_tokens": 16,
+                "decode_prompt_tokens": args.decode_depth,
                 "batches": args.batches,
                 "repeats": args.repeats,
                 "backend_settings": args.settings,
@@ -583,7 +603,7 @@ fn request_context(args: &BenchArgs, longest: usize) -> usize {
     args.max_context.unwrap_or(longest.max(2048))
 }
 
-fn print_table(results: &[BenchResult]) {
+fn print_table(results: &[BenchResult], decode_depth: usize) {
     let lengths: Vec<usize> =
         results.first().map(|r| r.prefill.iter().map(|p| p.prompt_tokens).collect()).unwrap_or_default();
     let mut header = format!(
@@ -634,8 +654,9 @@ fn print_table(results: &[BenchResult]) {
         println!("{line}");
     }
     println!(
-        "(medians of the repeats; prefill in tokens/s; MB/token: bytes a decode step reads; %bw: MB/token x decode t/s"
+        "(medians of the repeats; prefill in tokens/s; decode after {decode_depth} tokens of context; MB/token: bytes a"
     );
+    println!(" decode step reads; %bw: MB/token x decode t/s");
     println!(" over the device's bandwidth from a probe on it; rss/wts: RSS after the warm load over weights MB;");
     println!(" run s: a new `seam run --max-tokens 1` process, spawn to exit; run rss: its RSS after its load over");
     println!(" weights MB; min, peak RSS and every figure in --json)");

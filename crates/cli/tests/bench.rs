@@ -11,7 +11,8 @@ fn bench_reports_load_prefill_and_decode() {
     let json = dir.path().join("bench.json");
     let out = Command::new(env!("CARGO_BIN_EXE_seam"))
         .args(["bench", "--backend", "reference", "--model", model.to_str().unwrap(), "--prompt-lengths", "4,8"])
-        .args(["--decode-tokens", "3", "--repeats", "2", "--max-context", "64", "--json", json.to_str().unwrap()])
+        .args(["--decode-tokens", "3", "--decode-depth", "5", "--repeats", "2", "--max-context", "64"])
+        .args(["--json", json.to_str().unwrap()])
         .output()
         .unwrap();
     let stdout = String::from_utf8_lossy(&out.stdout);
@@ -19,6 +20,8 @@ fn bench_reports_load_prefill_and_decode() {
     assert!(stdout.contains("prefill@4") && stdout.contains("decode t/s"), "{stdout}");
     let report: serde_json::Value = serde_json::from_slice(&std::fs::read(&json).unwrap()).unwrap();
     assert!(report["machine"]["cores"].as_u64().unwrap() >= 1);
+    assert_eq!(report["settings"]["decode_prompt_tokens"], 5, "decode after --decode-depth tokens");
+    assert!(stdout.contains("decode after 5 tokens of context"), "{stdout}");
     let results = report["results"].as_array().unwrap();
     assert_eq!(results.len(), 2, "f16 and int4");
     for r in results {

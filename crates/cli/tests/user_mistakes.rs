@@ -97,10 +97,18 @@ fn absurd_bench_and_suite_arguments_are_refused() {
     let model = dir.path().join("tiny");
     llama_model::random::write_random_checkpoint(&model, &llama_model::random::tiny_config(), 1).unwrap();
     let model = model.to_str().unwrap();
-    for (flag, value) in [("--prompt-lengths", "10000000000"), ("--decode-tokens", "18446744073709551615")] {
+    for (flag, value) in [
+        ("--prompt-lengths", "10000000000"),
+        ("--decode-tokens", "18446744073709551615"),
+        ("--decode-depth", "18446744073709551615"),
+    ] {
         let out = seam(&["bench", "--backend", "reference", "--model", model, flag, value]);
         assert_clean_failure(&out, "beyond the model's context");
     }
+    assert_clean_failure(
+        &seam(&["bench", "--backend", "reference", "--model", model, "--decode-depth", "0"]),
+        "--decode-depth",
+    );
     assert_clean_failure(&seam(&["conformance", "--cases", "zzz"]), "--cases zzz names no case");
 }
 
