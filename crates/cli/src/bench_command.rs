@@ -70,7 +70,7 @@ pub struct BenchArgs {
     no_process: bool,
     /// Also time batched decode at these batch sizes (comma-separated, e.g. 4,8,16): that many
     /// sequences decoding together, one batched call per step as `seam serve` makes it, each
-    /// after its own 16-token prompt; aggregate tokens/s per size.
+    /// after its own prompt of `--decode-depth` tokens; aggregate tokens/s per size.
     #[arg(long, value_delimiter = ',')]
     batches: Vec<usize>,
     /// A backend setting of every load, KEY=VALUE (repeatable; e.g. `activations=int8`; see the
@@ -511,7 +511,14 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
                 // What serving would compile on first use is ready before anything is timed.
                 engine.prepare_for_serving(largest)?;
                 for &sequences in &args.batches {
-                    batched.push(measure_batched(&engine, vocab, 16, sequences, args.decode_tokens, args.repeats)?);
+                    batched.push(measure_batched(
+                        &engine,
+                        vocab,
+                        args.decode_depth,
+                        sequences,
+                        args.decode_tokens,
+                        args.repeats,
+                    )?);
                 }
             }
             // The engine goes first: the new processes should not share the machine with it.
