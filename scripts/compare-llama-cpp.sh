@@ -76,15 +76,16 @@ tmp="$(mktemp -d)"
 trap 'rm -rf "$tmp"' EXIT
 for pair in "f16:$f16" "int4:$q4_1"; do
   format="${pair%%:*}"; gguf="${pair#*:}"
-  step "llama-bench $(basename "$gguf") -t $threads -p $prompt_lengths -n $decode_tokens -r $repeats"
   if [ "$depth" -gt 0 ]; then
     # Prefill from an empty context, then decode after $depth tokens: two runs, one list.
+    step "llama-bench $(basename "$gguf") -t $threads -p $prompt_lengths -n 0 -r $repeats"
     "$llama_bench" -m "$gguf" -t "$threads" -p "$prompt_lengths" -n 0 -r "$repeats" -o json > "$tmp/llama-pp-$format.json"
     step "llama-bench $(basename "$gguf") -t $threads -p 0 -n $decode_tokens -d $depth -r $repeats"
     "$llama_bench" -m "$gguf" -t "$threads" -p 0 -n "$decode_tokens" -d "$depth" -r "$repeats" -o json > "$tmp/llama-tg-$format.json"
     python3 -c 'import json,sys; json.dump(json.load(open(sys.argv[1])) + json.load(open(sys.argv[2])), open(sys.argv[3], "w"))' \
       "$tmp/llama-pp-$format.json" "$tmp/llama-tg-$format.json" "$tmp/llama-$format.json"
   else
+    step "llama-bench $(basename "$gguf") -t $threads -p $prompt_lengths -n $decode_tokens -r $repeats"
     "$llama_bench" -m "$gguf" -t "$threads" -p "$prompt_lengths" -n "$decode_tokens" -r "$repeats" -o json > "$tmp/llama-$format.json"
   fi
   # A whole llama.cpp process on the file (load, warm-up, one token), against which a new

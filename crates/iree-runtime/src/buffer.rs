@@ -61,10 +61,14 @@ unsafe impl Send for BufferView {}
 // SAFETY: as above.
 unsafe impl Sync for BufferView {}
 
+/// Bytes of a dense `shape` tensor of `element`; `None` past `usize`.
+fn tensor_bytes(shape: &[usize], element: ElementType) -> Option<usize> {
+    shape.iter().try_fold(element.size(), |n, &d| n.checked_mul(d))
+}
+
 /// Bytes of `shape` elements of `element`, or an error naming the mismatch with `len`.
 fn check_len(shape: &[usize], element: ElementType, len: usize) -> Result<()> {
-    let expected = shape.iter().try_fold(element.size(), |n, &d| n.checked_mul(d));
-    match expected {
+    match tensor_bytes(shape, element) {
         Some(expected) if expected == len => Ok(()),
         _ => Err(Error::new(format!("{len} bytes do not hold a {shape:?} tensor of {element:?}"))),
     }
@@ -114,8 +118,8 @@ impl Device {
     /// back to the system ([`host_pages::zero`]), so they read as zeros and cost a page fault
     /// only where a dispatch first touches them. Elsewhere (a GPU) it is a copy of zeros.
     pub fn zeros(&self, element: ElementType, shape: &[usize]) -> Result<BufferView> {
-        let len = shape.iter().try_fold(element.size(), |n, &d| n.checked_mul(d));
-        let len = len.ok_or_else(|| Error::new(format!("a {shape:?} tensor of {element:?} is too large")))?;
+        let len = tensor_bytes(shape, element)
+            .ok_or_else(|| Error::new(format!("a {shape:?} tensor of {element:?} is too large")))?;
         if !self.host_memory() || len == 0 {
             return self.upload(&vec![0u8; len], element, shape);
         }

@@ -129,15 +129,22 @@ impl Buffer {
     /// The plugin's buffers must be host memory (a CPU plugin's, whose [`Buffer::device_address`]
     /// is a host address), and no computation may be reading or writing this buffer.
     pub unsafe fn zero_host_memory(&self) -> Result<()> {
+        let (address, len) = self.ready_memory()?;
+        // SAFETY: by the caller's promise the buffer's `len` bytes at `address` are host memory
+        // that nothing else touches now.
+        unsafe { std::ptr::write_bytes(address, 0, len) };
+        Ok(())
+    }
+
+    /// Once the buffer's contents are ready, the address and size of its memory on the device
+    /// (host memory on a CPU plugin); an error for a buffer without an address.
+    pub(crate) fn ready_memory(&self) -> Result<(*mut u8, usize)> {
         self.wait_ready()?;
         let (address, len) = (self.device_address()?, self.on_device_size()?);
         if address == 0 {
             return Err(PjrtError::InvalidArgument("a buffer without an address".into()));
         }
-        // SAFETY: by the caller's promise the buffer's `len` bytes at `address` are host memory
-        // that nothing else touches now.
-        unsafe { std::ptr::write_bytes(address as *mut u8, 0, len) };
-        Ok(())
+        Ok((address as *mut u8, len))
     }
 
     /// The address of the buffer's memory on its device (a host address on a CPU plugin): what

@@ -207,17 +207,16 @@ impl Client {
         });
         call!(self.plugin, PJRT_Client_CreateUninitializedBuffer, &mut a)?;
         let buffer = Buffer { client: Arc::clone(self), raw: a.buffer, lent: None };
-        buffer.wait_ready()?;
-        let (address, len) = (buffer.device_address()?, buffer.on_device_size()?);
+        let (address, len) = buffer.ready_memory()?;
         let expected = dims.iter().product::<usize>() * element.size();
-        if address == 0 || len < expected {
+        if len < expected {
             return Err(PjrtError::InvalidArgument(format!(
-                "a new {element:?} buffer of shape {dims:?} at address {address:#x} of {len} bytes"
+                "a new {element:?} buffer of shape {dims:?} of {len} bytes ({expected} expected)"
             )));
         }
         // SAFETY: by the caller's promise the address is host memory; the buffer is new, so
         // nothing else reads or writes its `len` bytes.
-        unsafe { host_pages::zero(address as *mut u8, len) };
+        unsafe { host_pages::zero(address, len) };
         Ok(buffer)
     }
 
