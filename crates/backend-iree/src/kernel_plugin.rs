@@ -22,7 +22,7 @@ use cpu_kernels::{
     LinearWeights,
 };
 use graph_engine::linear_kernels::format::{F16, INT4, INT4_PANELS, INT8_PANELS};
-use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
+use graph_engine::linear_kernels::input::{ATTENTION_PARTS, RMS_NORM, ROWS};
 use graph_engine::linear_kernels::{linear_entry, LinearEntry};
 use llama_model::home;
 use sha2::{Digest, Sha256};
@@ -228,10 +228,12 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
     _reserved: *mut c_void,
 ) -> c_int {
     let inputs = match INPUT {
-        ROWS => 1,
+        ROWS | ATTENTION_PARTS => 1,
         RMS_NORM => 3,
         _ => 2,
     };
+    // Words: tokens, k, n (and heads, for attention parts), then this workgroup's share.
+    let share = if INPUT == ATTENTION_PARTS { 4 } else { 3 };
     let weight_operands = match FORMAT {
         F16 => 1,
         INT4 | INT4_PANELS => 3,
@@ -241,32 +243,40 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
     let result = rows_operand + 1;
     let p = Packed(params as *const usize);
     guarded(|| {
-        // SAFETY: the executable passes `result + 1` pointer/offset pairs and five words, over
-        // buffers of the shapes the graph emitter gave the dispatch: inputs `[tokens, k]`
-        // (RMSNorm: norm `[k]`, eps `[]`), weights of `n` rows, residual and result
-        // `[tokens, n]`, rows `[]`; this workgroup alone writes its columns of the result.
+        // SAFETY: the executable passes `result + 1` pointer/offset pairs and `share + 2` words,
+        // over buffers of the shapes the graph emitter gave the dispatch: inputs `[tokens, k]`
+        // (RMSNorm: norm `[k]`, eps `[]`; attention parts `[tokens, P * heads, 2 + k / heads]`),
+        // weights of `n` rows, residual and result `[tokens, n]`, rows `[]`; this workgroup
+        // alone writes its columns of the result.
         unsafe {
             let (tokens, k, n, row0, count) = (
                 p.word(result + 1, 0),
                 p.word(result + 1, 1),
                 p.word(result + 1, 2),
-                p.word(result + 1, 3),
-                p.word(result + 1, 4),
+                p.word(result + 1, share),
+                p.word(result + 1, share + 1),
             );
             if (FORMAT == INT4_PANELS || FORMAT == INT8_PANELS) && row0 % cpu_kernels::PANEL_ROWS != 0 {
                 // A share that starts inside a panel cannot be sliced out of it.
                 return false;
             }
             let real = usize::try_from(p.operand::<i32>(rows_operand, 1)[0]).unwrap_or(0).min(tokens);
-            let x = p.operand::<f32>(0, tokens * k);
             let input = match INPUT {
-                ROWS => LinearInput::Rows(&x[..real * k]),
+                ATTENTION_PARTS => {
+                    let heads = p.word(result + 1, 3);
+                    if heads == 0 || k % heads != 0 {
+                        return false;
+                    }
+                    let per_token = cpu_kernels::DECODE_PARTS * heads * (2 + k / heads);
+                    LinearInput::AttentionParts { parts: p.operand::<f32>(0, real * per_token), heads }
+                }
+                ROWS => LinearInput::Rows(p.operand::<f32>(0, real * k)),
                 RMS_NORM => LinearInput::RmsNorm {
-                    x: &x[..real * k],
+                    x: p.operand::<f32>(0, real * k),
                     weight: p.operand::<f32>(1, k),
                     eps: p.operand::<f32>(2, 1)[0],
                 },
-                _ => LinearInput::SwiGlu { gate: &x[..real * k], up: &p.operand::<f32>(1, tokens * k)[..real * k] },
+                _ => LinearInput::SwiGlu { gate: p.operand::<f32>(0, real * k), up: p.operand::<f32>(1, real * k) },
             };
             let groups = k / cpu_kernels::GROUP_SIZE;
             let w = inputs;
@@ -478,13 +488,15 @@ unsafe fn write_heads<E: CacheElement>(p: &Packed) -> bool {
 
 /// One workgroup's share of a decode's attention, one sequence's or a batch's
 /// (`stablehlo_llama::attention_decode_many_target`): `(q f32[S, H, D], positions i32[S], k f32[S,
-/// KVH, D], v f32[S, KVH, D], keys_0 [KVH, D, C], values_0 [KVH, C, D], ...) -> f32[S, H, D]`, the
-/// caches (f32 or f16) being the dispatch's tied operands. The workgroup's query heads
-/// `first..first + count` of the `S * H` in the batch are whole KV heads' groups: for each, it writes that KV
-/// head's new entry of its sequence at the sequence's position, then attends for that KV head's
-/// query heads in one kernel call, which reads its keys and values once for all of them (ADR
-/// 0031): each sequence gets the numbers it gets alone. `context` is `S`, as the import's table
-/// entry gives it.
+/// KVH, D], v f32[S, KVH, D], keys_0 [KVH, D, C], values_0 [KVH, C, D], ...) -> parts f32[S, P * H,
+/// 2 + D]`, the caches (f32 or f16) being the dispatch's tied operands. The workgroup's units
+/// `first..first + count` of the `S * KVH * P` are spans of KV heads (unit `u`: span `u % P` of KV
+/// head `u / P % KVH` of sequence `u / (P * KVH)`): for each, it writes that KV head's new entry
+/// of its sequence at the sequence's position if the span holds that position, then attends over
+/// the span for that KV head's query heads in one kernel call, which reads its keys and values
+/// once for all of them (ADR 0031), and leaves the span's softmax parts for the output
+/// projection to merge (`cpu_kernels::merge_decode_parts`). `context` is `S`, as the import's
+/// table entry gives it.
 unsafe extern "C" fn attention_many(params: *mut c_void, context: *mut c_void, _reserved: *mut c_void) -> c_int {
     let p = Packed(params as *const usize);
     let sequences = context as usize;
@@ -502,47 +514,53 @@ unsafe extern "C" fn attention_many(params: *mut c_void, context: *mut c_void, _
 /// # Safety
 /// `p` is the packed arguments of that import for this batch size, its caches of `E`.
 unsafe fn attend_many<E: CacheElement>(p: &Packed, sequences: usize) -> bool {
+    const P: usize = cpu_kernels::DECODE_PARTS;
+    const _: () = assert!(P == stablehlo_llama::ATTENTION_DECODE_PARTS);
     let result = 4 + 2 * sequences;
     // SAFETY: the executable of this batch size passes `result + 1` pointer/offset pairs
     // and eight words, over buffers of the shapes the graph emitter gave the dispatch (its
-    // words, the caches of `E`); this workgroup alone writes its heads' rows of the result
-    // and its KV heads' parts of its sequences' caches (whole groups, checked below), and
-    // reads nothing of the caches but those parts.
+    // words, the caches of `E`); this workgroup alone writes its units' parts of the result,
+    // and the entries of the KV heads whose last span it takes (the only unit that reads
+    // them); no unit reads a cache position another unit writes.
     unsafe {
         let word = |i| p.word(result + 1, i);
         let (batch, heads, kv_heads, d, capacity, first, count) =
             (word(0), word(1), word(2), word(3), word(4), word(6), word(7));
-        if batch != sequences || kv_heads == 0 || heads % kv_heads != 0 || first + count > sequences * heads {
+        if batch != sequences || kv_heads == 0 || heads % kv_heads != 0 || first + count > sequences * kv_heads * P {
             return false;
         }
         let group = heads / kv_heads;
-        if first % group != 0 || count % group != 0 {
-            return false;
-        }
         let per = heads * d;
+        let stride = 2 + d;
         let q = p.operand::<f32>(0, sequences * per);
         let positions = p.operand::<i32>(1, sequences);
         let (k, v) = (p.operand::<f32>(2, sequences * kv_heads * d), p.operand::<f32>(3, sequences * kv_heads * d));
-        let out = p.operand_mut::<f32>(result);
+        let parts = p.operand_mut::<f32>(result);
         let span = d * capacity;
         let one = AttentionShape { heads: group, kv_heads: 1, head_dim: d, capacity };
-        for h in (first..first + count).step_by(group) {
-            let (s, kvh) = (h / heads, h % heads / group);
+        for unit in first..first + count {
+            let (s, kvh, part) = (unit / (P * kv_heads), unit / P % kv_heads, unit % P);
             let Ok(position) = usize::try_from(positions[s]) else { return false };
-            // This KV head's part of the sequence's caches, which no other workgroup touches.
-            let (keys, values) = p.head_caches::<E>(4 + 2 * s, kvh, span);
-            let entry = (s * kv_heads + kvh) * d..(s * kv_heads + kvh + 1) * d;
-            // `write_cache_entries` refuses a position outside the caches.
-            if cpu_kernels::write_cache_entries(one, keys, values, (&k[entry.clone()], &v[entry]), position, 1).is_err()
-            {
+            if position >= capacity {
                 return false;
             }
-            let out = std::slice::from_raw_parts_mut(out.add(h * d), group * d);
-            let q = &q[h * d..(h + group) * d];
-            let ok = ONE_THREAD.with(|pool| {
-                cpu_kernels::attention_decode(isa(), pool, one, q, keys, values, position + 1, out).is_ok()
-            });
-            if !ok {
+            let (keys, values) = p.head_caches::<E>(4 + 2 * s, kvh, span);
+            // The last span that holds positions holds the new one: a context of one span
+            // has it in span 0, of two in span 1 (spans hold whole runs from 0 up).
+            if cpu_kernels::decode_spans(isa(), one, position + 1) == part + 1 {
+                let entry = (s * kv_heads + kvh) * d..(s * kv_heads + kvh + 1) * d;
+                if cpu_kernels::write_cache_entries(one, keys, values, (&k[entry.clone()], &v[entry]), position, 1)
+                    .is_err()
+                {
+                    return false;
+                }
+            }
+            let q = &q[s * per + kvh * group * d..s * per + (kvh + 1) * group * d];
+            let out = std::slice::from_raw_parts_mut(
+                parts.add(((s * P + part) * heads + kvh * group) * stride),
+                group * stride,
+            );
+            if cpu_kernels::attention_decode_part(isa(), one, q, keys, values, position + 1, part, out).is_err() {
                 return false;
             }
         }

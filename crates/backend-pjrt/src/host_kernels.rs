@@ -16,7 +16,7 @@ use cpu_kernels::{
     LinearWeights, StepEntries,
 };
 use graph_engine::linear_kernels::format::{INT4, INT4_PANELS, INT8, INT8_PANELS};
-use graph_engine::linear_kernels::input::{RMS_NORM, ROWS};
+use graph_engine::linear_kernels::input::{ATTENTION_PARTS, RMS_NORM, ROWS, SWIGLU};
 use graph_engine::linear_kernels::{linear_entry, LinearEntry};
 use pjrt_runtime::ffi::{dtype, Buffer, CallFrame, Handler, XlaError};
 use pjrt_runtime::Plugin;
@@ -169,19 +169,32 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
             // and lay out the same input: the first call prepares it, the next ones take it.
             cpu_kernels::set_input_reuse(true);
             let first = frame.arg(0)?;
-            let (tokens, k) = rows_cols(first, "input")?;
-            let x = elements::<f32>(first, dtype::F32, &[tokens, k], "input")?;
-            let (input, mut next) = match INPUT {
-                ROWS => (LinearInput::Rows(x), 1),
-                RMS_NORM => {
-                    let weight = elements::<f32>(frame.arg(1)?, dtype::F32, &[k], "norm weight")?;
-                    let eps = elements::<f32>(frame.arg(2)?, dtype::F32, &[], "eps")?;
-                    (LinearInput::RmsNorm { x, weight, eps: eps[0] }, 3)
-                }
-                _ => {
-                    let up = elements::<f32>(frame.arg(1)?, dtype::F32, &[tokens, k], "up")?;
-                    (LinearInput::SwiGlu { gate: x, up }, 2)
-                }
+            let (input, tokens, k, mut next) = if INPUT == ATTENTION_PARTS {
+                // [T, P * H, 2 + D]: merged, the product's input is [T, H * D].
+                let (tokens, rows, stride) = match first.dims()[..] {
+                    [t, rows, stride] if stride > 2 && rows % cpu_kernels::DECODE_PARTS == 0 => (t, rows, stride),
+                    _ => return Err("attention parts: not [tokens, parts * heads, 2 + head_dim]".into()),
+                };
+                let parts = elements::<f32>(first, dtype::F32, &[tokens, rows, stride], "attention parts")?;
+                let heads = rows / cpu_kernels::DECODE_PARTS;
+                (LinearInput::AttentionParts { parts, heads }, tokens, heads * (stride - 2), 1)
+            } else {
+                let (tokens, k) = rows_cols(first, "input")?;
+                let x = elements::<f32>(first, dtype::F32, &[tokens, k], "input")?;
+                let (input, next) = match INPUT {
+                    ROWS => (LinearInput::Rows(x), 1),
+                    RMS_NORM => {
+                        let weight = elements::<f32>(frame.arg(1)?, dtype::F32, &[k], "norm weight")?;
+                        let eps = elements::<f32>(frame.arg(2)?, dtype::F32, &[], "eps")?;
+                        (LinearInput::RmsNorm { x, weight, eps: eps[0] }, 3)
+                    }
+                    SWIGLU => {
+                        let up = elements::<f32>(frame.arg(1)?, dtype::F32, &[tokens, k], "up")?;
+                        (LinearInput::SwiGlu { gate: x, up }, 2)
+                    }
+                    other => return Err(format!("linear input {other} is not seam's")),
+                };
+                (input, tokens, k, next)
             };
             let first_weight = frame.arg(next)?;
             let (n, _) = rows_cols(first_weight, "weights")?;
@@ -231,6 +244,9 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                 LinearInput::RmsNorm { x, weight, eps } => LinearInput::RmsNorm { x: &x[..real * k], weight, eps },
                 LinearInput::SwiGlu { gate, up } => {
                     LinearInput::SwiGlu { gate: &gate[..real * k], up: &up[..real * k] }
+                }
+                LinearInput::AttentionParts { parts, heads } => {
+                    LinearInput::AttentionParts { parts: &parts[..parts.len() / tokens.max(1) * real], heads }
                 }
             };
             let residual = residual.map(|r| &r[..real * n]);

@@ -654,6 +654,146 @@ fn merge<'a>(spans: usize, part: impl Fn(usize) -> &'a [f32], out: &mut [f32]) {
     }
 }
 
+/// The most spans [`attention_decode_part`] splits one decode attention into: the parts a caller
+/// lays out per query (`[DECODE_PARTS, heads, 2 + head_dim]`, the unused ones marked empty).
+pub const DECODE_PARTS: usize = 2;
+
+/// Part `part` of one query position's attention for the query heads of one KV head: `shape`
+/// is that KV head's (`kv_heads` 1, `heads` its group), `q` `[heads, head_dim]`, `keys` and
+/// `values` its caches (layouts as [`attention_decode`]), `len` the positions attended to. The
+/// positions split into at most [`DECODE_PARTS`] spans by the rule a one-thread
+/// [`attention_decode`] splits them by; `out` (`[heads, 2 + head_dim]`) gets, per head, the
+/// span's largest scaled score, the sum of the exponentials relative to it, and the values
+/// weighted by them, or an empty part (sum 0) when the context has fewer spans. Merged by
+/// [`merge_decode_parts`], the parts give the numbers of a one-thread [`attention_decode`] over
+/// the same one-KV-head `shape`:
+/// so a runtime can attend for a KV head's spans on different threads and merge later, where a
+/// call per KV head would leave threads idle (three KV heads on two threads).
+#[allow(clippy::too_many_arguments)] // the arrays of one attention, each with its own layout
+pub fn attention_decode_part<E: CacheElement>(
+    isa: Isa,
+    shape: AttentionShape,
+    q: &[f32],
+    keys: &[E],
+    values: &[E],
+    len: usize,
+    part: usize,
+    out: &mut [f32],
+) -> Result<(), ShapeError> {
+    let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
+    if kv_heads != 1 {
+        return Err(ShapeError(format!("a decode part is one KV head's, not {kv_heads}'s")));
+    }
+    if len == 0 || len > c || part >= DECODE_PARTS {
+        return Err(ShapeError(format!("part {part} of attention over {len} positions of a {c}-position cache")));
+    }
+    check_len("query", q.len(), heads * d)?;
+    check_len("keys", keys.len(), d * c)?;
+    check_len("values", values.len(), c * d)?;
+    check_len("part", out.len(), heads * (2 + d))?;
+    let isa = if isa.is_supported() { isa } else { Isa::Scalar };
+    let path = Grouped::of(isa, d);
+    let plan = decode_plan(path, shape, len);
+    if part >= plan.spans {
+        for head in out.chunks_exact_mut(2 + d) {
+            head[0] = f32::NEG_INFINITY;
+            head[1..].fill(0.0);
+        }
+        return Ok(());
+    }
+    let span = part * plan.span..len.min((part + 1) * plan.span);
+    let scale = 1.0 / (d as f32).sqrt();
+    SCORES.with(|scores| {
+        let mut scores = scores.borrow_mut();
+        match path {
+            Some(path) => {
+                let per_pass = path.heads_per_pass(d);
+                let need = per_pass * span.len().next_multiple_of(16);
+                if scores.len() < need {
+                    scores.resize(need, 0.0);
+                }
+                for first in (0..heads).step_by(per_pass) {
+                    let n = per_pass.min(heads - first);
+                    // SAFETY: `Grouped::of` chose the path for this CPU and head size; the
+                    // caches are one KV head's (checked above), the span non-empty and inside
+                    // them, and `scores` long enough for `n` heads over it.
+                    unsafe {
+                        path.attend_heads(
+                            &q[first * d..(first + n) * d],
+                            keys,
+                            values,
+                            c,
+                            span.clone(),
+                            scale,
+                            &mut scores,
+                            &mut out[first * (2 + d)..(first + n) * (2 + d)],
+                        );
+                    }
+                }
+            }
+            None => WIDENED.with(|widened| {
+                let (wide_keys, wide_values) = &mut *widened.borrow_mut();
+                let one = AttentionShape { heads: 1, ..shape };
+                widen_visible(one, len, (keys, values), (wide_keys, wide_values));
+                if scores.len() < len {
+                    scores.resize(len, 0.0);
+                }
+                for (h, head) in out.chunks_exact_mut(2 + d).enumerate() {
+                    let (qh, (stats, weighted)) = (&q[h * d..(h + 1) * d], head.split_at_mut(2));
+                    let (max, sum) = scalar::attend_part(
+                        qh,
+                        wide_keys,
+                        wide_values,
+                        len,
+                        span.clone(),
+                        scale,
+                        &mut scores,
+                        weighted,
+                    );
+                    (stats[0], stats[1]) = (max, sum);
+                }
+            }),
+        }
+    });
+    Ok(())
+}
+
+/// How many of the [`DECODE_PARTS`] parts [`attention_decode_part`] fills for one KV head of
+/// `shape` attending over `len` positions: the last of them holds position `len - 1`.
+pub fn decode_spans(isa: Isa, shape: AttentionShape, len: usize) -> usize {
+    let isa = if isa.is_supported() { isa } else { Isa::Scalar };
+    decode_plan(Grouped::of(isa, shape.head_dim), shape, len).spans
+}
+
+/// The spans of a one-thread decode attention over `len` positions for the query heads of one KV
+/// head, in `path`'s registers: the scalar path never splits (as `attention_decode`'s, which
+/// it matches).
+fn decode_plan(path: Option<Grouped>, shape: AttentionShape, len: usize) -> Spans {
+    match path {
+        Some(path) => Spans::of(shape.heads.div_ceil(path.heads_per_pass(shape.head_dim)), len, 1),
+        None => Spans { spans: 1, span: len.max(1) },
+    }
+}
+
+/// The attention output of each of `heads` query heads (`[heads, d]` into `out`) from their
+/// [`DECODE_PARTS`] parts (`parts` `[DECODE_PARTS, heads, 2 + d]`, as [`attention_decode_part`]
+/// writes them): the numbers [`attention_decode`] gives on one thread for each KV head alone.
+pub fn merge_decode_parts(parts: &[f32], heads: usize, d: usize, out: &mut [f32]) -> Result<(), ShapeError> {
+    let stride = 2 + d;
+    check_len("parts", parts.len(), DECODE_PARTS * heads * stride)?;
+    check_len("output", out.len(), heads * d)?;
+    for (h, out) in out.chunks_exact_mut(d).enumerate() {
+        let part = |at: usize| &parts[(at * heads + h) * stride..(at * heads + h + 1) * stride];
+        // The spans a context has come first; an empty part (sum 0) ends them.
+        let spans = (0..DECODE_PARTS).take_while(|&at| part(at)[1] > 0.0).count();
+        if spans == 0 {
+            return Err(ShapeError(format!("head {h} has no part with any position")));
+        }
+        merge(spans, part, out);
+    }
+    Ok(())
+}
+
 pub(crate) struct OutPtr(*mut f32);
 impl OutPtr {
     fn get(&self) -> *mut f32 {

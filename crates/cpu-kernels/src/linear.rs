@@ -20,6 +20,10 @@ pub enum LinearInput<'a> {
     RmsNorm { x: &'a [f32], weight: &'a [f32], eps: f32 },
     /// `silu(gate) * up`, element-wise, with `silu(g) = g / (1 + exp(-g))`.
     SwiGlu { gate: &'a [f32], up: &'a [f32] },
+    /// Decode attention's output for `heads` query heads, from its parts
+    /// (`[tokens, DECODE_PARTS, heads, 2 + cols / heads]`, as
+    /// [`crate::attention_decode_part`] writes them), merged by [`crate::merge_decode_parts`].
+    AttentionParts { parts: &'a [f32], heads: usize },
 }
 
 /// The weights of a linear layer; int4 and int8 weights with how the product takes its
@@ -101,6 +105,25 @@ pub fn linear(
                 run(&p.values, out)
             })?
         }
+        LinearInput::AttentionParts { parts, heads } => {
+            if heads == 0 || k % heads != 0 {
+                return Err(ShapeError(format!("{k} columns do not split into {heads} heads")));
+            }
+            let d = k / heads;
+            let per_token = crate::DECODE_PARTS * heads * (2 + d);
+            check_len("attention parts", parts.len(), tokens * per_token)?;
+            PREPARED.with(|p| {
+                let key = [3, tokens as u64, k as u64, heads as u64];
+                if !p.source.matches(&key, &[parts]) {
+                    p.values.resize(tokens * k, 0.0);
+                    for (parts, out) in parts.chunks_exact(per_token).zip(p.values.chunks_exact_mut(k)) {
+                        crate::merge_decode_parts(parts, heads, d, out)?;
+                    }
+                    p.source.remember(&key, &[parts]);
+                }
+                run(&p.values, out)
+            })?
+        }
         LinearInput::SwiGlu { gate, up } => {
             check_len("gate", gate.len(), tokens * k)?;
             check_len("up", up.len(), tokens * k)?;
@@ -165,6 +188,47 @@ mod tests {
         let mean_square = x.iter().map(|v| v * v).sum::<f32>() / x.len() as f32;
         let inv = 1.0 / (mean_square + eps).sqrt();
         x.iter().zip(weight).map(|(&v, &w)| w * (v * inv)).collect()
+    }
+
+    #[test]
+    fn attention_parts_are_merged_before_the_product() {
+        use crate::{merge_decode_parts, DECODE_PARTS};
+        let (heads, d, n, tokens) = (3, 32, 5, 2);
+        let k = heads * d;
+        let stride = 2 + d;
+        // Per token: the first span filled, the second filled for token 0 and empty for token 1.
+        let mut parts = vec![0.0f32; tokens * DECODE_PARTS * heads * stride];
+        for (i, p) in parts.iter_mut().enumerate() {
+            *p = ((i * 37 % 101) as f32 - 50.0) / 25.0;
+        }
+        for t in 0..tokens {
+            for at in 0..DECODE_PARTS {
+                for h in 0..heads {
+                    let row = &mut parts[((t * DECODE_PARTS + at) * heads + h) * stride..][..stride];
+                    row[1] = if t == 1 && at == 1 { 0.0 } else { 1.0 + h as f32 };
+                    if row[1] == 0.0 {
+                        row[0] = f32::NEG_INFINITY;
+                        row[2..].fill(0.0);
+                    }
+                }
+            }
+        }
+        let mut merged = vec![0.0; tokens * k];
+        for (p, m) in parts.chunks_exact(DECODE_PARTS * heads * stride).zip(merged.chunks_exact_mut(k)) {
+            merge_decode_parts(p, heads, d, m).unwrap();
+        }
+        let data: Vec<u16> = (0..n * k).map(|i| half::f16::from_f32((i % 13) as f32 / 13.0 - 0.5).to_bits()).collect();
+        let w = LinearWeights::F16(crate::F16Matrix { rows: n, cols: k, data: &data });
+        let pool = Pool::new(1);
+        let (mut want, mut got) = (vec![0.0; tokens * n], vec![0.0; tokens * n]);
+        linear(Isa::best(), &pool, LinearInput::Rows(&merged), tokens, w, None, &mut want).unwrap();
+        let input = LinearInput::AttentionParts { parts: &parts, heads };
+        linear(Isa::best(), &pool, input, tokens, w, None, &mut got).unwrap();
+        assert!(got.iter().zip(&want).all(|(a, b)| a.to_bits() == b.to_bits()));
+        let short = LinearInput::AttentionParts { parts: &parts[1..], heads };
+        assert!(linear(Isa::best(), &pool, short, tokens, w, None, &mut got).is_err());
+        let uneven = LinearInput::AttentionParts { parts: &parts, heads: 5 };
+        assert!(linear(Isa::best(), &pool, uneven, tokens, w, None, &mut got).is_err());
     }
 
     #[test]

@@ -47,11 +47,33 @@ pub fn attend_one(
     scores: &mut [f32],
     out: &mut [f32],
 ) {
+    let (_, total) = attend_part(q, keys, values, c, 0..len, scale, scores, out);
+    let inv = 1.0 / total;
+    for o in out.iter_mut() {
+        *o *= inv;
+    }
+}
+
+/// The softmax of [`attend_one`] over positions `span` only, left unnormalized: the values
+/// weighted by `exp(score - max)` go to `out` `[D]`; returns the span's largest scaled score and
+/// the sum of those exponentials. `scores` is scratch of at least the span's length.
+#[allow(clippy::too_many_arguments)]
+#[inline(always)]
+pub fn attend_part(
+    q: &[f32],
+    keys: &[f32],
+    values: &[f32],
+    c: usize,
+    span: std::ops::Range<usize>,
+    scale: f32,
+    scores: &mut [f32],
+    out: &mut [f32],
+) -> (f32, f32) {
     let d = q.len();
-    let scores = &mut scores[..len];
+    let scores = &mut scores[..span.len()];
     scores.fill(0.0);
     for (j, &qj) in q.iter().enumerate() {
-        let row = &keys[j * c..j * c + len];
+        let row = &keys[j * c + span.start..j * c + span.end];
         for (s, &k) in scores.iter_mut().zip(row) {
             *s += qj * k;
         }
@@ -67,16 +89,13 @@ pub fn attend_one(
         total += *s;
     }
     out.fill(0.0);
-    for (pos, &p) in scores.iter().enumerate() {
+    for (pos, &p) in (span.start..).zip(scores.iter()) {
         let row = &values[pos * d..pos * d + d];
         for (o, &v) in out.iter_mut().zip(row) {
             *o += p * v;
         }
     }
-    let inv = 1.0 / total;
-    for o in out.iter_mut() {
-        *o *= inv;
-    }
+    (max, total)
 }
 
 /// The first index of the largest value of `values`, NaN never the largest, 0 when no value is

@@ -3,8 +3,9 @@
 
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{
-    argmax_rows, attention_causal, attention_decode, attention_decode_batch, matmul_f16, matmul_int4, matmul_int8,
-    scalar, AttentionShape, CausalQueries, F16Matrix, Int4Matrix, Int8Matrix, Isa, StepEntries, GROUP_SIZE,
+    argmax_rows, attention_causal, attention_decode, attention_decode_batch, attention_decode_part, decode_spans,
+    matmul_f16, matmul_int4, matmul_int8, merge_decode_parts, scalar, AttentionShape, CacheElement, CausalQueries,
+    F16Matrix, Int4Matrix, Int8Matrix, Isa, StepEntries, DECODE_PARTS, GROUP_SIZE,
 };
 use half::f16;
 
@@ -486,6 +487,94 @@ fn causal_attention_matches_scalar_row_by_row_and_reads_only_visible_positions()
 
 /// `cache` rounded to f16, and those rounded values widened back: an f16 cache and the f32 cache
 /// that holds the same entries (NaN stays NaN).
+/// One KV head's decode parts, merged, against the one-thread `attention_decode` of that head:
+/// the same bits, the unused parts empty, and no part but the last filled one reading the
+/// newest position (the one a runtime writes just before, in the unit of that part).
+fn decode_parts_match_one_thread<E: CacheElement>(isa: Isa, shape: AttentionShape, len: usize, seed: u64) {
+    let mut rng = Rng(seed);
+    let AttentionShape { heads, kv_heads, head_dim: d, capacity: c } = shape;
+    let group = heads / kv_heads;
+    let (keys, values) = cache_filled_to(&mut rng, shape, len);
+    let to_e = |x: &[f32]| {
+        let mut out = vec![E::default(); x.len()];
+        E::round_into(x, &mut out);
+        out
+    };
+    let (keys, values) = (to_e(&keys), to_e(&values));
+    let q: Vec<f32> = (0..heads * d).map(|_| rng.f32()).collect();
+    let one = AttentionShape { heads: group, kv_heads: 1, head_dim: d, capacity: c };
+    let spans = decode_spans(isa, one, len);
+    assert!((1..=DECODE_PARTS).contains(&spans));
+    // The newest position poisoned, for the parts before the last filled one.
+    let (mut poisoned_keys, mut poisoned_values) = (keys.clone(), values.clone());
+    for kvh in 0..kv_heads {
+        for j in 0..d {
+            poisoned_keys[(kvh * d + j) * c + len - 1] = E::from_f32(f32::NAN);
+        }
+        for j in 0..d {
+            poisoned_values[(kvh * c + len - 1) * d + j] = E::from_f32(f32::NAN);
+        }
+    }
+    for kvh in 0..kv_heads {
+        let stride = 2 + d;
+        let mut parts = vec![f32::NAN; DECODE_PARTS * group * stride];
+        for part in 0..DECODE_PARTS {
+            let (k, v) = if part + 1 < spans { (&poisoned_keys, &poisoned_values) } else { (&keys, &values) };
+            let head = |x: &[E], span: usize| x[kvh * span..(kvh + 1) * span].to_vec();
+            let out = &mut parts[part * group * stride..(part + 1) * group * stride];
+            let qk = &q[kvh * group * d..(kvh + 1) * group * d];
+            attention_decode_part(isa, one, qk, &head(k, d * c), &head(v, c * d), len, part, out).unwrap();
+            let filled = out.chunks_exact(stride).all(|h| h[1] > 0.0 && h.iter().all(|x| !x.is_nan()));
+            let empty = out.chunks_exact(stride).all(|h| h[1] == 0.0);
+            assert!(if part < spans { filled } else { empty }, "{isa:?} {shape:?} len {len} part {part}");
+        }
+        let mut got = vec![f32::NAN; group * d];
+        merge_decode_parts(&parts, group, d, &mut got).unwrap();
+        let mut want = vec![f32::NAN; group * d];
+        let (k, v) = (&keys[kvh * d * c..(kvh + 1) * d * c], &values[kvh * c * d..(kvh + 1) * c * d]);
+        let qk = &q[kvh * group * d..(kvh + 1) * group * d];
+        attention_decode(isa, &Pool::new(1), one, qk, k, v, len, &mut want).unwrap();
+        assert!(
+            same_bits(&got, &want),
+            "{isa:?} {shape:?} len {len} KV head {kvh}: {:?} vs {:?}",
+            &got[..4],
+            &want[..4]
+        );
+    }
+}
+
+#[test]
+fn decode_parts_merged_give_the_one_thread_attention_bit_for_bit() {
+    for &(heads, kv_heads, d, c, len) in &[
+        (9, 3, 64, 100, 1),
+        (9, 3, 64, 2100, 37),
+        (9, 3, 64, 2100, 1023),
+        (9, 3, 64, 2100, 1024),
+        (9, 3, 64, 2100, 1900),
+        (32, 8, 64, 1500, 1400),
+        (28, 4, 128, 1300, 1290),
+        (8, 2, 16, 300, 131),
+        (4, 1, 128, 600, 77),
+    ] {
+        let shape = AttentionShape { heads, kv_heads, head_dim: d, capacity: c };
+        for isa in Isa::supported() {
+            decode_parts_match_one_thread::<f32>(isa, shape, len, 5 + len as u64);
+            decode_parts_match_one_thread::<f16>(isa, shape, len, 7 + len as u64);
+        }
+    }
+    // Shapes that disagree are errors, not panics.
+    let one = AttentionShape { heads: 3, kv_heads: 1, head_dim: 64, capacity: 16 };
+    let (q, keys, mut out) = (vec![0.0; 3 * 64], vec![0.0f32; 64 * 16], vec![0.0; 3 * 66]);
+    assert!(attention_decode_part(Isa::best(), one, &q, &keys, &keys, 17, 0, &mut out).is_err());
+    assert!(attention_decode_part(Isa::best(), one, &q, &keys, &keys, 0, 0, &mut out).is_err());
+    assert!(attention_decode_part(Isa::best(), one, &q, &keys, &keys, 4, DECODE_PARTS, &mut out).is_err());
+    assert!(attention_decode_part(Isa::best(), one, &q, &keys, &keys, 4, 0, &mut out[1..]).is_err());
+    let two = AttentionShape { kv_heads: 2, ..one };
+    assert!(attention_decode_part(Isa::best(), two, &q, &keys, &keys, 4, 0, &mut out).is_err());
+    let empty = vec![0.0; DECODE_PARTS * 3 * 66];
+    assert!(merge_decode_parts(&empty, 3, 64, &mut vec![0.0; 3 * 64]).is_err());
+}
+
 fn rounded(cache: &[f32]) -> (Vec<f16>, Vec<f32>) {
     let half: Vec<f16> = cache.iter().map(|&x| f16::from_f32(x)).collect();
     let wide = half.iter().map(|x| x.to_f32()).collect();

@@ -26,6 +26,7 @@ pub mod input {
     pub const ROWS: u8 = 0;
     pub const RMS_NORM: u8 = 1;
     pub const SWIGLU: u8 = 2;
+    pub const ATTENTION_PARTS: u8 = 3;
 }
 
 /// A runtime's generic entry point for linear targets.
@@ -43,7 +44,7 @@ pub trait LinearEntry {
 pub fn linear_entry<E: LinearEntry>(target: &LinearTarget) -> E::Entry {
     let LinearTarget { format, input, residual, activations, order, .. } = *target;
     fn of<E: LinearEntry, const FORMAT: u8, const Q8: bool>(input: KernelInput, residual: bool) -> E::Entry {
-        use self::input::{RMS_NORM, ROWS, SWIGLU};
+        use self::input::{ATTENTION_PARTS, RMS_NORM, ROWS, SWIGLU};
         match (input, residual) {
             (KernelInput::Rows, false) => E::instance::<FORMAT, ROWS, false, Q8>(),
             (KernelInput::Rows, true) => E::instance::<FORMAT, ROWS, true, Q8>(),
@@ -51,6 +52,8 @@ pub fn linear_entry<E: LinearEntry>(target: &LinearTarget) -> E::Entry {
             (KernelInput::RmsNorm, true) => E::instance::<FORMAT, RMS_NORM, true, Q8>(),
             (KernelInput::SwiGlu, false) => E::instance::<FORMAT, SWIGLU, false, Q8>(),
             (KernelInput::SwiGlu, true) => E::instance::<FORMAT, SWIGLU, true, Q8>(),
+            (KernelInput::AttentionParts, false) => E::instance::<FORMAT, ATTENTION_PARTS, false, Q8>(),
+            (KernelInput::AttentionParts, true) => E::instance::<FORMAT, ATTENTION_PARTS, true, Q8>(),
         }
     }
     use KernelActivations::{Exact, Int8};
@@ -97,6 +100,6 @@ mod tests {
             assert_eq!((f, r, q8), (want, target.residual, rounds), "{target:?}");
             assert!(seen.insert((f, i, r, q8)), "{target:?}");
         }
-        assert_eq!(seen.len(), 54);
+        assert_eq!(seen.len(), 72);
     }
 }

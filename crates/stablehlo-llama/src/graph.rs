@@ -277,6 +277,9 @@ pub enum KernelInput {
     RmsNorm,
     /// `gate f32[T, K], up f32[T, K]`: `silu(gate) * up`.
     SwiGlu,
+    /// `parts f32[T, ATTENTION_DECODE_PARTS * H, 2 + K / H]`: a decode attention's output for
+    /// `H` query heads from its parts ([`ATTENTION_DECODE_MANY_TARGET`]), merged.
+    AttentionParts,
 }
 
 /// The custom-call target of a linear layer through seam's kernels: `(input operands
@@ -297,6 +300,7 @@ pub fn linear_target(
         KernelInput::Rows => "",
         KernelInput::RmsNorm => "_rmsnorm",
         KernelInput::SwiGlu => "_swiglu",
+        KernelInput::AttentionParts => "_attnparts",
     };
     let residual = if residual { "_residual" } else { "" };
     let activations = match (format, activations) {
@@ -342,7 +346,7 @@ pub fn linear_targets() -> Vec<LinearTarget> {
         (MatrixFormat::Int8, KernelActivations::Int8, MatrixOrder::RowMajor),
         (MatrixFormat::Int8, KernelActivations::Int8, MatrixOrder::Panels),
     ] {
-        for input in [KernelInput::Rows, KernelInput::RmsNorm, KernelInput::SwiGlu] {
+        for input in [KernelInput::Rows, KernelInput::RmsNorm, KernelInput::SwiGlu, KernelInput::AttentionParts] {
             for residual in [false, true] {
                 let name = linear_target(format, input, residual, activations, order);
                 out.push(LinearTarget { name, format, input, residual, activations, order });
@@ -374,18 +378,28 @@ pub const ARGMAX_TARGET: &str = "seam_argmax";
 /// whose caches are per layer.
 pub const ATTENTION_DECODE_BATCH_TARGET: &str = "seam_attention_decode_batch";
 
-/// The IREE dispatch target of a batched decode's attention over per-layer caches, up to
-/// [`MAX_SEQUENCES_PER_ATTENTION_DISPATCH`] sequences in one dispatch per layer that also writes
-/// the step's entries: `(q f32[S, H, D],
-/// positions i32[S], k f32[S, KVH, D], v f32[S, KVH, D], keys_0 f32[KVH, D, C], values_0 f32[KVH,
-/// C, D], ..., keys_{S-1}, values_{S-1}) -> (f32[S, H, D], keys_0, values_0, ...)`: sequence `s`'s
-/// new key and value (`k[s]`, `v[s]`, rope applied) go to position `positions[s]` of its caches,
-/// which are the dispatch's tied operands (updated in place, [`crate::mlir::FnBuilder::dispatch_tied`]),
-/// and it attends over positions `0..=positions[s]`; its workgroups are each one KV head of one
-/// sequence, which writes that head's entries and then reads them. Emitted where the kernels are
-/// IREE dispatches ([`KernelCalls::IreeDispatch`]). The target of a batch of `S` is this name
-/// with `_S` ([`attention_decode_many_target`]): its operands' count depends on `S`.
+/// The IREE dispatch target of a decode's attention over per-layer caches, one sequence's or a
+/// batch's, up to [`MAX_SEQUENCES_PER_ATTENTION_DISPATCH`] sequences in one dispatch per layer
+/// that also writes the step's entries: `(q f32[S, H, D], positions i32[S], k f32[S, KVH, D], v
+/// f32[S, KVH, D], keys_0 f32[KVH, D, C], values_0 f32[KVH, C, D], ..., keys_{S-1},
+/// values_{S-1}) -> (parts f32[S, ATTENTION_DECODE_PARTS * H, 2 + D], keys_0, values_0, ...)`:
+/// sequence `s`'s new key and value (`k[s]`, `v[s]`, rope applied) go to position
+/// `positions[s]` of its caches, which are the dispatch's tied operands (updated in place,
+/// [`crate::mlir::FnBuilder::dispatch_tied`]), and it attends over positions `0..=positions[s]`
+/// in up to [`ATTENTION_DECODE_PARTS`] spans. Its workgroups are each one span of one KV head of
+/// one sequence: the span holding the new position writes that head's entries and then reads
+/// them. The result is each span's softmax parts (per query head: largest score, sum of
+/// exponentials, weighted values; an unused span's sum is zero), which the next product merges
+/// ([`KernelInput::AttentionParts`]): a workgroup per KV head left one of two cores idle for
+/// a third of the attention with three KV heads, and a merge of its own would cost a dispatch
+/// per layer. Emitted where the kernels are IREE dispatches ([`KernelCalls::IreeDispatch`]).
+/// The target of a batch of `S` is this name with `_S` ([`attention_decode_many_target`]): its
+/// operands' count depends on `S`.
 pub const ATTENTION_DECODE_MANY_TARGET: &str = "seam_attention_decode_many";
+
+/// The spans an [`ATTENTION_DECODE_MANY_TARGET`] dispatch splits each KV head's positions into,
+/// at most (a short context takes one; `cpu_kernels::DECODE_PARTS`).
+pub const ATTENTION_DECODE_PARTS: usize = 2;
 
 /// The IREE dispatch target that writes a prefill chunk's entries into one sequence's per-layer
 /// caches, its tied operands (updated in place): `(k f32[T, KVH, D], v f32[T, KVH, D], position
@@ -1619,7 +1633,11 @@ fn decoder_layer(
         (start[0], limit[0]) = (first * per, (first + count) * per);
         b.slice(x, &start, &limit)
     };
+    // What the output projection reads: the attention's rows, or its parts to merge.
+    let mut attn_input = KernelInput::Rows;
     if let Some(BatchAttention::WritesTiedCaches(positions)) = &inputs.batch_attention {
+        assert!(wo.is_kernel(), "a decode attention's parts are merged by the output projection's kernel");
+        attn_input = KernelInput::AttentionParts;
         // One dispatch writes each sequence's entries into its own caches (tied operands,
         // updated in place) and attends for all of them: a dispatch per sequence cost the
         // dispatch's fixed work each time, and the graph's own writes two more dispatches per
@@ -1636,10 +1654,10 @@ fn decoder_layer(
                 operands.extend([k_cache, v_cache]);
             }
             let tied: Vec<usize> = (4..operands.len()).collect();
-            let ty = Ty::new(&[group * r, n_heads, d], Elem::F32);
+            let ty = Ty::new(&[group * r, ATTENTION_DECODE_PARTS * n_heads, 2 + d], Elem::F32);
             let target = attention_decode_many_target(group);
             let results = b.dispatch_tied(&target, &operands.iter().collect::<Vec<_>>(), Some(ty), &tied);
-            outputs.push(b.reshape(&results[0], &[group * r, n_heads * d]));
+            outputs.push(results[0].clone());
             updated.extend(results[1..].chunks(2).map(|kv| LayerKv::Own { k: kv[0].clone(), v: kv[1].clone() }));
         }
     } else if let Some(BatchAttention::WritesCaches(positions)) = &inputs.batch_attention {
@@ -1675,7 +1693,7 @@ fn decoder_layer(
     };
     if eps_val.is_some() && *prepare_in_graph {
         // The residual adds inside the kernels' calls, the norm and the SwiGLU in the graph.
-        x = kernel_linear(b, rows, &[&attn], KernelInput::Rows, &wo, Some(&x));
+        x = kernel_linear(b, rows, &[&attn], attn_input, &wo, Some(&x));
         let normed = rms_norm(b, &x, &mlp_norm, eps);
         let gate = kernel_linear(b, rows, &[&normed], KernelInput::Rows, &w_gate, None);
         let up = kernel_linear(b, rows, &[&normed], KernelInput::Rows, &w_up, None);
@@ -1685,7 +1703,7 @@ fn decoder_layer(
     }
     if let Some(e) = &eps_val {
         // The residual adds, the MLP's norm and its SwiGLU all inside the kernels' calls.
-        x = kernel_linear(b, rows, &[&attn], KernelInput::Rows, &wo, Some(&x));
+        x = kernel_linear(b, rows, &[&attn], attn_input, &wo, Some(&x));
         let gate = kernel_linear(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_gate, None);
         let up = kernel_linear(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_up, None);
         x = kernel_linear(b, rows, &[&gate, &up], KernelInput::SwiGlu, &w_down, Some(&x));
@@ -2728,7 +2746,7 @@ mod tests {
         assert_eq!((count("seam_linear_int4_"), count("seam_linear_int4\"")), (0, 0), "no row-major int4 product left");
         assert_eq!(count("seam_linear_int8p"), 1);
         let names: std::collections::HashSet<String> = linear_targets().into_iter().map(|t| t.name).collect();
-        assert_eq!(names.len(), 54, "every target its own name");
+        assert_eq!(names.len(), 72, "every target its own name");
         assert!(names.contains("seam_linear_int4p_q8_swiglu_residual"));
         assert!(names.contains("seam_linear_int4_q8_rmsnorm_residual"));
 
@@ -2891,8 +2909,8 @@ mod tests {
         assert_eq!(dispatches(batch, "_swiglu"), layers);
 
         // A batched decode attends in one dispatch per layer for all its sequences, which also
-        // writes their entries into their caches, its tied operands: workgroups of one KV head
-        // of one sequence.
+        // writes their entries into their caches, its tied operands: workgroups of one span of
+        // one KV head of one sequence.
         for batch in [2, 5] {
             let spec = GraphSpec { kind: GraphKind::DecodeBatch { batch }, logits: true };
             let text = emit_module(&c, &options, &[spec]).unwrap();
@@ -2909,9 +2927,15 @@ mod tests {
             // q, positions, the new keys and values, two caches per sequence, result: pointer
             // and offset each; six shape words, first and count.
             assert_eq!(line.matches("index").count(), 2 * batch + 5 + 8, "{line}");
-            let (heads, kv_heads) = (c.num_attention_heads, c.num_key_value_heads);
-            assert!(text.contains(&format!("s0 ceildiv {}", heads / kv_heads)), "a KV head's heads per workgroup");
-            assert!(text.contains(&format!("= arith.constant {} : index\n    %", batch * heads)), "the batch's heads");
+            // A workgroup per span of each KV head of each sequence; the result is their parts,
+            // which the output projection merges.
+            let (heads, kv_heads, d) = (c.num_attention_heads, c.num_key_value_heads, c.head_dim);
+            let units = batch * kv_heads * ATTENTION_DECODE_PARTS;
+            assert!(text.contains(&format!("= arith.constant {units} : index\n    %")), "the batch's spans");
+            let parts = format!("tensor<{batch}x{}x{}xf32>", ATTENTION_DECODE_PARTS * heads, 2 + d);
+            assert!(ties[0] == parts, "{dispatch}");
+            let merged = "seam_linear_int4p_attnparts_residual_";
+            assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{merged}")).count(), layers, "{batch}");
         }
         // A batch over a dispatch's bindings takes a few dispatches: 16 as two of 8, 11 as 8 and 3.
         for (batch, groups) in [(16, vec![8, 8]), (11, vec![8, 3])] {

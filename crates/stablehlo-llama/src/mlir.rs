@@ -774,15 +774,18 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 ///
 /// - A linear target's shape words are `tokens` (the result's rows), `k` (the first operand's
 ///   columns) and `n` (the result's columns); a workgroup computes output columns
-///   `first..first + count` of every token.
+///   `first..first + count` of every token. One whose input is a decode attention's parts
+///   ([`crate::KernelInput::AttentionParts`]) has `k` the merged input's columns, then a fourth
+///   word, `heads`.
 /// - A causal attention's ([`crate::ATTENTION_CAUSAL_TARGET`]) are `tokens`, `heads`, `kv_heads`,
 ///   `head_dim`, `capacity` (the cache's positions) and `cache_bytes` (the bytes of a cache
 ///   element: 4 for f32, 2 for f16); a workgroup computes query heads `first..first + count` of
 ///   every token.
 /// - A decode's attention ([`crate::attention_decode_many_target`], one sequence or a batch's)
 ///   are `sequences`, `heads`, `kv_heads`, `head_dim`, `capacity` and `cache_bytes`; the
-///   workgroups share the `sequences * heads` query heads, each taking the heads of one KV head of
-///   one sequence, which the kernel serves with one read of its keys and values (ADR 0031).
+///   workgroups share the `sequences * kv_heads * ATTENTION_DECODE_PARTS` spans, unit `u` being
+///   span `u % P` of KV head `u / P % kv_heads` of sequence `u / (P * kv_heads)`, each served for
+///   all of that KV head's query heads with one read of its keys and values (ADR 0031).
 /// - The entries' writes ([`crate::WRITE_ENTRIES_TARGET`]) are `tokens`, `kv_heads`, `head_dim`,
 ///   `capacity` and `cache_bytes`; a workgroup writes KV heads `first..first + count`.
 /// - The greedy tokens ([`crate::ARGMAX_TARGET`]) are `rows` and `cols` of the logits; a
@@ -832,14 +835,14 @@ impl Split {
         }
         let dims = &result.expect("the kernel dispatches but the entries' writes return a new array").dims;
         if target.starts_with(crate::ATTENTION_DECODE_MANY_TARGET) {
-            // result [S, H, D]; operands q, positions, the new keys and values [S, KVH, D],
-            // then keys [KVH, D, C] and values per sequence.
-            let (sequences, heads, head_dim) = (dims[0], dims[1], dims[2]);
+            // operands q [S, H, D], positions, the new keys and values [S, KVH, D], then keys
+            // [KVH, D, C] and values per sequence; result the parts. A workgroup takes one span
+            // of one KV head of one sequence.
+            let (sequences, heads, head_dim) = (operands[0].dims[0], operands[0].dims[1], operands[0].dims[2]);
             let keys = &operands[4].dims;
-            let per_group = heads / keys[0].max(1);
             return Split {
-                extent: sequences * heads,
-                per_group,
+                extent: sequences * keys[0] * crate::ATTENTION_DECODE_PARTS,
+                per_group: 1,
                 words: vec![sequences, heads, keys[0], head_dim, keys[2], cache_bytes(&operands[4])],
             };
         }
@@ -857,6 +860,13 @@ impl Split {
         }
         let n = dims[dims.len() - 1];
         let tokens: usize = dims[..dims.len() - 1].iter().product();
+        if target.ends_with("_attnparts") || target.ends_with("_attnparts_residual") {
+            // parts [T, P * H, 2 + D]: the product's input is the merged [T, H * D].
+            let parts = &operands[0].dims;
+            let heads = parts[1] / crate::ATTENTION_DECODE_PARTS;
+            let k = heads * (parts[2] - 2);
+            return Split { extent: n, per_group: rows_per_workgroup(n), words: vec![tokens, k, n, heads] };
+        }
         let k = operands[0].dims[operands[0].dims.len() - 1];
         Split { extent: n, per_group: rows_per_workgroup(n), words: vec![tokens, k, n] }
     }
