@@ -427,8 +427,7 @@ pub fn run(args: BenchArgs) -> Result<(), CliError> {
         .copied()
         .max()
         .unwrap_or(16)
-        .max(args.decode_depth.saturating_add(args.decode_tokens))
-        .max(args.decode_tokens.saturating_add(16));
+        .max(args.decode_depth.saturating_add(args.decode_tokens));
     if let Some(max) = args.max_context {
         if max < longest {
             return Err(CliError::Usage(format!("--max-context {max} cannot hold {longest} tokens")));

@@ -54,3 +54,20 @@ fn bench_refuses_a_context_too_small() {
         "{stderr}"
     );
 }
+
+#[test]
+fn bench_context_check_counts_what_the_runs_hold() {
+    // The longest run is the decode: 2 tokens of depth and 6 steps fit a context of 8 (a bound of
+    // 16 + --decode-tokens once refused this); one more step does not.
+    let args = |tokens: &str| {
+        let mut args = vec!["bench", "--backend", "reference", "--model", "/nonexistent", "--max-context", "8"];
+        args.extend(["--prompt-lengths", "4", "--decode-depth", "2", "--decode-tokens", tokens]);
+        let out = Command::new(env!("CARGO_BIN_EXE_seam")).args(args).output().unwrap();
+        assert!(!out.status.success());
+        String::from_utf8_lossy(&out.stderr).into_owned()
+    };
+    let fits = args("6");
+    assert!(!fits.contains("cannot hold") && fits.contains("/nonexistent") && !fits.contains("panicked"), "{fits}");
+    let over = args("7");
+    assert!(over.starts_with("error: --max-context 8 cannot hold 9 tokens"), "{over}");
+}
