@@ -519,9 +519,11 @@ unsafe fn attend_many<E: CacheElement>(p: &Packed, sequences: usize) -> bool {
     let result = 4 + 2 * sequences;
     // SAFETY: the executable of this batch size passes `result + 1` pointer/offset pairs
     // and eight words, over buffers of the shapes the graph emitter gave the dispatch (its
-    // words, the caches of `E`); this workgroup alone writes its units' parts of the result,
-    // and the entries of the KV heads whose last span it takes (the only unit that reads
-    // them); no unit reads a cache position another unit writes.
+    // words, the caches of `E`; positions checked against the capacity below); this workgroup
+    // alone writes its units' parts of the result, and the entries of the KV heads whose last
+    // span it takes, which only that unit reads; no unit reads a cache position another unit
+    // writes, and the caches are written through bare pointers only, read through shared
+    // slices.
     unsafe {
         let word = |i| p.word(result + 1, i);
         let (batch, heads, kv_heads, d, capacity, first, count) =
@@ -544,17 +546,20 @@ unsafe fn attend_many<E: CacheElement>(p: &Packed, sequences: usize) -> bool {
             if position >= capacity {
                 return false;
             }
-            let (keys, values) = p.head_caches::<E>(4 + 2 * s, kvh, span);
             // The last span that holds positions holds the new one: a context of one span
-            // has it in span 0, of two in span 1 (spans hold whole runs from 0 up).
+            // has it in span 0, of two in span 1 (spans hold whole runs from 0 up). Its unit
+            // writes the entry through the bare pointers, with no slice of the head alive,
+            // since the head's other unit may be reading its own span on another worker; no
+            // unit ever holds a mutable slice of a head it shares.
             if cpu_kernels::decode_spans(isa(), one, position + 1) == part + 1 {
-                let entry = (s * kv_heads + kvh) * d..(s * kv_heads + kvh + 1) * d;
-                if cpu_kernels::write_cache_entries(one, keys, values, (&k[entry.clone()], &v[entry]), position, 1)
-                    .is_err()
-                {
-                    return false;
-                }
+                let sequence = s * kv_heads * d..(s + 1) * kv_heads * d;
+                let (keys, values) = (p.operand_mut::<E>(4 + 2 * s), p.operand_mut::<E>(4 + 2 * s + 1));
+                let all = AttentionShape { heads, kv_heads, head_dim: d, capacity };
+                cpu_kernels::write_cache_entry(keys, values, &k[sequence.clone()], &v[sequence], all, kvh, position);
             }
+            // Read only, from here on: this head's span, and the entry when it is this unit's.
+            let keys = p.operand::<E>(4 + 2 * s, (kvh + 1) * span).get(kvh * span..).unwrap_or_default();
+            let values = p.operand::<E>(4 + 2 * s + 1, (kvh + 1) * span).get(kvh * span..).unwrap_or_default();
             let q = &q[s * per + kvh * group * d..s * per + (kvh + 1) * group * d];
             let out = std::slice::from_raw_parts_mut(
                 parts.add(((s * P + part) * heads + kvh * group) * stride),

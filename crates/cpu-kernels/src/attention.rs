@@ -203,7 +203,7 @@ pub fn write_cache_entries<E: CacheElement>(
             // SAFETY: the caches hold `kv_heads` heads of `c` positions and `position + t < c`
             // (both checked above); they are borrowed mutably here.
             unsafe {
-                write_entry(
+                write_cache_entry(
                     keys.as_mut_ptr(),
                     values.as_mut_ptr(),
                     &k[row.clone()],
@@ -219,12 +219,14 @@ pub fn write_cache_entries<E: CacheElement>(
 }
 
 /// Writes KV head `kvh`'s part of a new entry (`k`, `v` `[kv_heads, head_dim]`) at `position`
-/// of caches in [`attention_decode`]'s layouts.
+/// of caches in [`attention_decode`]'s layouts, through the bare pointers alone (no slice of the
+/// caches is made), so that other threads may meanwhile read other positions of the same head
+/// through shared slices.
 ///
 /// # Safety
 /// `keys` and `values` point to caches of `shape`, `position` is inside them, and nothing else
 /// reads or writes that head's entry meanwhile.
-unsafe fn write_entry<E: CacheElement>(
+pub unsafe fn write_cache_entry<E: CacheElement>(
     keys: *mut E,
     values: *mut E,
     k: &[f32],
@@ -237,10 +239,10 @@ unsafe fn write_entry<E: CacheElement>(
     let (k, v) = (&k[kvh * d..(kvh + 1) * d], &v[kvh * d..(kvh + 1) * d]);
     // SAFETY: the caller's promise; every index is below `kv_heads * d * c`.
     unsafe {
-        for (j, &kj) in k.iter().enumerate() {
-            *keys.add((kvh * d + j) * c + position) = E::from_f32(kj);
+        for (j, (&kj, &vj)) in k.iter().zip(v).enumerate() {
+            keys.add((kvh * d + j) * c + position).write(E::from_f32(kj));
+            values.add((kvh * c + position) * d + j).write(E::from_f32(vj));
         }
-        E::round_into(v, std::slice::from_raw_parts_mut(values.add((kvh * c + position) * d), d));
     }
 }
 
@@ -543,7 +545,7 @@ fn grouped_decode<E: CacheElement>(
             for kvh in 0..kv_heads {
                 // SAFETY: the caller hands over the caches of a query with an entry for writing;
                 // no task runs yet.
-                unsafe { write_entry(query.keys.0, query.values.0, k, v, shape, kvh, query.len - 1) };
+                unsafe { write_cache_entry(query.keys.0, query.values.0, k, v, shape, kvh, query.len - 1) };
             }
         }
     }
@@ -572,7 +574,7 @@ fn grouped_decode<E: CacheElement>(
             let (lo, hi) = (at * plan.span, query.len.min((at + 1) * plan.span));
             if let (Some((k, v)), true) = (query.entry, in_task(&plan)) {
                 // SAFETY: this task is the only one of KV head `kvh` of this query.
-                unsafe { write_entry(query.keys.0, query.values.0, k, v, shape, kvh, query.len - 1) };
+                unsafe { write_cache_entry(query.keys.0, query.values.0, k, v, shape, kvh, query.len - 1) };
             }
             // SAFETY: the caches hold `kv_heads` heads (checked by the callers); this head's
             // entry is written, and no task writes what this one reads.

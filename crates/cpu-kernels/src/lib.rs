@@ -57,7 +57,8 @@ mod vnni;
 pub use argmax::argmax_rows;
 pub use attention::{
     attention_causal, attention_decode, attention_decode_batch, attention_decode_part, decode_spans,
-    merge_decode_parts, write_cache_entries, AttentionShape, CacheElement, CausalQueries, StepEntries, DECODE_PARTS,
+    merge_decode_parts, write_cache_entries, write_cache_entry, AttentionShape, CacheElement, CausalQueries,
+    StepEntries, DECODE_PARTS,
 };
 pub use isa::Isa;
 pub use linear::{linear, LinearInput, LinearWeights};
