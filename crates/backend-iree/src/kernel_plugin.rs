@@ -11,9 +11,10 @@
 //! An import receives one pointer to a packed struct of its arguments, in the order the
 //! executable's `func.call` passes them (memrefs as bare pointers, `llvm.bareptr`, each followed
 //! by its element offset; `index` values as `usize`). Each call is one IREE workgroup's share of
-//! the output rows (of a linear layer), of the query heads (of attention) or of the rows of
-//! logits (of the greedy tokens' argmax), run on the calling IREE worker thread (the kernels' own
-//! pool is not used: IREE's workgroups are the split over the cores).
+//! the output rows (of a linear layer), of the query heads (of a prefill chunk's attention), of
+//! the spans of KV heads (of a decode's attention, ADR 0049) or of the rows of logits (of the
+//! greedy tokens' argmax), run on the calling IREE worker thread (the kernels' own pool is not
+//! used: IREE's workgroups are the split over the cores).
 
 use crate::error::IreeError;
 use cpu_kernels::pool::Pool;
