@@ -492,10 +492,11 @@ impl Grouped {
         }
     }
 
-    /// The path's `attend_heads`.
+    /// The path's `attend_heads`, its scores in this thread's scratch ([`SCORES`], grown to
+    /// the heads of `q` over the span rounded up to 16).
     ///
     /// # Safety
-    /// The path's ISA, and the arguments its `attend_heads` requires.
+    /// The path's ISA, and the arguments its `attend_heads` requires but the scores.
     #[allow(clippy::too_many_arguments)]
     unsafe fn attend_heads<E: CacheElement>(
         self,
@@ -505,16 +506,23 @@ impl Grouped {
         c: usize,
         span: std::ops::Range<usize>,
         scale: f32,
-        scores: &mut [f32],
         part: &mut [f32],
     ) {
-        // SAFETY: as this function's.
-        unsafe {
-            match self {
-                Grouped::Wide => wide::attend_heads(q, keys, values, c, span, scale, scores, part),
-                Grouped::Narrow => narrow::attend_heads(q, keys, values, c, span, scale, scores, part),
+        SCORES.with(|scores| {
+            let mut scores = scores.borrow_mut();
+            // `keys` is one KV head's `[d, c]`.
+            let need = q.len() / (keys.len() / c) * span.len().next_multiple_of(16);
+            if scores.len() < need {
+                scores.resize(need, 0.0);
             }
-        }
+            // SAFETY: as this function's; the scores are sized above.
+            unsafe {
+                match self {
+                    Grouped::Wide => wide::attend_heads(q, keys, values, c, span, scale, &mut scores, part),
+                    Grouped::Narrow => narrow::attend_heads(q, keys, values, c, span, scale, &mut scores, part),
+                }
+            }
+        });
     }
 }
 
@@ -584,29 +592,13 @@ fn grouped_decode<E: CacheElement>(
                     std::slice::from_raw_parts(query.values.0.add(kvh * c * d), c * d),
                 )
             };
-            SCORES.with(|scores| {
-                let mut scores = scores.borrow_mut();
-                let need = n * (hi - lo).next_multiple_of(16);
-                if scores.len() < need {
-                    scores.resize(need, 0.0);
-                }
-                // SAFETY: the caller chose the path on a CPU that runs it; heads `first..first +
-                // n` of this query's span `at` are this task's alone in `parts`.
-                unsafe {
-                    let part = parts.get().add((first_row + at * heads + first) * stride);
-                    let part = std::slice::from_raw_parts_mut(part, n * stride);
-                    path.attend_heads(
-                        &query.q[first * d..(first + n) * d],
-                        keys,
-                        values,
-                        c,
-                        lo..hi,
-                        scale,
-                        &mut scores,
-                        part,
-                    );
-                }
-            });
+            // SAFETY: the caller chose the path on a CPU that runs it; heads `first..first + n`
+            // of this query's span `at` are this task's alone in `parts`.
+            unsafe {
+                let part = parts.get().add((first_row + at * heads + first) * stride);
+                let part = std::slice::from_raw_parts_mut(part, n * stride);
+                path.attend_heads(&query.q[first * d..(first + n) * d], keys, values, c, lo..hi, scale, part);
+            }
         };
         // Splitting pays only once the work is well above the cost of waking a worker.
         let work: usize = queries.iter().map(|query| query.len * d * group).sum();
@@ -705,35 +697,22 @@ pub fn attention_decode_part<E: CacheElement>(
     }
     let span = part * plan.span..len.min((part + 1) * plan.span);
     let scale = 1.0 / (d as f32).sqrt();
-    SCORES.with(|scores| {
-        let mut scores = scores.borrow_mut();
-        match path {
-            Some(path) => {
-                let per_pass = path.heads_per_pass(d);
-                let need = per_pass * span.len().next_multiple_of(16);
-                if scores.len() < need {
-                    scores.resize(need, 0.0);
-                }
-                for first in (0..heads).step_by(per_pass) {
-                    let n = per_pass.min(heads - first);
-                    // SAFETY: `Grouped::of` chose the path for this CPU and head size; the
-                    // caches are one KV head's (checked above), the span non-empty and inside
-                    // them, and `scores` long enough for `n` heads over it.
-                    unsafe {
-                        path.attend_heads(
-                            &q[first * d..(first + n) * d],
-                            keys,
-                            values,
-                            c,
-                            span.clone(),
-                            scale,
-                            &mut scores,
-                            &mut out[first * (2 + d)..(first + n) * (2 + d)],
-                        );
-                    }
+    match path {
+        Some(path) => {
+            let per_pass = path.heads_per_pass(d);
+            for first in (0..heads).step_by(per_pass) {
+                let n = per_pass.min(heads - first);
+                // SAFETY: `Grouped::of` chose the path for this CPU and head size; the caches
+                // are one KV head's (checked above), the span non-empty and inside them.
+                unsafe {
+                    let (q, out) = (&q[first * d..(first + n) * d], &mut out[first * (2 + d)..(first + n) * (2 + d)]);
+                    path.attend_heads(q, keys, values, c, span.clone(), scale, out);
                 }
             }
-            None => WIDENED.with(|widened| {
+        }
+        None => SCORES.with(|scores| {
+            WIDENED.with(|widened| {
+                let mut scores = scores.borrow_mut();
                 let (wide_keys, wide_values) = &mut *widened.borrow_mut();
                 let one = AttentionShape { heads: 1, ..shape };
                 widen_visible(one, len, (keys, values), (wide_keys, wide_values));
@@ -754,9 +733,9 @@ pub fn attention_decode_part<E: CacheElement>(
                     );
                     (stats[0], stats[1]) = (max, sum);
                 }
-            }),
-        }
-    });
+            })
+        }),
+    }
     Ok(())
 }
 

@@ -282,6 +282,10 @@ pub enum KernelInput {
     AttentionParts,
 }
 
+/// What the name of a linear target whose input is a decode attention's parts
+/// ([`KernelInput::AttentionParts`]) holds, after its format ([`linear_target`]).
+pub(crate) const ATTENTION_PARTS_INPUT: &str = "_attnparts";
+
 /// The custom-call target of a linear layer through seam's kernels: `(input operands
 /// ([`KernelInput`]), weight operands, [residual f32[T, M]], rows i32[]) -> f32[T, M]`, the
 /// weight operands being `w f16[M, K]` (fp16), `packed i8[M, K/2], scales f16[M, K/32],
@@ -300,7 +304,7 @@ pub fn linear_target(
         KernelInput::Rows => "",
         KernelInput::RmsNorm => "_rmsnorm",
         KernelInput::SwiGlu => "_swiglu",
-        KernelInput::AttentionParts => "_attnparts",
+        KernelInput::AttentionParts => ATTENTION_PARTS_INPUT,
     };
     let residual = if residual { "_residual" } else { "" };
     let activations = match (format, activations) {

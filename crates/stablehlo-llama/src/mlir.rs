@@ -860,7 +860,7 @@ impl Split {
         }
         let n = dims[dims.len() - 1];
         let tokens: usize = dims[..dims.len() - 1].iter().product();
-        if target.ends_with("_attnparts") || target.ends_with("_attnparts_residual") {
+        if target.contains(crate::graph::ATTENTION_PARTS_INPUT) {
             // parts [T, P * H, 2 + D]: the product's input is the merged [T, H * D].
             let parts = &operands[0].dims;
             let heads = parts[1] / crate::ATTENTION_DECODE_PARTS;
