@@ -165,6 +165,9 @@ impl LinearEntry for LinearImports {
     fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>() -> ImportFn {
         linear::<FORMAT, INPUT, RESIDUAL, Q8>
     }
+    fn group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize>() -> ImportFn {
+        linear_group::<FORMAT, INPUT, Q8, PRODUCTS>
+    }
 }
 
 thread_local! {
@@ -220,6 +223,150 @@ impl Packed {
     }
 }
 
+/// The operands of a matrix of weight format `FORMAT` ([`graph_engine::linear_kernels`]'s
+/// numbering).
+const fn weight_operands(format: u8) -> usize {
+    match format {
+        F16 => 1,
+        INT4 | INT4_PANELS => 3,
+        _ => 2,
+    }
+}
+
+/// The input operands of a linear import whose input is `INPUT`.
+const fn input_operands(input: u8) -> usize {
+    match input {
+        ROWS | ATTENTION_PARTS => 1,
+        RMS_NORM => 3,
+        _ => 2,
+    }
+}
+
+/// The input of a linear import (`INPUT`, from operand 0 on): `real` rows of `k` columns, or
+/// for a decode attention's parts those of `heads` query heads. `None` for heads that do not
+/// divide `k`.
+///
+/// # Safety
+/// The operands are buffers of the shapes the graph emitter gave the dispatch.
+unsafe fn linear_input<'a, const INPUT: u8>(
+    p: &Packed,
+    real: usize,
+    k: usize,
+    heads: usize,
+) -> Option<LinearInput<'a>> {
+    // SAFETY: the caller's promise.
+    unsafe {
+        Some(match INPUT {
+            ATTENTION_PARTS => {
+                if heads == 0 || !k.is_multiple_of(heads) {
+                    return None;
+                }
+                let per_token = cpu_kernels::DECODE_PARTS * heads * (2 + k / heads);
+                LinearInput::AttentionParts { parts: p.operand::<f32>(0, real * per_token), heads }
+            }
+            ROWS => LinearInput::Rows(p.operand::<f32>(0, real * k)),
+            RMS_NORM => LinearInput::RmsNorm {
+                x: p.operand::<f32>(0, real * k),
+                weight: p.operand::<f32>(1, k),
+                eps: p.operand::<f32>(2, 1)[0],
+            },
+            _ => LinearInput::SwiGlu { gate: p.operand::<f32>(0, real * k), up: p.operand::<f32>(1, real * k) },
+        })
+    }
+}
+
+/// Rows `row0..row0 + count` of the `[n, k]` matrix of format `FORMAT` whose operands start at
+/// operand `w`; `None` for a share that starts inside a panel (which cannot be sliced out of it).
+///
+/// # Safety
+/// The operands from `w` on are that matrix's.
+unsafe fn matrix_rows<'a, const FORMAT: u8, const Q8: bool>(
+    p: &Packed,
+    w: usize,
+    (n, k): (usize, usize),
+    row0: usize,
+    count: usize,
+) -> Option<LinearWeights<'a>> {
+    let groups = k / cpu_kernels::GROUP_SIZE;
+    // SAFETY: the caller's promise.
+    let whole = unsafe {
+        match FORMAT {
+            F16 => LinearWeights::F16(F16Matrix { rows: n, cols: k, data: p.operand::<u16>(w, n * k) }),
+            INT4 | INT4_PANELS => {
+                let m = Int4Matrix {
+                    rows: n,
+                    cols: k,
+                    packed: p.operand::<u8>(w, n * k / 2),
+                    scales: p.operand::<u16>(w + 1, n * groups),
+                    biases: p.operand::<u16>(w + 2, n * groups),
+                };
+                match FORMAT {
+                    INT4_PANELS => LinearWeights::Int4Panels(m, Activations::int8_when(Q8)),
+                    _ => LinearWeights::Int4(m, Activations::int8_when(Q8)),
+                }
+            }
+            _ => {
+                let m = Int8Matrix {
+                    rows: n,
+                    cols: k,
+                    codes: p.operand::<i8>(w, n * k),
+                    scales: p.operand::<u16>(w + 1, n * groups),
+                };
+                match FORMAT {
+                    INT8_PANELS => LinearWeights::Int8Panels(m, Activations::int8_when(Q8)),
+                    _ => LinearWeights::Int8(m, Activations::int8_when(Q8)),
+                }
+            }
+        }
+    };
+    whole.row_range(row0..row0 + count)
+}
+
+/// Columns `row0..row0 + weights' rows` of the `[tokens, n]` result at `out`: the product of
+/// the first `real` rows of `input` with `weights` (plus the residual's same columns), the
+/// padding rows zero, on the calling thread.
+///
+/// # Safety
+/// `out` is a `[tokens, n]` f32 buffer whose columns this workgroup alone writes; `residual`,
+/// when given, is `[tokens, n]`.
+unsafe fn product_columns(
+    input: LinearInput<'_>,
+    (tokens, real): (usize, usize),
+    weights: LinearWeights<'_>,
+    residual: Option<&[f32]>,
+    (out, n, row0): (*mut f32, usize, usize),
+) -> bool {
+    let count = weights.rows();
+    SCRATCH.with(|scratch| {
+        let (res_cols, out_cols) = &mut *scratch.borrow_mut();
+        // This workgroup's columns of the residual, token by token.
+        let residual = residual.map(|r| {
+            res_cols.clear();
+            for t in 0..real {
+                res_cols.extend_from_slice(&r[t * n + row0..t * n + row0 + count]);
+            }
+            &res_cols[..]
+        });
+        out_cols.resize(real * count, 0.0);
+        // Every workgroup of the dispatch passes the same input: the first call on a thread
+        // prepares it, the others take that preparation.
+        cpu_kernels::set_input_reuse(true);
+        let ok =
+            ONE_THREAD.with(|pool| cpu_kernels::linear(isa(), pool, input, real, weights, residual, out_cols).is_ok());
+        for t in 0..tokens {
+            // SAFETY: the caller's promise: these columns of row `t` are this workgroup's.
+            let dst = unsafe { std::slice::from_raw_parts_mut(out.add(t * n + row0), count) };
+            if t < real {
+                dst.copy_from_slice(&out_cols[t * count..(t + 1) * count]);
+            } else {
+                // Padding rows of a bucket: zero, as the XLA form gives them.
+                dst.fill(0.0);
+            }
+        }
+        ok
+    })
+}
+
 /// One workgroup's share of a linear layer (`FORMAT` and `INPUT` as
 /// [`graph_engine::linear_kernels`] numbers them): output columns `row0..row0 + rows` of every token,
 /// through `cpu_kernels::linear` on the calling thread.
@@ -228,19 +375,10 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
     _context: *mut c_void,
     _reserved: *mut c_void,
 ) -> c_int {
-    let inputs = match INPUT {
-        ROWS | ATTENTION_PARTS => 1,
-        RMS_NORM => 3,
-        _ => 2,
-    };
+    let inputs = input_operands(INPUT);
     // Words: tokens, k, n (and heads, for attention parts), then this workgroup's share.
     let share = if INPUT == ATTENTION_PARTS { 4 } else { 3 };
-    let weight_operands = match FORMAT {
-        F16 => 1,
-        INT4 | INT4_PANELS => 3,
-        _ => 2,
-    };
-    let rows_operand = inputs + weight_operands + usize::from(RESIDUAL);
+    let rows_operand = inputs + weight_operands(FORMAT) + usize::from(RESIDUAL);
     let result = rows_operand + 1;
     let p = Packed(params as *const usize);
     guarded(|| {
@@ -250,99 +388,56 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
         // weights of `n` rows, residual and result `[tokens, n]`, rows `[]`; this workgroup
         // alone writes its columns of the result.
         unsafe {
-            let (tokens, k, n, row0, count) = (
-                p.word(result + 1, 0),
-                p.word(result + 1, 1),
-                p.word(result + 1, 2),
-                p.word(result + 1, share),
-                p.word(result + 1, share + 1),
-            );
-            if (FORMAT == INT4_PANELS || FORMAT == INT8_PANELS) && row0 % cpu_kernels::PANEL_ROWS != 0 {
-                // A share that starts inside a panel cannot be sliced out of it.
-                return false;
-            }
+            let word = |i| p.word(result + 1, i);
+            let (tokens, k, n, row0, count) = (word(0), word(1), word(2), word(share), word(share + 1));
             let real = usize::try_from(p.operand::<i32>(rows_operand, 1)[0]).unwrap_or(0).min(tokens);
-            let input = match INPUT {
-                ATTENTION_PARTS => {
-                    let heads = p.word(result + 1, 3);
-                    if heads == 0 || k % heads != 0 {
-                        return false;
-                    }
-                    let per_token = cpu_kernels::DECODE_PARTS * heads * (2 + k / heads);
-                    LinearInput::AttentionParts { parts: p.operand::<f32>(0, real * per_token), heads }
+            let heads = if INPUT == ATTENTION_PARTS { word(3) } else { 0 };
+            let Some(input) = linear_input::<INPUT>(&p, real, k, heads) else { return false };
+            let Some(weights) = matrix_rows::<FORMAT, Q8>(&p, inputs, (n, k), row0, count) else { return false };
+            let residual = RESIDUAL.then(|| p.operand::<f32>(rows_operand - 1, tokens * n));
+            product_columns(input, (tokens, real), weights, residual, (p.operand_mut(result), n, row0))
+        }
+    })
+}
+
+/// One workgroup's share of a grouped linear call (`stablehlo_llama::linear_group_target`):
+/// share columns `first..first + count` of the `PRODUCTS` results taken in turn, each matrix's
+/// part through `cpu_kernels::linear` on the calling thread (the input is prepared once per
+/// thread).
+unsafe extern "C" fn linear_group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize>(
+    params: *mut c_void,
+    _context: *mut c_void,
+    _reserved: *mut c_void,
+) -> c_int {
+    let inputs = input_operands(INPUT);
+    let rows_operand = inputs + PRODUCTS * weight_operands(FORMAT);
+    let results = rows_operand + 1;
+    let p = Packed(params as *const usize);
+    guarded(|| {
+        // SAFETY: the executable passes `results + PRODUCTS` pointer/offset pairs and `PRODUCTS +
+        // 4` words (tokens, k, each result's columns, first, count), over buffers of the shapes
+        // the graph emitter gave the dispatch: inputs `[tokens, k]` (RMSNorm: norm `[k]`, eps
+        // `[]`), each matrix's weights of its result's columns in rows, rows `[]`, results
+        // `[tokens, n_i]`; this workgroup alone writes its share's columns.
+        unsafe {
+            let word = |i| p.word(results + PRODUCTS, i);
+            let (tokens, k, first, count) = (word(0), word(1), word(2 + PRODUCTS), word(3 + PRODUCTS));
+            let real = usize::try_from(p.operand::<i32>(rows_operand, 1)[0]).unwrap_or(0).min(tokens);
+            let Some(input) = linear_input::<INPUT>(&p, real, k, 0) else { return false };
+            let mut start = 0;
+            (0..PRODUCTS).all(|i| {
+                let n = word(2 + i);
+                let (lo, hi) = (first.max(start), (first + count).min(start + n));
+                let matrix = start;
+                start += n;
+                if lo >= hi {
+                    return true;
                 }
-                ROWS => LinearInput::Rows(p.operand::<f32>(0, real * k)),
-                RMS_NORM => LinearInput::RmsNorm {
-                    x: p.operand::<f32>(0, real * k),
-                    weight: p.operand::<f32>(1, k),
-                    eps: p.operand::<f32>(2, 1)[0],
-                },
-                _ => LinearInput::SwiGlu { gate: p.operand::<f32>(0, real * k), up: p.operand::<f32>(1, real * k) },
-            };
-            let groups = k / cpu_kernels::GROUP_SIZE;
-            let w = inputs;
-            let weights = match FORMAT {
-                F16 => LinearWeights::F16(F16Matrix {
-                    rows: count,
-                    cols: k,
-                    data: &p.operand::<u16>(w, n * k)[row0 * k..(row0 + count) * k],
-                }),
-                INT4 | INT4_PANELS => {
-                    // A workgroup's rows start on a panel (`rows_per_workgroup` gives multiples
-                    // of 16), so its share of a matrix in panels is the same slice as row-major.
-                    let m = Int4Matrix {
-                        rows: count,
-                        cols: k,
-                        packed: &p.operand::<u8>(w, n * k / 2)[row0 * k / 2..(row0 + count) * k / 2],
-                        scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
-                        biases: &p.operand::<u16>(w + 2, n * groups)[row0 * groups..(row0 + count) * groups],
-                    };
-                    match FORMAT {
-                        INT4_PANELS => LinearWeights::Int4Panels(m, Activations::int8_when(Q8)),
-                        _ => LinearWeights::Int4(m, Activations::int8_when(Q8)),
-                    }
-                }
-                _ => {
-                    let m = Int8Matrix {
-                        rows: count,
-                        cols: k,
-                        codes: &p.operand::<i8>(w, n * k)[row0 * k..(row0 + count) * k],
-                        scales: &p.operand::<u16>(w + 1, n * groups)[row0 * groups..(row0 + count) * groups],
-                    };
-                    match FORMAT {
-                        INT8_PANELS => LinearWeights::Int8Panels(m, Activations::int8_when(Q8)),
-                        _ => LinearWeights::Int8(m, Activations::int8_when(Q8)),
-                    }
-                }
-            };
-            let residual = RESIDUAL.then(|| p.operand::<f32>(w + weight_operands, tokens * n));
-            let out = p.operand_mut::<f32>(result);
-            SCRATCH.with(|scratch| {
-                let (res_cols, out_cols) = &mut *scratch.borrow_mut();
-                // This workgroup's columns of the residual, token by token.
-                let residual = residual.map(|r| {
-                    res_cols.clear();
-                    for t in 0..real {
-                        res_cols.extend_from_slice(&r[t * n + row0..t * n + row0 + count]);
-                    }
-                    &res_cols[..]
-                });
-                out_cols.resize(real * count, 0.0);
-                // Every workgroup of the dispatch passes the same input: the first call on a
-                // thread prepares it, the others take that preparation.
-                cpu_kernels::set_input_reuse(true);
-                let ok = ONE_THREAD
-                    .with(|pool| cpu_kernels::linear(isa(), pool, input, real, weights, residual, out_cols).is_ok());
-                for t in 0..tokens {
-                    let dst = std::slice::from_raw_parts_mut(out.add(t * n + row0), count);
-                    if t < real {
-                        dst.copy_from_slice(&out_cols[t * count..(t + 1) * count]);
-                    } else {
-                        // Padding rows of a bucket: zero, as the XLA form gives them.
-                        dst.fill(0.0);
-                    }
-                }
-                ok
+                let w = inputs + i * weight_operands(FORMAT);
+                let Some(weights) = matrix_rows::<FORMAT, Q8>(&p, w, (n, k), lo - matrix, hi - lo) else {
+                    return false;
+                };
+                product_columns(input, (tokens, real), weights, None, (p.operand_mut(results + i), n, lo - matrix))
             })
         }
     })

@@ -156,6 +156,119 @@ pub(crate) fn rows_cols(buffer: &Buffer, what: &str) -> Result<(usize, usize), S
     }
 }
 
+/// The input of a linear handler that reads rows (`INPUT` [`ROWS`], [`RMS_NORM`] or
+/// [`SWIGLU`]): its first argument `x` (`[tokens, k]`) and the norm's or the up rows' after it.
+/// Returns the input, `tokens`, `k` and the index of the first weight argument.
+///
+/// # Safety
+/// As [`elements`], for the frame's arguments.
+unsafe fn rows_input<const INPUT: u8>(frame: &CallFrame) -> Result<(LinearInput<'_>, usize, usize, usize), String> {
+    let first = frame.arg(0)?;
+    let (tokens, k) = rows_cols(first, "input")?;
+    // SAFETY: the caller's promise.
+    unsafe {
+        let x = elements::<f32>(first, dtype::F32, &[tokens, k], "input")?;
+        let (input, next) = match INPUT {
+            ROWS => (LinearInput::Rows(x), 1),
+            RMS_NORM => {
+                let weight = elements::<f32>(frame.arg(1)?, dtype::F32, &[k], "norm weight")?;
+                let eps = elements::<f32>(frame.arg(2)?, dtype::F32, &[], "eps")?;
+                (LinearInput::RmsNorm { x, weight, eps: eps[0] }, 3)
+            }
+            SWIGLU => {
+                let up = elements::<f32>(frame.arg(1)?, dtype::F32, &[tokens, k], "up")?;
+                (LinearInput::SwiGlu { gate: x, up }, 2)
+            }
+            other => return Err(format!("linear input {other} is not seam's")),
+        };
+        Ok((input, tokens, k, next))
+    }
+}
+
+/// The matrix of weight format `FORMAT` whose arrays start at argument `next`, with `k` columns:
+/// its weights and the index of the argument after them.
+///
+/// # Safety
+/// As [`elements`], for the frame's arguments.
+unsafe fn matrix_at<const FORMAT: u8, const Q8: bool>(
+    frame: &CallFrame,
+    next: usize,
+    k: usize,
+) -> Result<(LinearWeights<'_>, usize), String> {
+    let first_weight = frame.arg(next)?;
+    let (n, _) = rows_cols(first_weight, "weights")?;
+    let groups = k / cpu_kernels::GROUP_SIZE;
+    // SAFETY: the caller's promise.
+    unsafe {
+        Ok(if FORMAT == INT8 || FORMAT == INT8_PANELS {
+            let codes = elements::<i8>(first_weight, dtype::S8, &[n, k], "int8 codes")?;
+            let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
+            let w = Int8Matrix { rows: n, cols: k, codes, scales };
+            let w = match FORMAT {
+                INT8_PANELS => LinearWeights::Int8Panels(w, Activations::int8_when(Q8)),
+                _ => LinearWeights::Int8(w, Activations::int8_when(Q8)),
+            };
+            (w, next + 2)
+        } else if FORMAT == INT4 || FORMAT == INT4_PANELS {
+            let packed_ty = if first_weight.dtype == dtype::U8 { dtype::U8 } else { dtype::S8 };
+            let packed = elements::<u8>(first_weight, packed_ty, &[n, k / 2], "packed weights")?;
+            let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
+            let biases = elements::<u16>(frame.arg(next + 2)?, dtype::F16, &[n, groups], "biases")?;
+            let w = Int4Matrix { rows: n, cols: k, packed, scales, biases };
+            let w = match FORMAT {
+                INT4_PANELS => LinearWeights::Int4Panels(w, Activations::int8_when(Q8)),
+                _ => LinearWeights::Int4(w, Activations::int8_when(Q8)),
+            };
+            (w, next + 3)
+        } else {
+            let data = elements::<u16>(first_weight, dtype::F16, &[n, k], "weights")?;
+            (LinearWeights::F16(F16Matrix { rows: n, cols: k, data }), next + 1)
+        })
+    }
+}
+
+/// The real rows of a padded call of `tokens` rows, from its `rows` argument.
+///
+/// # Safety
+/// As [`elements`].
+unsafe fn real_rows(rows: &Buffer, tokens: usize) -> Result<usize, String> {
+    // SAFETY: the caller's promise.
+    let rows = unsafe { elements::<i32>(rows, dtype::S32, &[], "rows") }?;
+    let rows = *rows.first().ok_or("rows: no element")?;
+    Ok(usize::try_from(rows).map_err(|_| format!("rows {rows} is negative"))?.min(tokens))
+}
+
+/// `input`'s first `real` of its `tokens` rows (of `k` columns once prepared).
+fn first_rows(input: LinearInput<'_>, real: usize, tokens: usize, k: usize) -> LinearInput<'_> {
+    match input {
+        LinearInput::Rows(x) => LinearInput::Rows(&x[..real * k]),
+        LinearInput::RmsNorm { x, weight, eps } => LinearInput::RmsNorm { x: &x[..real * k], weight, eps },
+        LinearInput::SwiGlu { gate, up } => LinearInput::SwiGlu { gate: &gate[..real * k], up: &up[..real * k] },
+        LinearInput::AttentionParts { parts, heads } => {
+            LinearInput::AttentionParts { parts: &parts[..parts.len() / tokens.max(1) * real], heads }
+        }
+    }
+}
+
+/// Result `i`, `[tokens, n]`: its first `real` rows, for the product to write, after zeroing the
+/// padding's (finite, and read by nothing but later padding).
+///
+/// # Safety
+/// As [`result_elements`].
+#[allow(clippy::mut_from_ref)] // the memory is XLA's result buffer, not the frame's
+unsafe fn product_rows(
+    frame: &CallFrame,
+    i: usize,
+    (tokens, real): (usize, usize),
+    n: usize,
+) -> Result<&mut [f32], String> {
+    // SAFETY: the caller's promise.
+    let out = unsafe { result_elements::<f32>(frame.ret(i)?, dtype::F32, &[tokens, n], "result") }?;
+    let (out, padding) = out.split_at_mut(real * n);
+    padding.fill(0.0);
+    Ok(out)
+}
+
 /// The handler of one [`stablehlo_llama::linear_target`]: `FORMAT` picks the weight format and
 /// `INPUT` what the kernel reads ([`graph_engine::linear_kernels`]'s constants), `RESIDUAL`
 /// whether a residual operand follows the weights.
@@ -165,11 +278,11 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
     // SAFETY: called by XLA with its call frame; the arrays are host memory of the CPU plugin.
     unsafe {
         handle(frame, |frame| {
-            // A layer's query, key and value products (and its gate and up products) normalize
-            // and lay out the same input: the first call prepares it, the next ones take it.
+            // Products that read the same input (a layer's in separate calls) normalize and lay
+            // it out once: the first call prepares it, the next ones take it.
             cpu_kernels::set_input_reuse(true);
             let first = frame.arg(0)?;
-            let (input, tokens, k, mut next) = if INPUT == ATTENTION_PARTS {
+            let (input, tokens, k, next) = if INPUT == ATTENTION_PARTS {
                 // [T, P * H, 2 + D]: merged, the product's input is [T, H * D].
                 let (tokens, rows, stride) = match first.dims()[..] {
                     [t, rows, stride] if stride > 2 && rows % cpu_kernels::DECODE_PARTS == 0 => (t, rows, stride),
@@ -179,51 +292,10 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                 let heads = rows / cpu_kernels::DECODE_PARTS;
                 (LinearInput::AttentionParts { parts, heads }, tokens, heads * (stride - 2), 1)
             } else {
-                let (tokens, k) = rows_cols(first, "input")?;
-                let x = elements::<f32>(first, dtype::F32, &[tokens, k], "input")?;
-                let (input, next) = match INPUT {
-                    ROWS => (LinearInput::Rows(x), 1),
-                    RMS_NORM => {
-                        let weight = elements::<f32>(frame.arg(1)?, dtype::F32, &[k], "norm weight")?;
-                        let eps = elements::<f32>(frame.arg(2)?, dtype::F32, &[], "eps")?;
-                        (LinearInput::RmsNorm { x, weight, eps: eps[0] }, 3)
-                    }
-                    SWIGLU => {
-                        let up = elements::<f32>(frame.arg(1)?, dtype::F32, &[tokens, k], "up")?;
-                        (LinearInput::SwiGlu { gate: x, up }, 2)
-                    }
-                    other => return Err(format!("linear input {other} is not seam's")),
-                };
-                (input, tokens, k, next)
+                rows_input::<INPUT>(frame)?
             };
-            let first_weight = frame.arg(next)?;
-            let (n, _) = rows_cols(first_weight, "weights")?;
-            let groups = k / cpu_kernels::GROUP_SIZE;
-            let weights = if FORMAT == INT8 || FORMAT == INT8_PANELS {
-                let codes = elements::<i8>(first_weight, dtype::S8, &[n, k], "int8 codes")?;
-                let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
-                next += 2;
-                let w = Int8Matrix { rows: n, cols: k, codes, scales };
-                match FORMAT {
-                    INT8_PANELS => LinearWeights::Int8Panels(w, Activations::int8_when(Q8)),
-                    _ => LinearWeights::Int8(w, Activations::int8_when(Q8)),
-                }
-            } else if FORMAT == INT4 || FORMAT == INT4_PANELS {
-                let packed_ty = if first_weight.dtype == dtype::U8 { dtype::U8 } else { dtype::S8 };
-                let packed = elements::<u8>(first_weight, packed_ty, &[n, k / 2], "packed weights")?;
-                let scales = elements::<u16>(frame.arg(next + 1)?, dtype::F16, &[n, groups], "scales")?;
-                let biases = elements::<u16>(frame.arg(next + 2)?, dtype::F16, &[n, groups], "biases")?;
-                next += 3;
-                let w = Int4Matrix { rows: n, cols: k, packed, scales, biases };
-                match FORMAT {
-                    INT4_PANELS => LinearWeights::Int4Panels(w, Activations::int8_when(Q8)),
-                    _ => LinearWeights::Int4(w, Activations::int8_when(Q8)),
-                }
-            } else {
-                let data = elements::<u16>(first_weight, dtype::F16, &[n, k], "weights")?;
-                next += 1;
-                LinearWeights::F16(F16Matrix { rows: n, cols: k, data })
-            };
+            let (weights, mut next) = matrix_at::<FORMAT, Q8>(frame, next, k)?;
+            let n = weights.rows();
             let residual = match RESIDUAL {
                 true => {
                     next += 1;
@@ -231,26 +303,42 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
                 }
                 false => None,
             };
-            let rows = elements::<i32>(frame.arg(next)?, dtype::S32, &[], "rows")?;
-            let rows = *rows.first().ok_or("rows: no element")?;
-            // The real rows of a padded call; the padding's results are zero (finite, and read by
-            // nothing but later padding).
-            let real = usize::try_from(rows).map_err(|_| format!("rows {rows} is negative"))?.min(tokens);
-            let out = result_elements::<f32>(frame.ret(0)?, dtype::F32, &[tokens, n], "result")?;
-            let (out, padding) = out.split_at_mut(real * n);
-            padding.fill(0.0);
-            let input = match input {
-                LinearInput::Rows(x) => LinearInput::Rows(&x[..real * k]),
-                LinearInput::RmsNorm { x, weight, eps } => LinearInput::RmsNorm { x: &x[..real * k], weight, eps },
-                LinearInput::SwiGlu { gate, up } => {
-                    LinearInput::SwiGlu { gate: &gate[..real * k], up: &up[..real * k] }
-                }
-                LinearInput::AttentionParts { parts, heads } => {
-                    LinearInput::AttentionParts { parts: &parts[..parts.len() / tokens.max(1) * real], heads }
-                }
-            };
+            let real = real_rows(frame.arg(next)?, tokens)?;
+            let out = product_rows(frame, 0, (tokens, real), n)?;
             let residual = residual.map(|r| &r[..real * n]);
+            let input = first_rows(input, real, tokens, k);
             cpu_kernels::linear(Isa::best(), Pool::global(), input, real, weights, residual, out)
+                .map_err(|e| e.to_string())
+        })
+    }
+}
+
+/// The handler of one [`stablehlo_llama::linear_group_target`]: `PRODUCTS` matrices of format
+/// `FORMAT` over one input (`INPUT`), each product into its own result, in one XLA call where
+/// separate calls each cost XLA's executor a thunk and holds on its buffers.
+unsafe extern "C" fn linear_group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize>(
+    frame: *mut CallFrame,
+) -> *mut XlaError {
+    // SAFETY: called by XLA with its call frame; the arrays are host memory of the CPU plugin.
+    unsafe {
+        handle(frame, |frame| {
+            // The matrices multiply the same input: the first product prepares it, the next
+            // ones take it.
+            cpu_kernels::set_input_reuse(true);
+            let (input, tokens, k, mut next) = rows_input::<INPUT>(frame)?;
+            let mut matrices = Vec::with_capacity(PRODUCTS);
+            for _ in 0..PRODUCTS {
+                let (weights, after) = matrix_at::<FORMAT, Q8>(frame, next, k)?;
+                matrices.push(weights);
+                next = after;
+            }
+            let real = real_rows(frame.arg(next)?, tokens)?;
+            let input = first_rows(input, real, tokens, k);
+            let mut outs = Vec::with_capacity(PRODUCTS);
+            for (i, weights) in matrices.iter().enumerate() {
+                outs.push(product_rows(frame, i, (tokens, real), weights.rows())?);
+            }
+            cpu_kernels::linear_group(Isa::best(), Pool::global(), input, real, &matrices, &mut outs)
                 .map_err(|e| e.to_string())
         })
     }
@@ -263,6 +351,9 @@ impl LinearEntry for LinearHandlers {
     type Entry = Handler;
     fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>() -> Handler {
         linear::<FORMAT, INPUT, RESIDUAL, Q8>
+    }
+    fn group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize>() -> Handler {
+        linear_group::<FORMAT, INPUT, Q8, PRODUCTS>
     }
 }
 

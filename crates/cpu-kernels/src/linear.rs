@@ -39,7 +39,50 @@ pub enum LinearWeights<'a> {
     Int8Panels(Int8Matrix<'a>, Activations),
 }
 
-impl LinearWeights<'_> {
+impl<'a> LinearWeights<'a> {
+    /// The matrix's rows: the product's columns.
+    pub fn rows(&self) -> usize {
+        self.shape().0
+    }
+
+    /// Rows `rows` of the matrix, as a matrix of their own: `None` where they are not rows of it,
+    /// or where a matrix in panels would be cut inside a panel (a range starts on a panel and
+    /// ends on one or at the last row).
+    pub fn row_range(&self, rows: std::ops::Range<usize>) -> Option<LinearWeights<'a>> {
+        let (n, k) = self.shape();
+        let panels = matches!(self, LinearWeights::Int4Panels(..) | LinearWeights::Int8Panels(..));
+        let cut = |r: usize| r.is_multiple_of(crate::PANEL_ROWS) || r == n;
+        if rows.start > rows.end || rows.end > n || (panels && !(cut(rows.start) && cut(rows.end))) {
+            return None;
+        }
+        let (count, groups) = (rows.len(), k / crate::GROUP_SIZE);
+        let per_group = rows.start * groups..rows.end * groups;
+        // A matrix in panels holds each panel's rows together, so whole panels are the same
+        // bytes as the row-major matrix's rows.
+        let int4 = |w: &Int4Matrix<'a>| Int4Matrix {
+            rows: count,
+            cols: k,
+            packed: &w.packed[rows.start * k / 2..rows.end * k / 2],
+            scales: &w.scales[per_group.clone()],
+            biases: &w.biases[per_group.clone()],
+        };
+        let int8 = |w: &Int8Matrix<'a>| Int8Matrix {
+            rows: count,
+            cols: k,
+            codes: &w.codes[rows.start * k..rows.end * k],
+            scales: &w.scales[per_group.clone()],
+        };
+        Some(match self {
+            LinearWeights::F16(w) => {
+                LinearWeights::F16(F16Matrix { rows: count, cols: k, data: &w.data[rows.start * k..rows.end * k] })
+            }
+            LinearWeights::Int4(w, a) => LinearWeights::Int4(int4(w), *a),
+            LinearWeights::Int4Panels(w, a) => LinearWeights::Int4Panels(int4(w), *a),
+            LinearWeights::Int8(w, a) => LinearWeights::Int8(int8(w), *a),
+            LinearWeights::Int8Panels(w, a) => LinearWeights::Int8Panels(int8(w), *a),
+        })
+    }
+
     fn shape(&self) -> (usize, usize) {
         match self {
             LinearWeights::F16(w) => (w.rows, w.cols),
@@ -144,6 +187,77 @@ pub fn linear(
         }
     }
     Ok(())
+}
+
+/// `outs[i] = prepare(input) ws[i]^T` for each matrix of `ws` (no residual), for `tokens` rows;
+/// `outs[i]` is `[tokens, rows of ws[i]]`.
+///
+/// A call of one token splits the rows of all the matrices over the pool in one run, each task
+/// the one-thread product of its rows (the input prepared once per thread, reused across its
+/// rows): a run per matrix would wake the workers and wait for its slowest task once per
+/// matrix, and the small key and value products split unevenly on their own. The numbers are
+/// those of [`linear`] for each matrix: a row's product does not depend on which rows share its
+/// call. Longer calls, and matrices that cannot be cut where the tasks would cut them (panels
+/// not whole), run [`linear`] for one matrix after another.
+pub fn linear_group(
+    isa: Isa,
+    pool: &Pool,
+    input: LinearInput<'_>,
+    tokens: usize,
+    ws: &[LinearWeights<'_>],
+    outs: &mut [&mut [f32]],
+) -> Result<(), ShapeError> {
+    check_len("results", outs.len(), ws.len())?;
+    for (w, out) in ws.iter().zip(outs.iter()) {
+        check_len("output", out.len(), tokens * w.rows())?;
+    }
+    let total: usize = ws.iter().map(LinearWeights::rows).sum();
+    let align = crate::PANEL_ROWS;
+    let whole_panels = ws.iter().all(|w| w.rows() % align == 0);
+    if tokens != 1 || pool.threads() == 1 || !whole_panels {
+        for (w, out) in ws.iter().zip(outs.iter_mut()) {
+            linear(isa, pool, input, tokens, *w, None, out)?;
+        }
+        return Ok(());
+    }
+    let per_task = total
+        .div_ceil(pool.threads() * crate::matmul::TASKS_PER_THREAD)
+        .next_multiple_of(align)
+        .max(crate::matmul::MIN_ROWS_PER_TASK);
+    let outs: Vec<crate::matmul::SendPtr> = outs.iter_mut().map(|o| crate::matmul::SendPtr(o.as_mut_ptr())).collect();
+    let failure = std::sync::Mutex::new(None);
+    pool.run(total.div_ceil(per_task), &|task| {
+        let (first, last) = (task * per_task, ((task + 1) * per_task).min(total));
+        // The threads' own calls reuse the input they prepared for their first rows.
+        let reusing = crate::reuse::enabled();
+        crate::set_input_reuse(true);
+        let mut start = 0;
+        for (w, out) in ws.iter().zip(&outs) {
+            let (lo, hi) = (first.max(start), last.min(start + w.rows()));
+            let matrix = start;
+            start += w.rows();
+            if lo >= hi {
+                continue;
+            }
+            let rows = lo - matrix..hi - matrix;
+            // SAFETY: `out` is this matrix's `[1, rows]` result (checked above), of which these
+            // rows are this task's alone.
+            let out = unsafe { std::slice::from_raw_parts_mut(out.0.add(rows.start), rows.len()) };
+            let result = match w.row_range(rows) {
+                // Nested in the pool's run, the product runs on this thread alone.
+                Some(part) => linear(isa, pool, input, 1, part, None, out),
+                None => Err(ShapeError("a task's rows cut a panel".into())),
+            };
+            if let Err(e) = result {
+                *failure.lock().unwrap_or_else(|e| e.into_inner()) = Some(e);
+            }
+        }
+        crate::set_input_reuse(reusing);
+    });
+    match failure.into_inner().unwrap_or_else(|e| e.into_inner()) {
+        Some(e) => Err(e),
+        None => Ok(()),
+    }
 }
 
 /// Rows normalized together by [`rms_norm_rows`].

@@ -14,7 +14,7 @@ pub const GROUP_SIZE: usize = 32;
 /// prefetchers follow a long stream but restart at every jump, so few long runs read memory
 /// faster than many short ones, while more than one per thread keeps a thread that was
 /// descheduled from holding up the whole call.
-const TASKS_PER_THREAD: usize = 4;
+pub(crate) const TASKS_PER_THREAD: usize = 4;
 
 /// The fewest rows of a task: below this, waking another thread costs more than it saves.
 pub(crate) const MIN_ROWS_PER_TASK: usize = 16;

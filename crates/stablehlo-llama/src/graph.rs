@@ -318,6 +318,28 @@ pub fn linear_target(
     format!("seam_linear_{format}{panels}{activations}{input}{residual}")
 }
 
+/// Most products one grouped linear call ([`linear_group_target`]) computes: a layer's query,
+/// key and value.
+pub const MAX_GROUPED_PRODUCTS: usize = 3;
+
+/// The custom-call target of `products` linear layers over one input, in one call (a layer's
+/// query, key and value products, or its gate and up products): `(input operands
+/// ([`KernelInput::Rows`] or [`KernelInput::RmsNorm`]), the first matrix's weight operands, the
+/// second's, ..., rows i32[]) -> (f32[T, M_0], f32[T, M_1], ...)`, each matrix as in
+/// [`linear_target`] (all of one format, no residual), each result zero from `rows` on. One call
+/// instead of one per matrix: each call costs the runtime a fixed amount (an IREE dispatch's
+/// record, argument marshalling and workers' barrier; an XLA thunk and its buffers' holds), and
+/// the small key and value products split unevenly over the workers on their own.
+pub fn linear_group_target(
+    format: MatrixFormat,
+    input: KernelInput,
+    activations: KernelActivations,
+    order: MatrixOrder,
+    products: usize,
+) -> String {
+    format!("{}_x{products}", linear_target(format, input, false, activations, order))
+}
+
 /// One linear target a runtime registers, with what it computes ([`linear_target`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
 pub struct LinearTarget {
@@ -334,6 +356,10 @@ pub struct LinearTarget {
     /// How an int4 or int8 matrix is ordered (panels where the kernels take every call,
     /// [`GraphOptions::matrix_order`]; row-major otherwise).
     pub order: MatrixOrder,
+    /// How many matrices the call multiplies its input by, each with its own result: 1 for
+    /// [`linear_target`]'s, 2 to [`MAX_GROUPED_PRODUCTS`] for [`linear_group_target`]'s (whose
+    /// input is rows or their RMSNorm, with no residual).
+    pub products: usize,
 }
 
 /// Every linear target a runtime registers.
@@ -353,7 +379,13 @@ pub fn linear_targets() -> Vec<LinearTarget> {
         for input in [KernelInput::Rows, KernelInput::RmsNorm, KernelInput::SwiGlu, KernelInput::AttentionParts] {
             for residual in [false, true] {
                 let name = linear_target(format, input, residual, activations, order);
-                out.push(LinearTarget { name, format, input, residual, activations, order });
+                out.push(LinearTarget { name, format, input, residual, activations, order, products: 1 });
+            }
+        }
+        for input in [KernelInput::Rows, KernelInput::RmsNorm] {
+            for products in 2..=MAX_GROUPED_PRODUCTS {
+                let name = linear_group_target(format, input, activations, order, products);
+                out.push(LinearTarget { name, format, input, residual: false, activations, order, products });
             }
         }
     }
@@ -1232,24 +1264,12 @@ fn kernel_linear(
     residual: Option<&Val>,
 ) -> Val {
     let t = inputs[0].dims()[0];
-    let (format, activations, order, mut operands) = match w {
-        MatrixArg::Dense { w, transposed: false, .. } => {
-            (MatrixFormat::F16, KernelActivations::Exact, MatrixOrder::RowMajor, vec![w])
-        }
-        MatrixArg::Int4 { packed, scales, biases, activations, order, .. } => {
-            (MatrixFormat::Int4, *activations, *order, vec![packed, scales, biases])
-        }
-        MatrixArg::Int8 { codes, scales, activations, order, .. } => {
-            (MatrixFormat::Int8, *activations, *order, vec![codes, scales])
-        }
-        MatrixArg::Dense { transposed: true, .. } => unreachable!("the kernels read row-major matrices"),
-    };
-    // A stacked matrix's operands are `[layers, rows, ...]`: the import reads this layer's part.
-    let layer = w.layer();
-    let m = operands[0].dims()[usize::from(layer.is_some())];
+    let KernelWeights { format, activations, order, mut operands, offsets: weight_offsets, rows: m } =
+        KernelWeights::of(w);
     let all_rows = rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
     let mut offsets = vec![0; inputs.len()];
-    offsets.extend(operands.iter().map(|o| layer.map_or(0, |l| l * o.dims()[1..].iter().product::<usize>())));
+    offsets.extend(weight_offsets);
+    let layer = w.layer();
     let mut all: Vec<&Val> = inputs.to_vec();
     all.append(&mut operands);
     all.extend(residual);
@@ -1260,6 +1280,85 @@ fn kernel_linear(
         Some(_) => b.custom_call_at(&target, &all, &offsets, ty),
         None => b.custom_call(&target, &all, ty),
     }
+}
+
+/// A matrix's operands as the linear kernels take them.
+struct KernelWeights<'a> {
+    format: MatrixFormat,
+    activations: KernelActivations,
+    order: MatrixOrder,
+    operands: Vec<&'a Val>,
+    /// Where the import reads each operand from, in elements: a stacked matrix's operands are
+    /// `[layers, rows, ...]`, of which the import reads this layer's part.
+    offsets: Vec<usize>,
+    /// The matrix's rows (the product's columns).
+    rows: usize,
+}
+
+impl<'a> KernelWeights<'a> {
+    fn of(w: &'a MatrixArg) -> KernelWeights<'a> {
+        let (format, activations, order, operands) = match w {
+            MatrixArg::Dense { w, transposed: false, .. } => {
+                (MatrixFormat::F16, KernelActivations::Exact, MatrixOrder::RowMajor, vec![w])
+            }
+            MatrixArg::Int4 { packed, scales, biases, activations, order, .. } => {
+                (MatrixFormat::Int4, *activations, *order, vec![packed, scales, biases])
+            }
+            MatrixArg::Int8 { codes, scales, activations, order, .. } => {
+                (MatrixFormat::Int8, *activations, *order, vec![codes, scales])
+            }
+            MatrixArg::Dense { transposed: true, .. } => unreachable!("the kernels read row-major matrices"),
+        };
+        let layer = w.layer();
+        let rows = operands[0].dims()[usize::from(layer.is_some())];
+        let offsets =
+            operands.iter().map(|o| layer.map_or(0, |l| l * o.dims()[1..].iter().product::<usize>())).collect();
+        KernelWeights { format, activations, order, operands, offsets, rows }
+    }
+}
+
+/// Whether the products of one input ([`KernelInput::Rows`] or [`KernelInput::RmsNorm`]) with
+/// each of `ws` can be one call of [`linear_group_target`]: two or three matrices, all through
+/// the kernels, of one format, activations, order and stacking, each of whole panels' rows (a
+/// workgroup's share of the results may then start in any of them).
+fn kernel_group(input: KernelInput, ws: &[&MatrixArg]) -> bool {
+    let key = |w: &MatrixArg| {
+        let k = KernelWeights::of(w);
+        (k.format, k.activations, k.order, w.layer().is_some())
+    };
+    (2..=MAX_GROUPED_PRODUCTS).contains(&ws.len())
+        && matches!(input, KernelInput::Rows | KernelInput::RmsNorm)
+        && ws.iter().all(|w| w.is_kernel() && KernelWeights::of(w).rows.is_multiple_of(crate::mlir::SHARE_ROWS))
+        && ws.windows(2).all(|pair| key(pair[0]) == key(pair[1]))
+}
+
+/// The products of `inputs` (as [`kernel_linear`] takes them) with each of `ws`: one call of
+/// [`linear_group_target`] where [`kernel_group`] allows, else one call each.
+fn kernel_linears(
+    b: &mut FnBuilder,
+    rows: Option<&Val>,
+    inputs: &[&Val],
+    input: KernelInput,
+    ws: &[&MatrixArg],
+) -> Vec<Val> {
+    if !kernel_group(input, ws) {
+        return ws.iter().map(|w| kernel_linear(b, rows, inputs, input, w, None)).collect();
+    }
+    let t = inputs[0].dims()[0];
+    let all_rows = rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
+    let mut operands: Vec<&Val> = inputs.to_vec();
+    let mut offsets = vec![0; inputs.len()];
+    let mut tys = Vec::with_capacity(ws.len());
+    for w in ws {
+        let weights = KernelWeights::of(w);
+        tys.push(Ty::new(&[t, weights.rows], Elem::F32));
+        operands.extend(weights.operands);
+        offsets.extend(weights.offsets);
+    }
+    operands.extend(rows.or(all_rows.as_ref()));
+    let KernelWeights { format, activations, order, .. } = KernelWeights::of(ws[0]);
+    let target = linear_group_target(format, input, activations, order, ws.len());
+    b.custom_call_results(&target, &operands, &offsets, &tys)
 }
 
 impl MatrixArg {
@@ -1595,15 +1694,13 @@ fn decoder_layer(
     let (q, k, v) = match &eps_val {
         Some(_) if *prepare_in_graph => {
             let normed = rms_norm(b, &x, &attn_norm, eps);
-            let product =
-                |b: &mut FnBuilder, w: &MatrixArg| kernel_linear(b, rows, &[&normed], KernelInput::Rows, w, None);
-            (product(b, &wq), product(b, &wk), product(b, &wv))
+            let [q, k, v] = three(kernel_linears(b, rows, &[&normed], KernelInput::Rows, &[&wq, &wk, &wv]));
+            (q, k, v)
         }
         Some(e) => {
-            let normed = |b: &mut FnBuilder, w: &MatrixArg| {
-                kernel_linear(b, rows, &[&x, &attn_norm, e], KernelInput::RmsNorm, w, None)
-            };
-            (normed(b, &wq), normed(b, &wk), normed(b, &wv))
+            let qkv = kernel_linears(b, rows, &[&x, &attn_norm, e], KernelInput::RmsNorm, &[&wq, &wk, &wv]);
+            let [q, k, v] = three(qkv);
+            (q, k, v)
         }
         None if cuda_group(&[&wq, &wk, &wv]) => {
             let mut qkv = cuda_products(b, &x, Some((&attn_norm, eps)), &[&wq, &wk, &wv]).into_iter();
@@ -1699,8 +1796,7 @@ fn decoder_layer(
         // The residual adds inside the kernels' calls, the norm and the SwiGLU in the graph.
         x = kernel_linear(b, rows, &[&attn], attn_input, &wo, Some(&x));
         let normed = rms_norm(b, &x, &mlp_norm, eps);
-        let gate = kernel_linear(b, rows, &[&normed], KernelInput::Rows, &w_gate, None);
-        let up = kernel_linear(b, rows, &[&normed], KernelInput::Rows, &w_up, None);
+        let [gate, up] = two(kernel_linears(b, rows, &[&normed], KernelInput::Rows, &[&w_gate, &w_up]));
         let act = swiglu(b, &gate, &up);
         x = kernel_linear(b, rows, &[&act], KernelInput::Rows, &w_down, Some(&x));
         return (x, updated);
@@ -1708,8 +1804,7 @@ fn decoder_layer(
     if let Some(e) = &eps_val {
         // The residual adds, the MLP's norm and its SwiGLU all inside the kernels' calls.
         x = kernel_linear(b, rows, &[&attn], attn_input, &wo, Some(&x));
-        let gate = kernel_linear(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_gate, None);
-        let up = kernel_linear(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &w_up, None);
+        let [gate, up] = two(kernel_linears(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &[&w_gate, &w_up]));
         x = kernel_linear(b, rows, &[&gate, &up], KernelInput::SwiGlu, &w_down, Some(&x));
         return (x, updated);
     }
@@ -1726,6 +1821,16 @@ fn decoder_layer(
     let act = swiglu(b, &gate, &up);
     x = residual_linear(b, &x, &act, &w_down);
     (x, updated)
+}
+
+/// The three products of [`kernel_linears`] over three matrices.
+fn three(products: Vec<Val>) -> [Val; 3] {
+    products.try_into().unwrap_or_else(|p: Vec<Val>| panic!("{} products of three matrices", p.len()))
+}
+
+/// The two products of [`kernel_linears`] over two matrices.
+fn two(products: Vec<Val>) -> [Val; 2] {
+    products.try_into().unwrap_or_else(|p: Vec<Val>| panic!("{} products of two matrices", p.len()))
 }
 
 /// One sequence's new keys and values (`f32[R, KVH, D]`, rope applied) written into its
@@ -2634,8 +2739,8 @@ mod tests {
             let calls = |o: &GraphOptions, spec: GraphSpec, target: &str| {
                 emit_module(&c, o, &[spec]).unwrap().matches(&format!("call_target_name = \"{target}")).count()
             };
-            // Seven products per layer plus the LM head (int8 in an int4 model), one attention
-            // per layer.
+            // Seven products per layer in four calls (q, k and v one, gate and up another) plus
+            // the LM head (int8 in an int4 model), one attention per layer.
             let head = match format {
                 WeightFormat::F16 => 1,
                 WeightFormat::Int4 => {
@@ -2650,7 +2755,24 @@ mod tests {
                     0
                 }
             };
-            assert_eq!(calls(&with, DECODE, target), 7 * layers + head, "{format}");
+            assert_eq!(calls(&with, DECODE, target), 4 * layers + head, "{format}");
+            let grouped = |products: usize| {
+                let name = linear_group_target(
+                    matrices,
+                    KernelInput::RmsNorm,
+                    KernelActivations::Exact,
+                    MatrixOrder::RowMajor,
+                    products,
+                );
+                calls(&with, DECODE, &format!("{name}\""))
+            };
+            assert_eq!((grouped(3), grouped(2)), (layers, layers), "{format}");
+            // A grouped call returns its products as a tuple, one result per matrix.
+            let text = emit_module(&c, &with, &[DECODE]).unwrap();
+            let qkv = text.lines().find(|l| l.contains("_rmsnorm_x3\"")).unwrap();
+            let results = qkv.rsplit_once(") -> (").unwrap().1;
+            let q_k_v = [c.q_dim(), c.kv_dim(), c.kv_dim()].map(|m| format!("tensor<1x{m}xf32>"));
+            assert_eq!(results.trim_end_matches(')'), q_k_v.join(", "), "{format}");
             assert_eq!(calls(&with, DECODE, ATTENTION_DECODE_WRITE_TARGET), layers, "{format}");
             // Longer calls keep the dots, and without kernels nothing is a custom call.
             assert_eq!(calls(&with, prefill, target), 0, "{format}");
@@ -2690,12 +2812,12 @@ mod tests {
             let count = |prefix: &str| text.matches(&format!("call_target_name = \"{prefix}")).count();
             match format {
                 WeightFormat::F16 => {
-                    assert_eq!(count("seam_linear_f16"), 7 * layers + 1);
+                    assert_eq!(count("seam_linear_f16"), 4 * layers + 1);
                     assert_eq!(count("seam_linear_f16_q8"), 0);
                 }
                 WeightFormat::Int4 => {
-                    assert_eq!(count("seam_linear_int4_q8"), 7 * layers);
-                    assert_eq!(count("seam_linear_int4"), 7 * layers);
+                    assert_eq!(count("seam_linear_int4_q8"), 4 * layers);
+                    assert_eq!(count("seam_linear_int4"), 4 * layers);
                     assert_eq!(count("seam_linear_int8_q8"), 1);
                 }
             }
@@ -2718,7 +2840,7 @@ mod tests {
                 WeightFormat::F16 => assert_eq!((every_call.matrix_order(), panels), (MatrixOrder::Panels, 0)),
                 WeightFormat::Int4 => {
                     assert_eq!(panels, 7 * layers);
-                    assert_eq!(count("seam_linear_int4p_q8"), 2 * 7 * layers);
+                    assert_eq!(count("seam_linear_int4p_q8"), 2 * 4 * layers);
                     assert_eq!(count("seam_linear_int4_q8"), 0);
                     // The int8 head (vocab a multiple of 16) in panels too; the embedding's rows
                     // are gathered from them.
@@ -2745,12 +2867,13 @@ mod tests {
         assert_eq!(exact_every_call.matrix_order(), MatrixOrder::Panels);
         let text = emit_module(&c, &exact_every_call, &[DECODE]).unwrap();
         let count = |prefix: &str| text.matches(&format!("call_target_name = \"{prefix}")).count();
-        assert_eq!(count("seam_linear_int4p"), 7 * layers);
+        assert_eq!(count("seam_linear_int4p"), 4 * layers);
         assert_eq!(count("seam_linear_int4p_q8"), 0);
         assert_eq!((count("seam_linear_int4_"), count("seam_linear_int4\"")), (0, 0), "no row-major int4 product left");
         assert_eq!(count("seam_linear_int8p"), 1);
         let names: std::collections::HashSet<String> = linear_targets().into_iter().map(|t| t.name).collect();
-        assert_eq!(names.len(), 72, "every target its own name");
+        assert_eq!(names.len(), 108, "every target its own name");
+        assert!(names.contains("seam_linear_int4p_q8_rmsnorm_x3") && names.contains("seam_linear_f16_x2"));
         assert!(names.contains("seam_linear_int4p_q8_swiglu_residual"));
         assert!(names.contains("seam_linear_int4_q8_rmsnorm_residual"));
 
@@ -2784,7 +2907,7 @@ mod tests {
         };
         let text = emit_module(&c, &kernels, &[prefill]).unwrap();
         let calls: Vec<&str> = text.lines().filter(|l| l.contains("stablehlo.custom_call")).collect();
-        assert_eq!(calls.len(), 8 * layers + 2);
+        assert_eq!(calls.len(), 5 * layers + 2);
         let attention: Vec<&&str> =
             calls.iter().filter(|l| l.contains(&format!("\"{ATTENTION_CAUSAL_WRITE_TARGET}\""))).collect();
         assert_eq!(attention.len(), layers);
@@ -2794,7 +2917,7 @@ mod tests {
             inside.split(", ").map(str::to_string).collect::<Vec<_>>()
         };
         let counted = calls.iter().filter(|l| operands(l).last().unwrap() == "%arg2").count();
-        assert_eq!(counted, 7 * layers, "{}", calls[0]);
+        assert_eq!(counted, 4 * layers, "{}", calls[0]);
         assert!(attention.iter().all(|l| operands(l)[4] == "%arg2"), "{}", attention[0]);
         assert!(!text.contains("stablehlo.dot_general"), "no product or attention left in the graph");
         assert!(!text.contains("dynamic_update_slice"), "no cache update left in the graph");
@@ -2817,15 +2940,15 @@ mod tests {
         let prefill = GraphSpec { kind: GraphKind::Prefill { bucket: 4 }, logits: false };
         let text = emit_module(&c, &options, &[DECODE, prefill]).unwrap();
         assert!(!text.contains("custom_call"), "no XLA custom call in IREE's form");
-        // Seven products per layer, the LM head and the greedy token, in both functions;
+        // Seven products per layer in four calls, the LM head and the greedy token, in both functions;
         // attention stays in the graph (the kernels' attention reads per-layer caches, which
         // these options lack).
-        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (7 * layers + 2));
+        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (4 * layers + 2));
         assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{ARGMAX_TARGET}_")).count(), 2);
         assert_eq!(text.matches("stream.executable private @seam_kernels").count(), 1);
         // One export per target and shape: the layers' same-shaped products share theirs.
         let exports = text.matches("stream.executable.export public @").count();
-        assert!(exports < 2 * (7 * layers + 1), "{exports} exports");
+        assert!(exports < 2 * (4 * layers + 1), "{exports} exports");
         // Each target an import is declared once, with a bare-pointer calling convention.
         for line in text.lines().filter(|l| l.contains("func.func private @seam_linear_")) {
             assert!(line.contains("llvm.bareptr = true"), "{line}");
@@ -2845,7 +2968,7 @@ mod tests {
         assert!(options.attention_kernel());
         let text = emit_module(&c, &options, &[DECODE, prefill]).unwrap();
         let one = attention_decode_many_target(1);
-        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (8 * layers + 2) + layers);
+        assert_eq!(text.matches("flow.dispatch @seam_kernels::@").count(), 2 * (5 * layers + 2) + layers);
         assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{one}_")).count(), layers);
         assert_eq!(text.matches(&format!("flow.dispatch @seam_kernels::@{ATTENTION_CAUSAL_TARGET}_")).count(), layers);
         let writes: Vec<&str> = text
@@ -2874,11 +2997,12 @@ mod tests {
             .count();
         assert_eq!(weight_slices, 0, "no layer sliced out of a stacked argument");
         // An export function offsets none of its operands (layer 0, and the other kernels) or
-        // the three of an int4 matrix (a later layer's).
+        // the three of each int4 matrix it multiplies by (a later layer's: q, k and v's nine,
+        // gate and up's six).
         let offset_counts: Vec<usize> =
             text.split("      func.func @").skip(1).map(|f| f.matches("= arith.addi %o").count()).collect();
-        assert!(offset_counts.iter().all(|&n| n == 0 || n == 3), "{offset_counts:?}");
-        assert!(offset_counts.contains(&3), "a later layer's products read from an offset");
+        assert!(offset_counts.iter().all(|&n| [0, 3, 6, 9].contains(&n)), "{offset_counts:?}");
+        assert!(offset_counts.contains(&9), "a later layer's products read from an offset");
         let heads = c.num_attention_heads;
         assert!(text.contains(&format!("= arith.constant {heads} : index\n    %")), "workload of the heads");
         for target in [one.as_str(), ATTENTION_CAUSAL_TARGET] {
@@ -2899,17 +3023,17 @@ mod tests {
                 .count()
         };
         let chunk = GraphSpec { kind: GraphKind::Prefill { bucket: PREPARE_IN_GRAPH_FROM_ROWS }, logits: false };
-        assert_eq!(dispatches(DECODE, "_rmsnorm"), 5 * layers + 1);
+        assert_eq!(dispatches(DECODE, "_rmsnorm"), 2 * layers + 1);
         assert_eq!(dispatches(DECODE, "_swiglu"), layers);
         // The head reads the chunk's last row alone: its norm stays fused.
         assert_eq!(dispatches(chunk, "_rmsnorm"), 1);
         assert_eq!(dispatches(chunk, "_swiglu"), 0);
-        assert_eq!(dispatches(chunk, ""), 7 * layers + 1);
+        assert_eq!(dispatches(chunk, ""), 4 * layers + 1);
         let text = emit_module(&c, &options, &[chunk]).unwrap();
         assert!(text.contains("stablehlo.sqrt") && text.contains("stablehlo.exponential"), "the norm and SwiGLU");
         // A batched decode's rows are prepared as a lone decode's, in the kernels: the same bits.
         let batch = GraphSpec { kind: GraphKind::DecodeBatch { batch: 8 }, logits: true };
-        assert_eq!(dispatches(batch, "_rmsnorm"), 5 * layers + 1);
+        assert_eq!(dispatches(batch, "_rmsnorm"), 2 * layers + 1);
         assert_eq!(dispatches(batch, "_swiglu"), layers);
 
         // A batched decode attends in one dispatch per layer for all its sequences, which also

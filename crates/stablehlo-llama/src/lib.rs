@@ -23,12 +23,12 @@ pub use arguments::{
 pub use buckets::{buckets_for_context, plan_prefill, plan_prefill_embeddings, PlannedCall, DEFAULT_BUCKETS};
 pub use error::GraphError;
 pub use graph::{
-    attention_decode_many_target, cache_arg_shapes, cuda_calls, emit_entry_module, emit_module, linear_target,
-    linear_targets, CudaCall, GraphKind, GraphOptions, GraphSpec, HostKernels, KernelActivations, KernelCalls,
-    KernelInput, LayerMode, LinearTarget, VectorProducts, ARGMAX_TARGET, ATTENTION_CAUSAL_TARGET,
+    attention_decode_many_target, cache_arg_shapes, cuda_calls, emit_entry_module, emit_module, linear_group_target,
+    linear_target, linear_targets, CudaCall, GraphKind, GraphOptions, GraphSpec, HostKernels, KernelActivations,
+    KernelCalls, KernelInput, LayerMode, LinearTarget, VectorProducts, ARGMAX_TARGET, ATTENTION_CAUSAL_TARGET,
     ATTENTION_CAUSAL_WRITE_TARGET, ATTENTION_DECODE_BATCH_TARGET, ATTENTION_DECODE_MANY_TARGET, ATTENTION_DECODE_PARTS,
     ATTENTION_DECODE_WRITE_TARGET, CUDA_NORMED_ROWS_F16_TARGET, CUDA_NORMED_ROWS_INT4_TARGET,
     CUDA_NORMED_ROWS_INT8_TARGET, CUDA_RESIDUAL_ROWS_F16_TARGET, CUDA_RESIDUAL_ROWS_INT4_TARGET,
     CUDA_RESIDUAL_ROWS_INT8_TARGET, CUDA_ROWS_F16_TARGET, CUDA_ROWS_INT4_TARGET, CUDA_ROWS_INT8_TARGET,
-    MAX_DECODE_BATCH, PREFILL_DEQUANTIZE_MIN_TOKENS, WRITE_ENTRIES_TARGET,
+    MAX_DECODE_BATCH, MAX_GROUPED_PRODUCTS, PREFILL_DEQUANTIZE_MIN_TOKENS, WRITE_ENTRIES_TARGET,
 };

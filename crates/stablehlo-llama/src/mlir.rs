@@ -198,10 +198,23 @@ impl FnBuilder {
     /// returns one array of type `ty`. Only a runtime that registered `target` can compile it.
     pub fn custom_call(&mut self, target: &str, operands: &[&Val], ty: Ty) -> Val {
         if let Some(dispatches) = &mut self.dispatches {
-            let (export, workload) = dispatches.export_for(target, operands, Some(&ty), &[]);
-            return self.flow_dispatch(&export, workload, operands, Some(ty), &[]).remove(0);
+            let (export, workload) = dispatches.export_for(target, operands, std::slice::from_ref(&ty), &[]);
+            return self.flow_dispatch(&export, workload, operands, vec![ty], &[]).remove(0);
         }
         self.op("custom_call", operands, &custom_call_attrs(target), ty)
+    }
+
+    /// [`FnBuilder::custom_call`] with several results, `tys` (an IREE dispatch with a binding per
+    /// result, or an XLA custom call returning a tuple); where `offsets` is not empty, the
+    /// operands are read at those offsets, as [`FnBuilder::custom_call_at`] reads them (IREE's
+    /// form only).
+    pub fn custom_call_results(&mut self, target: &str, operands: &[&Val], offsets: &[usize], tys: &[Ty]) -> Vec<Val> {
+        if let Some(dispatches) = &mut self.dispatches {
+            let (export, workload) = dispatches.export_for(target, operands, tys, offsets);
+            return self.flow_dispatch(&export, workload, operands, tys.to_vec(), &[]);
+        }
+        assert!(offsets.iter().all(|&o| o == 0), "{target}: a call at operand offsets is IREE's form only");
+        self.op_results("custom_call", operands, &custom_call_attrs(target), tys)
     }
 
     /// [`FnBuilder::custom_call`] as an IREE kernel dispatch whose import sees operand `i` from
@@ -212,8 +225,8 @@ impl FnBuilder {
         let Some(dispatches) = &mut self.dispatches else {
             panic!("{target}: a dispatch at operand offsets is IREE's form only");
         };
-        let (export, workload) = dispatches.export_for(target, operands, Some(&ty), offsets);
-        self.flow_dispatch(&export, workload, operands, Some(ty), &[]).remove(0)
+        let (export, workload) = dispatches.export_for(target, operands, std::slice::from_ref(&ty), offsets);
+        self.flow_dispatch(&export, workload, operands, vec![ty], &[]).remove(0)
     }
 
     /// [`FnBuilder::custom_call`] with several results, `tys`, where each `(result, operand)`
@@ -254,8 +267,9 @@ impl FnBuilder {
             panic!("{target}: a dispatch with tied operands is IREE's form only");
         };
         assert!(ty.is_some() || !tied.is_empty(), "{target}: a dispatch with no result");
-        let (export, workload) = dispatches.export_for(target, operands, ty.as_ref(), &[]);
-        self.flow_dispatch(&export, workload, operands, ty, tied)
+        let tys: Vec<Ty> = ty.into_iter().collect();
+        let (export, workload) = dispatches.export_for(target, operands, &tys, &[]);
+        self.flow_dispatch(&export, workload, operands, tys, tied)
     }
 
     /// From now on, [`FnBuilder::custom_call`] emits IREE dispatches of kernel executables,
@@ -269,16 +283,16 @@ impl FnBuilder {
         self.dispatches.take()
     }
 
-    /// `flow.dispatch @seam_kernels::@export[workload](operands) -> ty`, or with operands `tied`
-    /// `-> (ty, %operand, ...)` (`ty` may be absent then): the workload is what the export's
-    /// workgroups share (see [`KernelDispatches`]). Returns the new array, then the tied operands'
-    /// results.
+    /// `flow.dispatch @seam_kernels::@export[workload](operands) -> ty`, with several new arrays
+    /// `-> (ty_0, ty_1, ...)`, or with operands `tied` `-> (ty, ..., %operand, ...)` (`tys` may be
+    /// empty then): the workload is what the export's workgroups share (see [`KernelDispatches`]).
+    /// Returns the new arrays, then the tied operands' results.
     fn flow_dispatch(
         &mut self,
         export: &str,
         extent: usize,
         operands: &[&Val],
-        ty: Option<Ty>,
+        new: Vec<Ty>,
         tied: &[usize],
     ) -> Vec<Val> {
         let workload = format!("%{}", self.next);
@@ -288,12 +302,12 @@ impl FnBuilder {
         self.next += 1;
         let names: Vec<&str> = operands.iter().map(|v| v.name.as_str()).collect();
         let types: Vec<String> = operands.iter().map(|v| v.ty.mlir()).collect();
-        let tys: Vec<Ty> = ty.iter().cloned().chain(tied.iter().map(|&i| operands[i].ty.clone())).collect();
-        let (declared, results) = match (&ty, tied) {
-            (Some(ty), []) => (result.clone(), ty.mlir()),
+        let tys: Vec<Ty> = new.iter().cloned().chain(tied.iter().map(|&i| operands[i].ty.clone())).collect();
+        let (declared, results) = match (&new[..], tied) {
+            ([ty], []) => (result.clone(), ty.mlir()),
             _ => {
                 let results: Vec<String> =
-                    ty.iter().map(Ty::mlir).chain(tied.iter().map(|&i| operands[i].name.clone())).collect();
+                    new.iter().map(Ty::mlir).chain(tied.iter().map(|&i| operands[i].name.clone())).collect();
                 (format!("{result}:{}", tys.len()), format!("({})", results.join(", ")))
             }
         };
@@ -763,12 +777,16 @@ const MAX_WORKGROUPS: usize = 8;
 /// Fewest output rows a workgroup computes.
 const MIN_ROWS_PER_WORKGROUP: usize = 64;
 
+/// What a workgroup's share of output rows is a multiple of (but for a matrix's last): the rows
+/// of a panel of int4 or int8 weights, which cannot be cut.
+pub(crate) const SHARE_ROWS: usize = 16;
+
 /// The kernel calls of a module in IREE's form ([`crate::KernelCalls::IreeDispatch`]): one
 /// export of the `stream.executable @seam_kernels` per distinct target and operand shapes.
 ///
 /// An export's workgroups each call the executable import named like the target with the
 /// operands' buffers and one share of the work, in this calling convention (the runtime's
-/// import reads it as a packed struct of pointer-sized words): for each operand, then the
+/// import reads it as a packed struct of pointer-sized words): for each operand, then each
 /// result, a bare pointer and its element offset; then the call's shape words (`Split`); then
 /// `first` and `count`, this workgroup's share.
 ///
@@ -776,7 +794,9 @@ const MIN_ROWS_PER_WORKGROUP: usize = 64;
 ///   columns) and `n` (the result's columns); a workgroup computes output columns
 ///   `first..first + count` of every token. One whose input is a decode attention's parts
 ///   ([`crate::KernelInput::AttentionParts`]) has `k` the merged input's columns, then a fourth
-///   word, `heads`.
+///   word, `heads`. A grouped one ([`crate::linear_group_target`]) has `tokens`, `k`, then each
+///   result's columns `n_0, n_1, ...`; its workgroups share the columns of all the results in
+///   turn (column `c` of the second result is share column `n_0 + c`).
 /// - A causal attention's ([`crate::ATTENTION_CAUSAL_TARGET`]) are `tokens`, `heads`, `kv_heads`,
 ///   `head_dim`, `capacity` (the cache's positions) and `cache_bytes` (the bytes of a cache
 ///   element: 4 for f32, 2 for f16); a workgroup computes query heads `first..first + count` of
@@ -807,7 +827,8 @@ struct Export {
     name: String,
     target: String,
     operands: Vec<Ty>,
-    result: Option<Ty>,
+    /// The new arrays (none for a dispatch that only updates its tied operands).
+    results: Vec<Ty>,
     /// Where the import's view of each operand starts, in elements (empty: every operand from
     /// its start; [`FnBuilder::custom_call_at`]).
     offsets: Vec<usize>,
@@ -824,7 +845,7 @@ struct Split {
 }
 
 impl Split {
-    fn of(target: &str, operands: &[Ty], result: Option<&Ty>) -> Split {
+    fn of(target: &str, operands: &[Ty], results: &[Ty]) -> Split {
         if target == crate::WRITE_ENTRIES_TARGET {
             // operands k and v [T, KVH, D], position, rows, keys [KVH, D, C], values: a workgroup
             // writes one KV head's entries.
@@ -833,7 +854,7 @@ impl Split {
             let words = vec![tokens, kv_heads, head_dim, capacity, cache_bytes(&operands[4])];
             return Split { extent: kv_heads, per_group: 1, words };
         }
-        let dims = &result.expect("the kernel dispatches but the entries' writes return a new array").dims;
+        let dims = &results.first().expect("the kernel dispatches but the entries' writes return a new array").dims;
         if target.starts_with(crate::ATTENTION_DECODE_MANY_TARGET) {
             // operands q [S, H, D], positions, the new keys and values [S, KVH, D], then keys
             // [KVH, D, C] and values per sequence; result the parts. A workgroup takes one span
@@ -860,6 +881,15 @@ impl Split {
         }
         let n = dims[dims.len() - 1];
         let tokens: usize = dims[..dims.len() - 1].iter().product();
+        if results.len() > 1 {
+            // A grouped linear target's results [T, n_i]: the workgroups share their columns,
+            // the first matrix's rows then the next's.
+            let ns: Vec<usize> = results.iter().map(|r| r.dims[r.dims.len() - 1]).collect();
+            let extent = ns.iter().sum();
+            let k = operands[0].dims[operands[0].dims.len() - 1];
+            let words = [tokens, k].into_iter().chain(ns).collect();
+            return Split { extent, per_group: rows_per_workgroup(extent), words };
+        }
         if target.contains(crate::graph::ATTENTION_PARTS_INPUT) {
             // parts [T, P * H, 2 + D]: the product's input is the merged [T, H * D].
             let parts = &operands[0].dims;
@@ -883,22 +913,16 @@ fn cache_bytes(cache: &Ty) -> usize {
 impl KernelDispatches {
     /// The export for `target` over these operands (made on first use), and the workload of a
     /// dispatch of it.
-    fn export_for(
-        &mut self,
-        target: &str,
-        operands: &[&Val],
-        result: Option<&Ty>,
-        offsets: &[usize],
-    ) -> (String, usize) {
+    fn export_for(&mut self, target: &str, operands: &[&Val], results: &[Ty], offsets: &[usize]) -> (String, usize) {
         let types: Vec<Ty> = operands.iter().map(|v| v.ty.clone()).collect();
-        let extent = Split::of(target, &types, result).extent;
+        let extent = Split::of(target, &types, results).extent;
         // Trailing zero offsets are no offsets: one export serves both spellings.
         let used = offsets.iter().rposition(|&o| o != 0).map_or(0, |i| i + 1);
         let offsets = offsets[..used].to_vec();
         if let Some(export) = self
             .exports
             .iter()
-            .find(|e| e.target == target && e.operands == types && e.result.as_ref() == result && e.offsets == offsets)
+            .find(|e| e.target == target && e.operands == types && e.results == results && e.offsets == offsets)
         {
             return (export.name.clone(), extent);
         }
@@ -907,7 +931,7 @@ impl KernelDispatches {
             name: name.clone(),
             target: target.to_string(),
             operands: types,
-            result: result.cloned(),
+            results: results.to_vec(),
             offsets,
         });
         (name, extent)
@@ -920,8 +944,8 @@ impl KernelDispatches {
         }
         let mut s = String::new();
         writeln!(s, "  stream.executable private @{KERNEL_EXECUTABLE} {{").unwrap();
-        for Export { name, target, operands, result, .. } in &self.exports {
-            let per_group = Split::of(target, operands, result.as_ref()).per_group;
+        for Export { name, target, operands, results, .. } in &self.exports {
+            let per_group = Split::of(target, operands, results).per_group;
             writeln!(
                 s,
                 "    stream.executable.export public @{name} workgroups(%workload: index) -> (index, index, index) {{"
@@ -935,12 +959,12 @@ impl KernelDispatches {
         }
         writeln!(s, "    builtin.module {{").unwrap();
         let mut declared: Vec<&str> = Vec::new();
-        for Export { target, operands, result, .. } in &self.exports {
+        for Export { target, operands, results, .. } in &self.exports {
             if declared.contains(&target.as_str()) {
                 continue;
             }
             declared.push(target);
-            let params = import_params(target, operands, result.as_ref());
+            let params = import_params(target, operands, results);
             writeln!(s, "      func.func private @{target}({params}) attributes {{llvm.bareptr = true}}").unwrap();
         }
         for export in &self.exports {
@@ -956,16 +980,16 @@ impl KernelDispatches {
 /// [`MIN_ROWS_PER_WORKGROUP`] rows (a multiple of 16), or all of them in one.
 fn rows_per_workgroup(n: usize) -> usize {
     let groups = n.div_ceil(MIN_ROWS_PER_WORKGROUP).clamp(1, MAX_WORKGROUPS);
-    n.div_ceil(groups).next_multiple_of(16).min(n.max(1))
+    n.div_ceil(groups).next_multiple_of(SHARE_ROWS).min(n.max(1))
 }
 
 /// The parameter types of a target's import, in the calling convention of [`KernelDispatches`]:
 /// a bare pointer and an element offset for each operand and the result, then the shape words,
 /// `first` and `count`, each an `index`.
-fn import_params(target: &str, operands: &[Ty], result: Option<&Ty>) -> String {
-    let words = Split::of(target, operands, result).words.len() + 2;
+fn import_params(target: &str, operands: &[Ty], results: &[Ty]) -> String {
+    let words = Split::of(target, operands, results).words.len() + 2;
     let mut params: Vec<String> =
-        operands.iter().chain(result).map(|t| format!("memref<{}>, index", t.elem.mlir())).collect();
+        operands.iter().chain(results).map(|t| format!("memref<{}>, index", t.elem.mlir())).collect();
     params.extend(std::iter::repeat_n("index".to_string(), words));
     params.join(", ")
 }
@@ -988,10 +1012,9 @@ fn memref(ty: &Ty) -> String {
 /// The function of one export: its bindings as memrefs, their base pointers and offsets, and
 /// the import call for this workgroup's share.
 fn export_function(export: &Export) -> String {
-    let Export { name, target, operands, result, offsets } = export;
-    let result = result.as_ref();
-    let Split { extent, per_group, words } = Split::of(target, operands, result);
-    let all: Vec<&Ty> = operands.iter().chain(result).collect();
+    let Export { name, target, operands, results, offsets } = export;
+    let Split { extent, per_group, words } = Split::of(target, operands, results);
+    let all: Vec<&Ty> = operands.iter().chain(results).collect();
     let mut s = String::new();
     let bindings: Vec<String> = (0..all.len()).map(|i| format!("%b{i}: !stream.binding")).collect();
     writeln!(s, "      func.func @{name}({}) {{", bindings.join(", ")).unwrap();
@@ -1032,7 +1055,7 @@ fn export_function(export: &Export) -> String {
     }
     args.extend((0..words.len()).map(|i| format!("%w{i}")));
     args.push("%first, %count".to_string());
-    let params = import_params(target, operands, result);
+    let params = import_params(target, operands, results);
     writeln!(s, "        func.call @{target}({}) : ({params}) -> ()", args.join(", ")).unwrap();
     writeln!(s, "        return").unwrap();
     writeln!(s, "      }}").unwrap();
