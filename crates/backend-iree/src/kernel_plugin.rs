@@ -165,8 +165,8 @@ impl LinearEntry for LinearImports {
     fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>() -> ImportFn {
         linear::<FORMAT, INPUT, RESIDUAL, Q8>
     }
-    fn group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize>() -> ImportFn {
-        linear_group::<FORMAT, INPUT, Q8, PRODUCTS>
+    fn group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize, const ROPE: bool>() -> ImportFn {
+        linear_group::<FORMAT, INPUT, Q8, PRODUCTS, ROPE>
     }
 }
 
@@ -322,9 +322,17 @@ unsafe fn matrix_rows<'a, const FORMAT: u8, const Q8: bool>(
     whole.row_range(row0..row0 + count)
 }
 
+/// The rope tables of a call's rows (`cos`, `sin`, `[tokens, head_dim]`).
+struct RopeTables<'a> {
+    cos: &'a [f32],
+    sin: &'a [f32],
+    head_dim: usize,
+}
+
 /// Columns `row0..row0 + weights' rows` of the `[tokens, n]` result at `out`: the product of
-/// the first `real` rows of `input` with `weights` (plus the residual's same columns), the
-/// padding rows zero, on the calling thread.
+/// the first `real` rows of `input` with `weights` (plus the residual's same columns; turned by
+/// each row's rope tables, where given, the columns being whole heads), the padding rows zero,
+/// on the calling thread.
 ///
 /// # Safety
 /// `out` is a `[tokens, n]` f32 buffer whose columns this workgroup alone writes; `residual`,
@@ -334,6 +342,7 @@ unsafe fn product_columns(
     (tokens, real): (usize, usize),
     weights: LinearWeights<'_>,
     residual: Option<&[f32]>,
+    rope: Option<&RopeTables<'_>>,
     (out, n, row0): (*mut f32, usize, usize),
 ) -> bool {
     let count = weights.rows();
@@ -351,8 +360,11 @@ unsafe fn product_columns(
         // Every workgroup of the dispatch passes the same input: the first call on a thread
         // prepares it, the others take that preparation.
         cpu_kernels::set_input_reuse(true);
-        let ok =
+        let mut ok =
             ONE_THREAD.with(|pool| cpu_kernels::linear(isa(), pool, input, real, weights, residual, out_cols).is_ok());
+        if let Some(RopeTables { cos, sin, head_dim: d }) = rope.filter(|_| real > 0) {
+            ok &= cpu_kernels::rope_rows(isa(), out_cols, &cos[..real * d], &sin[..real * d], *d).is_ok();
+        }
         for t in 0..tokens {
             // SAFETY: the caller's promise: these columns of row `t` are this workgroup's.
             let dst = unsafe { std::slice::from_raw_parts_mut(out.add(t * n + row0), count) };
@@ -395,7 +407,7 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
             let Some(input) = linear_input::<INPUT>(&p, real, k, heads) else { return false };
             let Some(weights) = matrix_rows::<FORMAT, Q8>(&p, inputs, (n, k), row0, count) else { return false };
             let residual = RESIDUAL.then(|| p.operand::<f32>(rows_operand - 1, tokens * n));
-            product_columns(input, (tokens, real), weights, residual, (p.operand_mut(result), n, row0))
+            product_columns(input, (tokens, real), weights, residual, None, (p.operand_mut(result), n, row0))
         }
     })
 }
@@ -403,27 +415,40 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
 /// One workgroup's share of a grouped linear call (`stablehlo_llama::linear_group_target`):
 /// share columns `first..first + count` of the `PRODUCTS` results taken in turn, each matrix's
 /// part through `cpu_kernels::linear` on the calling thread (the input is prepared once per
-/// thread).
-unsafe extern "C" fn linear_group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize>(
+/// thread); with `ROPE`, the first two results' heads turned by the call's rope tables.
+unsafe extern "C" fn linear_group<
+    const FORMAT: u8,
+    const INPUT: u8,
+    const Q8: bool,
+    const PRODUCTS: usize,
+    const ROPE: bool,
+>(
     params: *mut c_void,
     _context: *mut c_void,
     _reserved: *mut c_void,
 ) -> c_int {
     let inputs = input_operands(INPUT);
-    let rows_operand = inputs + PRODUCTS * weight_operands(FORMAT);
+    let rows_operand = inputs + PRODUCTS * weight_operands(FORMAT) + if ROPE { 2 } else { 0 };
     let results = rows_operand + 1;
     let p = Packed(params as *const usize);
     guarded(|| {
         // SAFETY: the executable passes `results + PRODUCTS` pointer/offset pairs and `PRODUCTS +
-        // 4` words (tokens, k, each result's columns, first, count), over buffers of the shapes
-        // the graph emitter gave the dispatch: inputs `[tokens, k]` (RMSNorm: norm `[k]`, eps
-        // `[]`), each matrix's weights of its result's columns in rows, rows `[]`, results
-        // `[tokens, n_i]`; this workgroup alone writes its share's columns.
+        // 4` words (tokens, k, each result's columns, [head_dim], first, count), over buffers of
+        // the shapes the graph emitter gave the dispatch: inputs `[tokens, k]` (RMSNorm: norm
+        // `[k]`, eps `[]`), each matrix's weights of its result's columns in rows, [cos and sin
+        // `[tokens, head_dim]`], rows `[]`, results `[tokens, n_i]`; this workgroup alone writes
+        // its share's columns.
         unsafe {
             let word = |i| p.word(results + PRODUCTS, i);
-            let (tokens, k, first, count) = (word(0), word(1), word(2 + PRODUCTS), word(3 + PRODUCTS));
+            let share = 2 + PRODUCTS + usize::from(ROPE);
+            let (tokens, k, first, count) = (word(0), word(1), word(share), word(share + 1));
             let real = usize::try_from(p.operand::<i32>(rows_operand, 1)[0]).unwrap_or(0).min(tokens);
             let Some(input) = linear_input::<INPUT>(&p, real, k, 0) else { return false };
+            let rope = ROPE.then(|| {
+                let head_dim = word(2 + PRODUCTS);
+                let table = |i| p.operand::<f32>(i, tokens * head_dim);
+                RopeTables { cos: table(rows_operand - 2), sin: table(rows_operand - 1), head_dim }
+            });
             let mut start = 0;
             (0..PRODUCTS).all(|i| {
                 let n = word(2 + i);
@@ -437,7 +462,13 @@ unsafe extern "C" fn linear_group<const FORMAT: u8, const INPUT: u8, const Q8: b
                 let Some(weights) = matrix_rows::<FORMAT, Q8>(&p, w, (n, k), lo - matrix, hi - lo) else {
                     return false;
                 };
-                product_columns(input, (tokens, real), weights, None, (p.operand_mut(results + i), n, lo - matrix))
+                // The query's and key's heads turn; a share of them is whole heads.
+                let rope = rope.as_ref().filter(|_| i < 2);
+                if rope.is_some_and(|r| r.head_dim == 0 || (lo - matrix) % r.head_dim + (hi - lo) % r.head_dim != 0) {
+                    return false;
+                }
+                let out = (p.operand_mut(results + i), n, lo - matrix);
+                product_columns(input, (tokens, real), weights, None, rope, out)
             })
         }
     })

@@ -78,7 +78,13 @@ fn run(
 
     let library = ensure_compiler_library().expect("the IREE compiler");
     let (compiler, _) = load_compiler(&library).expect("loading the compiler");
-    let vmfb = compiler.compile_str(&text, LLVM_CPU_FLAGS).unwrap_or_else(|e| panic!("{e}\n{text}"));
+    // One compilation at a time: the compiler library's compilations on two threads at once
+    // crash (seam's own compiles are serialized the same way, `backend_iree::compiler`).
+    static COMPILING: std::sync::Mutex<()> = std::sync::Mutex::new(());
+    let vmfb = {
+        let _one = COMPILING.lock().unwrap_or_else(|e| e.into_inner());
+        compiler.compile_str(&text, LLVM_CPU_FLAGS).unwrap_or_else(|e| panic!("{e}\n{text}"))
+    };
     let task = TaskSettings { plugin: Some(install().expect("the kernels plugin")), ..TaskSettings::default() };
     let device = create_cpu_device(&task).expect("the device");
     let program = Program::load(&device, vmfb).expect("loading the module");
@@ -92,21 +98,31 @@ fn run(
 /// A grouped target (`stablehlo_llama::linear_group_target`) as the emitter dispatches it: three
 /// int4 matrices in panels over one RMS-normalized input, the workgroups' shares crossing from
 /// one matrix into the next, equal bit for bit to a call of `cpu_kernels::linear` per matrix;
-/// the padding row of each result zero.
+/// the padding row of each result zero. The query and key's rope (`_rope`, shares of whole
+/// heads) equal to `cpu_kernels::rope_heads` of the products.
 #[test]
 fn grouped_linear_dispatches_equal_a_call_per_matrix() {
+    grouped_dispatch(&[160, 48, 48], None);
+    grouped_dispatch(&[96, 64, 64], Some(32));
+}
+
+/// [`grouped_linear_dispatches_equal_a_call_per_matrix`] for matrices of `rows`, roped with heads
+/// of `head_dim` if given.
+fn grouped_dispatch(rows: &[usize], head_dim: Option<usize>) {
     use cpu_kernels::{Activations, Int4Matrix, LinearWeights};
     use stablehlo_llama::mlir::{arg, Elem, FnBuilder, Ty};
     let (t, k) = (2, 64);
-    let rows = [160, 48, 48];
     let groups = k / cpu_kernels::GROUP_SIZE;
     let mut args = vec![Ty::new(&[t, k], Elem::F32), Ty::new(&[k], Elem::F32)];
-    for n in rows {
+    for &n in rows {
         args.extend([
             Ty::new(&[n, k / 2], Elem::I8),
             Ty::new(&[n, groups], Elem::F16),
             Ty::new(&[n, groups], Elem::F16),
         ]);
+    }
+    if let Some(d) = head_dim {
+        args.extend([Ty::new(&[t, d], Elem::F32), Ty::new(&[t, d], Elem::F32)]);
     }
     let vals: Vec<_> = args.iter().enumerate().map(|(i, ty)| arg(i, ty.clone())).collect();
     let mut b = FnBuilder::new();
@@ -116,7 +132,10 @@ fn grouped_linear_dispatches_equal_a_call_per_matrix() {
     let mut operands = vec![&vals[0], &vals[1], &eps];
     operands.extend(&vals[2..]);
     operands.push(&real);
-    let target = "seam_linear_int4p_rmsnorm_x3";
+    let target = match head_dim {
+        Some(_) => "seam_linear_int4p_rmsnorm_x3_rope",
+        None => "seam_linear_int4p_rmsnorm_x3",
+    };
     let tys: Vec<Ty> = rows.iter().map(|&n| Ty::new(&[t, n], Elem::F32)).collect();
     let results = b.custom_call_results(target, &operands, &[], &tys);
 
@@ -140,6 +159,12 @@ fn grouped_linear_dispatches_equal_a_call_per_matrix() {
         inputs.push((bytemuck::cast_slice(scales), ElementType::F16));
         inputs.push((bytemuck::cast_slice(biases), ElementType::F16));
     }
+    let d = head_dim.unwrap_or(0);
+    let cos: Vec<f32> = (0..t * d).map(|i| ((i * 3 % 11) as f32 / 11.0).cos()).collect();
+    let sin: Vec<f32> = (0..t * d).map(|i| ((i * 3 % 11) as f32 / 11.0).sin()).collect();
+    if head_dim.is_some() {
+        inputs.extend([(bytemuck::cast_slice(&cos), ElementType::F32), (bytemuck::cast_slice(&sin), ElementType::F32)]);
+    }
     let got = run(b, &vals, &results.iter().collect::<Vec<_>>(), &inputs);
 
     for (m, ((n, (packed, scales, biases)), got)) in rows.iter().zip(&matrices).zip(&got).enumerate() {
@@ -156,6 +181,9 @@ fn grouped_linear_dispatches_equal_a_call_per_matrix() {
             &mut want,
         )
         .unwrap();
+        if head_dim.is_some() && m < 2 {
+            cpu_kernels::rope_heads(cpu_kernels::Isa::best(), &mut want, &cos[..d], &sin[..d]).unwrap();
+        }
         assert_eq!(got.len(), t * n, "matrix {m}");
         assert!(got[..n].iter().zip(&want).all(|(g, e)| g.to_bits() == e.to_bits()), "matrix {m}");
         assert!(got[n..].iter().all(|&v| v == 0.0), "matrix {m}: the padding row is zero");

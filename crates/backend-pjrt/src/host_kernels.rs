@@ -315,8 +315,15 @@ unsafe extern "C" fn linear<const FORMAT: u8, const INPUT: u8, const RESIDUAL: b
 
 /// The handler of one [`stablehlo_llama::linear_group_target`]: `PRODUCTS` matrices of format
 /// `FORMAT` over one input (`INPUT`), each product into its own result, in one XLA call where
-/// separate calls each cost XLA's executor a thunk and holds on its buffers.
-unsafe extern "C" fn linear_group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize>(
+/// separate calls each cost XLA's executor a thunk and holds on its buffers; with `ROPE`, the
+/// first two results' heads turned by the call's rope tables.
+unsafe extern "C" fn linear_group<
+    const FORMAT: u8,
+    const INPUT: u8,
+    const Q8: bool,
+    const PRODUCTS: usize,
+    const ROPE: bool,
+>(
     frame: *mut CallFrame,
 ) -> *mut XlaError {
     // SAFETY: called by XLA with its call frame; the arrays are host memory of the CPU plugin.
@@ -332,6 +339,15 @@ unsafe extern "C" fn linear_group<const FORMAT: u8, const INPUT: u8, const Q8: b
                 matrices.push(weights);
                 next = after;
             }
+            let tables = if ROPE {
+                let (rows, head_dim) = rows_cols(frame.arg(next)?, "cos")?;
+                let cos = elements::<f32>(frame.arg(next)?, dtype::F32, &[tokens, head_dim], "cos")?;
+                let sin = elements::<f32>(frame.arg(next + 1)?, dtype::F32, &[rows, head_dim], "sin")?;
+                next += 2;
+                Some((cos, sin, head_dim))
+            } else {
+                None
+            };
             let real = real_rows(frame.arg(next)?, tokens)?;
             let input = first_rows(input, real, tokens, k);
             let mut outs = Vec::with_capacity(PRODUCTS);
@@ -339,7 +355,15 @@ unsafe extern "C" fn linear_group<const FORMAT: u8, const INPUT: u8, const Q8: b
                 outs.push(product_rows(frame, i, (tokens, real), weights.rows())?);
             }
             cpu_kernels::linear_group(Isa::best(), Pool::global(), input, real, &matrices, &mut outs)
-                .map_err(|e| e.to_string())
+                .map_err(|e| e.to_string())?;
+            // The query's and key's heads turn by their rows' tables.
+            if let Some((cos, sin, d)) = tables.filter(|_| real > 0) {
+                for out in outs.iter_mut().take(2) {
+                    cpu_kernels::rope_rows(Isa::best(), out, &cos[..real * d], &sin[..real * d], d)
+                        .map_err(|e| e.to_string())?;
+                }
+            }
+            Ok(())
         })
     }
 }
@@ -352,8 +376,8 @@ impl LinearEntry for LinearHandlers {
     fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>() -> Handler {
         linear::<FORMAT, INPUT, RESIDUAL, Q8>
     }
-    fn group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize>() -> Handler {
-        linear_group::<FORMAT, INPUT, Q8, PRODUCTS>
+    fn group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize, const ROPE: bool>() -> Handler {
+        linear_group::<FORMAT, INPUT, Q8, PRODUCTS, ROPE>
     }
 }
 

@@ -260,6 +260,66 @@ pub fn linear_group(
     }
 }
 
+/// Rotate-half rope on whole heads of one token's row, in place: `x` is `[heads, d]` and `cos`,
+/// `sin` that token's `[d]` (each half repeated), and each head becomes `x * cos + rotated *
+/// sin` with `rotated = [-x[d/2..], x[..d/2]]`. The first product is fused into the sum (one
+/// rounding, `fma(x, cos, rotated * sin)`), which is how XLA's and IREE's compilers contract the
+/// graphs' rope on the CPU: the rope in the kernels gives the graphs' numbers bit for bit.
+pub fn rope_heads(isa: Isa, x: &mut [f32], cos: &[f32], sin: &[f32]) -> Result<(), ShapeError> {
+    let d = cos.len();
+    check_len("sin", sin.len(), d)?;
+    if d == 0 || !d.is_multiple_of(2) || !x.len().is_multiple_of(d) {
+        return Err(ShapeError(format!("{} values are not whole heads of {d}", x.len())));
+    }
+    #[cfg(target_arch = "x86_64")]
+    if isa.has_avx2() && isa.is_supported() {
+        // SAFETY: the CPU has AVX2 and FMA (checked above).
+        unsafe { rope_fma(x, cos, sin) };
+        return Ok(());
+    }
+    let _ = isa;
+    rope_fused(x, cos, sin);
+    Ok(())
+}
+
+/// [`rope_heads`] of each row of `x` (`[tokens, heads * head_dim]`) with its own tables (`cos`,
+/// `sin`: `[tokens, head_dim]`).
+pub fn rope_rows(isa: Isa, x: &mut [f32], cos: &[f32], sin: &[f32], head_dim: usize) -> Result<(), ShapeError> {
+    check_len("sin", sin.len(), cos.len())?;
+    if head_dim == 0 || !cos.len().is_multiple_of(head_dim) {
+        return Err(ShapeError(format!("rope tables of {} values are not rows of {head_dim}", cos.len())));
+    }
+    let tokens = cos.len() / head_dim;
+    if tokens == 0 || !x.len().is_multiple_of(tokens) {
+        return Err(ShapeError(format!("{} values are not {tokens} rows", x.len())));
+    }
+    let width = x.len() / tokens;
+    let tables = cos.chunks_exact(head_dim).zip(sin.chunks_exact(head_dim));
+    x.chunks_exact_mut(width).zip(tables).try_for_each(|(row, (cos, sin))| rope_heads(isa, row, cos, sin))
+}
+
+/// [`rope_heads`]' arithmetic (shapes checked), `mul_add` being one fused multiply-add.
+#[inline(always)]
+fn rope_fused(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    let h = cos.len() / 2;
+    for head in x.chunks_exact_mut(2 * h) {
+        let (first, second) = head.split_at_mut(h);
+        for i in 0..h {
+            let (a, b) = (first[i], second[i]);
+            first[i] = a.mul_add(cos[i], -b * sin[i]);
+            second[i] = b.mul_add(cos[h + i], a * sin[h + i]);
+        }
+    }
+}
+
+/// [`rope_fused`] where `mul_add` is the FMA instruction (elsewhere it is a call to the C
+/// library's `fmaf`).
+#[cfg(target_arch = "x86_64")]
+#[target_feature(enable = "avx2,fma")]
+unsafe fn rope_fma(x: &mut [f32], cos: &[f32], sin: &[f32]) {
+    rope_fused(x, cos, sin);
+}
+
 /// Rows normalized together by [`rms_norm_rows`].
 const NORM_ROWS: usize = 8;
 
@@ -343,6 +403,45 @@ mod tests {
         assert!(linear(Isa::best(), &pool, short, tokens, w, None, &mut got).is_err());
         let uneven = LinearInput::AttentionParts { parts: &parts, heads: 5 };
         assert!(linear(Isa::best(), &pool, uneven, tokens, w, None, &mut got).is_err());
+    }
+
+    #[test]
+    fn rope_turns_pairs_half_a_head_apart_with_the_first_product_fused() {
+        let d = 8;
+        let x: Vec<f32> = (0..3 * d).map(|i| ((i * 37 % 23) as f32 - 11.0) / 7.0).collect();
+        let angles: Vec<f32> = (0..d / 2).map(|i| 0.3 + i as f32 * 0.7).collect();
+        let cos: Vec<f32> = angles.iter().chain(&angles).map(|a| a.cos()).collect();
+        let sin: Vec<f32> = angles.iter().chain(&angles).map(|a| a.sin()).collect();
+        // Each pair (a, b) = (x[i], x[i + d/2]) of each head becomes (a cos - b sin, b cos + a sin),
+        // the second product rounded, the first fused into the sum; on every path.
+        for isa in Isa::supported() {
+            let mut got = x.clone();
+            rope_heads(isa, &mut got, &cos, &sin).unwrap();
+            for (head, (x, got)) in x.chunks_exact(d).zip(got.chunks_exact(d)).enumerate() {
+                for i in 0..d / 2 {
+                    let (a, b) = (x[i], x[i + d / 2]);
+                    let want = (a.mul_add(cos[i], -(b * sin[i])), b.mul_add(cos[i + d / 2], a * sin[i + d / 2]));
+                    let got = (got[i].to_bits(), got[i + d / 2].to_bits());
+                    assert_eq!(got, (want.0.to_bits(), want.1.to_bits()), "{isa:?}, head {head}");
+                }
+            }
+            // Not whole heads, an odd head, tables of different lengths.
+            assert!(rope_heads(isa, &mut got[..d + 1], &cos, &sin).is_err());
+            assert!(rope_heads(isa, &mut got[..3], &cos[..3], &sin[..3]).is_err());
+            assert!(rope_heads(isa, &mut got, &cos, &sin[1..]).is_err());
+            // Rows of their own tables: each as its own call.
+            let tables = |f: fn(f32) -> f32| -> Vec<f32> { (0..2 * d).map(|i| f(0.1 + i as f32 * 0.37)).collect() };
+            let (cos2, sin2) = (tables(f32::cos), tables(f32::sin));
+            let mut rows = x[..2 * d].to_vec();
+            rope_rows(isa, &mut rows, &cos2, &sin2, d).unwrap();
+            for t in 0..2 {
+                let mut one = x[t * d..(t + 1) * d].to_vec();
+                rope_heads(isa, &mut one, &cos2[t * d..(t + 1) * d], &sin2[t * d..(t + 1) * d]).unwrap();
+                assert_eq!(one, rows[t * d..(t + 1) * d], "{isa:?}, row {t}");
+            }
+            assert!(rope_rows(isa, &mut rows[..d + 2], &cos2, &sin2, d).is_err());
+            assert!(rope_rows(isa, &mut rows, &cos2[1..], &sin2[1..], d).is_err());
+        }
     }
 
     #[test]

@@ -41,25 +41,30 @@ pub trait LinearEntry {
 
     /// The instance of a grouped target (`stablehlo_llama::linear_group_target`): `PRODUCTS`
     /// matrices of format `FORMAT` over one input `INPUT` ([`input::ROWS`] or
-    /// [`input::RMS_NORM`]), each with its own result, no residual.
-    fn group<const FORMAT: u8, const INPUT: u8, const INT8_ACTIVATIONS: bool, const PRODUCTS: usize>() -> Self::Entry;
+    /// [`input::RMS_NORM`]), each with its own result, no residual; with `ROPE`, the first two
+    /// results turned by the rope tables the call takes.
+    fn group<const FORMAT: u8, const INPUT: u8, const INT8_ACTIVATIONS: bool, const PRODUCTS: usize, const ROPE: bool>(
+    ) -> Self::Entry;
 }
 
 /// The instance of `E` for `target`.
 pub fn linear_entry<E: LinearEntry>(target: &LinearTarget) -> E::Entry {
-    let LinearTarget { format, input, residual, activations, order, products, .. } = *target;
+    let LinearTarget { format, input, residual, activations, order, products, rope, .. } = *target;
+    let grouping = (products, rope);
     fn of<E: LinearEntry, const FORMAT: u8, const Q8: bool>(
         input: KernelInput,
         residual: bool,
-        products: usize,
+        (products, rope): (usize, bool),
     ) -> E::Entry {
         use self::input::{ATTENTION_PARTS, RMS_NORM, ROWS, SWIGLU};
         if products > 1 {
-            return match (input, products) {
-                (KernelInput::Rows, 2) => E::group::<FORMAT, ROWS, Q8, 2>(),
-                (KernelInput::Rows, 3) => E::group::<FORMAT, ROWS, Q8, 3>(),
-                (KernelInput::RmsNorm, 2) => E::group::<FORMAT, RMS_NORM, Q8, 2>(),
-                (KernelInput::RmsNorm, 3) => E::group::<FORMAT, RMS_NORM, Q8, 3>(),
+            return match (input, products, rope) {
+                (KernelInput::Rows, 2, false) => E::group::<FORMAT, ROWS, Q8, 2, false>(),
+                (KernelInput::Rows, 3, false) => E::group::<FORMAT, ROWS, Q8, 3, false>(),
+                (KernelInput::Rows, 3, true) => E::group::<FORMAT, ROWS, Q8, 3, true>(),
+                (KernelInput::RmsNorm, 2, false) => E::group::<FORMAT, RMS_NORM, Q8, 2, false>(),
+                (KernelInput::RmsNorm, 3, false) => E::group::<FORMAT, RMS_NORM, Q8, 3, false>(),
+                (KernelInput::RmsNorm, 3, true) => E::group::<FORMAT, RMS_NORM, Q8, 3, true>(),
                 other => unreachable!("no grouped linear target takes {other:?}"),
             };
         }
@@ -77,15 +82,15 @@ pub fn linear_entry<E: LinearEntry>(target: &LinearTarget) -> E::Entry {
     use KernelActivations::{Exact, Int8};
     use MatrixOrder::{Panels, RowMajor};
     match (format, activations, order) {
-        (MatrixFormat::F16, ..) => of::<E, { format::F16 }, false>(input, residual, products),
-        (MatrixFormat::Int4, Exact, RowMajor) => of::<E, { format::INT4 }, false>(input, residual, products),
-        (MatrixFormat::Int4, Int8, RowMajor) => of::<E, { format::INT4 }, true>(input, residual, products),
-        (MatrixFormat::Int4, Exact, Panels) => of::<E, { format::INT4_PANELS }, false>(input, residual, products),
-        (MatrixFormat::Int4, Int8, Panels) => of::<E, { format::INT4_PANELS }, true>(input, residual, products),
-        (MatrixFormat::Int8, Exact, RowMajor) => of::<E, { format::INT8 }, false>(input, residual, products),
-        (MatrixFormat::Int8, Int8, RowMajor) => of::<E, { format::INT8 }, true>(input, residual, products),
-        (MatrixFormat::Int8, Exact, Panels) => of::<E, { format::INT8_PANELS }, false>(input, residual, products),
-        (MatrixFormat::Int8, Int8, Panels) => of::<E, { format::INT8_PANELS }, true>(input, residual, products),
+        (MatrixFormat::F16, ..) => of::<E, { format::F16 }, false>(input, residual, grouping),
+        (MatrixFormat::Int4, Exact, RowMajor) => of::<E, { format::INT4 }, false>(input, residual, grouping),
+        (MatrixFormat::Int4, Int8, RowMajor) => of::<E, { format::INT4 }, true>(input, residual, grouping),
+        (MatrixFormat::Int4, Exact, Panels) => of::<E, { format::INT4_PANELS }, false>(input, residual, grouping),
+        (MatrixFormat::Int4, Int8, Panels) => of::<E, { format::INT4_PANELS }, true>(input, residual, grouping),
+        (MatrixFormat::Int8, Exact, RowMajor) => of::<E, { format::INT8 }, false>(input, residual, grouping),
+        (MatrixFormat::Int8, Int8, RowMajor) => of::<E, { format::INT8 }, true>(input, residual, grouping),
+        (MatrixFormat::Int8, Exact, Panels) => of::<E, { format::INT8_PANELS }, false>(input, residual, grouping),
+        (MatrixFormat::Int8, Int8, Panels) => of::<E, { format::INT8_PANELS }, true>(input, residual, grouping),
     }
 }
 
@@ -96,12 +101,13 @@ mod tests {
     /// An entry that names its instance.
     struct Names;
     impl LinearEntry for Names {
-        type Entry = (u8, u8, bool, bool, usize);
+        type Entry = (u8, u8, bool, bool, usize, bool);
         fn instance<const FORMAT: u8, const INPUT: u8, const RESIDUAL: bool, const Q8: bool>() -> Self::Entry {
-            (FORMAT, INPUT, RESIDUAL, Q8, 1)
+            (FORMAT, INPUT, RESIDUAL, Q8, 1, false)
         }
-        fn group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize>() -> Self::Entry {
-            (FORMAT, INPUT, false, Q8, PRODUCTS)
+        fn group<const FORMAT: u8, const INPUT: u8, const Q8: bool, const PRODUCTS: usize, const ROPE: bool>(
+        ) -> Self::Entry {
+            (FORMAT, INPUT, false, Q8, PRODUCTS, ROPE)
         }
     }
 
@@ -109,7 +115,7 @@ mod tests {
     fn every_target_gets_its_own_instance() {
         let mut seen = std::collections::HashSet::new();
         for target in stablehlo_llama::linear_targets() {
-            let (f, i, r, q8, products) = linear_entry::<Names>(&target);
+            let (f, i, r, q8, products, rope) = linear_entry::<Names>(&target);
             let want = match (target.format, target.order) {
                 (MatrixFormat::F16, _) => format::F16,
                 (MatrixFormat::Int4, MatrixOrder::Panels) => format::INT4_PANELS,
@@ -118,9 +124,10 @@ mod tests {
                 (MatrixFormat::Int8, MatrixOrder::RowMajor) => format::INT8,
             };
             let rounds = target.activations == KernelActivations::Int8;
-            assert_eq!((f, r, q8, products), (want, target.residual, rounds, target.products), "{target:?}");
-            assert!(seen.insert((f, i, r, q8, products)), "{target:?}");
+            let grouping = (target.products, target.rope);
+            assert_eq!((f, r, q8, (products, rope)), (want, target.residual, rounds, grouping), "{target:?}");
+            assert!(seen.insert((f, i, r, q8, products, rope)), "{target:?}");
         }
-        assert_eq!(seen.len(), 108);
+        assert_eq!(seen.len(), 126);
     }
 }

@@ -325,20 +325,32 @@ pub const MAX_GROUPED_PRODUCTS: usize = 3;
 /// The custom-call target of `products` linear layers over one input, in one call (a layer's
 /// query, key and value products, or its gate and up products): `(input operands
 /// ([`KernelInput::Rows`] or [`KernelInput::RmsNorm`]), the first matrix's weight operands, the
-/// second's, ..., rows i32[]) -> (f32[T, M_0], f32[T, M_1], ...)`, each matrix as in
-/// [`linear_target`] (all of one format, no residual), each result zero from `rows` on. One call
-/// instead of one per matrix: each call costs the runtime a fixed amount (an IREE dispatch's
-/// record, argument marshalling and workers' barrier; an XLA thunk and its buffers' holds), and
-/// the small key and value products split unevenly over the workers on their own.
+/// second's, ..., [cos f32[T, D], sin f32[T, D]], rows i32[]) -> (f32[T, M_0], f32[T, M_1],
+/// ...)`, each matrix as in [`linear_target`] (all of one format, no residual), each result zero
+/// from `rows` on. One call instead of one per matrix: each call costs the runtime a fixed amount
+/// (an IREE dispatch's record, argument marshalling and workers' barrier; an XLA thunk and its
+/// buffers' holds), and the small key and value products split unevenly over the workers on
+/// their own.
+///
+/// With `rope` (three products: a query, key and value), the call takes each row's rope
+/// tables (`cos`, `sin`, halves repeated, as the graphs' rope reads them) and turns the first two
+/// results' heads of `D` by them: the graphs' rope of the query and key, which would otherwise be
+/// a few more operations per layer between the kernels' calls.
 pub fn linear_group_target(
     format: MatrixFormat,
     input: KernelInput,
     activations: KernelActivations,
     order: MatrixOrder,
     products: usize,
+    rope: bool,
 ) -> String {
-    format!("{}_x{products}", linear_target(format, input, false, activations, order))
+    let rope = if rope { ROPE_SUFFIX } else { "" };
+    format!("{}_x{products}{rope}", linear_target(format, input, false, activations, order))
 }
+
+/// What ends the name of a grouped linear target that ropes its query and key
+/// ([`linear_group_target`]).
+pub(crate) const ROPE_SUFFIX: &str = "_rope";
 
 /// One linear target a runtime registers, with what it computes ([`linear_target`]).
 #[derive(Debug, Clone, PartialEq, Eq)]
@@ -360,6 +372,9 @@ pub struct LinearTarget {
     /// [`linear_target`]'s, 2 to [`MAX_GROUPED_PRODUCTS`] for [`linear_group_target`]'s (whose
     /// input is rows or their RMSNorm, with no residual).
     pub products: usize,
+    /// Whether a grouped call turns its first two results (a query and key) by the rope tables
+    /// it takes ([`linear_group_target`]).
+    pub rope: bool,
 }
 
 /// Every linear target a runtime registers.
@@ -379,13 +394,13 @@ pub fn linear_targets() -> Vec<LinearTarget> {
         for input in [KernelInput::Rows, KernelInput::RmsNorm, KernelInput::SwiGlu, KernelInput::AttentionParts] {
             for residual in [false, true] {
                 let name = linear_target(format, input, residual, activations, order);
-                out.push(LinearTarget { name, format, input, residual, activations, order, products: 1 });
+                out.push(LinearTarget { name, format, input, residual, activations, order, products: 1, rope: false });
             }
         }
         for input in [KernelInput::Rows, KernelInput::RmsNorm] {
-            for products in 2..=MAX_GROUPED_PRODUCTS {
-                let name = linear_group_target(format, input, activations, order, products);
-                out.push(LinearTarget { name, format, input, residual: false, activations, order, products });
+            for (products, rope) in [(2, false), (3, false), (3, true)] {
+                let name = linear_group_target(format, input, activations, order, products, rope);
+                out.push(LinearTarget { name, format, input, residual: false, activations, order, products, rope });
             }
         }
     }
@@ -1333,17 +1348,21 @@ fn kernel_group(input: KernelInput, ws: &[&MatrixArg]) -> bool {
 }
 
 /// The products of `inputs` (as [`kernel_linear`] takes them) with each of `ws`: one call of
-/// [`linear_group_target`] where [`kernel_group`] allows, else one call each.
+/// [`linear_group_target`] where [`kernel_group`] allows, else one call each. With `rope` (the
+/// rope tables `cos`, `sin`, `[T, D]`) and three matrices, the call ropes the first two products
+/// (a query and key); the second value says whether it did (else the caller ropes them).
 fn kernel_linears(
     b: &mut FnBuilder,
     rows: Option<&Val>,
     inputs: &[&Val],
     input: KernelInput,
     ws: &[&MatrixArg],
-) -> Vec<Val> {
+    rope: Option<(&Val, &Val)>,
+) -> (Vec<Val>, bool) {
     if !kernel_group(input, ws) {
-        return ws.iter().map(|w| kernel_linear(b, rows, inputs, input, w, None)).collect();
+        return (ws.iter().map(|w| kernel_linear(b, rows, inputs, input, w, None)).collect(), false);
     }
+    let rope = rope.filter(|_| ws.len() == 3);
     let t = inputs[0].dims()[0];
     let all_rows = rows.is_none().then(|| b.const_int(t as i64, Elem::I32, &[]));
     let mut operands: Vec<&Val> = inputs.to_vec();
@@ -1355,10 +1374,14 @@ fn kernel_linears(
         operands.extend(weights.operands);
         offsets.extend(weights.offsets);
     }
+    if let Some((cos, sin)) = rope {
+        operands.extend([cos, sin]);
+        offsets.extend([0, 0]);
+    }
     operands.extend(rows.or(all_rows.as_ref()));
     let KernelWeights { format, activations, order, .. } = KernelWeights::of(ws[0]);
-    let target = linear_group_target(format, input, activations, order, ws.len());
-    b.custom_call_results(&target, &operands, &offsets, &tys)
+    let target = linear_group_target(format, input, activations, order, ws.len(), rope.is_some());
+    (b.custom_call_results(&target, &operands, &offsets, &tys), rope.is_some())
 }
 
 impl MatrixArg {
@@ -1691,14 +1714,20 @@ fn decoder_layer(
     // (one call instead of the four small operations of the norm and the product).
     let fused = wq.is_kernel();
     let eps_val = fused.then(|| b.const_f32(eps, &[]));
+    // Whether the products' call roped the query and key already.
+    let mut roped = false;
     let (q, k, v) = match &eps_val {
         Some(_) if *prepare_in_graph => {
             let normed = rms_norm(b, &x, &attn_norm, eps);
-            let [q, k, v] = three(kernel_linears(b, rows, &[&normed], KernelInput::Rows, &[&wq, &wk, &wv]));
+            let qkv;
+            (qkv, roped) = kernel_linears(b, rows, &[&normed], KernelInput::Rows, &[&wq, &wk, &wv], Some((cos, sin)));
+            let [q, k, v] = three(qkv);
             (q, k, v)
         }
         Some(e) => {
-            let qkv = kernel_linears(b, rows, &[&x, &attn_norm, e], KernelInput::RmsNorm, &[&wq, &wk, &wv]);
+            let inputs = [&x, &attn_norm, e];
+            let qkv;
+            (qkv, roped) = kernel_linears(b, rows, &inputs, KernelInput::RmsNorm, &[&wq, &wk, &wv], Some((cos, sin)));
             let [q, k, v] = three(qkv);
             (q, k, v)
         }
@@ -1715,8 +1744,7 @@ fn decoder_layer(
     let q = b.reshape(&q, &[t, n_heads, d]);
     let k = b.reshape(&k, &[t, n_kv, d]);
     let v = b.reshape(&v, &[t, n_kv, d]);
-    let q = rope(b, &q, cos, sin);
-    let k = rope(b, &k, cos, sin);
+    let (q, k) = if roped { (q, k) } else { (rope(b, &q, cos, sin), rope(b, &k, cos, sin)) };
 
     // Each sequence attends over its own caches with its own rows; a lone sequence's rows are
     // the whole call.
@@ -1796,7 +1824,7 @@ fn decoder_layer(
         // The residual adds inside the kernels' calls, the norm and the SwiGLU in the graph.
         x = kernel_linear(b, rows, &[&attn], attn_input, &wo, Some(&x));
         let normed = rms_norm(b, &x, &mlp_norm, eps);
-        let [gate, up] = two(kernel_linears(b, rows, &[&normed], KernelInput::Rows, &[&w_gate, &w_up]));
+        let [gate, up] = two(kernel_linears(b, rows, &[&normed], KernelInput::Rows, &[&w_gate, &w_up], None).0);
         let act = swiglu(b, &gate, &up);
         x = kernel_linear(b, rows, &[&act], KernelInput::Rows, &w_down, Some(&x));
         return (x, updated);
@@ -1804,7 +1832,8 @@ fn decoder_layer(
     if let Some(e) = &eps_val {
         // The residual adds, the MLP's norm and its SwiGLU all inside the kernels' calls.
         x = kernel_linear(b, rows, &[&attn], attn_input, &wo, Some(&x));
-        let [gate, up] = two(kernel_linears(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &[&w_gate, &w_up]));
+        let gate_up = kernel_linears(b, rows, &[&x, &mlp_norm, e], KernelInput::RmsNorm, &[&w_gate, &w_up], None);
+        let [gate, up] = two(gate_up.0);
         x = kernel_linear(b, rows, &[&gate, &up], KernelInput::SwiGlu, &w_down, Some(&x));
         return (x, updated);
     }
@@ -2756,20 +2785,25 @@ mod tests {
                 }
             };
             assert_eq!(calls(&with, DECODE, target), 4 * layers + head, "{format}");
-            let grouped = |products: usize| {
+            let grouped = |products: usize, rope: bool| {
                 let name = linear_group_target(
                     matrices,
                     KernelInput::RmsNorm,
                     KernelActivations::Exact,
                     MatrixOrder::RowMajor,
                     products,
+                    rope,
                 );
                 calls(&with, DECODE, &format!("{name}\""))
             };
-            assert_eq!((grouped(3), grouped(2)), (layers, layers), "{format}");
-            // A grouped call returns its products as a tuple, one result per matrix.
+            // The query, key and value's call ropes the query and key: no rope left in the graph
+            // (its rotated halves were a concatenation per layer and product).
+            assert_eq!((grouped(3, true), grouped(3, false), grouped(2, false)), (layers, 0, layers), "{format}");
             let text = emit_module(&c, &with, &[DECODE]).unwrap();
-            let qkv = text.lines().find(|l| l.contains("_rmsnorm_x3\"")).unwrap();
+            // The tables' halves are the two concatenations left.
+            assert_eq!(text.matches("stablehlo.concatenate").count(), 2, "{format}: no rope in the graph");
+            // A grouped call returns its products as a tuple, one result per matrix.
+            let qkv = text.lines().find(|l| l.contains("_rmsnorm_x3_rope\"")).unwrap();
             let results = qkv.rsplit_once(") -> (").unwrap().1;
             let q_k_v = [c.q_dim(), c.kv_dim(), c.kv_dim()].map(|m| format!("tensor<1x{m}xf32>"));
             assert_eq!(results.trim_end_matches(')'), q_k_v.join(", "), "{format}");
@@ -2872,8 +2906,9 @@ mod tests {
         assert_eq!((count("seam_linear_int4_"), count("seam_linear_int4\"")), (0, 0), "no row-major int4 product left");
         assert_eq!(count("seam_linear_int8p"), 1);
         let names: std::collections::HashSet<String> = linear_targets().into_iter().map(|t| t.name).collect();
-        assert_eq!(names.len(), 108, "every target its own name");
+        assert_eq!(names.len(), 126, "every target its own name");
         assert!(names.contains("seam_linear_int4p_q8_rmsnorm_x3") && names.contains("seam_linear_f16_x2"));
+        assert!(names.contains("seam_linear_int4p_q8_rmsnorm_x3_rope") && names.contains("seam_linear_int8_x3_rope"));
         assert!(names.contains("seam_linear_int4p_q8_swiglu_residual"));
         assert!(names.contains("seam_linear_int4_q8_rmsnorm_residual"));
 

@@ -796,7 +796,8 @@ pub(crate) const SHARE_ROWS: usize = 16;
 ///   ([`crate::KernelInput::AttentionParts`]) has `k` the merged input's columns, then a fourth
 ///   word, `heads`. A grouped one ([`crate::linear_group_target`]) has `tokens`, `k`, then each
 ///   result's columns `n_0, n_1, ...`; its workgroups share the columns of all the results in
-///   turn (column `c` of the second result is share column `n_0 + c`).
+///   turn (column `c` of the second result is share column `n_0 + c`). One that ropes its query
+///   and key has a last word, `head_dim`, and its shares are whole heads.
 /// - A causal attention's ([`crate::ATTENTION_CAUSAL_TARGET`]) are `tokens`, `heads`, `kv_heads`,
 ///   `head_dim`, `capacity` (the cache's positions) and `cache_bytes` (the bytes of a cache
 ///   element: 4 for f32, 2 for f16); a workgroup computes query heads `first..first + count` of
@@ -883,12 +884,19 @@ impl Split {
         let tokens: usize = dims[..dims.len() - 1].iter().product();
         if results.len() > 1 {
             // A grouped linear target's results [T, n_i]: the workgroups share their columns,
-            // the first matrix's rows then the next's.
+            // the first matrix's rows then the next's. One that ropes its first two results
+            // takes the tables [T, D] just before `rows` and shares whole heads of D.
             let ns: Vec<usize> = results.iter().map(|r| r.dims[r.dims.len() - 1]).collect();
             let extent = ns.iter().sum();
             let k = operands[0].dims[operands[0].dims.len() - 1];
-            let words = [tokens, k].into_iter().chain(ns).collect();
-            return Split { extent, per_group: rows_per_workgroup(extent), words };
+            let mut words: Vec<usize> = [tokens, k].into_iter().chain(ns).collect();
+            let mut align = SHARE_ROWS;
+            if target.ends_with(crate::graph::ROPE_SUFFIX) {
+                let head_dim = operands[operands.len() - 2].dims[1];
+                words.push(head_dim);
+                align = lcm(SHARE_ROWS, head_dim);
+            }
+            return Split { extent, per_group: rows_per_workgroup_of(extent, align), words };
         }
         if target.contains(crate::graph::ATTENTION_PARTS_INPUT) {
             // parts [T, P * H, 2 + D]: the product's input is the merged [T, H * D].
@@ -979,8 +987,22 @@ impl KernelDispatches {
 /// Output rows per workgroup for `n` rows: at most [`MAX_WORKGROUPS`] groups of at least
 /// [`MIN_ROWS_PER_WORKGROUP`] rows (a multiple of 16), or all of them in one.
 fn rows_per_workgroup(n: usize) -> usize {
+    rows_per_workgroup_of(n, SHARE_ROWS)
+}
+
+/// [`rows_per_workgroup`] in multiples of `align` rows.
+fn rows_per_workgroup_of(n: usize, align: usize) -> usize {
     let groups = n.div_ceil(MIN_ROWS_PER_WORKGROUP).clamp(1, MAX_WORKGROUPS);
-    n.div_ceil(groups).next_multiple_of(SHARE_ROWS).min(n.max(1))
+    n.div_ceil(groups).next_multiple_of(align).min(n.max(1))
+}
+
+/// The least common multiple of `a` and `b` (both non-zero).
+fn lcm(a: usize, b: usize) -> usize {
+    let (mut x, mut y) = (a, b);
+    while y != 0 {
+        (x, y) = (y, x % y);
+    }
+    a / x * b
 }
 
 /// The parameter types of a target's import, in the calling convention of [`KernelDispatches`]:
