@@ -192,13 +192,14 @@ pub fn linear(
 /// `outs[i] = prepare(input) ws[i]^T` for each matrix of `ws` (no residual), for `tokens` rows;
 /// `outs[i]` is `[tokens, rows of ws[i]]`.
 ///
-/// A call of one token splits the rows of all the matrices over the pool in one run, each task
-/// the one-thread product of its rows (the input prepared once per thread, reused across its
-/// rows): a run per matrix would wake the workers and wait for its slowest task once per
-/// matrix, and the small key and value products split unevenly on their own. The numbers are
-/// those of [`linear`] for each matrix: a row's product does not depend on which rows share its
-/// call. Longer calls, and matrices that cannot be cut where the tasks would cut them (panels
-/// not whole), run [`linear`] for one matrix after another.
+/// A call of up to [`GROUP_MAX_TOKENS`] tokens (a decode step, a batch's) splits the rows of all
+/// the matrices over the pool in one run, each task the one-thread product of its rows (the
+/// input prepared once per thread, reused across its rows): a run per matrix would wake the
+/// workers and wait for its slowest task once per matrix, and the small key and value products
+/// split unevenly on their own. The numbers are those of [`linear`] for each matrix: a row's
+/// product does not depend on which rows share its call. Longer calls (a prefill chunk's, whose
+/// products split their own work better), and matrices that cannot be cut where the tasks would
+/// cut them (panels not whole), run [`linear`] for one matrix after another.
 pub fn linear_group(
     isa: Isa,
     pool: &Pool,
@@ -214,7 +215,7 @@ pub fn linear_group(
     let total: usize = ws.iter().map(LinearWeights::rows).sum();
     let align = crate::PANEL_ROWS;
     let whole_panels = ws.iter().all(|w| w.rows() % align == 0);
-    if tokens != 1 || pool.threads() == 1 || !whole_panels {
+    if !(1..=GROUP_MAX_TOKENS).contains(&tokens) || pool.threads() == 1 || !whole_panels {
         for (w, out) in ws.iter().zip(outs.iter_mut()) {
             linear(isa, pool, input, tokens, *w, None, out)?;
         }
@@ -240,12 +241,22 @@ pub fn linear_group(
                 continue;
             }
             let rows = lo - matrix..hi - matrix;
-            // SAFETY: `out` is this matrix's `[1, rows]` result (checked above), of which these
-            // rows are this task's alone.
-            let out = unsafe { std::slice::from_raw_parts_mut(out.0.add(rows.start), rows.len()) };
+            let (n, columns) = (w.rows(), rows.clone());
             let result = match w.row_range(rows) {
-                // Nested in the pool's run, the product runs on this thread alone.
-                Some(part) => linear(isa, pool, input, 1, part, None, out),
+                // Nested in the pool's run, the product runs on this thread alone, into this
+                // task's columns of each token's row.
+                Some(part) => GROUP_COLUMNS.with(|cols| {
+                    cols.resize(tokens * columns.len(), 0.0);
+                    linear(isa, pool, input, tokens, part, None, cols)?;
+                    for (t, row) in cols.chunks_exact(columns.len()).enumerate() {
+                        // SAFETY: `out` is this matrix's `[tokens, n]` result (checked above), of
+                        // which these columns are this task's alone.
+                        unsafe {
+                            std::ptr::copy_nonoverlapping(row.as_ptr(), out.0.add(t * n + columns.start), row.len())
+                        };
+                    }
+                    Ok(())
+                }),
                 None => Err(ShapeError("a task's rows cut a panel".into())),
             };
             if let Err(e) = result {
@@ -259,6 +270,12 @@ pub fn linear_group(
         None => Ok(()),
     }
 }
+
+/// The most tokens a call of [`linear_group`] splits over the pool in one run: a decode batch's.
+pub const GROUP_MAX_TOKENS: usize = 16;
+
+/// A task's columns of [`linear_group`]'s result, token by token.
+static GROUP_COLUMNS: Scratch<Vec<f32>> = Scratch::new();
 
 /// Rotate-half rope on whole heads of one token's row, in place: `x` is `[heads, d]` and `cos`,
 /// `sin` that token's `[d]` (each half repeated), and each head becomes `x * cos + rotated *

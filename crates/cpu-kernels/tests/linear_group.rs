@@ -92,7 +92,7 @@ fn grouped_products_equal_one_call_per_matrix_bit_for_bit() {
     // the one-token path cannot cut, so it runs one matrix after another).
     for rows in [vec![96, 32, 32], vec![64, 176], vec![48, 40, 16]] {
         let arrays: Vec<Arrays> = rows.iter().enumerate().map(|(i, &r)| Arrays::new(r, k, i * 11)).collect();
-        for tokens in [1, 3] {
+        for tokens in [1, 3, 8, 16, 17] {
             let x: Vec<f32> = (0..tokens * k).map(|i| ((i * 29 % 97) as f32 - 48.0) / 40.0).collect();
             let inputs = [LinearInput::Rows(&x), LinearInput::RmsNorm { x: &x, weight: &weight, eps: 1e-5 }];
             for (format, activations, input) in (0..5)
@@ -106,6 +106,13 @@ fn grouped_products_equal_one_call_per_matrix_bit_for_bit() {
                     .map(|w| {
                         let mut out = vec![f32::NAN; tokens * w.rows()];
                         linear(Isa::best(), &Pool::new(1), input, tokens, *w, None, &mut out).unwrap();
+                        // The same product split over a pool's threads: the same bits.
+                        let mut split = vec![f32::NAN; tokens * w.rows()];
+                        linear(Isa::best(), &Pool::new(2), input, tokens, *w, None, &mut split).unwrap();
+                        assert!(
+                            split.iter().zip(&out).all(|(a, b)| a.to_bits() == b.to_bits()),
+                            "{tokens} tokens, format {format}"
+                        );
                         out
                     })
                     .collect();
