@@ -192,7 +192,7 @@ pub fn linear(
 /// `outs[i] = prepare(input) ws[i]^T` for each matrix of `ws` (no residual), for `tokens` rows;
 /// `outs[i]` is `[tokens, rows of ws[i]]`.
 ///
-/// A call of up to [`GROUP_MAX_TOKENS`] tokens (a decode step, a batch's) splits the rows of all
+/// A call of up to [`GROUP_MAX_TOKENS`] tokens (a decode step, a small batch's) splits the rows of all
 /// the matrices over the pool in one run, each task the one-thread product of its rows (the
 /// input prepared once per thread, reused across its rows): a run per matrix would wake the
 /// workers and wait for its slowest task once per matrix, and the small key and value products
@@ -271,8 +271,11 @@ pub fn linear_group(
     }
 }
 
-/// The most tokens a call of [`linear_group`] splits over the pool in one run: a decode batch's.
-pub const GROUP_MAX_TOKENS: usize = 16;
+/// The most tokens a call of [`linear_group`] splits over the pool in one run (a decode step's, a
+/// batch's of up to this many sequences): below the blocked matrix-matrix product, which splits
+/// its own work over the pool better than tasks of rows each running it alone (a 16-token
+/// prefill of SmolLM2 fp16 on pjrt-cpu lost 0-8% that way).
+pub const GROUP_MAX_TOKENS: usize = crate::matmul::GEMM_FROM_TOKENS - 1;
 
 /// A task's columns of [`linear_group`]'s result, token by token.
 static GROUP_COLUMNS: Scratch<Vec<f32>> = Scratch::new();

@@ -555,7 +555,7 @@ const BLOCK_FROM_TOKENS: usize = 2;
 /// From this many tokens per call on, the fast paths run [`gemm`]: each weight converted once
 /// per call, every multiply-add fed from registers. Below it the token blocks convert each weight
 /// once per block of tokens and are faster for it.
-const GEMM_FROM_TOKENS: usize = 12;
+pub(crate) const GEMM_FROM_TOKENS: usize = 12;
 
 /// Tokens per block on AVX2: two f32 accumulators per token, beside the converted weights, in
 /// AVX2's 16 registers.
