@@ -449,27 +449,21 @@ unsafe extern "C" fn linear_group<
                 let table = |i| p.operand::<f32>(i, tokens * head_dim);
                 RopeTables { cos: table(rows_operand - 2), sin: table(rows_operand - 1), head_dim }
             });
-            let mut start = 0;
-            (0..PRODUCTS).all(|i| {
-                let n = word(2 + i);
-                let (lo, hi) = (first.max(start), (first + count).min(start + n));
-                let matrix = start;
-                start += n;
-                if lo >= hi {
-                    return true;
-                }
-                let w = inputs + i * weight_operands(FORMAT);
-                let Some(weights) = matrix_rows::<FORMAT, Q8>(&p, w, (n, k), lo - matrix, hi - lo) else {
+            let rows: [usize; PRODUCTS] = std::array::from_fn(|i| word(2 + i));
+            let all_ok = cpu_kernels::share_parts(&rows, first..first + count).all(|(i, part)| {
+                let (n, w) = (rows[i], inputs + i * weight_operands(FORMAT));
+                let Some(weights) = matrix_rows::<FORMAT, Q8>(&p, w, (n, k), part.start, part.len()) else {
                     return false;
                 };
                 // The query's and key's heads turn; a share of them is whole heads.
                 let rope = rope.as_ref().filter(|_| i < 2);
-                if rope.is_some_and(|r| r.head_dim == 0 || (lo - matrix) % r.head_dim + (hi - lo) % r.head_dim != 0) {
+                if rope.is_some_and(|r| r.head_dim == 0 || part.start % r.head_dim + part.len() % r.head_dim != 0) {
                     return false;
                 }
-                let out = (p.operand_mut(results + i), n, lo - matrix);
+                let out = (p.operand_mut(results + i), n, part.start);
                 product_columns(input, (tokens, real), weights, None, rope, out)
-            })
+            });
+            all_ok
         }
     })
 }

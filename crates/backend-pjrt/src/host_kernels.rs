@@ -340,9 +340,9 @@ unsafe extern "C" fn linear_group<
                 next = after;
             }
             let tables = if ROPE {
-                let (rows, head_dim) = rows_cols(frame.arg(next)?, "cos")?;
+                let (_, head_dim) = rows_cols(frame.arg(next)?, "cos")?;
                 let cos = elements::<f32>(frame.arg(next)?, dtype::F32, &[tokens, head_dim], "cos")?;
-                let sin = elements::<f32>(frame.arg(next + 1)?, dtype::F32, &[rows, head_dim], "sin")?;
+                let sin = elements::<f32>(frame.arg(next + 1)?, dtype::F32, &[tokens, head_dim], "sin")?;
                 next += 2;
                 Some((cos, sin, head_dim))
             } else {

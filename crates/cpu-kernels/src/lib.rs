@@ -61,7 +61,9 @@ pub use attention::{
     StepEntries, DECODE_PARTS,
 };
 pub use isa::Isa;
-pub use linear::{linear, linear_group, rope_heads, rope_rows, LinearInput, LinearWeights, GROUP_MAX_TOKENS};
+pub use linear::{
+    linear, linear_group, rope_heads, rope_rows, share_parts, LinearInput, LinearWeights, GROUP_MAX_TOKENS,
+};
 pub use matmul::{
     matmul_f16, matmul_int4, matmul_int4_q8, matmul_int8, matmul_int8_q8, F16Matrix, Int4Matrix, Int8Matrix, GROUP_SIZE,
 };

@@ -10,6 +10,7 @@ use crate::{
     matmul_int8_panels, matmul_int8_panels_q8, matmul_int8_q8, Activations, F16Matrix, Int4Matrix, Int8Matrix, Isa,
     ShapeError,
 };
+use std::ops::Range;
 
 /// What the product reads, `[tokens, cols]` once prepared.
 #[derive(Debug, Clone, Copy)]
@@ -226,23 +227,16 @@ pub fn linear_group(
         .next_multiple_of(align)
         .max(crate::matmul::MIN_ROWS_PER_TASK);
     let outs: Vec<crate::matmul::SendPtr> = outs.iter_mut().map(|o| crate::matmul::SendPtr(o.as_mut_ptr())).collect();
+    let rows: Vec<usize> = ws.iter().map(LinearWeights::rows).collect();
     let failure = std::sync::Mutex::new(None);
     pool.run(total.div_ceil(per_task), &|task| {
-        let (first, last) = (task * per_task, ((task + 1) * per_task).min(total));
+        let share = task * per_task..((task + 1) * per_task).min(total);
         // The threads' own calls reuse the input they prepared for their first rows.
         let reusing = crate::reuse::enabled();
         crate::set_input_reuse(true);
-        let mut start = 0;
-        for (w, out) in ws.iter().zip(&outs) {
-            let (lo, hi) = (first.max(start), last.min(start + w.rows()));
-            let matrix = start;
-            start += w.rows();
-            if lo >= hi {
-                continue;
-            }
-            let rows = lo - matrix..hi - matrix;
-            let (n, columns) = (w.rows(), rows.clone());
-            let result = match w.row_range(rows) {
+        for (i, part_rows) in share_parts(&rows, share) {
+            let (w, out, n, columns) = (ws[i], &outs[i], rows[i], part_rows.clone());
+            let result = match w.row_range(part_rows) {
                 // Nested in the pool's run, the product runs on this thread alone, into this
                 // task's columns of each token's row.
                 Some(part) => GROUP_COLUMNS.with(|cols| {
@@ -269,6 +263,21 @@ pub fn linear_group(
         Some(e) => Err(e),
         None => Ok(()),
     }
+}
+
+/// The parts of `share`, a range of the rows of matrices of `rows` rows each taken in turn (the
+/// first matrix's rows, then the next's): for each matrix the share reaches, its index and its
+/// rows in that matrix. How a grouped product's work, cut in shares of the matrices' rows
+/// together, is run matrix by matrix.
+pub fn share_parts(rows: &[usize], share: Range<usize>) -> impl Iterator<Item = (usize, Range<usize>)> + '_ {
+    let starts = rows.iter().scan(0, |start, &n| {
+        *start += n;
+        Some(*start - n)
+    });
+    starts.zip(rows).enumerate().filter_map(move |(i, (start, &n))| {
+        let (lo, hi) = (share.start.max(start), share.end.min(start + n));
+        (lo < hi).then(|| (i, lo - start..hi - start))
+    })
 }
 
 /// The most tokens a call of [`linear_group`] splits over the pool in one run (a decode step's, a
@@ -462,6 +471,16 @@ mod tests {
             assert!(rope_rows(isa, &mut rows[..d + 2], &cos2, &sin2, d).is_err());
             assert!(rope_rows(isa, &mut rows, &cos2[1..], &sin2[1..], d).is_err());
         }
+    }
+
+    #[test]
+    fn shares_of_matrices_taken_in_turn_split_at_their_boundaries() {
+        let parts = |share| share_parts(&[96, 32, 32], share).collect::<Vec<_>>();
+        assert_eq!(parts(0..64), [(0, 0..64)]);
+        assert_eq!(parts(64..128), [(0, 64..96), (1, 0..32)]);
+        assert_eq!(parts(80..160), [(0, 80..96), (1, 0..32), (2, 0..32)]);
+        assert_eq!(parts(128..160), [(2, 0..32)]);
+        assert!(parts(160..200).is_empty() && parts(10..10).is_empty());
     }
 
     #[test]
