@@ -3,7 +3,7 @@
 #
 #   scripts/compare-llama-cpp.sh [--model smollm2|llama-3.2-1b] [--backends iree-cpu,pjrt-cpu]
 #                                [--threads N] [--repeats N] [--quick] [--out FILE]
-#                                [--depth N] [--set KEY=VALUE ...]
+#                                [--depth N] [--set KEY=VALUE ...] [--isa native|avx2]
 #
 # Builds llama.cpp's llama-bench from the pinned llama-cpp-python source tarball
 # (scripts/build-llama-bench.sh), makes the GGUFs llama.cpp reads (`seam export-gguf`), runs
@@ -16,6 +16,9 @@
 # --depth N times decode after N tokens of context on both sides (`seam bench --decode-depth N`,
 # `llama-bench -d N` in a run of its own, so that prefill stays measured from an empty context);
 # without it, seam decodes after a 16-token prompt and llama-bench from an empty context.
+# --isa avx2 limits both sides to AVX2, FMA and F16C on a machine that has more: seam's kernels
+# through SEAM_CPU_ISA=avx2, llama.cpp built without AVX-512 (scripts/build-llama-bench.sh --isa
+# avx2). The compilers' own code (XLA's, IREE's) still targets the whole CPU.
 #
 # Models:
 #   smollm2       the default model: llama.cpp runs the original Q4_1 GGUF (which seam's int4
@@ -33,6 +36,7 @@ quick=0
 depth=0
 out=""
 settings=()
+isa=native
 while [ $# -gt 0 ]; do
   case "$1" in
     --model) model="$2"; shift 2 ;;
@@ -43,7 +47,8 @@ while [ $# -gt 0 ]; do
     --depth) depth="$2"; shift 2 ;;
     --out) out="$2"; shift 2 ;;
     --set) settings+=(--set "$2"); shift 2 ;;
-    -h|--help) sed -n '2,21p' "$0"; exit 0 ;;
+    --isa) isa="$2"; shift 2 ;;
+    -h|--help) sed -n '2,24p' "$0"; exit 0 ;;
     *) echo "unknown option $1 (see --help)" >&2; exit 2 ;;
   esac
 done
@@ -59,7 +64,8 @@ else
 fi
 
 step "llama-bench (scripts/build-llama-bench.sh)"
-llama_bench="$(scripts/build-llama-bench.sh)"
+llama_bench="$(scripts/build-llama-bench.sh --isa "$isa")"
+if [ "$isa" != native ]; then export SEAM_CPU_ISA="$isa"; fi
 
 build_seam
 
@@ -113,7 +119,7 @@ step "$seam ${bench_args[*]}"
 llama_commit="$("$llama_bench" --version 2>&1 | head -1 || true)"
 seam_commit="$(git rev-parse --short HEAD 2>/dev/null || echo unknown)"
 context="$(python3 -c 'import json,sys; print(json.dumps({"command": sys.argv[1], "model": sys.argv[2], "threads": int(sys.argv[3]), "llama_cpp": sys.argv[4], "llama_cpp_python": "0.3.36", "seam_commit": sys.argv[5], "ggufs": sys.argv[6:]}))' \
-  "scripts/compare-llama-cpp.sh --model $model --backends $backends --threads $threads --repeats $repeats$( [ "$quick" = 1 ] && echo ' --quick')$( [ "$depth" -gt 0 ] && echo " --depth $depth")" "$model" "$threads" "$llama_commit" "$seam_commit" "$f16" "$q4_1")"
+  "scripts/compare-llama-cpp.sh --model $model --backends $backends --threads $threads --repeats $repeats$( [ "$quick" = 1 ] && echo ' --quick')$( [ "$depth" -gt 0 ] && echo " --depth $depth")$( [ "$isa" != native ] && echo " --isa $isa")" "$model" "$threads" "$llama_commit" "$seam_commit" "$f16" "$q4_1")"
 python3 scripts/compare_llama_cpp.py --seam "$tmp/seam.json" --llama "f16=$tmp/llama-f16.json" --llama "int4=$tmp/llama-int4.json" \
   --llama-process "f16=$tmp/llama-process-f16.json" --llama-process "int4=$tmp/llama-process-int4.json" \
   --context "$context" --out "$out"
