@@ -213,7 +213,7 @@ pub(crate) fn gemm(isa: Isa, pool: &Pool, x: &[f32], k: usize, n: usize, out: &m
 /// The tokens in tiles of at most `most` that differ in size by one at most: each tile's first
 /// token and size. A last tile of one or two tokens (eight tokens as six and two) would leave most
 /// of the FMA units waiting on its few accumulators' latency; four and four keep them busy.
-fn balanced_tiles(tokens: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
+pub(crate) fn balanced_tiles(tokens: usize, most: usize) -> impl Iterator<Item = (usize, usize)> {
     let tiles = tokens.div_ceil(most);
     let (size, larger) = (tokens.checked_div(tiles).unwrap_or(0), tokens.checked_rem(tiles).unwrap_or(0));
     (0..tiles).map(move |i| (i * size + i.min(larger), size + usize::from(i < larger)))

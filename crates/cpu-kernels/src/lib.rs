@@ -41,6 +41,7 @@
 mod argmax;
 mod attention;
 pub mod bandwidth;
+mod f16_tiles;
 mod gemm;
 mod isa;
 mod linear;

@@ -106,7 +106,12 @@ pub fn matmul_f16(
     check_len("f16 weights", w.data.len(), n * k)?;
     check_len("output", out.len(), tokens * n)?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
-    if isa.has_avx2() && tokens >= GEMM_FROM_TOKENS {
+    if isa.has_avx2() && (2..=F16_TILES_TO_TOKENS).contains(&tokens) {
+        // SAFETY: the CPU runs the path (checked above); the shapes were checked above.
+        unsafe { crate::f16_tiles::matmul(isa, pool, x, tokens, w, out) };
+        return Ok(());
+    }
+    if isa.has_avx2() && tokens > F16_TILES_TO_TOKENS {
         // SAFETY: the AVX2 path, which the CPU supports (checked above); `row0` is a row of `w`
         // (the product splits rows at panels) and the chunk's columns are within `k`.
         let pack = |row0, k0, dst: &mut [f32]| unsafe { gemm::avx2::f16_panel(w.data, k, row0, k0, dst) };
@@ -116,20 +121,6 @@ pub fn matmul_f16(
             }
         };
         gemm(isa, pool, x, k, n, out, Weights { pack: Pack::Panels(&pack), ahead: &ahead });
-        return Ok(());
-    }
-    if isa.has_avx2() && tokens >= BLOCK_FROM_TOKENS {
-        let wide = isa.has_avx512();
-        token_blocks(pool, x, tokens, k, n, out, token_block(isa), &|row, xs, count| {
-            let row = &w.data[row * k..(row + 1) * k];
-            // SAFETY: the CPU supports the path taken (checked above).
-            unsafe {
-                match wide {
-                    true => avx512::dot_f16_block(row, xs, count),
-                    false => widened(avx2::dot_f16_block(row, xs, count)),
-                }
-            }
-        });
         return Ok(());
     }
     if isa.has_avx2() {
@@ -557,6 +548,14 @@ const BLOCK_FROM_TOKENS: usize = 2;
 /// once per block of tokens and are faster for it.
 pub(crate) const GEMM_FROM_TOKENS: usize = 12;
 
+/// The most tokens per call for which f16 products run [`crate::f16_tiles`] (from two tokens
+/// on): register tiles over the row-major f16 weights, widened where they are used. From here
+/// on [`gemm`]'s conversion to f32 panels, paid once per call, costs less than widening every
+/// weight once per tile of tokens (`examples/f16_rate.rs`: on AVX-512 the tiles took half the
+/// time of the row-by-row token blocks at 4-11 tokens and 8-10% less than the panels at 12-16,
+/// and the panels were ahead from 20; on AVX2 the tiles were ahead to 32).
+pub(crate) const F16_TILES_TO_TOKENS: usize = 16;
+
 /// Tokens per block on AVX2: two f32 accumulators per token, beside the converted weights, in
 /// AVX2's 16 registers.
 const TOKEN_BLOCK: usize = 4;
@@ -668,36 +667,6 @@ pub(crate) mod avx512 {
         _mm512_cvtph_ps(_mm256_set1_epi16(value as i16))
     }
 
-    /// One f16 row times `count` (1..=8) tokens' activations (`xs`, `count * w.len()` values).
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    pub unsafe fn dot_f16_block(w: &[u16], xs: &[f32], count: usize) -> [f32; WIDE_TOKEN_BLOCK] {
-        for_count!(count, R in [1, 2, 3, 4, 5, 6, 7, 8] => dot_f16_rows::<R>(w, xs))
-    }
-
-    #[target_feature(enable = "avx512f,avx2,fma,f16c")]
-    unsafe fn dot_f16_rows<const R: usize>(w: &[u16], xs: &[f32]) -> [f32; WIDE_TOKEN_BLOCK] {
-        let k = w.len();
-        debug_assert!(xs.len() >= R * k);
-        let (wp, xp) = (w.as_ptr(), xs.as_ptr());
-        let mut acc = [[_mm512_setzero_ps(); 2]; R];
-        let mut i = 0;
-        while i + 32 <= k {
-            // The next cache line of weights, a little ahead (see `avx2::dot_f16`).
-            _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(i + super::PREFETCH_AHEAD / 2) as *const i8);
-            let pair = [
-                _mm512_cvtph_ps(_mm256_loadu_si256(wp.add(i) as *const __m256i)),
-                _mm512_cvtph_ps(_mm256_loadu_si256(wp.add(i + 16) as *const __m256i)),
-            ];
-            group_into(&mut acc, &pair, xp.add(i), k);
-            i += 32;
-        }
-        let mut out = sums(acc);
-        for (j, sum) in out.iter_mut().enumerate().take(R) {
-            *sum += crate::scalar::dot_f16(&xs[j * k + i..(j + 1) * k], &w[i..k]);
-        }
-        out
-    }
-
     /// One int4 row times `count` (1..=8) tokens' activations (`xs`, `count * k` values): each
     /// group's 32 weights dequantized in registers (scale * q + bias, as the format defines them)
     /// and multiplied with every token.
@@ -800,47 +769,6 @@ pub(crate) mod avx2 {
                 *a = _mm256_fmadd_ps(*wv, _mm256_loadu_ps(x.add(8 * part)), *a);
             }
         }
-    }
-
-    /// One f16 row times `count` (1..=4) tokens' activations (`xs`, `count * w.len()` values):
-    /// 8 weights converted per step and multiplied with every token.
-    #[target_feature(enable = "avx2,fma,f16c")]
-    pub unsafe fn dot_f16_block(w: &[u16], xs: &[f32], count: usize) -> [f32; 4] {
-        for_count!(count, R in [1, 2, 3, 4] => dot_f16_rows::<R>(w, xs))
-    }
-
-    #[target_feature(enable = "avx2,fma,f16c")]
-    unsafe fn dot_f16_rows<const R: usize>(w: &[u16], xs: &[f32]) -> [f32; 4] {
-        let k = w.len();
-        debug_assert!(xs.len() >= R * k);
-        let (wp, xp) = (w.as_ptr(), xs.as_ptr());
-        let mut acc = [[_mm256_setzero_ps(); 2]; R];
-        let mut i = 0;
-        while i + 16 <= k {
-            if i % 32 == 0 {
-                // The next cache line of weights, a little ahead (see `dot_f16`).
-                _mm_prefetch::<_MM_HINT_T0>(wp.wrapping_add(i + super::PREFETCH_AHEAD / 2) as *const i8);
-            }
-            let w0 = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i) as *const __m128i));
-            let w1 = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i + 8) as *const __m128i));
-            for (j, [a, b]) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(w0, _mm256_loadu_ps(xp.add(j * k + i)), *a);
-                *b = _mm256_fmadd_ps(w1, _mm256_loadu_ps(xp.add(j * k + i + 8)), *b);
-            }
-            i += 16;
-        }
-        while i + 8 <= k {
-            let wv = _mm256_cvtph_ps(_mm_loadu_si128(wp.add(i) as *const __m128i));
-            for (j, [a, _]) in acc.iter_mut().enumerate() {
-                *a = _mm256_fmadd_ps(wv, _mm256_loadu_ps(xp.add(j * k + i)), *a);
-            }
-            i += 8;
-        }
-        let mut out = sums(acc);
-        for (j, sum) in out.iter_mut().enumerate().take(R) {
-            *sum += crate::scalar::dot_f16(&xs[j * k + i..(j + 1) * k], &w[i..k]);
-        }
-        out
     }
 
     /// One int4 row times `count` (1..=4) tokens' activations (`xs`, `count * k` values): each
@@ -1073,9 +1001,6 @@ mod avx2 {
     pub unsafe fn dot_f16(_: &[f32], _: &[u16]) -> f32 {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
-    pub unsafe fn dot_f16_block(_: &[u16], _: &[f32], _: usize) -> [f32; 4] {
-        unreachable!("the AVX2 path is never chosen off x86-64")
-    }
     pub unsafe fn dot_int4_block(_: &[u8], _: &[u16], _: &[u16], _: &[f32], _: usize) -> [f32; 4] {
         unreachable!("the AVX2 path is never chosen off x86-64")
     }
@@ -1093,9 +1018,6 @@ mod avx2 {
 #[cfg(not(target_arch = "x86_64"))]
 mod avx512 {
     use super::WIDE_TOKEN_BLOCK;
-    pub unsafe fn dot_f16_block(_: &[u16], _: &[f32], _: usize) -> [f32; WIDE_TOKEN_BLOCK] {
-        unreachable!("the AVX-512 path is never chosen off x86-64")
-    }
     pub unsafe fn dot_int4_block(_: &[u8], _: &[u16], _: &[u16], _: &[f32], _: usize) -> [f32; WIDE_TOKEN_BLOCK] {
         unreachable!("the AVX-512 path is never chosen off x86-64")
     }

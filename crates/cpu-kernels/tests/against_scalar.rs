@@ -54,6 +54,14 @@ fn matmul_f16_matches_scalar_on_every_path() {
             // The 512-bit tile: a pair of panels whose second is partial, a twelve-token tile and
             // one of one token.
             (27, 96, 13),
+            // The f16 row tiles (2-16 tokens): the last tile of rows partial in every shape
+            // (4, 6 and 3 rows), columns past the last whole register, both 512-bit shapes,
+            // long rows (the next tile asked for ahead), and the first call past the tiles.
+            (11, 23, 5),
+            (25, 47, 14),
+            (50, 2048, 12),
+            (19, 300, 8),
+            (7, 200, 17),
         ] {
             let w: Vec<u16> = (0..n * k).map(|_| rng.f16_bits(1.0)).collect();
             let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
