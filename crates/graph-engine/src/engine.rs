@@ -20,7 +20,7 @@ use crate::runtime::{BatchCall, GraphCall, GraphInput, GraphRuntime};
 use session_api::{
     BatchedStep, Capabilities, Engine, EngineInfo, RawStep, Result, SeamError, SessionOptions, SessionSteps, StepInput,
 };
-use stablehlo_llama::{plan_prefill, plan_prefill_embeddings, GraphKind, GraphSpec};
+use stablehlo_llama::{plan_prefill, plan_prefill_embeddings, GraphKind, GraphSpec, PaddingCost};
 use std::sync::{Arc, Mutex};
 use std::time::Duration;
 
@@ -78,6 +78,9 @@ pub(crate) struct Shared<R: GraphRuntime> {
     pub runtime: R,
     /// Prefill buckets of the token graphs (decode is the one-token graph).
     pub buckets: Vec<usize>,
+    /// What a padding row of the smallest bucket's calls costs, which decides whether a few
+    /// tokens go through decode steps or one padded call ([`plan_prefill`]).
+    pub padding: PaddingCost,
     pub max_context: usize,
     pub hidden_size: usize,
     /// Buckets of the embedding graphs loaded so far (they are compiled on first use).
@@ -314,8 +317,12 @@ impl<R: GraphRuntime> GraphSteps<R> {
     fn plan(&self, position: usize, input: &StepInput<'_>) -> Result<Vec<GraphCall>> {
         let (buckets, max_context, hidden) = (&self.shared.buckets, self.shared.max_context, self.shared.hidden_size);
         let planned = match input {
-            StepInput::Tokens(tokens) => plan_prefill(position, tokens.len(), buckets, max_context),
-            StepInput::Embeddings { count, .. } => plan_prefill_embeddings(position, *count, buckets, max_context),
+            StepInput::Tokens(tokens) => {
+                plan_prefill(position, tokens.len(), buckets, max_context, self.shared.padding)
+            }
+            StepInput::Embeddings { count, .. } => {
+                plan_prefill_embeddings(position, *count, buckets, max_context, self.shared.padding)
+            }
         }
         .map_err(|e| SeamError::Backend(format!("planning the calls: {e}")))?;
         let mut at = 0;

@@ -405,10 +405,12 @@ pub fn load_engine<R: GraphRuntime>(
         weight_bytes,
         decode_bytes_per_token: Some(weight_bytes - gathered_bytes + cache_bytes),
     };
+    let padding = options.padding_cost(buckets.iter().copied().min().unwrap_or(1));
     let shared = Shared {
         runtime,
         idle_caches: Mutex::new(Vec::new()),
         buckets,
+        padding,
         max_context: options.max_context,
         hidden_size: config.hidden_size,
         embedding_graphs: Mutex::new(Vec::new()),

@@ -613,6 +613,17 @@ impl GraphOptions {
         }
     }
 
+    /// What a padding row of a `bucket`-row prefill call costs: next to nothing where the host
+    /// kernels take its products and attention (they compute the call's real rows alone), else
+    /// what a real row does.
+    pub fn padding_cost(&self, bucket: usize) -> crate::PaddingCost {
+        if self.kernel_rows(bucket) {
+            crate::PaddingCost::Skipped
+        } else {
+            crate::PaddingCost::Full
+        }
+    }
+
     /// Whether calls of `rows` rows multiply through the host kernels.
     fn kernel_rows(&self, rows: usize) -> bool {
         self.host_kernels.is_some_and(|k| rows <= k.max_tokens)
@@ -2886,6 +2897,10 @@ mod tests {
                 }
             }
             assert_eq!(q8.matrix_order(), MatrixOrder::RowMajor, "calls above max_tokens keep the graph's dots");
+            // Padding rows cost nothing only where the kernels take the bucket's calls.
+            assert_eq!(every_call.padding_cost(16), crate::PaddingCost::Skipped);
+            assert_eq!(q8.padding_cost(16), crate::PaddingCost::Full);
+            assert_eq!(options(format).padding_cost(16), crate::PaddingCost::Full);
         }
         // Exact activations read the same panels, through their own targets.
         let exact_every_call = GraphOptions {

@@ -20,7 +20,9 @@ pub use arguments::{
     stack_weight_args, weight_args, weight_args_with, ArgDtype, ArgLayout, DenseLayout, HostArg, MatrixOrder, Stacked,
     StorageDtype, WeightArg, WeightPart,
 };
-pub use buckets::{buckets_for_context, plan_prefill, plan_prefill_embeddings, PlannedCall, DEFAULT_BUCKETS};
+pub use buckets::{
+    buckets_for_context, plan_prefill, plan_prefill_embeddings, PaddingCost, PlannedCall, DEFAULT_BUCKETS,
+};
 pub use error::GraphError;
 pub use graph::{
     attention_decode_many_target, cache_arg_shapes, cuda_calls, emit_entry_module, emit_module, linear_group_target,
