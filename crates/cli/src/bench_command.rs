@@ -8,7 +8,9 @@
 //!   and the process's resident memory after the warm load (RSS, which also holds whatever earlier
 //!   loads of this run left behind: bench one backend and format per run for a clean figure);
 //! - prefill throughput at each prompt length (a new session, one `prefill` of the whole prompt;
-//!   time to first token is the same call plus creating the session);
+//!   time to first token is the same call plus creating the session), after one untimed prefill
+//!   of the same length: a backend that loads a prefill graph on its first use (pjrt-cpu) pays
+//!   that once per process, which the new process below measures, not every call;
 //! - decode throughput over `--decode-tokens` greedy steps after a prompt of `--decode-depth`
 //!   tokens (16 by default), with per-step p50 / p90;
 //! - a new process: `seam run --max-tokens 1` on the same backend, format and model, with every
@@ -206,6 +208,8 @@ fn ms_since(start: Instant) -> f64 {
 }
 
 fn measure_prefill(engine: &Arc<dyn Engine>, tokens: &[u32], repeats: usize) -> Result<PrefillResult, CliError> {
+    // Untimed, as llama-bench's warm-up run: the graphs this length needs are loaded now.
+    engine.new_session(SessionOptions::default())?.prefill(tokens)?;
     let (mut rates, mut ttft) = (Vec::new(), Vec::new());
     for _ in 0..repeats {
         let started = Instant::now();
