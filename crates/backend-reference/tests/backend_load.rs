@@ -108,3 +108,32 @@ fn bad_model_directories_are_typed_errors() {
     let err = backend.load(&LoadRequest::new(dir.path(), WeightFormat::F16)).err().unwrap();
     assert_eq!(err.kind(), ErrorKind::ModelFormat, "{err}");
 }
+
+/// A Mistral checkpoint is the Llama model it holds, its context ending at the sliding window:
+/// the same weights under a Mistral `config.json` give the same logits, bit for bit.
+#[test]
+fn a_mistral_checkpoint_runs_as_llama_within_its_window() {
+    let dir = tempfile::tempdir().unwrap();
+    let llama = dir.path().join("tiny-llama");
+    write_random_checkpoint(&llama, &tiny_config(), 23).unwrap();
+    let mistral = dir.path().join("tiny-mistral");
+    std::fs::create_dir(&mistral).unwrap();
+    for entry in std::fs::read_dir(&llama).unwrap() {
+        let entry = entry.unwrap();
+        std::fs::copy(entry.path(), mistral.join(entry.file_name())).unwrap();
+    }
+    let mut config: serde_json::Value =
+        serde_json::from_str(&std::fs::read_to_string(llama.join("config.json")).unwrap()).unwrap();
+    config["model_type"] = "mistral".into();
+    config["architectures"] = serde_json::json!(["MistralForCausalLM"]);
+    config["sliding_window"] = 256.into();
+    std::fs::write(mistral.join("config.json"), config.to_string()).unwrap();
+
+    let backend = find_backend("reference").unwrap();
+    let as_llama = backend.load(&LoadRequest::new(&llama, WeightFormat::F16)).unwrap();
+    let as_mistral = backend.load(&LoadRequest::new(&mistral, WeightFormat::F16)).unwrap();
+    assert_eq!(as_llama.capabilities().max_context, 512);
+    assert_eq!(as_mistral.capabilities().max_context, 256, "the context ends at the window");
+    let tokens = prompt(40);
+    assert_eq!(logits(as_mistral.as_ref(), &tokens), logits(as_llama.as_ref(), &tokens));
+}

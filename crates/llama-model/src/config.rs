@@ -58,6 +58,70 @@ pub const DEFAULT_RMS_NORM_EPS: f32 = 1e-6;
 /// Hugging Face transformers' default `max_position_embeddings` for Llama.
 pub const DEFAULT_MAX_POSITION_EMBEDDINGS: usize = 2048;
 
+/// transformers' `MistralConfig` defaults where its keys are absent: `num_key_value_heads`,
+/// `max_position_embeddings` and `sliding_window`.
+const MISTRAL_DEFAULT_KV_HEADS: usize = 8;
+const MISTRAL_DEFAULT_MAX_POSITION_EMBEDDINGS: usize = 4096 * 32;
+const MISTRAL_DEFAULT_SLIDING_WINDOW: usize = 4096;
+
+/// The checkpoint families read as a Llama model.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+enum Family {
+    /// `model_type` "llama", `LlamaForCausalLM`.
+    Llama,
+    /// `model_type` "mistral", `MistralForCausalLM`: a Llama whose attention sees at most
+    /// `sliding_window` positions back (none: every position, as Llama).
+    Mistral,
+}
+
+impl Family {
+    fn of_model_type(name: &str) -> Result<Family, ModelError> {
+        match name {
+            "llama" => Ok(Family::Llama),
+            "mistral" => Ok(Family::Mistral),
+            other => Err(ModelError::UnsupportedArchitecture { found: other.to_string() }),
+        }
+    }
+
+    fn of_architecture(name: &str) -> Result<Family, ModelError> {
+        match name {
+            "LlamaForCausalLM" => Ok(Family::Llama),
+            "MistralForCausalLM" => Ok(Family::Mistral),
+            other => Err(ModelError::UnsupportedArchitecture { found: other.to_string() }),
+        }
+    }
+
+    fn model_type(self) -> &'static str {
+        match self {
+            Family::Llama => "llama",
+            Family::Mistral => "mistral",
+        }
+    }
+
+    /// The positions the model runs: `max_position_embeddings`, and for Mistral no more than its
+    /// sliding window. seam attends over the whole context, which is what the window computes
+    /// until the context outgrows it; past that the two would differ, so the context ends there.
+    fn context(self, r: &JsonReader<'_>) -> Result<usize, ModelError> {
+        let positions = r.usize_opt("max_position_embeddings")?;
+        match self {
+            Family::Llama => Ok(positions.unwrap_or(DEFAULT_MAX_POSITION_EMBEDDINGS)),
+            Family::Mistral => {
+                let positions = positions.unwrap_or(MISTRAL_DEFAULT_MAX_POSITION_EMBEDDINGS);
+                // Absent takes transformers' default; null is no window (`get` reads null as absent).
+                let window = match r.obj.get("sliding_window") {
+                    None => Some(MISTRAL_DEFAULT_SLIDING_WINDOW),
+                    Some(Value::Null) => None,
+                    Some(_) => match r.usize_opt("sliding_window")? {
+                        Some(0) => return Err(r.error("\"sliding_window\" must be positive or null")),
+                        w => w,
+                    },
+                };
+                Ok(window.map_or(positions, |w| positions.min(w)))
+            }
+        }
+    }
+}
+
 /// Reading one `config.json`: every lookup reports errors against the file it came from.
 struct JsonReader<'a> {
     obj: &'a Map<String, Value>,
@@ -242,26 +306,34 @@ impl LlamaConfig {
         let obj = parse_object(text, path, &mut value)?;
         let r = JsonReader { obj, path };
 
-        // Architecture: strict, because a look-alike (Mistral's sliding window, Qwen's biases, ...)
-        // would load and then compute something subtly different.
+        // Architecture: strict, because a look-alike (Qwen's biases, Gemma's norms, ...) would
+        // load and then compute something subtly different. Mistral is Llama with a sliding
+        // window of attention: within the window the two compute the same, so a Mistral model is
+        // read as a Llama model whose context ends at the window (below).
         let model_type = r.str_opt("model_type")?;
         let architectures: Vec<&str> = match r.get("architectures") {
             None => Vec::new(),
             Some(Value::Array(items)) => items.iter().filter_map(Value::as_str).collect(),
             Some(v) => return Err(r.error(format!("\"architectures\" must be a list of strings, found {v}"))),
         };
-        match model_type {
-            Some("llama") => {}
-            Some(other) => return Err(ModelError::UnsupportedArchitecture { found: other.to_string() }),
-            None if architectures.is_empty() => {
-                return Err(ModelError::UnsupportedArchitecture {
-                    found: "unknown (no model_type or architectures)".into(),
-                })
+        let family = match model_type {
+            Some(name) => Family::of_model_type(name)?,
+            None => match architectures.first() {
+                Some(name) => Family::of_architecture(name)?,
+                None => {
+                    return Err(ModelError::UnsupportedArchitecture {
+                        found: "unknown (no model_type or architectures)".into(),
+                    })
+                }
+            },
+        };
+        for name in &architectures {
+            if Family::of_architecture(name)? != family {
+                return Err(r.error(format!(
+                    "architectures lists {name}, which is not the model_type's ({})",
+                    family.model_type()
+                )));
             }
-            None => {}
-        }
-        if let Some(other) = architectures.iter().find(|a| **a != "LlamaForCausalLM") {
-            return Err(ModelError::UnsupportedArchitecture { found: other.to_string() });
         }
 
         for key in ["attention_bias", "mlp_bias"] {
@@ -277,7 +349,10 @@ impl LlamaConfig {
 
         let hidden_size = r.usize_req("hidden_size")?;
         let num_attention_heads = r.usize_req("num_attention_heads")?;
-        let num_key_value_heads = r.usize_opt("num_key_value_heads")?.unwrap_or(num_attention_heads);
+        let num_key_value_heads = r.usize_opt("num_key_value_heads")?.unwrap_or(match family {
+            Family::Llama => num_attention_heads,
+            Family::Mistral => MISTRAL_DEFAULT_KV_HEADS,
+        });
         let head_dim = match r.usize_opt("head_dim")? {
             Some(d) => d,
             None => {
@@ -318,7 +393,7 @@ impl LlamaConfig {
             num_attention_heads,
             num_key_value_heads,
             head_dim,
-            max_position_embeddings: r.usize_opt("max_position_embeddings")?.unwrap_or(DEFAULT_MAX_POSITION_EMBEDDINGS),
+            max_position_embeddings: family.context(&r)?,
             rms_norm_eps: r.f32_opt("rms_norm_eps")?.unwrap_or(DEFAULT_RMS_NORM_EPS),
             rope_theta,
             rope_scaling,
@@ -787,17 +862,66 @@ mod tests {
     #[test]
     fn other_architectures_are_rejected() {
         for (key, value) in [
-            ("model_type", json!("mistral")),
             ("model_type", json!("qwen2")),
-            ("architectures", json!(["MistralForCausalLM"])),
+            ("model_type", json!("gemma")),
+            ("architectures", json!(["Qwen2ForCausalLM"])),
         ] {
             let err = LlamaConfig::from_json_str(&with(SMOLLM2_135M, key, value)).unwrap_err();
             assert!(matches!(err, ModelError::UnsupportedArchitecture { .. }), "{err:?}");
         }
+        // A model_type and architectures of two families contradict each other.
+        let mixed = with(SMOLLM2_135M, "architectures", json!(["MistralForCausalLM"]));
+        assert!(matches!(LlamaConfig::from_json_str(&mixed), Err(ModelError::Config { .. })));
         let bare = without(&without(SMOLLM2_135M, "model_type"), "architectures");
         assert!(matches!(LlamaConfig::from_json_str(&bare), Err(ModelError::UnsupportedArchitecture { .. })));
         // architectures alone is enough.
         assert!(LlamaConfig::from_json_str(&without(SMOLLM2_135M, "model_type")).is_ok());
+    }
+
+    /// Mistral is read as Llama with the context ending at its sliding window, transformers'
+    /// defaults where its keys are absent.
+    #[test]
+    fn mistral_is_llama_within_its_window() {
+        let mistral = |edits: &[(&str, Option<Value>)]| {
+            let mut text = with(
+                &with(SMOLLM2_135M, "model_type", json!("mistral")),
+                "architectures",
+                json!(["MistralForCausalLM"]),
+            );
+            for (key, value) in edits {
+                text = match value {
+                    Some(v) => with(&text, key, v.clone()),
+                    None => without(&text, key),
+                };
+            }
+            LlamaConfig::from_json_str(&text)
+        };
+        let llama = LlamaConfig::from_json_str(SMOLLM2_135M).unwrap();
+        // No window: the same model, field for field.
+        assert_eq!(mistral(&[("sliding_window", Some(Value::Null))]).unwrap(), llama);
+        // A window shorter than the positions ends the context; a longer one changes nothing.
+        let windowed =
+            mistral(&[("sliding_window", Some(json!(1024))), ("max_position_embeddings", Some(json!(32768)))]);
+        assert_eq!(windowed.unwrap().max_position_embeddings, 1024);
+        let wide = mistral(&[("sliding_window", Some(json!(1 << 20)))]).unwrap();
+        assert_eq!(wide.max_position_embeddings, llama.max_position_embeddings);
+        // transformers' MistralConfig defaults: a window of 4096, 131072 positions, 8 KV heads.
+        let defaults = mistral(&[("sliding_window", None), ("max_position_embeddings", None)]).unwrap();
+        assert_eq!(defaults.max_position_embeddings, 4096);
+        let no_window = mistral(&[("sliding_window", Some(Value::Null)), ("max_position_embeddings", None)]).unwrap();
+        assert_eq!(no_window.max_position_embeddings, 131_072);
+        let heads = mistral(&[
+            ("num_key_value_heads", None),
+            ("num_attention_heads", Some(json!(16))),
+            ("hidden_size", Some(json!(1024))),
+        ]);
+        assert_eq!(heads.unwrap().num_key_value_heads, 8);
+        // Architectures alone says Mistral too.
+        let bare = without(&with(SMOLLM2_135M, "architectures", json!(["MistralForCausalLM"])), "model_type");
+        assert_eq!(LlamaConfig::from_json_str(&bare).unwrap().max_position_embeddings, 4096);
+        for bad in [json!(0), json!(-1), json!("4096")] {
+            assert!(matches!(mistral(&[("sliding_window", Some(bad))]), Err(ModelError::Config { .. })));
+        }
     }
 
     #[test]

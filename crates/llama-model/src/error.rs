@@ -63,8 +63,10 @@ pub enum ModelError {
     #[error("{}: corrupt: {message}", path.display())]
     Corrupt { path: PathBuf, message: String },
 
-    /// The model is not a Llama model.
-    #[error("unsupported architecture '{found}': seam runs Llama models (model_type \"llama\", LlamaForCausalLM)")]
+    /// The model is not a Llama model (nor a Mistral model, which is read as one).
+    #[error(
+        "unsupported architecture '{found}': seam runs Llama models (model_type \"llama\", LlamaForCausalLM) and Mistral models (\"mistral\", MistralForCausalLM)"
+    )]
     UnsupportedArchitecture { found: String },
 
     /// The model uses a feature seam does not implement (a rope scaling type, biases, ...).
