@@ -106,12 +106,13 @@ pub fn matmul_f16(
     check_len("f16 weights", w.data.len(), n * k)?;
     check_len("output", out.len(), tokens * n)?;
     let isa = if isa.is_supported() { isa } else { Isa::Scalar };
-    if isa.has_avx2() && (2..=F16_TILES_TO_TOKENS).contains(&tokens) {
+    let tiles_to = f16_tiles_to_tokens(k);
+    if isa.has_avx2() && (2..=tiles_to).contains(&tokens) {
         // SAFETY: the CPU runs the path (checked above); the shapes were checked above.
         unsafe { crate::f16_tiles::matmul(isa, pool, x, tokens, w, out) };
         return Ok(());
     }
-    if isa.has_avx2() && tokens > F16_TILES_TO_TOKENS {
+    if isa.has_avx2() && tokens > tiles_to {
         // SAFETY: the AVX2 path, which the CPU supports (checked above); `row0` is a row of `w`
         // (the product splits rows at panels) and the chunk's columns are within `k`.
         let pack = |row0, k0, dst: &mut [f32]| unsafe { gemm::avx2::f16_panel(w.data, k, row0, k0, dst) };
@@ -548,13 +549,21 @@ const BLOCK_FROM_TOKENS: usize = 2;
 /// once per block of tokens and are faster for it.
 pub(crate) const GEMM_FROM_TOKENS: usize = 12;
 
-/// The most tokens per call for which f16 products run [`crate::f16_tiles`] (from two tokens
-/// on): register tiles over the row-major f16 weights, widened where they are used. From here
-/// on [`gemm`]'s conversion to f32 panels, paid once per call, costs less than widening every
-/// weight once per tile of tokens (`examples/f16_rate.rs`: on AVX-512 the tiles took half the
-/// time of the row-by-row token blocks at 4-11 tokens and 8-10% less than the panels at 12-16,
-/// and the panels were ahead from 20; on AVX2 the tiles were ahead to 32).
-pub(crate) const F16_TILES_TO_TOKENS: usize = 16;
+/// The most tokens per call for which f16 products of `k` columns run [`crate::f16_tiles`] (from
+/// two tokens on): register tiles over the row-major f16 weights, widened where they are used.
+/// Past it [`gemm`]'s conversion to f32 panels, paid once per call, costs less than widening
+/// every weight once per tile of tokens. The tiles keep every token's activations in the
+/// second-level cache and pass over them once per tile of rows, so longer rows give up sooner:
+/// `cargo run --release -p cpu-kernels --example f16_shape_rate` had the tiles ahead to 32
+/// tokens with 576 and 1536 columns, to 24 with 2048 and to 17 with 8192 (AMD Zen 5, AVX-512):
+/// `tokens x k` up to 48K values (192 KB), and never fewer than 16 tokens.
+pub(crate) fn f16_tiles_to_tokens(k: usize) -> usize {
+    (F16_TILES_VALUES / k.max(1)).clamp(16, 32)
+}
+
+/// Activation values (tokens x columns) of the longest f16 call [`f16_tiles_to_tokens`] gives the
+/// tiles.
+const F16_TILES_VALUES: usize = 48 * 1024;
 
 /// Tokens per block on AVX2: two f32 accumulators per token, beside the converted weights, in
 /// AVX2's 16 registers.

@@ -62,6 +62,9 @@ fn matmul_f16_matches_scalar_on_every_path() {
             (50, 2048, 12),
             (19, 300, 8),
             (7, 200, 17),
+            // Short rows keep the tiles to 32 tokens; rows of 4096 give calls of 17 to the panels.
+            (21, 100, 32),
+            (9, 4096, 17),
         ] {
             let w: Vec<u16> = (0..n * k).map(|_| rng.f16_bits(1.0)).collect();
             let x: Vec<f32> = (0..tokens * k).map(|_| rng.f32()).collect();
