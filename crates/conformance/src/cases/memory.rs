@@ -4,7 +4,7 @@
 //! [`SESSIONS`] sessions that each prefill [`PREFILL`] tokens and decode one, created and dropped
 //! a few at a time. A warm-up round first lets allocator arenas and per-thread pools reach their
 //! steady size, so that only growth that scales with the number of sessions remains. Each side
-//! is the least of a few readings over [`SETTLE`], each after
+//! is the least of five readings over 100 ms, each after
 //! `session_api::stats::release_freed_memory`: memory freed but kept by the allocator, and work
 //! still finishing when the last session was dropped (pjrt-cpu launching greedy steps ahead moved
 //! one reading by 8-9 MiB either way in about one run in eight, 2026-11-30), are not counted as
