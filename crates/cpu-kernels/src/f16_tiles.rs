@@ -1,13 +1,13 @@
-//! `out = x W^T` for f16 `W` and a dozen to a few dozen tokens: register tiles of a few weight
-//! rows by a few tokens, straight over the row-major f16 weights.
+//! `out = x W^T` for f16 `W` and two to a few dozen tokens: register tiles of a few weight rows
+//! by a few tokens, straight over the row-major f16 weights.
 //!
 //! [`crate::gemm`] converts every weight of a call to f32 panels first and then multiplies them
 //! as outer products. With many tokens that conversion is paid once for all of them; with a
 //! dozen it costs about as much as the multiply-adds, because turning f16 rows into panels is a
 //! transpose in registers. Here each weight is widened in registers where it is used instead:
-//! a tile of `ROWS` rows by up to `TOKENS` tokens keeps one accumulator per row and token and,
-//! per step of one register of columns, widens each row's weights once and loads each token's
-//! activations once for `ROWS x TOKENS` multiply-adds. The sums are taken across the register at
+//! a tile of a few rows by a few tokens keeps one accumulator per row and token and, per step
+//! of one register of columns, widens each row's weights once and loads each token's
+//! activations once for rows x tokens multiply-adds. The sums are taken across the register at
 //! the end of the row. A tile's rows stay in the first-level cache while the call's token tiles
 //! pass over them, so the weights are read from memory once per call.
 //!
@@ -60,7 +60,7 @@ unsafe fn rows_run(isa: Isa, x: &[f32], tokens: usize, w: F16Matrix<'_>, run: st
 /// The tile shape (rows, tokens) for a call of `tokens` tokens on `isa`. On AVX-512, a pass of
 /// a four-token tile over a block of rows costs about three quarters of a six-token one's
 /// (`examples/f16_rate.rs`), so the shape that covers the tokens for less is taken: six rows by
-/// four tokens for calls of 2-4 and 7-8 tokens, four by six otherwise.
+/// four tokens for calls of 2-4, 7-8 and 19-20 tokens, four by six otherwise.
 fn shape(isa: Isa, tokens: usize) -> (usize, usize) {
     if !isa.has_avx512() {
         return avx2::SHAPE;
