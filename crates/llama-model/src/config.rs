@@ -75,27 +75,28 @@ enum Family {
 }
 
 impl Family {
+    /// Each family's `model_type` and architecture name, the one place the names are listed.
+    const NAMES: [(Family, &'static str, &'static str); 2] =
+        [(Family::Llama, "llama", "LlamaForCausalLM"), (Family::Mistral, "mistral", "MistralForCausalLM")];
+
     fn of_model_type(name: &str) -> Result<Family, ModelError> {
-        match name {
-            "llama" => Ok(Family::Llama),
-            "mistral" => Ok(Family::Mistral),
-            other => Err(ModelError::UnsupportedArchitecture { found: other.to_string() }),
-        }
+        Self::find(|&(_, model_type, _)| model_type == name, name)
     }
 
     fn of_architecture(name: &str) -> Result<Family, ModelError> {
-        match name {
-            "LlamaForCausalLM" => Ok(Family::Llama),
-            "MistralForCausalLM" => Ok(Family::Mistral),
-            other => Err(ModelError::UnsupportedArchitecture { found: other.to_string() }),
-        }
+        Self::find(|&(_, _, architecture)| architecture == name, name)
+    }
+
+    fn find(matches: impl Fn(&(Family, &'static str, &'static str)) -> bool, name: &str) -> Result<Family, ModelError> {
+        Self::NAMES
+            .iter()
+            .find(|entry| matches(entry))
+            .map(|&(family, ..)| family)
+            .ok_or_else(|| ModelError::UnsupportedArchitecture { found: name.to_string() })
     }
 
     fn model_type(self) -> &'static str {
-        match self {
-            Family::Llama => "llama",
-            Family::Mistral => "mistral",
-        }
+        Self::NAMES.iter().find(|(family, ..)| *family == self).map_or("", |&(_, model_type, _)| model_type)
     }
 
     /// The positions the model runs: `max_position_embeddings`, and for Mistral no more than its
