@@ -283,7 +283,9 @@ pub fn share_parts(rows: &[usize], share: Range<usize>) -> impl Iterator<Item = 
 /// The most tokens a call of [`linear_group`] splits over the pool in one run (a decode step's, a
 /// batch's of up to this many sequences): below the blocked matrix-matrix product, which splits
 /// its own work over the pool better than tasks of rows each running it alone (a 16-token
-/// prefill of SmolLM2 fp16 on pjrt-cpu lost 0-8% that way).
+/// prefill of SmolLM2 fp16 on pjrt-cpu lost 0-8% that way). Since f16 calls of 12-16 tokens take
+/// the row tiles instead, 16 was measured again: their prefill was still 1-7% slower split in
+/// one run (docs/performance.md, run 43).
 pub const GROUP_MAX_TOKENS: usize = crate::matmul::GEMM_FROM_TOKENS - 1;
 
 /// A task's columns of [`linear_group`]'s result, token by token.

@@ -544,9 +544,10 @@ pub(crate) const PREFETCH_AHEAD: usize = 1024;
 /// more than the multiply-adds.
 const BLOCK_FROM_TOKENS: usize = 2;
 
-/// From this many tokens per call on, the fast paths run [`gemm`]: each weight converted once
-/// per call, every multiply-add fed from registers. Below it the token blocks convert each weight
-/// once per block of tokens and are faster for it.
+/// From this many tokens per call on, the row-major int4 and int8 fast paths run [`gemm`]: each
+/// weight converted once per call, every multiply-add fed from registers. Below it the token
+/// blocks convert each weight once per block of tokens and are faster for it. (f16 products
+/// take [`crate::f16_tiles`] up to [`f16_tiles_to_tokens`] instead.)
 pub(crate) const GEMM_FROM_TOKENS: usize = 12;
 
 /// The most tokens per call for which f16 products of `k` columns run [`crate::f16_tiles`] (from
