@@ -157,11 +157,64 @@ impl Tokenizer {
     pub fn id_to_token(&self, id: u32) -> Option<String> {
         self.inner.id_to_token(id)
     }
+
+    /// The bytes one token stands for, special tokens spelled out: what a server reports as a
+    /// token's `bytes` beside its log-probability. A byte-level BPE token that holds part of a
+    /// multi-byte character gives that part (decoding it alone would give U+FFFD); for other
+    /// tokenizers, the token decoded alone.
+    pub fn token_bytes(&self, id: u32) -> Result<Vec<u8>> {
+        let piece =
+            self.inner.id_to_token(id).ok_or(TokenizerError::UnknownTokenId { id, vocab_size: self.vocab_size() })?;
+        if matches!(self.inner.get_decoder(), Some(tokenizers::DecoderWrapper::ByteLevel(_))) {
+            let mut bytes = Vec::with_capacity(piece.len());
+            for c in piece.chars() {
+                match byte_level_byte(c) {
+                    Some(byte) => bytes.push(byte),
+                    // An added token's own characters (a space, say) stand for themselves.
+                    None => bytes.extend_from_slice(c.encode_utf8(&mut [0; 4]).as_bytes()),
+                }
+            }
+            return Ok(bytes);
+        }
+        Ok(self.decode(&[id], false)?.into_bytes())
+    }
+}
+
+/// The byte a character of a byte-level BPE vocabulary stands for (GPT-2's table): printable
+/// bytes (`!`..=`~`, `¡`..=`¬`, `®`..=`ÿ`) are their own character; the other 68 bytes, in
+/// ascending order, are the characters from U+0100 on. `None` for a character outside the table.
+fn byte_level_byte(c: char) -> Option<u8> {
+    let code = c as u32;
+    let printable = |b: u32| (33..=126).contains(&b) || (161..=172).contains(&b) || (174..=255).contains(&b);
+    if code < 256 {
+        return printable(code).then_some(code as u8);
+    }
+    (0..=255u32).filter(|&b| !printable(b)).nth(code as usize - 256).map(|b| b as u8)
 }
 
 impl session_api::generate::Detokenizer for Tokenizer {
     /// Decodes with special tokens skipped, as the driver's streamed text should not show them.
     fn detokenize(&self, ids: &[u32]) -> session_api::Result<String> {
         Ok(self.decode(ids, true)?)
+    }
+}
+
+#[cfg(test)]
+mod tests {
+    use super::byte_level_byte;
+
+    #[test]
+    fn the_byte_level_table_gives_every_byte_once() {
+        let mut seen = [false; 256];
+        let chars = (0u32..512).filter_map(char::from_u32);
+        for byte in chars.filter_map(byte_level_byte) {
+            assert!(!seen[byte as usize], "byte {byte} twice");
+            seen[byte as usize] = true;
+        }
+        assert!(seen.iter().all(|&s| s));
+        assert_eq!(byte_level_byte('Ġ'), Some(b' '));
+        assert_eq!(byte_level_byte('Ċ'), Some(b'\n'));
+        assert_eq!(byte_level_byte('a'), Some(b'a'));
+        assert_eq!(byte_level_byte(' '), None);
     }
 }

@@ -197,7 +197,7 @@ pub fn run(args: PerplexityArgs) -> Result<(), CliError> {
     let mut session = engine.new_session(SessionOptions {
         sampling: SamplingConfig::Greedy,
         return_logits: true,
-        return_hidden_states: false,
+        ..SessionOptions::default()
     })?;
 
     say!(

@@ -7,7 +7,8 @@ use clap::Args;
 use llama_model::model_dir::ModelDir;
 use session_api::generate::{generate, CancelToken, GenerationRequest};
 use session_api::{
-    find_backend, find_backend_with, Availability, LoadRequest, SamplingConfig, SeamError, SessionOptions, WeightFormat,
+    find_backend, find_backend_with, Availability, LoadRequest, Penalties, SamplingConfig, SeamError, SessionOptions,
+    WeightFormat,
 };
 use std::collections::BTreeMap;
 use std::io::{IsTerminal, Read, Write};
@@ -147,6 +148,16 @@ pub struct RunArgs {
     /// Seed for sampling.
     #[arg(long)]
     seed: Option<u64>,
+    /// Divide the positive logits (multiply the negative ones) of tokens already in the prompt
+    /// or the output by this; 1 (the default) is off, above 1 discourages repeats.
+    #[arg(long, default_value_t = 1.0)]
+    repeat_penalty: f32,
+    /// Subtract this from the logit of every token generated so far (0 is off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    presence_penalty: f32,
+    /// Subtract this from a token's logit once for each time it was generated (0 is off).
+    #[arg(long, default_value_t = 0.0, allow_negative_numbers = true)]
+    frequency_penalty: f32,
     /// Print one JSON object (text, token ids, stats) instead of streaming text.
     #[arg(long)]
     json: bool,
@@ -232,6 +243,12 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     }
     let sampling = SamplingConfig::from_settings(Some(args.temperature), args.top_k, args.top_p, args.seed)
         .map_err(CliError::Usage)?;
+    let penalties = Penalties {
+        repetition: args.repeat_penalty,
+        presence: args.presence_penalty,
+        frequency: args.frequency_penalty,
+    };
+    penalties.validate().map_err(CliError::Usage)?;
     if let Some(empty) = args.stop_strings.iter().position(String::is_empty) {
         return Err(CliError::Usage(format!("--stop number {} is empty: a stop string needs text", empty + 1)));
     }
@@ -280,8 +297,7 @@ pub fn run(args: RunArgs) -> Result<(), CliError> {
     session_api::stats::release_freed_memory();
     let after_load = session_api::stats::ProcessMemory::now();
 
-    let mut session =
-        engine.new_session(SessionOptions { sampling, return_logits: false, return_hidden_states: false })?;
+    let mut session = engine.new_session(SessionOptions { sampling, penalties, ..SessionOptions::default() })?;
     let generation = GenerationRequest {
         max_tokens: args.max_tokens as usize,
         eos_ids: model.eos_token_ids(),

@@ -2,7 +2,9 @@
 //! called with curl, with the official `openai` Python client (pinned, installed into the
 //! project-local `.seam/py-openai` on first use) and with plain HTTP from threads.
 //!
-//! Checked: greedy output through the server equals `seam run`'s, streamed and not; concurrent
+//! Checked: greedy output through the server equals `seam run`'s, streamed and not; log-probabilities
+//! agree with the text and tokens generated, and an echoed prompt's scores with the scores the
+//! same tokens got when generated; penalties change greedy picks; concurrent
 //! requests (more than the slots, so some queue) each equal their output alone; a client that
 //! hangs up frees its slot; errors carry OpenAI's body and status (400, 404, 405, 408, 413, 429
 //! with Retry-After); parameters the server does not serve are refused; a client that stops
@@ -246,6 +248,108 @@ fn curl_and_the_openai_client_get_what_seam_run_prints() {
     assert_eq!(got["missing_model_status"], 404);
 }
 
+/// A completion's `logprobs` as (token text, log-probability or null, top alternatives).
+fn completion_scores(answer: &Value) -> Vec<(String, Option<f64>, Value)> {
+    let logprobs = &answer["choices"][0]["logprobs"];
+    let tokens = logprobs["tokens"].as_array().unwrap();
+    (0..tokens.len())
+        .map(|i| {
+            let token = tokens[i].as_str().unwrap().to_string();
+            (token, logprobs["token_logprobs"][i].as_f64(), logprobs["top_logprobs"][i].clone())
+        })
+        .collect()
+}
+
+#[test]
+fn logprobs_agree_with_the_generated_text_and_an_echoed_prompt_scores_as_generated() {
+    let served = Served::start(&["--parallel", "2"]);
+    let prompt = "The capital of France is";
+    let body = serde_json::json!({"prompt": prompt, "max_tokens": 8, "temperature": 0, "logprobs": 5});
+    let answer = served.post("/v1/completions", &body.to_string());
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let answer = answer.json();
+    let text = answer["choices"][0]["text"].as_str().unwrap().to_string();
+    assert_eq!(text, seam_run(prompt, false, 8));
+    let generated = completion_scores(&answer);
+    assert_eq!(generated.len(), 8);
+    assert_eq!(generated.iter().map(|g| g.0.as_str()).collect::<String>(), text, "the tokens spell the text");
+    for (token, logprob, top) in &generated {
+        let logprob = logprob.unwrap();
+        let top = top.as_object().unwrap();
+        assert!(top.len() <= 5 && !top.is_empty());
+        let mass: f64 = top.values().map(|v| v.as_f64().unwrap().exp()).sum();
+        assert!(logprob <= 0.0 && mass <= 1.0 + 1e-9, "{token:?}: {logprob}, top mass {mass}");
+        // Greedy: the token picked is the most likely one.
+        let best = top.values().map(|v| v.as_f64().unwrap()).fold(f64::NEG_INFINITY, f64::max);
+        assert_eq!(logprob, best, "{token:?} is not the most likely of {top:?}");
+    }
+
+    // The same text echoed: its prompt scores, position by position, as it scored when generated.
+    let body = serde_json::json!({"prompt": format!("{prompt}{text}"), "max_tokens": 0, "logprobs": 1, "echo": true});
+    let echoed = served.post("/v1/completions", &body.to_string());
+    assert_eq!(echoed.status, 200, "{}", echoed.body);
+    let echoed = echoed.json();
+    assert_eq!(echoed["choices"][0]["text"], format!("{prompt}{text}"));
+    assert_eq!(echoed["usage"]["completion_tokens"], 0);
+    let scored = completion_scores(&echoed);
+    assert_eq!(scored[0].1, None, "nothing precedes the first token");
+    let tail = &scored[scored.len() - generated.len()..];
+    for ((token, logprob, _), (echoed_token, echoed_logprob, _)) in generated.iter().zip(tail) {
+        assert_eq!(token, echoed_token);
+        let (a, b) = (logprob.unwrap(), echoed_logprob.unwrap());
+        assert!((a - b).abs() < 1e-3, "{token:?}: {a} generated, {b} echoed");
+    }
+
+    // Chat: the tokens' bytes make the content (here "水" is three tokens of a byte each), and a
+    // stream reports the same tokens and scores.
+    let chat = serde_json::json!({
+        "messages": [{"role": "user", "content": "Write the Chinese word for water."}],
+        "max_tokens": 24, "temperature": 0, "logprobs": true, "top_logprobs": 3
+    });
+    let answer = served.post("/v1/chat/completions", &chat.to_string());
+    assert_eq!(answer.status, 200, "{}", answer.body);
+    let answer = answer.json();
+    let content = answer["choices"][0]["message"]["content"].as_str().unwrap();
+    let entries = answer["choices"][0]["logprobs"]["content"].as_array().unwrap().clone();
+    let bytes: Vec<u8> =
+        entries.iter().flat_map(|e| e["bytes"].as_array().unwrap().iter().map(|b| b.as_u64().unwrap() as u8)).collect();
+    assert_eq!(String::from_utf8(bytes).unwrap(), content);
+    assert!(entries.iter().all(|e| e["top_logprobs"].as_array().unwrap().len() == 3));
+    let mut stream_body = chat.clone();
+    stream_body["stream"] = Value::Bool(true);
+    let streamed = served.post("/v1/chat/completions", &stream_body.to_string());
+    let streamed_entries: Vec<Value> = streamed
+        .body
+        .lines()
+        .filter_map(|l| l.strip_prefix("data: "))
+        .filter(|d| *d != "[DONE]")
+        .flat_map(|d| {
+            let chunk: Value = serde_json::from_str(d).unwrap();
+            chunk["choices"][0]["logprobs"]["content"].as_array().cloned().unwrap_or_default()
+        })
+        .collect();
+    assert_eq!(streamed_entries, entries);
+}
+
+#[test]
+fn penalties_change_greedy_picks() {
+    let served = Served::start(&[]);
+    let text = |extra: Value| {
+        let mut body = serde_json::json!({"prompt": "1, 1, 1, 1, 1, 1,", "max_tokens": 12, "temperature": 0});
+        body.as_object_mut().unwrap().extend(extra.as_object().unwrap().clone());
+        let answer = served.post("/v1/completions", &body.to_string());
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        answer.json()["choices"][0]["text"].as_str().unwrap().to_string()
+    };
+    let plain = text(serde_json::json!({}));
+    assert_eq!(plain, text(serde_json::json!({"presence_penalty": 0, "repetition_penalty": 1})));
+    for penalty in [serde_json::json!({"frequency_penalty": 2}), serde_json::json!({"repetition_penalty": 1.5})] {
+        let penalized = text(penalty.clone());
+        assert_ne!(penalized, plain, "{penalty}");
+        assert_eq!(penalized, text(penalty.clone()), "{penalty}: greedy with penalties is deterministic");
+    }
+}
+
 #[test]
 fn concurrent_requests_equal_their_solo_output_and_a_hang_up_frees_its_slot() {
     let served = Served::start(&["--parallel", "4"]);
@@ -385,7 +489,18 @@ fn what_the_server_does_not_do_is_refused_and_slow_clients_are_cut_off() {
         ("/v1/chat/completions", r#"{"messages": [{"role": "wizard", "content": "hi"}]}"#.into(), "messages"),
         ("/v1/chat/completions", r#"{"messages": [{"role": "tool", "content": "42"}]}"#.into(), "messages"),
         ("/v1/chat/completions", r#"{"messages": [{"role": "user", "content": null}]}"#.into(), "messages"),
-        ("/v1/completions", r#"{"prompt": "x", "echo": true}"#.into(), "echo"),
+        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "logprobs": 3}}"#), "logprobs"),
+        (
+            "/v1/chat/completions",
+            format!(r#"{{"messages": {user}, "logprobs": true, "top_logprobs": 21}}"#),
+            "top_logprobs",
+        ),
+        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "presence_penalty": 2.5}}"#), "presence_penalty"),
+        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "repetition_penalty": 0}}"#), "repetition_penalty"),
+        ("/v1/completions", r#"{"prompt": "x", "logprobs": true}"#.into(), "logprobs"),
+        ("/v1/completions", r#"{"prompt": "x", "logprobs": 21}"#.into(), "logprobs"),
+        ("/v1/completions", r#"{"prompt": "x", "max_tokens": 0}"#.into(), "max_tokens"),
+        ("/v1/completions", r#"{"prompt": [[1], [2]]}"#.into(), "prompt"),
         ("/v1/completions", r#"{"prompt": "x", "suffix": "y"}"#.into(), "suffix"),
         ("/v1/completions", r#"{"prompt": "x", "best_of": 3}"#.into(), "best_of"),
         ("/v1/completions", format!(r#"{{"prompt": "{}"}}"#, "hello ".repeat(9000)), "prompt"),

@@ -27,10 +27,11 @@ use chat_tokenizer::{ChatMessage, ChatTemplate, Tokenizer};
 use futures::stream::{self, Stream, StreamExt};
 use metrics::Metrics;
 use openai::*;
-use scheduler::{End, Job, JobEvent, Scheduler, SchedulerConfig, SubmitError};
+use scheduler::{End, Job, JobEvent, LogprobsRequest, Scheduler, SchedulerConfig, SubmitError};
 use session_api::generate::GenerationRequest;
+use session_api::logprobs::TokenLogprobs;
 use session_api::stats::FinishReason;
-use session_api::{Engine, ErrorKind, SamplingConfig, SeamError};
+use session_api::{Engine, ErrorKind, Penalties, SamplingConfig, SeamError, SessionOptions};
 use std::convert::Infallible;
 use std::future::Future;
 use std::net::SocketAddr;
@@ -311,16 +312,24 @@ struct Submitted {
     events: mpsc::UnboundedReceiver<JobEvent>,
     stream: bool,
     include_usage: bool,
+    /// Log-probabilities were asked for.
+    logprobs: bool,
 }
 
 /// What a request asks the engine thread, checked.
 struct Prepared {
     prompt: Vec<u32>,
-    sampling: SamplingConfig,
+    options: SessionOptions,
+    logprobs: Option<LogprobsRequest>,
+    prompt_only: bool,
     generation: GenerationRequest,
     stream: bool,
     include_usage: bool,
 }
+
+/// The most alternatives reported per token (vLLM's default limit; OpenAI's is 20 for chat and
+/// 5 for completions).
+const MAX_TOP_LOGPROBS: u64 = 20;
 
 fn parse<T: serde::de::DeserializeOwned>(body: &Bytes) -> Result<T, ApiError> {
     serde_json::from_slice(body).map_err(|e| ApiError::invalid(format!("the request body is not valid: {e}"), None))
@@ -344,13 +353,17 @@ impl AppState {
     }
 
     /// Checks the parameters and the prompt's length against the context.
-    /// `prompt_param` names the request's prompt field in errors (`prompt` or `messages`).
+    /// `prompt_param` names the request's prompt field in errors (`prompt` or `messages`);
+    /// `logprobs` is what the endpoint read from its own form of the parameter; `echo` (a
+    /// completion echoing its prompt) allows `max_tokens` 0.
     fn prepare(
         &self,
         prompt: Vec<u32>,
         prompt_param: &'static str,
         params: &Params,
         max_tokens: Option<u64>,
+        logprobs: Option<LogprobsRequest>,
+        echo: bool,
     ) -> Result<Prepared, ApiError> {
         if params.n.is_some_and(|n| n != 1) {
             return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
@@ -358,13 +371,16 @@ impl AppState {
         for (value, name) in
             [(params.presence_penalty, "presence_penalty"), (params.frequency_penalty, "frequency_penalty")]
         {
-            if value.is_some_and(|v| v != 0.0) {
-                return Err(ApiError::invalid(format!("{name} is not supported (only 0)"), Some(name)));
+            if let Some(v) = value.filter(|v| !(-2.0..=2.0).contains(v)) {
+                return Err(ApiError::invalid(format!("{name} must be between -2 and 2, got {v}"), Some(name)));
             }
         }
-        if params.logprobs.as_ref().is_some_and(|v| !(v.is_null() || *v == serde_json::Value::Bool(false))) {
-            return Err(ApiError::invalid("logprobs are not supported", Some("logprobs")));
-        }
+        let penalties = Penalties {
+            repetition: params.repetition_penalty.unwrap_or(1.0),
+            presence: params.presence_penalty.unwrap_or(0.0),
+            frequency: params.frequency_penalty.unwrap_or(0.0),
+        };
+        penalties.validate().map_err(|e| ApiError::invalid(e, Some("repetition_penalty")))?;
         refuse_unserved(params)?;
         if let Some(t) = params.temperature.filter(|t| !(0.0..=2.0).contains(t)) {
             return Err(ApiError::invalid(
@@ -412,6 +428,7 @@ impl AppState {
         }
         let room = capacity - prompt.len();
         let max_tokens = match max_tokens {
+            Some(0) if echo => 0,
             Some(0) => return Err(ApiError::invalid("max_tokens must be at least 1", Some("max_tokens"))),
             Some(n) if n as usize > room => {
                 return Err(ApiError::invalid(
@@ -430,7 +447,14 @@ impl AppState {
         };
         Ok(Prepared {
             prompt,
-            sampling,
+            options: SessionOptions {
+                sampling,
+                penalties,
+                return_logits: logprobs.is_some(),
+                ..SessionOptions::default()
+            },
+            logprobs,
+            prompt_only: max_tokens == 0,
             generation: GenerationRequest {
                 max_tokens,
                 eos_ids: self.model.eos_ids.clone(),
@@ -449,10 +473,10 @@ impl AppState {
     /// Queues a prepared request; a full queue is answered at once.
     fn submit(&self, prepared: Prepared) -> Result<Submitted, ApiError> {
         let (events, receiver) = mpsc::unbounded_channel();
-        let Prepared { prompt, sampling, generation, stream, include_usage } = prepared;
-        let job = Job { prompt, sampling, generation, events };
+        let Prepared { prompt, options, logprobs, prompt_only, generation, stream, include_usage } = prepared;
+        let job = Job { prompt, options, logprobs, prompt_only, generation, events };
         match self.scheduler.submit(job) {
-            Ok(()) => Ok(Submitted { events: receiver, stream, include_usage }),
+            Ok(()) => Ok(Submitted { events: receiver, stream, include_usage, logprobs: logprobs.is_some() }),
             Err(SubmitError::QueueFull) => Err(ApiError {
                 status: StatusCode::TOO_MANY_REQUESTS,
                 detail: ErrorDetail {
@@ -498,9 +522,6 @@ fn refuse_unserved(params: &Params) -> Result<(), ApiError> {
     }
     if params.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
         return Err(ApiError::invalid("logit_bias is not supported", Some("logit_bias")));
-    }
-    if params.top_logprobs.is_some_and(|n| n > 0) {
-        return Err(ApiError::invalid("top_logprobs are not supported", Some("top_logprobs")));
     }
     Ok(())
 }
@@ -548,18 +569,29 @@ async fn tokenize(work: impl FnOnce() -> Result<Vec<u32>, ApiError> + Send + 'st
 /// The outcome of a request read to its end.
 struct Collected {
     text: String,
+    /// The generated tokens' log-probabilities, when asked for (an ending EOS id has none: its
+    /// text is not part of the answer).
+    generated: Vec<TokenLogprobs>,
+    /// The prompt's, from its second token, when the prompt was scored.
+    prompt: Option<Vec<TokenLogprobs>>,
     end: End,
     usage: Usage,
 }
 
 async fn collect(mut events: mpsc::UnboundedReceiver<JobEvent>) -> Result<Collected, ApiError> {
     let mut text = String::new();
+    let mut generated = Vec::new();
+    let mut prompt = None;
     while let Some(event) = events.recv().await {
         match event {
-            JobEvent::Token(token) => text.push_str(&token.text),
+            JobEvent::PromptLogprobs(scored) => prompt = Some(scored),
+            JobEvent::Token(token, logprobs) => {
+                text.push_str(&token.text);
+                generated.extend(logprobs);
+            }
             JobEvent::Done { end, prompt_tokens, completion_tokens } => {
                 let usage = Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens };
-                return Ok(Collected { text, end, usage });
+                return Ok(Collected { text, generated, prompt, end, usage });
             }
             JobEvent::Failed(error) => return Err(ApiError::from_seam(error)),
         }
@@ -567,26 +599,48 @@ async fn collect(mut events: mpsc::UnboundedReceiver<JobEvent>) -> Result<Collec
     Err(ApiError::from_seam(SeamError::Backend("the engine thread ended the request without an answer".into())))
 }
 
-/// Turns a request's events into server-sent events: `chunk(text, finish)` makes a chunk,
-/// `usage_chunk` the optional last one; `[DONE]` ends every stream.
+/// A chunk maker: new text, the log-probabilities of the tokens whose text it carries, and the
+/// finish reason of the last chunk.
+type ChunkMaker = Box<dyn Fn(String, Vec<TokenLogprobs>, Option<&'static str>) -> Event + Send + Sync>;
+
+/// How a request's stream makes its events.
+struct StreamMakers {
+    /// The chunk of a scored, echoed prompt (a completion's `echo` with `logprobs`).
+    prompt: Option<Box<dyn Fn(Vec<TokenLogprobs>) -> Event + Send + Sync>>,
+    /// Every other chunk with a choice.
+    chunk: ChunkMaker,
+    /// The last chunk, with the usage counts, when asked for.
+    usage: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>>,
+}
+
+/// Turns a request's events into server-sent events, after `first`; `[DONE]` ends every stream.
+/// A token whose text is held back (part of a character, or of a possible stop string) sends
+/// nothing; its log-probabilities go with the chunk that carries its text.
 fn event_stream(
     events: mpsc::UnboundedReceiver<JobEvent>,
     first: Option<Event>,
-    chunk: impl Fn(Option<String>, Option<&'static str>) -> Event + Send + Sync + 'static,
-    usage_chunk: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>>,
+    makers: StreamMakers,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
     let head = stream::iter(first.map(Ok));
-    let makers = Arc::new((chunk, usage_chunk));
-    let body = stream::unfold(Some(events), move |mut receiver| {
+    let makers = Arc::new(makers);
+    let body = stream::unfold(Some((events, Vec::new())), move |state| {
         let makers = Arc::clone(&makers);
         async move {
-            let (chunk, usage_chunk) = &*makers;
-            let out: Vec<Event> = match receiver.as_mut()?.recv().await {
-                Some(JobEvent::Token(token)) if token.text.is_empty() => Vec::new(),
-                Some(JobEvent::Token(token)) => vec![chunk(Some(token.text), None)],
+            let (mut receiver, mut pending) = state?;
+            let out: Vec<Event> = match receiver.recv().await {
+                Some(JobEvent::PromptLogprobs(scored)) => {
+                    makers.prompt.as_ref().map(|make| make(scored)).into_iter().collect()
+                }
+                Some(JobEvent::Token(token, logprobs)) => {
+                    pending.extend(logprobs);
+                    match token.text.is_empty() {
+                        true => Vec::new(),
+                        false => vec![(makers.chunk)(token.text, std::mem::take(&mut pending), None)],
+                    }
+                }
                 Some(JobEvent::Done { end, prompt_tokens, completion_tokens }) => {
-                    let mut out = vec![chunk(None, Some(finish_reason(end)))];
-                    if let Some(usage_chunk) = usage_chunk {
+                    let mut out = vec![(makers.chunk)(String::new(), pending, Some(finish_reason(end)))];
+                    if let Some(usage_chunk) = &makers.usage {
                         out.push(usage_chunk(Usage {
                             prompt_tokens,
                             completion_tokens,
@@ -594,22 +648,18 @@ fn event_stream(
                         }));
                     }
                     out.push(Event::default().data("[DONE]"));
-                    receiver = None;
-                    out
+                    return Some((out, None));
                 }
                 Some(JobEvent::Failed(error)) => {
-                    receiver = None;
-                    vec![
+                    let out = vec![
                         json_event(&ErrorBody { error: ApiError::from_seam(error).detail }),
                         Event::default().data("[DONE]"),
-                    ]
+                    ];
+                    return Some((out, None));
                 }
-                None => {
-                    receiver = None;
-                    Vec::new()
-                }
+                None => return Some((Vec::new(), None)),
             };
-            Some((out, receiver))
+            Some((out, Some((receiver, pending))))
         }
     });
     head.chain(body.flat_map(|events| stream::iter(events.into_iter().map(Ok))))
@@ -617,6 +667,71 @@ fn event_stream(
 
 fn json_event<T: serde::Serialize>(value: &T) -> Event {
     Event::default().data(serde_json::to_string(value).unwrap_or_default())
+}
+
+impl AppState {
+    /// A token's text and bytes, as log-probabilities report them.
+    fn token_text(&self, id: u32) -> (String, Vec<u8>) {
+        let bytes = self.model.tokenizer.token_bytes(id).unwrap_or_default();
+        (String::from_utf8_lossy(&bytes).into_owned(), bytes)
+    }
+
+    /// Chat's log-probabilities of `scored` tokens.
+    fn chat_logprobs(&self, scored: &[TokenLogprobs]) -> ChatLogprobs {
+        let score = |id: u32, logprob: f64| {
+            let (token, bytes) = self.token_text(id);
+            ChatTokenScore { token, logprob, bytes }
+        };
+        let content = scored
+            .iter()
+            .map(|entry| ChatTokenLogprob {
+                scored: score(entry.token, entry.logprob),
+                top_logprobs: entry.top.iter().map(|&(id, logprob)| score(id, logprob)).collect(),
+            })
+            .collect();
+        ChatLogprobs { content }
+    }
+
+    /// Completions' log-probabilities of `tokens` (each with its scores, or none for an echoed
+    /// prompt's first token), their text offsets counted on from `*offset`, which is advanced.
+    fn completion_logprobs<'a>(
+        &self,
+        tokens: impl IntoIterator<Item = (u32, Option<&'a TokenLogprobs>)>,
+        offset: &mut usize,
+    ) -> CompletionLogprobs {
+        let mut out = CompletionLogprobs::default();
+        for (id, scores) in tokens {
+            let (text, _) = self.token_text(id);
+            out.text_offset.push(*offset);
+            *offset += text.chars().count();
+            out.tokens.push(text);
+            out.token_logprobs.push(scores.map(|s| s.logprob));
+            out.top_logprobs.push(scores.map(|s| {
+                let mut top: Vec<(String, f64)> = Vec::with_capacity(s.top.len());
+                for &(alternative, logprob) in &s.top {
+                    let (text, _) = self.token_text(alternative);
+                    if !top.iter().any(|(seen, _)| *seen == text) {
+                        top.push((text, logprob));
+                    }
+                }
+                TopLogprobs(top)
+            }));
+        }
+        out
+    }
+}
+
+/// The prompt's tokens with their scores: none for the first, then `scored` in order.
+fn prompt_scores<'a>(
+    prompt: &'a [u32],
+    scored: &'a [TokenLogprobs],
+) -> impl Iterator<Item = (u32, Option<&'a TokenLogprobs>)> {
+    prompt.iter().enumerate().map(move |(i, &id)| (id, i.checked_sub(1).and_then(|j| scored.get(j))))
+}
+
+/// Generated tokens with their scores.
+fn generated_scores(scored: &[TokenLogprobs]) -> impl Iterator<Item = (u32, Option<&TokenLogprobs>)> {
+    scored.iter().map(|s| (s.token, Some(s)))
 }
 
 async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
@@ -689,8 +804,9 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
     })
     .await?;
     let max_tokens = request.max_completion_tokens.or(request.params.max_tokens);
-    let prepared = state.prepare(prompt, "messages", &request.params, max_tokens)?;
-    let Submitted { events, stream, include_usage } = state.submit(prepared)?;
+    let logprobs = chat_logprobs_request(&request.params)?;
+    let prepared = state.prepare(prompt, "messages", &request.params, max_tokens, logprobs, false)?;
+    let Submitted { events, stream, include_usage, logprobs } = state.submit(prepared)?;
     let id = state.new_id("chatcmpl");
     let created = unix_now();
     let model = state.model.id.clone();
@@ -705,7 +821,7 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
                 index: 0,
                 message: ChatMessageOut { role: "assistant", content: collected.text },
                 finish_reason: finish_reason(collected.end),
-                logprobs: None,
+                logprobs: logprobs.then(|| state.chat_logprobs(&collected.generated)),
             }],
             usage: collected.usage,
         })
@@ -713,11 +829,11 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
     }
     let chunk_for = {
         let (id, model) = (id.clone(), model.clone());
-        move |delta: Delta, finish: Option<&'static str>, usage: Option<Usage>| {
+        move |delta: Delta, finish: Option<&'static str>, logprobs: Option<ChatLogprobs>, usage: Option<Usage>| {
             let choices = if usage.is_some() {
                 Vec::new()
             } else {
-                vec![ChatChunkChoice { index: 0, delta, finish_reason: finish, logprobs: None }]
+                vec![ChatChunkChoice { index: 0, delta, finish_reason: finish, logprobs }]
             };
             json_event(&ChatChunk {
                 id: id.clone(),
@@ -729,16 +845,43 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
             })
         }
     };
-    let first = chunk_for(Delta { role: Some("assistant"), content: Some(String::new()) }, None, None);
-    let chunk = {
-        let chunk_for = chunk_for.clone();
-        move |text: Option<String>, finish| chunk_for(Delta { role: None, content: text }, finish, None)
+    let first = chunk_for(Delta { role: Some("assistant"), content: Some(String::new()) }, None, None, None);
+    let chunk: ChunkMaker = {
+        let (chunk_for, state) = (chunk_for.clone(), Arc::clone(state));
+        Box::new(move |text: String, scored: Vec<TokenLogprobs>, finish| {
+            let content = (!text.is_empty()).then_some(text);
+            let logprobs = (logprobs && !scored.is_empty()).then(|| state.chat_logprobs(&scored));
+            chunk_for(Delta { role: None, content }, finish, logprobs, None)
+        })
     };
-    let usage_chunk: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = include_usage.then(|| {
-        Box::new(move |usage| chunk_for(Delta::default(), None, Some(usage)))
+    let usage: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = include_usage.then(|| {
+        Box::new(move |usage| chunk_for(Delta::default(), None, None, Some(usage)))
             as Box<dyn Fn(Usage) -> Event + Send + Sync>
     });
-    Ok(Sse::new(event_stream(events, Some(first), chunk, usage_chunk)).into_response())
+    let makers = StreamMakers { prompt: None, chunk, usage };
+    Ok(Sse::new(event_stream(events, Some(first), makers)).into_response())
+}
+
+/// Chat's `logprobs` (a flag) and `top_logprobs`.
+fn chat_logprobs_request(params: &Params) -> Result<Option<LogprobsRequest>, ApiError> {
+    let top = params.top_logprobs;
+    match params.logprobs {
+        Some(LogprobsParam::Count(_)) => Err(ApiError::invalid(
+            "chat takes logprobs as true or false (top_logprobs gives the alternatives)",
+            Some("logprobs"),
+        )),
+        Some(LogprobsParam::Flag(true)) => match top {
+            Some(n) if n > MAX_TOP_LOGPROBS => Err(ApiError::invalid(
+                format!("top_logprobs must be between 0 and {MAX_TOP_LOGPROBS}, got {n}"),
+                Some("top_logprobs"),
+            )),
+            _ => Ok(Some(LogprobsRequest { top: top.unwrap_or(0) as usize, prompt: false })),
+        },
+        None | Some(LogprobsParam::Flag(false)) if top.is_some() => {
+            Err(ApiError::invalid("top_logprobs needs logprobs set to true", Some("top_logprobs")))
+        }
+        None | Some(LogprobsParam::Flag(false)) => Ok(None),
+    }
 }
 
 async fn completions(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
@@ -753,64 +896,135 @@ async fn completions(State(state): State<Arc<AppState>>, body: Result<RequestBod
 async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let request: CompletionRequest = parse(&body)?;
     state.check_model(request.model.as_deref())?;
-    if request.echo {
-        return Err(ApiError::invalid("echo is not supported", Some("echo")));
-    }
     if request.suffix.as_ref().is_some_and(|s| !s.is_empty()) {
         return Err(ApiError::invalid("suffix (insertion) is not supported", Some("suffix")));
     }
     if request.best_of.is_some_and(|n| n != 1) {
         return Err(ApiError::invalid("only best_of = 1 is supported", Some("best_of")));
     }
-    let prompt = match request.prompt {
-        Prompt::Tokens(tokens) => tokens,
-        Prompt::Texts(texts) if texts.len() != 1 => {
-            return Err(ApiError::invalid("only one prompt per request is supported", Some("prompt")))
+    let logprobs = match request.params.logprobs {
+        None | Some(LogprobsParam::Flag(false)) => None,
+        Some(LogprobsParam::Count(n)) if n <= MAX_TOP_LOGPROBS => {
+            Some(LogprobsRequest { top: n as usize, prompt: request.echo })
         }
-        Prompt::Texts(mut texts) => {
-            let text = texts.remove(0);
-            let shared = Arc::clone(state);
-            tokenize(move || shared.model.tokenizer.encode(&text, true).map_err(|e| ApiError::from_seam(e.into())))
-                .await?
-        }
-        Prompt::Text(text) => {
-            let shared = Arc::clone(state);
-            tokenize(move || shared.model.tokenizer.encode(&text, true).map_err(|e| ApiError::from_seam(e.into())))
-                .await?
+        Some(_) => {
+            return Err(ApiError::invalid(
+                format!("completions take logprobs as a number of alternatives, 0 to {MAX_TOP_LOGPROBS}"),
+                Some("logprobs"),
+            ))
         }
     };
-    let prepared = state.prepare(prompt, "prompt", &request.params, request.params.max_tokens)?;
-    let Submitted { events, stream, include_usage } = state.submit(prepared)?;
+    if request.params.top_logprobs.is_some() {
+        return Err(ApiError::invalid(
+            "top_logprobs is chat's parameter; completions take logprobs as a number",
+            Some("top_logprobs"),
+        ));
+    }
+    let one_prompt = || ApiError::invalid("only one prompt per request is supported", Some("prompt"));
+    let (prompt, prompt_text) = match request.prompt {
+        Prompt::Tokens(tokens) => (tokens, None),
+        Prompt::TokenLists(mut lists) if lists.len() == 1 => (lists.remove(0), None),
+        Prompt::TokenLists(_) => return Err(one_prompt()),
+        Prompt::Texts(texts) if texts.len() != 1 => return Err(one_prompt()),
+        Prompt::Texts(mut texts) => {
+            let text = texts.remove(0);
+            (encode(state, text.clone()).await?, Some(text))
+        }
+        Prompt::Text(text) => (encode(state, text.clone()).await?, Some(text)),
+    };
+    // What an echo repeats: the prompt as sent, or the text of its token ids.
+    let echo = match (request.echo, prompt_text) {
+        (false, _) => None,
+        (true, Some(text)) => Some((prompt.clone(), text)),
+        (true, None) => {
+            let text = state.model.tokenizer.decode(&prompt, true).map_err(|e| ApiError::from_seam(e.into()))?;
+            Some((prompt.clone(), text))
+        }
+    };
+    let prepared =
+        state.prepare(prompt, "prompt", &request.params, request.params.max_tokens, logprobs, echo.is_some())?;
+    let Submitted { events, stream, include_usage, logprobs } = state.submit(prepared)?;
     let id = state.new_id("cmpl");
     let created = unix_now();
     let model = state.model.id.clone();
-    let response =
-        move |text: String, finish: Option<&'static str>, usage: Option<Usage>, with_choice: bool| CompletionResponse {
-            id: id.clone(),
-            object: "text_completion",
-            created,
-            model: model.clone(),
-            choices: if with_choice {
-                vec![CompletionChoice { index: 0, text, finish_reason: finish, logprobs: None }]
-            } else {
-                Vec::new()
-            },
-            usage,
-        };
+    let response = move |text: String,
+                         finish: Option<&'static str>,
+                         logprobs: Option<CompletionLogprobs>,
+                         usage: Option<Usage>,
+                         with_choice: bool| CompletionResponse {
+        id: id.clone(),
+        object: "text_completion",
+        created,
+        model: model.clone(),
+        choices: if with_choice {
+            vec![CompletionChoice { index: 0, text, finish_reason: finish, logprobs }]
+        } else {
+            Vec::new()
+        },
+        usage,
+    };
     if !stream {
         let collected = collect(events).await?;
-        let body = response(collected.text, Some(finish_reason(collected.end)), Some(collected.usage), true);
+        let mut offset = 0;
+        let (text, scores) = match &echo {
+            Some((prompt, prompt_text)) => {
+                let scored = collected.prompt.as_deref().unwrap_or_default();
+                let scores = logprobs.then(|| {
+                    let tokens = prompt_scores(prompt, scored).chain(generated_scores(&collected.generated));
+                    state.completion_logprobs(tokens, &mut offset)
+                });
+                (format!("{prompt_text}{}", collected.text), scores)
+            }
+            None => {
+                let scores =
+                    logprobs.then(|| state.completion_logprobs(generated_scores(&collected.generated), &mut offset));
+                (collected.text, scores)
+            }
+        };
+        let body = response(text, Some(finish_reason(collected.end)), scores, Some(collected.usage), true);
         return Ok(Json(body).into_response());
     }
-    let chunk = {
-        let response = response.clone();
-        move |text: Option<String>, finish| json_event(&response(text.unwrap_or_default(), finish, None, true))
+    // Text offsets run on over the chunks.
+    let offset = Arc::new(std::sync::Mutex::new(0usize));
+    let scores_of = {
+        let (state, offset) = (Arc::clone(state), Arc::clone(&offset));
+        move |tokens: Vec<(u32, Option<&TokenLogprobs>)>| {
+            let mut offset = offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            state.completion_logprobs(tokens, &mut offset)
+        }
     };
-    let usage_chunk: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = include_usage.then(|| {
-        Box::new(move |usage| json_event(&response(String::new(), None, Some(usage), false)))
+    let scores_of = Arc::new(scores_of);
+    let chunk: ChunkMaker = {
+        let (response, scores_of) = (response.clone(), Arc::clone(&scores_of));
+        Box::new(move |text: String, scored: Vec<TokenLogprobs>, finish| {
+            let scores = (logprobs && !scored.is_empty()).then(|| scores_of(generated_scores(&scored).collect()));
+            json_event(&response(text, finish, scores, None, true))
+        })
+    };
+    let (mut first, mut prompt_chunk) = (None, None);
+    if let Some((prompt, prompt_text)) = echo {
+        if logprobs {
+            let (response, scores_of) = (response.clone(), Arc::clone(&scores_of));
+            prompt_chunk = Some(Box::new(move |scored: Vec<TokenLogprobs>| {
+                let scores = scores_of(prompt_scores(&prompt, &scored).collect());
+                json_event(&response(prompt_text.clone(), None, Some(scores), None, true))
+            }) as Box<dyn Fn(Vec<TokenLogprobs>) -> Event + Send + Sync>);
+        } else {
+            first = Some(json_event(&response(prompt_text, None, None, None, true)));
+        }
+    }
+    let usage: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = include_usage.then(|| {
+        Box::new(move |usage| json_event(&response(String::new(), None, None, Some(usage), false)))
             as Box<dyn Fn(Usage) -> Event + Send + Sync>
     });
-    Ok(Sse::new(event_stream(events, None, chunk, usage_chunk)).into_response())
+    let makers = StreamMakers { prompt: prompt_chunk, chunk, usage };
+    Ok(Sse::new(event_stream(events, first, makers)).into_response())
+}
+
+/// Encodes a completion's prompt text, off the reactor.
+async fn encode(state: &Arc<AppState>, text: String) -> Result<Vec<u32>, ApiError> {
+    let shared = Arc::clone(state);
+    tokenize(move || shared.model.tokenizer.encode(&text, true).map_err(|e| ApiError::from_seam(e.into()))).await
 }
 
 async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {

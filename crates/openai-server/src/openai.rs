@@ -54,12 +54,13 @@ pub struct ContentPart {
 pub struct CompletionRequest {
     /// The model to run; absent means the one served.
     pub model: Option<String>,
-    /// The prompt: a string, or a list holding one string.
+    /// The prompt: a string or token ids, alone or as a list holding one.
     pub prompt: Prompt,
     /// Shared sampling and stopping parameters.
     #[serde(flatten)]
     pub params: Params,
-    /// Echo the prompt before the completion; refused when true.
+    /// Echo the prompt before the completion (with its tokens' log-probabilities when
+    /// `logprobs` is set: how evaluation harnesses score a text).
     #[serde(default)]
     pub echo: bool,
     /// Text after the completion (insertion); refused when not empty.
@@ -78,6 +79,18 @@ pub enum Prompt {
     Texts(Vec<String>),
     /// Token ids.
     Tokens(Vec<u32>),
+    /// Several prompts of token ids (one is supported), as evaluation harnesses send them.
+    TokenLists(Vec<Vec<u32>>),
+}
+
+/// `logprobs`: a flag for chat, a count of alternatives for completions.
+#[derive(Debug, Clone, Copy, Deserialize)]
+#[serde(untagged)]
+pub enum LogprobsParam {
+    /// Chat's form: report the generated tokens' log-probabilities.
+    Flag(bool),
+    /// Completions' form: report them with this many most likely alternatives per token.
+    Count(u64),
 }
 
 /// Parameters both endpoints take.
@@ -102,17 +115,21 @@ pub struct Params {
     pub stream_options: Option<StreamOptions>,
     /// Choices to generate; only 1 is supported.
     pub n: Option<u64>,
-    /// Penalties; only 0 is supported.
+    /// Subtracted from the logit of every token generated so far (-2 to 2).
     pub presence_penalty: Option<f32>,
-    /// Penalties; only 0 is supported.
+    /// Subtracted from a token's logit once per time it was generated (-2 to 2).
     pub frequency_penalty: Option<f32>,
+    /// Divides the positive logits (multiplies the negative ones) of tokens in the prompt or
+    /// the output; 1 is off (an extension vLLM and llama.cpp's server accept too).
+    pub repetition_penalty: Option<f32>,
     /// Keep generating through EOS ids, to `max_tokens` (an extension vLLM and llama.cpp's server
     /// accept too; benchmarks use it).
     #[serde(default)]
     pub ignore_eos: bool,
-    /// Log probabilities are not supported.
-    pub logprobs: Option<serde_json::Value>,
-    /// Alternatives' log probabilities per token; refused above 0.
+    /// Report log-probabilities: `true` for chat, a number of alternatives (0 to 20) for
+    /// completions.
+    pub logprobs: Option<LogprobsParam>,
+    /// Chat: the most likely alternatives reported per token (0 to 20; needs `logprobs`).
     pub top_logprobs: Option<u64>,
     /// Biases per token id; refused when not empty.
     pub logit_bias: Option<std::collections::HashMap<String, IgnoredAny>>,
@@ -193,8 +210,61 @@ pub struct ChatChoice {
     pub message: ChatMessageOut,
     /// `stop` or `length`.
     pub finish_reason: &'static str,
-    /// Not computed.
-    pub logprobs: Option<()>,
+    /// The tokens' log-probabilities, when asked for.
+    pub logprobs: Option<ChatLogprobs>,
+}
+
+/// Chat's log-probabilities: one entry per generated token.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct ChatLogprobs {
+    /// The tokens of the content, in order.
+    pub content: Vec<ChatTokenLogprob>,
+}
+
+/// One token of chat's log-probabilities.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTokenLogprob {
+    /// The token and its log-probability under the model (before temperature, penalties or
+    /// truncation).
+    #[serde(flatten)]
+    pub scored: ChatTokenScore,
+    /// The most likely tokens at this position, most likely first.
+    pub top_logprobs: Vec<ChatTokenScore>,
+}
+
+/// A token with its log-probability, as chat reports each token and each alternative.
+#[derive(Debug, Clone, Serialize)]
+pub struct ChatTokenScore {
+    /// The token's text (a part of a character shows as U+FFFD; `bytes` has it whole).
+    pub token: String,
+    /// Its log-probability.
+    pub logprob: f64,
+    /// Its bytes.
+    pub bytes: Vec<u8>,
+}
+
+/// Completions' log-probabilities (the legacy shape): parallel lists, one entry per token.
+#[derive(Debug, Clone, Serialize, Default)]
+pub struct CompletionLogprobs {
+    /// The tokens' texts.
+    pub tokens: Vec<String>,
+    /// Their log-probabilities; null for an echoed prompt's first token (nothing precedes it).
+    pub token_logprobs: Vec<Option<f64>>,
+    /// The most likely tokens at each position, by text; null where `token_logprobs` is.
+    pub top_logprobs: Vec<Option<TopLogprobs>>,
+    /// Where each token's text starts in the choice's text, in characters.
+    pub text_offset: Vec<usize>,
+}
+
+/// A position's most likely tokens as a JSON object from text to log-probability, most
+/// likely first (a text two tokens share keeps the likelier).
+#[derive(Debug, Clone, Default)]
+pub struct TopLogprobs(pub Vec<(String, f64)>);
+
+impl Serialize for TopLogprobs {
+    fn serialize<S: serde::Serializer>(&self, serializer: S) -> Result<S::Ok, S::Error> {
+        serializer.collect_map(self.0.iter().map(|(token, logprob)| (token, logprob)))
+    }
 }
 
 /// A non-streamed chat answer.
@@ -234,8 +304,8 @@ pub struct ChatChunkChoice {
     pub delta: Delta,
     /// Set in the last chunk.
     pub finish_reason: Option<&'static str>,
-    /// Not computed.
-    pub logprobs: Option<()>,
+    /// The log-probabilities of the tokens whose text this chunk carries, when asked for.
+    pub logprobs: Option<ChatLogprobs>,
 }
 
 /// A streamed chat chunk.
@@ -265,8 +335,9 @@ pub struct CompletionChoice {
     pub text: String,
     /// Set at the end.
     pub finish_reason: Option<&'static str>,
-    /// Not computed.
-    pub logprobs: Option<()>,
+    /// The tokens' log-probabilities (in a chunk, those of the tokens whose text it carries),
+    /// when asked for.
+    pub logprobs: Option<CompletionLogprobs>,
 }
 
 /// A completion answer, or one chunk of a streamed one.

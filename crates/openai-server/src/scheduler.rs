@@ -11,8 +11,9 @@
 use crate::metrics::Metrics;
 use session_api::batch::BatchEntry;
 use session_api::generate::{Detokenizer, Generation, GenerationRequest, TokenEvent};
+use session_api::logprobs::{token_logprobs, TokenLogprobs};
 use session_api::stats::FinishReason;
-use session_api::{CheckedSession, Engine, SamplingConfig, SeamError, Session, SessionOptions};
+use session_api::{CheckedSession, Engine, SeamError, Session, SessionOptions, StepOutput};
 use std::collections::VecDeque;
 use std::sync::atomic::{AtomicBool, AtomicUsize, Ordering};
 use std::sync::{mpsc, Arc};
@@ -37,12 +38,29 @@ pub struct SchedulerConfig {
 pub struct Job {
     /// The prompt's token ids (not empty, shorter than the context).
     pub prompt: Vec<u32>,
-    /// How to pick tokens.
-    pub sampling: SamplingConfig,
+    /// How to pick tokens (sampling, penalties), and whether the steps return their logits
+    /// (set when `logprobs` is).
+    pub options: SessionOptions,
+    /// Log-probabilities to report, when asked.
+    pub logprobs: Option<LogprobsRequest>,
+    /// Generate nothing: only the prompt is read (and scored); a completion's `echo` with
+    /// `max_tokens` 0.
+    pub prompt_only: bool,
     /// When to stop (the engine thread takes it when the request gets a slot).
     pub generation: GenerationRequest,
     /// Where the request's events go.
     pub events: tokio_mpsc::UnboundedSender<JobEvent>,
+}
+
+/// What log-probabilities a request reports.
+#[derive(Debug, Clone, Copy, PartialEq, Eq)]
+pub struct LogprobsRequest {
+    /// The most likely alternatives reported beside each token.
+    pub top: usize,
+    /// Also score the prompt (every prompt token after the first, under what precedes it): the
+    /// prompt is then read one token per step, beside the running decodes, since a step
+    /// returns the logits of its last position only.
+    pub prompt: bool,
 }
 
 /// Why a request ended.
@@ -57,8 +75,12 @@ pub enum End {
 /// What the engine thread tells a request.
 #[derive(Debug)]
 pub enum JobEvent {
-    /// A token and the text that became final with it.
-    Token(TokenEvent),
+    /// The prompt's log-probabilities, from its second token on; sent once the prompt is read,
+    /// before any token, when the request scores its prompt.
+    PromptLogprobs(Vec<TokenLogprobs>),
+    /// A token and the text that became final with it (the token's log-probabilities when
+    /// asked for; none for an event that only releases held-back text).
+    Token(TokenEvent, Option<TokenLogprobs>),
     /// The request ended; nothing follows.
     Done {
         /// Why.
@@ -171,6 +193,8 @@ struct Running {
     cached: Vec<u32>,
     /// The token to feed back next (set once the prompt is in).
     next: Option<u32>,
+    /// The prompt's log-probabilities so far, when the request scores its prompt.
+    prompt_logprobs: Vec<TokenLogprobs>,
     /// When the last token was produced, for per-token latency.
     last_token_at: Option<Instant>,
 }
@@ -182,11 +206,23 @@ impl Running {
     /// instead of taking a step of its own between theirs.
     fn batch_token(&self) -> Option<u32> {
         let prompt = &self.job.prompt;
+        let feeds_prompt = self.prefilled + 1 == prompt.len() || self.scores_prompt();
         match self.next {
             Some(token) => Some(token),
-            None if self.prefilled > 0 && self.prefilled + 1 == prompt.len() => Some(prompt[self.prefilled]),
+            None if self.prefilled > 0 && self.prefilled < prompt.len() && feeds_prompt => Some(prompt[self.prefilled]),
             None => None,
         }
+    }
+
+    /// Whether the prompt is scored (read one token per step, for each position's logits).
+    fn scores_prompt(&self) -> bool {
+        self.job.logprobs.is_some_and(|l| l.prompt)
+    }
+
+    /// The log-probabilities of `token` under a step's logits, when the request reports them.
+    fn logprobs_of(&self, output: &StepOutput, token: u32) -> Option<TokenLogprobs> {
+        let request = self.job.logprobs?;
+        output.logits.as_deref().map(|logits| token_logprobs(logits, token, request.top))
     }
 }
 
@@ -271,16 +307,18 @@ impl EngineThread {
             // (shared prefix, index) of the kept session sharing the most.
             let best =
                 self.free.iter().enumerate().map(|(i, (_, cached))| (shared_prefix(cached, &job.prompt), i)).max();
+            // A scored prompt keeps nothing: each of its positions' logits are needed. Any other
+            // prompt prefills at least its last token, for the first token's logits.
+            let most = if job.logprobs.is_some_and(|l| l.prompt) { 0 } else { job.prompt.len().saturating_sub(1) };
             let started = match best {
                 Some((shared, i)) => {
                     let (mut session, _) = self.free.swap_remove(i);
-                    let keep = shared.min(job.prompt.len().saturating_sub(1));
-                    session.restart_keeping(keep, job.sampling).map(|kept| (session, kept))
+                    session.restart_keeping(shared.min(most), job.options).map(|kept| (session, kept))
                 }
                 None => self
                     .engine
                     .new_checked_session(SessionOptions::default())
-                    .and_then(|mut session| session.restart(job.sampling).map(|()| (session, 0))),
+                    .and_then(|mut session| session.restart(job.options).map(|()| (session, 0))),
             };
             match started {
                 Ok((session, kept)) => self.running.push(Running {
@@ -292,6 +330,7 @@ impl EngineThread {
                     prefilled: kept,
                     reused: kept,
                     next: None,
+                    prompt_logprobs: Vec::new(),
                     last_token_at: None,
                 }),
                 Err(error) => {
@@ -308,19 +347,43 @@ impl EngineThread {
             return;
         };
         let running = &mut self.running[i];
-        let end = (running.prefilled + self.config.prefill_chunk.max(1)).min(running.job.prompt.len());
+        // A scored prompt's first token alone; the decodes read the rest, one per step.
+        let chunk = if running.scores_prompt() { 1 } else { self.config.prefill_chunk.max(1) };
+        let end = (running.prefilled + chunk).min(running.job.prompt.len());
         let step = running.session.prefill(&running.job.prompt[running.prefilled..end]);
         match step {
             Ok(output) => {
                 running.cached.extend_from_slice(&running.job.prompt[running.prefilled..end]);
                 running.prefilled = end;
-                if end == running.job.prompt.len() {
-                    self.prompt_done(i);
-                    self.take_token(i, output.token);
-                }
+                self.prompt_step_done(i, output);
             }
             Err(error) => self.fail(i, error),
         }
+    }
+
+    /// Takes a step that read prompt tokens of request `i`: the next prompt token's
+    /// log-probabilities while the prompt is scored; the first generated token once it is in.
+    fn prompt_step_done(&mut self, i: usize, output: StepOutput) {
+        let running = &mut self.running[i];
+        let prompt = &running.job.prompt;
+        if running.prefilled < prompt.len() {
+            if running.scores_prompt() {
+                if let Some(logprobs) = running.logprobs_of(&output, prompt[running.prefilled]) {
+                    running.prompt_logprobs.push(logprobs);
+                }
+            }
+            return;
+        }
+        self.prompt_done(i);
+        let running = &mut self.running[i];
+        if running.scores_prompt() {
+            let scored = std::mem::take(&mut running.prompt_logprobs);
+            let _ = running.job.events.send(JobEvent::PromptLogprobs(scored));
+        }
+        if running.job.prompt_only {
+            return self.end(i, End::Finished(FinishReason::MaxTokens));
+        }
+        self.take_token(i, output);
     }
 
     /// Counts request `i`'s prompt as read in.
@@ -355,11 +418,12 @@ impl EngineThread {
                     let running = &mut self.running[i];
                     running.cached.push(fed);
                     if running.next.is_none() {
-                        // The prompt's last token: the prompt is in, and this is its first token.
+                        // A prompt token (the last one, or the next of a scored prompt).
                         running.prefilled += 1;
-                        self.prompt_done(i);
+                        self.prompt_step_done(i, output);
+                    } else {
+                        self.take_token(i, output)
                     }
-                    self.take_token(i, output.token)
                 }
                 Err(error) => self.fail(i, error),
             }
@@ -368,7 +432,9 @@ impl EngineThread {
 
     /// Applies the stop rules to the token request `i`'s step returned, streams it, and either
     /// ends the request or arms it for the next decode.
-    fn take_token(&mut self, i: usize, token: u32) {
+    fn take_token(&mut self, i: usize, output: StepOutput) {
+        let token = output.token;
+        let logprobs = self.running[i].logprobs_of(&output, token);
         let running = &mut self.running[i];
         let now = Instant::now();
         if let Some(last) = running.last_token_at.replace(now) {
@@ -381,7 +447,7 @@ impl EngineThread {
         };
         if let Some(event) = accepted.event {
             // A closed channel is noticed before the next step (`drop_abandoned`).
-            let _ = running.job.events.send(JobEvent::Token(event));
+            let _ = running.job.events.send(JobEvent::Token(event, logprobs));
         }
         let blocked =
             || running.generation.next_step_blocked(false, running.session.position(), running.session.capacity());
@@ -398,7 +464,7 @@ impl EngineThread {
         match running.generation.finish(Some(self.detokenizer.as_ref())) {
             Ok((tokens, _text, held_back)) => {
                 if let Some(event) = held_back {
-                    let _ = running.job.events.send(JobEvent::Token(event));
+                    let _ = running.job.events.send(JobEvent::Token(event, None));
                 }
                 self.metrics.completed.inc();
                 self.metrics.request_duration.observe(running.arrived.elapsed().as_secs_f64());

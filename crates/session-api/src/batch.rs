@@ -10,7 +10,7 @@
 
 use crate::backend::Engine;
 use crate::error::{Result, SeamError};
-use crate::session::{CheckedSession, SessionSteps, StepOutput};
+use crate::session::{CheckedSession, SessionSteps, StepInput, StepOutput};
 
 /// One sequence of a raw batched decode, as an engine receives it.
 pub struct BatchedStep<'a> {
@@ -76,7 +76,8 @@ impl<'a> dyn Engine + 'a {
             raw = ready.iter().map(|_| Err(SeamError::Backend(message.clone()))).collect();
         }
         for (&i, step) in ready.iter().zip(raw) {
-            results[i] = Some(entries[i].session.complete(step, 1, want_logits));
+            let token = std::slice::from_ref(&entries[i].token);
+            results[i] = Some(entries[i].session.complete(step, StepInput::Tokens(token), want_logits));
         }
         results.into_iter().map(|r| r.expect("every entry has a result")).collect()
     }
@@ -89,7 +90,7 @@ mod tests {
     use crate::capabilities::{Capabilities, WeightFormat};
     use crate::error::ErrorKind;
     use crate::session::{RawStep, SessionOptions, StepInput};
-    use crate::{SamplingConfig, Session};
+    use crate::Session;
     use std::sync::{Arc, Mutex};
     use std::time::Duration;
 
@@ -212,7 +213,7 @@ mod tests {
         let engine = engine();
         let mut session = engine.new_checked_session(SessionOptions::default()).unwrap();
         session.prefill(&[4, 5]).unwrap();
-        session.restart(SamplingConfig::Greedy).unwrap();
+        session.restart(SessionOptions::default()).unwrap();
         assert_eq!(session.position(), 0);
         assert!(matches!(session.decode(1), Err(SeamError::NotPrefilled)));
     }

@@ -31,6 +31,7 @@ pub mod batch;
 pub mod capabilities;
 pub mod error;
 pub mod generate;
+pub mod logprobs;
 pub mod registry;
 pub mod sampling;
 pub mod session;
@@ -41,7 +42,7 @@ pub use batch::{BatchEntry, BatchedStep};
 pub use capabilities::{Capabilities, InputKinds, KvOps, SamplingModes, StateKind, WeightFormat};
 pub use error::{ErrorKind, Result, SeamError};
 pub use registry::{find_backend, find_backend_with, registered_backends, BackendRegistration, RegisteredBackend};
-pub use sampling::{Sampler, SamplingConfig};
+pub use sampling::{Penalties, Sampler, SamplingConfig};
 pub use session::{
     CheckedSession, RawStep, Session, SessionLimits, SessionOptions, SessionSteps, StepInput, StepOutput,
 };

@@ -71,6 +71,83 @@ impl SamplingConfig {
     }
 }
 
+/// Penalties on tokens already in the sequence, applied to a copy of the logits before the next
+/// token is picked (greedy or sampled). The logits a session returns stay the model's own.
+///
+/// The repetition penalty follows Hugging Face transformers and vLLM (every token of the
+/// sequence, prompt included; llama.cpp's `--repeat-penalty` looks at the last 64 only); the
+/// presence and frequency penalties follow OpenAI and vLLM (generated tokens only: a token counts
+/// as generated when it was appended at the position the session's previous step returned it
+/// for).
+#[derive(Debug, Clone, Copy, PartialEq, Serialize, Deserialize)]
+pub struct Penalties {
+    /// Divides the positive logit, and multiplies the negative one, of every token present in
+    /// the sequence; 1 is off, above 1 discourages repeats.
+    pub repetition: f32,
+    /// Subtracted once from the logit of every token generated so far; 0 is off.
+    pub presence: f32,
+    /// Subtracted from a token's logit once for each time it was generated; 0 is off.
+    pub frequency: f32,
+}
+
+impl Default for Penalties {
+    fn default() -> Self {
+        Penalties::NONE
+    }
+}
+
+impl Penalties {
+    /// No penalty: the logits as the model gave them.
+    pub const NONE: Penalties = Penalties { repetition: 1.0, presence: 0.0, frequency: 0.0 };
+
+    /// Whether every penalty is off (the session then needs no logits for greedy picks).
+    pub fn is_off(&self) -> bool {
+        *self == Penalties::NONE
+    }
+
+    /// Checks the values; returns a sentence for the user on failure.
+    pub fn validate(&self) -> Result<(), String> {
+        if !(self.repetition.is_finite() && self.repetition > 0.0) {
+            return Err(format!(
+                "the repetition penalty must be a finite number > 0 (1 is off), got {}",
+                self.repetition
+            ));
+        }
+        for (value, name) in [(self.presence, "presence"), (self.frequency, "frequency")] {
+            if !value.is_finite() {
+                return Err(format!("the {name} penalty must be a finite number (0 is off), got {value}"));
+            }
+        }
+        Ok(())
+    }
+
+    /// Applies the penalties to `logits`, for a sequence holding `tokens` (one per position;
+    /// ids outside the vocabulary, such as an embedding row's, are skipped) of which those whose
+    /// `generated` flag is set were generated.
+    pub fn apply(&self, logits: &mut [f32], tokens: &[u32], generated: &[bool]) {
+        if self.is_off() {
+            return;
+        }
+        // Per token present: how many times it was generated. A map, not a vocabulary-sized
+        // array: a sequence holds far fewer distinct tokens than the vocabulary.
+        let mut counts: std::collections::HashMap<u32, u32> = std::collections::HashMap::new();
+        for (&token, &was_generated) in tokens.iter().zip(generated) {
+            if (token as usize) < logits.len() {
+                *counts.entry(token).or_insert(0) += u32::from(was_generated);
+            }
+        }
+        for (token, count) in counts {
+            let logit = &mut logits[token as usize];
+            if self.repetition != 1.0 {
+                *logit = if *logit > 0.0 { *logit / self.repetition } else { *logit * self.repetition };
+            }
+            if count > 0 {
+                *logit -= self.presence + self.frequency * count as f32;
+            }
+        }
+    }
+}
+
 /// Index of the largest value; ties go to the lowest index. NaN never wins; 0 when nothing is
 /// above -inf. Defined once, in `cpu_kernels::scalar::argmax`, so that the kernels' greedy
 /// tokens (a batched decode's, ADR 0031) are held to the same rule.
@@ -208,5 +285,25 @@ mod tests {
             assert!(SamplingConfig::from_settings(Some(t), None, p, None).is_err(), "temperature {t}, top-p {p:?}");
         }
         assert!(SamplingConfig::Sample { temperature: 1.0, top_k: 0, top_p: 1.5, seed: 0 }.validate().is_err());
+    }
+
+    #[test]
+    fn penalties_follow_their_definitions() {
+        // Tokens 1 and 2 were generated (token 2 twice), token 3 is only in the prompt.
+        let tokens = [3, 1, 2, 2, u32::MAX];
+        let generated = [false, true, true, true, false];
+        let base = [1.0f32, 2.0, -1.0, 4.0, 0.5];
+        let mut logits = base;
+        Penalties::NONE.apply(&mut logits, &tokens, &generated);
+        assert_eq!(logits, base);
+        let mut logits = base;
+        Penalties { repetition: 2.0, presence: 0.0, frequency: 0.0 }.apply(&mut logits, &tokens, &generated);
+        assert_eq!(logits, [1.0, 1.0, -2.0, 2.0, 0.5], "positive logits halved, negative doubled, absent untouched");
+        let mut logits = base;
+        Penalties { repetition: 1.0, presence: 0.5, frequency: 0.25 }.apply(&mut logits, &tokens, &generated);
+        assert_eq!(logits, [1.0, 1.25, -2.0, 4.0, 0.5], "prompt-only token 3 untouched");
+        assert!(Penalties { repetition: 0.0, ..Penalties::NONE }.validate().is_err());
+        assert!(Penalties { presence: f32::NAN, ..Penalties::NONE }.validate().is_err());
+        assert!(Penalties { frequency: -2.0, ..Penalties::NONE }.validate().is_ok());
     }
 }

@@ -10,13 +10,16 @@
 
 use crate::capabilities::Capabilities;
 use crate::error::{Result, SeamError};
-use crate::sampling::{Sampler, SamplingConfig};
+use crate::sampling::{Penalties, Sampler, SamplingConfig};
 
 /// How a session is created.
 #[derive(Debug, Clone, Copy, PartialEq, Default)]
 pub struct SessionOptions {
     /// How the next token is picked.
     pub sampling: SamplingConfig,
+    /// Penalties on tokens already in the sequence, applied before the pick (greedy or
+    /// sampled). Any penalty makes every step return its logits to the host.
+    pub penalties: Penalties,
     /// Return the logits of the last position of each step in [`StepOutput::logits`].
     /// Needs [`Capabilities::logits`].
     pub return_logits: bool,
@@ -30,7 +33,7 @@ impl SessionOptions {
     pub fn required_capabilities(&self) -> Capabilities {
         Capabilities {
             sampling: self.sampling.required_modes(),
-            logits: self.return_logits,
+            logits: self.return_logits || !self.penalties.is_off(),
             hidden_states: self.return_hidden_states,
             ..Capabilities::default()
         }
@@ -41,6 +44,7 @@ impl SessionOptions {
     /// backend, so refusal is uniform.
     pub fn check_against(&self, backend: &str, capabilities: &Capabilities) -> Result<()> {
         self.sampling.validate().map_err(SeamError::InvalidInput)?;
+        self.penalties.validate().map_err(SeamError::InvalidInput)?;
         match capabilities.missing(&self.required_capabilities()).first() {
             Some(feature) => Err(SeamError::unsupported(backend, *feature)),
             None => Ok(()),
@@ -199,6 +203,14 @@ pub struct CheckedSession {
     limits: SessionLimits,
     position: usize,
     sampler: Sampler,
+    penalties: Penalties,
+    /// The token at each filled position (`u32::MAX` for an embedding row), for the penalties.
+    tokens: Vec<u32>,
+    /// Whether each filled position holds a generated token (see [`Penalties`]).
+    generated: Vec<bool>,
+    /// The token the last step returned, for the position it would fill; `None` after a
+    /// failure, a reset or a truncate.
+    last_returned: Option<u32>,
     return_logits: bool,
     return_hidden_states: bool,
     poisoned: Option<String>,
@@ -216,6 +228,10 @@ impl CheckedSession {
             limits,
             position: 0,
             sampler: Sampler::new(options.sampling),
+            penalties: options.penalties,
+            tokens: Vec::new(),
+            generated: Vec::new(),
+            last_returned: None,
             return_logits: options.return_logits,
             return_hidden_states: options.return_hidden_states,
             poisoned: None,
@@ -234,29 +250,34 @@ impl CheckedSession {
         self.engine
     }
 
-    /// Empties the sequence (as [`Session::reset`]) and samples from now on by `sampling`, so a
-    /// server can reuse one session, and its device cache, for requests that sample differently.
-    /// Refuses sampling the backend cannot run with the same errors as `new_session`, leaving the
-    /// session as it was.
-    pub fn restart(&mut self, sampling: SamplingConfig) -> Result<()> {
-        self.restart_keeping(0, sampling).map(|_| ())
+    /// Empties the sequence (as [`Session::reset`]) and runs by `options` from now on (sampling,
+    /// penalties, returned logits), so a server can reuse one session, and its device cache, for
+    /// requests that ask differently. Refuses options the backend cannot run with the same
+    /// errors as `new_session`, and hidden states other than the session was opened with (a
+    /// backend prepares those when it opens the session), leaving the session as it was.
+    pub fn restart(&mut self, options: SessionOptions) -> Result<()> {
+        self.restart_keeping(0, options).map(|_| ())
     }
 
     /// As [`restart`](Self::restart), but keeps the first `keep` positions (a server reusing the
     /// prefix a new request shares with what this session holds): the sequence is truncated to
     /// `keep` instead of emptied. Where it cannot be kept (`keep` is 0 or past the filled
     /// positions, the session is poisoned, the backend cannot truncate, or the truncate fails)
-    /// the sequence is emptied as by `restart`. Returns the positions kept.
-    pub fn restart_keeping(&mut self, keep: usize, sampling: SamplingConfig) -> Result<usize> {
-        let options = SessionOptions {
-            sampling,
-            return_logits: self.return_logits,
-            return_hidden_states: self.return_hidden_states,
-        };
+    /// the sequence is emptied as by `restart`. Returns the positions kept. The kept positions
+    /// count as prompt for the presence and frequency penalties.
+    pub fn restart_keeping(&mut self, keep: usize, options: SessionOptions) -> Result<usize> {
         options.check_against(&self.limits.backend, &self.limits.capabilities)?;
-        self.sampler = Sampler::new(sampling);
+        if options.return_hidden_states != self.return_hidden_states {
+            return Err(SeamError::InvalidInput(
+                "hidden states are chosen when a session is opened; a restart cannot change them".into(),
+            ));
+        }
+        self.sampler = Sampler::new(options.sampling);
+        self.penalties = options.penalties;
+        self.return_logits = options.return_logits;
         let keepable = keep > 0 && keep <= self.position && self.limits.capabilities.kv_ops.truncate;
         if keepable && self.truncate(keep).is_ok() {
+            self.generated.iter_mut().for_each(|g| *g = false);
             return Ok(keep);
         }
         self.reset();
@@ -274,7 +295,7 @@ impl CheckedSession {
 
     /// Whether the next step must return logits (asked for, or needed to sample).
     pub(crate) fn wants_logits(&self) -> bool {
-        self.return_logits || !matches!(self.sampler.config(), SamplingConfig::Greedy)
+        self.return_logits || !matches!(self.sampler.config(), SamplingConfig::Greedy) || !self.penalties.is_off()
     }
 
     /// The raw steps and the position they append at, for a batched decode.
@@ -312,24 +333,55 @@ impl CheckedSession {
     fn run(&mut self, input: StepInput<'_>) -> Result<StepOutput> {
         let want_logits = self.wants_logits();
         let raw = self.steps.append(self.position, input, want_logits);
-        self.complete(raw, input.len(), want_logits)
+        self.complete(raw, input, want_logits)
     }
 
-    /// Takes what a checked step of `len` positions returned: poisons on a failure, advances the
+    /// Takes what a checked step appending `input` returned: poisons on a failure, advances the
     /// position and samples on success.
-    pub(crate) fn complete(&mut self, raw: Result<RawStep>, len: usize, want_logits: bool) -> Result<StepOutput> {
+    pub(crate) fn complete(
+        &mut self,
+        raw: Result<RawStep>,
+        input: StepInput<'_>,
+        want_logits: bool,
+    ) -> Result<StepOutput> {
+        self.record(input);
         match raw.and_then(|raw| self.finish(raw, want_logits)) {
             Ok(output) => {
-                self.position += len;
+                self.position += input.len();
+                self.last_returned = Some(output.token);
                 Ok(output)
             }
             Err(error) => {
+                self.forget_after(self.position);
                 // Whatever the backend said, its state may have changed: nothing a backend
                 // returns from a checked call is an argument rejected up front.
                 self.poisoned = Some(error.to_string());
                 Err(error)
             }
         }
+    }
+
+    /// Notes what `input` appends, before its step's token is picked (the penalties see it).
+    fn record(&mut self, input: StepInput<'_>) {
+        match input {
+            StepInput::Tokens(tokens) => {
+                for (i, &token) in tokens.iter().enumerate() {
+                    self.generated.push(i == 0 && self.last_returned == Some(token));
+                    self.tokens.push(token);
+                }
+            }
+            StepInput::Embeddings { count, .. } => {
+                self.tokens.resize(self.tokens.len() + count, u32::MAX);
+                self.generated.resize(self.tokens.len(), false);
+            }
+        }
+    }
+
+    /// Forgets the tokens noted past `position`.
+    fn forget_after(&mut self, position: usize) {
+        self.tokens.truncate(position);
+        self.generated.truncate(position);
+        self.last_returned = None;
     }
 
     /// Checks what the backend returned and picks the token.
@@ -355,7 +407,12 @@ impl CheckedSession {
             return Err(SeamError::Backend(format!("{backend} returned no logits for a step that needs them")));
         }
         let token = match (self.sampler.config(), raw.greedy_token, &raw.logits) {
-            (SamplingConfig::Greedy, Some(token), _) => token,
+            (SamplingConfig::Greedy, Some(token), _) if self.penalties.is_off() => token,
+            (_, _, Some(logits)) if !self.penalties.is_off() => {
+                let mut penalized = logits.clone();
+                self.penalties.apply(&mut penalized, &self.tokens, &self.generated);
+                self.sampler.sample(&penalized)
+            }
             (_, _, Some(logits)) => self.sampler.sample(logits),
             _ => return Err(SeamError::Backend(format!("{backend} returned no logits to sample from"))),
         };
@@ -400,6 +457,7 @@ impl Session for CheckedSession {
 
     fn reset(&mut self) {
         self.position = 0;
+        self.forget_after(0);
         self.sampler.restart();
         let after_failure = self.poisoned.is_some();
         self.poisoned = match self.steps.reset(after_failure) {
@@ -426,6 +484,7 @@ impl Session for CheckedSession {
             }
         }
         self.position = position;
+        self.forget_after(position);
         Ok(())
     }
 
@@ -440,6 +499,10 @@ impl Session for CheckedSession {
             limits: self.limits.clone(),
             position: self.position,
             sampler: self.sampler.clone(),
+            penalties: self.penalties,
+            tokens: self.tokens.clone(),
+            generated: self.generated.clone(),
+            last_returned: self.last_returned,
             return_logits: self.return_logits,
             return_hidden_states: self.return_hidden_states,
             poisoned: None,
@@ -639,5 +702,62 @@ mod tests {
         assert!(matches!(s.prefill_embeddings(&[], 0), Err(SeamError::EmptyInput)));
         s.prefill_embeddings(&[0.5; 4], 2).unwrap();
         assert_eq!(s.position(), 2);
+    }
+
+    #[test]
+    fn penalties_count_what_the_session_generated_and_forget_what_is_truncated() {
+        struct Fixed;
+        impl SessionSteps for Fixed {
+            fn append(&mut self, _: usize, _: StepInput<'_>, _: bool) -> Result<RawStep> {
+                let mut logits = vec![0.0; 10];
+                logits[5..8].copy_from_slice(&[3.0, 2.5, 2.0]);
+                // The device's greedy pick, which penalties must override.
+                Ok(RawStep { greedy_token: Some(5), logits: Some(logits), hidden_states: None })
+            }
+            fn truncate(&mut self, _: usize) -> Result<()> {
+                Ok(())
+            }
+            fn reset(&mut self, _: bool) -> Result<()> {
+                Ok(())
+            }
+        }
+        let limits = |logits| SessionLimits {
+            backend: "fixed".into(),
+            vocab_size: 10,
+            hidden_size: 1,
+            capabilities: Capabilities { logits, hidden_states: true, ..caps(16) },
+        };
+        let presence =
+            SessionOptions { penalties: Penalties { presence: 1.0, ..Penalties::NONE }, ..SessionOptions::default() };
+        let mut without_logits = CheckedSession::new(Box::new(Fixed), limits(false), SessionOptions::default());
+        assert_eq!(without_logits.restart(presence).unwrap_err().kind(), ErrorKind::Unsupported);
+
+        let mut s = CheckedSession::new(Box::new(Fixed), limits(true), SessionOptions::default());
+        s.restart(presence).unwrap();
+        assert!(s.wants_logits());
+        // Nothing generated yet: 5; once 5 is fed back it loses 1 and 6 leads; then 5 and 7
+        // tie at 2.0 and the lower id wins.
+        assert_eq!(s.prefill(&[1]).unwrap().token, 5);
+        assert_eq!(s.decode(5).unwrap().token, 6);
+        assert_eq!(s.decode(6).unwrap().token, 5);
+        // A token other than the one returned (a prompt token fed by decode) is not generated.
+        assert_eq!(s.decode(7).unwrap().token, 5);
+        // Truncated back to [1, 5]: only 5 counts, and the token after it was not returned for it.
+        s.truncate(2).unwrap();
+        assert_eq!(s.decode(6).unwrap().token, 6);
+        // A restart keeping the prefix makes it prompt: no presence penalty...
+        s.restart_keeping(3, presence).unwrap();
+        assert_eq!(s.decode(1).unwrap().token, 5);
+        // ...but the repetition penalty sees the prompt: 5 (3.0 / 2) and 6 (2.5 / 2) fall below 7.
+        let repetition =
+            SessionOptions { penalties: Penalties { repetition: 2.0, ..Penalties::NONE }, ..SessionOptions::default() };
+        s.restart_keeping(3, repetition).unwrap();
+        assert_eq!(s.decode(1).unwrap().token, 7);
+        // Off again: the device's pick.
+        s.restart(SessionOptions::default()).unwrap();
+        assert!(!s.wants_logits());
+        assert_eq!(s.prefill(&[5, 5, 5]).unwrap().token, 5);
+        let hidden = SessionOptions { return_hidden_states: true, ..SessionOptions::default() };
+        assert_eq!(s.restart(hidden).unwrap_err().kind(), ErrorKind::InvalidInput);
     }
 }

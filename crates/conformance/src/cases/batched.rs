@@ -63,7 +63,7 @@ fn plans(ctx: &CaseContext<'_>, shapes: impl IntoIterator<Item = (usize, usize, 
 }
 
 fn options() -> SessionOptions {
-    SessionOptions { sampling: SamplingConfig::Greedy, return_logits: false, return_hidden_states: false }
+    SessionOptions { sampling: SamplingConfig::Greedy, ..SessionOptions::default() }
 }
 
 fn new_session(ctx: &CaseContext<'_>, label: &str) -> Checked<CheckedSession> {
@@ -129,7 +129,7 @@ fn decode_in_batches(ctx: &CaseContext<'_>, plans: &[Plan]) -> Checked<(Verdict,
             let label = format!("sequence {i}");
             let mut session = match free.pop() {
                 Some(mut session) => {
-                    session.restart(SamplingConfig::Greedy).or_fail(|| format!("{label}: restart a reused session"))?;
+                    session.restart(options()).or_fail(|| format!("{label}: restart a reused session"))?;
                     reused += 1;
                     session
                 }

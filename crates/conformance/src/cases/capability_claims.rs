@@ -73,8 +73,7 @@ fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     }
     let sample = |top_k, top_p| SessionOptions {
         sampling: SamplingConfig::Sample { temperature: 1.0, top_k, top_p, seed: 1 },
-        return_logits: false,
-        return_hidden_states: false,
+        ..SessionOptions::default()
     };
     if !(caps.sampling.temperature && caps.sampling.seeded) {
         expect_refusal("seeded temperature sampling", session_with(sample(0, 1.0)));

@@ -9,7 +9,7 @@
 use super::{Case, CaseContext};
 use crate::tolerance::LogitError;
 use crate::verdict::{Checked, OrFail, Verdict};
-use session_api::{SamplingConfig, SessionOptions, StepOutput};
+use session_api::{SessionOptions, StepOutput};
 
 /// The case.
 pub const CASE: Case = Case {
@@ -33,7 +33,7 @@ struct Point {
 }
 
 fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
-    let options = SessionOptions { sampling: SamplingConfig::Greedy, return_logits: false, return_hidden_states: true };
+    let options = SessionOptions { return_hidden_states: true, ..SessionOptions::default() };
     let reference = ctx.oracle.engine(ctx.model, ctx.format).map_err(Verdict::fail)?;
     let mut expected = reference.new_session(options).or_fail(|| "the reference's session".to_string())?;
     let mut actual = ctx.session(options)?;

@@ -119,7 +119,7 @@ impl CaseContext<'_> {
         SessionOptions {
             sampling: SamplingConfig::Greedy,
             return_logits: self.capabilities.logits,
-            return_hidden_states: false,
+            ..SessionOptions::default()
         }
     }
 

@@ -45,10 +45,7 @@ fn needs_top_k(c: &Capabilities) -> Option<&'static str> {
 const STEPS: usize = 32;
 
 fn sampled_run(ctx: &CaseContext<'_>, sampling: SamplingConfig, prompt: &[u32], label: &str) -> Checked<Driver> {
-    let mut driver = Driver::free(
-        ctx.session(SessionOptions { sampling, return_logits: false, return_hidden_states: false })?,
-        label,
-    );
+    let mut driver = Driver::free(ctx.session(SessionOptions { sampling, ..SessionOptions::default() })?, label);
     driver.run(prompt, STEPS)?;
     Ok(driver)
 }
@@ -104,7 +101,7 @@ fn equals_greedy(ctx: &CaseContext<'_>, sampling: SamplingConfig, what: &str) ->
     let prompt = ctx.prompt(16, 161);
     let greedy = ctx.baseline(&prompt, STEPS)?;
     let mut driver = Driver::forced(
-        ctx.session(SessionOptions { sampling, return_logits: false, return_hidden_states: false })?,
+        ctx.session(SessionOptions { sampling, ..SessionOptions::default() })?,
         &greedy.trace.tokens,
         format!("{what} session"),
     );
