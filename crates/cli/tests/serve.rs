@@ -332,6 +332,74 @@ fn logprobs_agree_with_the_generated_text_and_an_echoed_prompt_scores_as_generat
 }
 
 #[test]
+fn several_prompts_and_choices_each_equal_their_own_request() {
+    let served = Served::start(&["--parallel", "3"]);
+    let complete = |body: Value| {
+        let answer = served.post("/v1/completions", &body.to_string());
+        assert_eq!(answer.status, 200, "{}", answer.body);
+        answer.json()
+    };
+    let texts = |answer: &Value| -> Vec<String> {
+        let choices = answer["choices"].as_array().unwrap();
+        assert!(choices.iter().enumerate().all(|(i, c)| c["index"] == i), "choices in index order");
+        choices.iter().map(|c| c["text"].as_str().unwrap().to_string()).collect()
+    };
+    // Two prompts, two sampled choices each: choice j samples from seed 40 + j.
+    let prompts = ["The capital of France is", "Once upon a time"];
+    let body = serde_json::json!({"prompt": prompts, "max_tokens": 6, "temperature": 0.9, "seed": 40, "n": 2});
+    let together = complete(body.clone());
+    let alone: Vec<String> = (0..4)
+        .flat_map(|j| {
+            let one =
+                serde_json::json!({"prompt": prompts[j / 2], "max_tokens": 6, "temperature": 0.9, "seed": 40 + j});
+            texts(&complete(one))
+        })
+        .collect();
+    assert_eq!(texts(&together), alone);
+    assert_ne!(alone[0], alone[1], "two choices of one prompt sample differently");
+    let prompt_tokens = together["usage"]["prompt_tokens"].as_u64().unwrap();
+    assert_eq!(together["usage"]["completion_tokens"], 24);
+    assert_eq!(together["usage"]["total_tokens"], prompt_tokens + 24);
+
+    // Streamed: each choice's chunks make its text; one usage chunk, one [DONE].
+    let mut streamed_body = body.clone();
+    streamed_body["stream"] = Value::Bool(true);
+    streamed_body["stream_options"] = serde_json::json!({"include_usage": true});
+    let streamed = served.post("/v1/completions", &streamed_body.to_string());
+    let mut by_choice = vec![String::new(); 4];
+    let mut usage = Vec::new();
+    let data: Vec<&str> = streamed.body.lines().filter_map(|l| l.strip_prefix("data: ")).collect();
+    assert_eq!(data.iter().filter(|d| **d == "[DONE]").count(), 1);
+    for chunk in data.iter().filter(|d| **d != "[DONE]") {
+        let chunk: Value = serde_json::from_str(chunk).unwrap();
+        for choice in chunk["choices"].as_array().unwrap() {
+            by_choice[choice["index"].as_u64().unwrap() as usize].push_str(choice["text"].as_str().unwrap());
+        }
+        if !chunk["usage"].is_null() {
+            usage.push(chunk["usage"].clone());
+        }
+    }
+    assert_eq!(by_choice, alone);
+    assert_eq!(usage, vec![together["usage"].clone()]);
+
+    // An evaluation harness' batch: token-id prompts, echoed and scored, several in a request.
+    let scored = |prompt: Value| {
+        complete(serde_json::json!({"prompt": prompt, "max_tokens": 1, "logprobs": 1, "echo": true, "temperature": 0}))
+    };
+    let batch = scored(serde_json::json!([[504, 3575, 282, 4649, 314], [9064, 2115, 253, 655]]));
+    for (i, prompt) in [serde_json::json!([504, 3575, 282, 4649, 314]), serde_json::json!([9064, 2115, 253, 655])]
+        .into_iter()
+        .enumerate()
+    {
+        let single = scored(prompt);
+        assert_eq!(batch["choices"][i]["logprobs"], single["choices"][0]["logprobs"], "prompt {i}");
+        assert_eq!(batch["choices"][i]["text"], single["choices"][0]["text"], "prompt {i}");
+    }
+    let echoed = batch["choices"][0]["text"].as_str().unwrap();
+    assert!(echoed.starts_with("The capital of France is"), "the echo is the ids' text: {echoed:?}");
+}
+
+#[test]
 fn penalties_change_greedy_picks() {
     let served = Served::start(&[]);
     let text = |extra: Value| {
@@ -500,7 +568,10 @@ fn what_the_server_does_not_do_is_refused_and_slow_clients_are_cut_off() {
         ("/v1/completions", r#"{"prompt": "x", "logprobs": true}"#.into(), "logprobs"),
         ("/v1/completions", r#"{"prompt": "x", "logprobs": 21}"#.into(), "logprobs"),
         ("/v1/completions", r#"{"prompt": "x", "max_tokens": 0}"#.into(), "max_tokens"),
-        ("/v1/completions", r#"{"prompt": [[1], [2]]}"#.into(), "prompt"),
+        ("/v1/completions", r#"{"prompt": "x", "n": 0}"#.into(), "n"),
+        ("/v1/completions", r#"{"prompt": "x", "n": 65}"#.into(), "n"),
+        ("/v1/completions", r#"{"prompt": ["x", "y"], "n": 33}"#.into(), "prompt"),
+        ("/v1/completions", r#"{"prompt": []}"#.into(), "prompt"),
         ("/v1/completions", r#"{"prompt": "x", "suffix": "y"}"#.into(), "suffix"),
         ("/v1/completions", r#"{"prompt": "x", "best_of": 3}"#.into(), "best_of"),
         ("/v1/completions", format!(r#"{{"prompt": "{}"}}"#, "hello ".repeat(9000)), "prompt"),

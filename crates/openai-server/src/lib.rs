@@ -307,24 +307,33 @@ impl FromRequest<Arc<AppState>> for RequestBody {
     }
 }
 
-/// A queued request: its events, and how to answer them.
+/// A queued request: each sequence's events (prompt by prompt, `n` each: the choices' order),
+/// and how to answer them.
 struct Submitted {
-    events: mpsc::UnboundedReceiver<JobEvent>,
+    events: Vec<mpsc::UnboundedReceiver<JobEvent>>,
     stream: bool,
     include_usage: bool,
     /// Log-probabilities were asked for.
     logprobs: bool,
+    /// The prompts' tokens, each prompt counted once however many choices it has.
+    prompt_tokens: usize,
 }
 
-/// What a request asks the engine thread, checked.
-struct Prepared {
+/// One sequence a request asks the engine thread for, checked.
+struct Sequence {
     prompt: Vec<u32>,
     options: SessionOptions,
     logprobs: Option<LogprobsRequest>,
     prompt_only: bool,
     generation: GenerationRequest,
+}
+
+/// What a request asks, checked: its sequences, and how to answer.
+struct Prepared {
+    sequences: Vec<Sequence>,
     stream: bool,
     include_usage: bool,
+    prompt_tokens: usize,
 }
 
 /// The most alternatives reported per token (vLLM's default limit; OpenAI's is 20 for chat and
@@ -352,21 +361,31 @@ impl AppState {
         }
     }
 
-    /// Checks the parameters and the prompt's length against the context.
-    /// `prompt_param` names the request's prompt field in errors (`prompt` or `messages`);
-    /// `logprobs` is what the endpoint read from its own form of the parameter; `echo` (a
-    /// completion echoing its prompt) allows `max_tokens` 0.
+    /// Checks the parameters, and each prompt's length against the context; a sequence per
+    /// prompt and choice (`n` per prompt), the choices of one prompt sampling from seeds that
+    /// follow the request's. `prompt_param` names the request's prompt field in errors (`prompt`
+    /// or `messages`); `logprobs` is what the endpoint read from its own form of the parameter;
+    /// `echo` (a completion echoing its prompt) allows `max_tokens` 0.
     fn prepare(
         &self,
-        prompt: Vec<u32>,
+        prompts: Vec<Vec<u32>>,
         prompt_param: &'static str,
         params: &Params,
         max_tokens: Option<u64>,
         logprobs: Option<LogprobsRequest>,
         echo: bool,
     ) -> Result<Prepared, ApiError> {
-        if params.n.is_some_and(|n| n != 1) {
-            return Err(ApiError::invalid("only n = 1 is supported", Some("n")));
+        let n = params.n.unwrap_or(1);
+        let most = self.scheduler.max_queue();
+        if n == 0 {
+            return Err(ApiError::invalid("n must be at least 1", Some("n")));
+        }
+        if prompts.len() as u64 * n > most as u64 {
+            let (param, what) = if prompts.len() > 1 { (prompt_param, "prompts times n") } else { ("n", "n") };
+            return Err(ApiError::invalid(
+                format!("{what} is {}: at most {most} sequences fit this server's queue", prompts.len() as u64 * n),
+                Some(param),
+            ));
         }
         for (value, name) in
             [(params.presence_penalty, "presence_penalty"), (params.frequency_penalty, "frequency_penalty")]
@@ -404,6 +423,55 @@ impl AppState {
         if stop_strings.iter().any(String::is_empty) {
             return Err(ApiError::invalid("a stop string needs text", Some("stop")));
         }
+        let mut sequences = Vec::with_capacity(prompts.len() * n as usize);
+        let mut prompt_tokens = 0;
+        for prompt in prompts {
+            let max_tokens = self.check_prompt(&prompt, prompt_param, max_tokens, echo)?;
+            prompt_tokens += prompt.len();
+            for _ in 0..n {
+                let sampling = match sampling {
+                    SamplingConfig::Sample { temperature, top_k, top_p, seed } => {
+                        let seed = seed.wrapping_add(sequences.len() as u64);
+                        SamplingConfig::Sample { temperature, top_k, top_p, seed }
+                    }
+                    SamplingConfig::Greedy => SamplingConfig::Greedy,
+                };
+                sequences.push(Sequence {
+                    prompt: prompt.clone(),
+                    options: SessionOptions {
+                        sampling,
+                        penalties,
+                        return_logits: logprobs.is_some(),
+                        ..SessionOptions::default()
+                    },
+                    logprobs,
+                    prompt_only: max_tokens == 0,
+                    generation: GenerationRequest {
+                        max_tokens,
+                        eos_ids: self.model.eos_ids.clone(),
+                        ignore_eos: params.ignore_eos,
+                        stop_strings: stop_strings.clone(),
+                    },
+                });
+            }
+        }
+        Ok(Prepared {
+            sequences,
+            stream: params.stream,
+            include_usage: params.stream_options.as_ref().is_some_and(|o| o.include_usage),
+            prompt_tokens,
+        })
+    }
+
+    /// Checks one prompt against the vocabulary and the context; returns the `max_tokens` it
+    /// runs with.
+    fn check_prompt(
+        &self,
+        prompt: &[u32],
+        prompt_param: &'static str,
+        max_tokens: Option<u64>,
+        echo: bool,
+    ) -> Result<usize, ApiError> {
         if prompt.is_empty() {
             return Err(ApiError::invalid("the prompt is empty", Some(prompt_param)));
         }
@@ -445,38 +513,26 @@ impl AppState {
             Some(n) => n as usize,
             None => self.options.default_max_tokens.map_or(room, |d| d.min(room)),
         };
-        Ok(Prepared {
-            prompt,
-            options: SessionOptions {
-                sampling,
-                penalties,
-                return_logits: logprobs.is_some(),
-                ..SessionOptions::default()
-            },
-            logprobs,
-            prompt_only: max_tokens == 0,
-            generation: GenerationRequest {
-                max_tokens,
-                eos_ids: self.model.eos_ids.clone(),
-                ignore_eos: params.ignore_eos,
-                stop_strings,
-            },
-            stream: params.stream,
-            include_usage: params.stream_options.as_ref().is_some_and(|o| o.include_usage),
-        })
+        Ok(max_tokens)
     }
 
     fn new_id(&self, prefix: &str) -> String {
         format!("{prefix}-{:x}{:06x}", self.started, self.next_id.fetch_add(1, Ordering::Relaxed))
     }
 
-    /// Queues a prepared request; a full queue is answered at once.
+    /// Queues a prepared request, all its sequences or none; a full queue is answered at once.
     fn submit(&self, prepared: Prepared) -> Result<Submitted, ApiError> {
-        let (events, receiver) = mpsc::unbounded_channel();
-        let Prepared { prompt, options, logprobs, prompt_only, generation, stream, include_usage } = prepared;
-        let job = Job { prompt, options, logprobs, prompt_only, generation, events };
-        match self.scheduler.submit(job) {
-            Ok(()) => Ok(Submitted { events: receiver, stream, include_usage, logprobs: logprobs.is_some() }),
+        let Prepared { sequences, stream, include_usage, prompt_tokens } = prepared;
+        let logprobs = sequences.iter().any(|s| s.logprobs.is_some());
+        let (jobs, receivers): (Vec<Job>, Vec<_>) = sequences
+            .into_iter()
+            .map(|Sequence { prompt, options, logprobs, prompt_only, generation }| {
+                let (events, receiver) = mpsc::unbounded_channel();
+                (Job { prompt, options, logprobs, prompt_only, generation, events }, receiver)
+            })
+            .unzip();
+        match self.scheduler.submit(jobs) {
+            Ok(()) => Ok(Submitted { events: receivers, stream, include_usage, logprobs, prompt_tokens }),
             Err(SubmitError::QueueFull) => Err(ApiError {
                 status: StatusCode::TOO_MANY_REQUESTS,
                 detail: ErrorDetail {
@@ -566,7 +622,7 @@ async fn tokenize(work: impl FnOnce() -> Result<Vec<u32>, ApiError> + Send + 'st
         .map_err(|e| ApiError::from_seam(SeamError::Backend(format!("tokenizing failed: {e}"))))?
 }
 
-/// The outcome of a request read to its end.
+/// The outcome of one sequence read to its end.
 struct Collected {
     text: String,
     /// The generated tokens' log-probabilities, when asked for (an ending EOS id has none: its
@@ -575,7 +631,7 @@ struct Collected {
     /// The prompt's, from its second token, when the prompt was scored.
     prompt: Option<Vec<TokenLogprobs>>,
     end: End,
-    usage: Usage,
+    completion_tokens: usize,
 }
 
 async fn collect(mut events: mpsc::UnboundedReceiver<JobEvent>) -> Result<Collected, ApiError> {
@@ -589,9 +645,8 @@ async fn collect(mut events: mpsc::UnboundedReceiver<JobEvent>) -> Result<Collec
                 text.push_str(&token.text);
                 generated.extend(logprobs);
             }
-            JobEvent::Done { end, prompt_tokens, completion_tokens } => {
-                let usage = Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens };
-                return Ok(Collected { text, generated, prompt, end, usage });
+            JobEvent::Done { end, completion_tokens, .. } => {
+                return Ok(Collected { text, generated, prompt, end, completion_tokens });
             }
             JobEvent::Failed(error) => return Err(ApiError::from_seam(error)),
         }
@@ -599,58 +654,104 @@ async fn collect(mut events: mpsc::UnboundedReceiver<JobEvent>) -> Result<Collec
     Err(ApiError::from_seam(SeamError::Backend("the engine thread ended the request without an answer".into())))
 }
 
-/// A chunk maker: new text, the log-probabilities of the tokens whose text it carries, and the
-/// finish reason of the last chunk.
-type ChunkMaker = Box<dyn Fn(String, Vec<TokenLogprobs>, Option<&'static str>) -> Event + Send + Sync>;
+/// Every sequence of a request read to its end, in choice order, and the request's usage; the
+/// first failure answers the request (the other sequences are then dropped, which cancels them).
+async fn collect_all(submitted: Submitted) -> Result<(Vec<Collected>, Usage), ApiError> {
+    let collected = futures::future::try_join_all(submitted.events.into_iter().map(collect)).await?;
+    let completion_tokens = collected.iter().map(|c| c.completion_tokens).sum();
+    let prompt_tokens = submitted.prompt_tokens;
+    Ok((collected, Usage { prompt_tokens, completion_tokens, total_tokens: prompt_tokens + completion_tokens }))
+}
+
+/// A chunk maker: the choice's index, new text, the log-probabilities of the tokens whose text it
+/// carries, and the finish reason of the choice's last chunk.
+type ChunkMaker = Box<dyn Fn(usize, String, Vec<TokenLogprobs>, Option<&'static str>) -> Event + Send + Sync>;
+
+/// A maker of a choice's scored, echoed prompt chunk: the choice's index and the scores.
+type PromptChunkMaker = Box<dyn Fn(usize, Vec<TokenLogprobs>) -> Event + Send + Sync>;
+
+/// A maker of the usage chunk.
+type UsageMaker = Box<dyn Fn(Usage) -> Event + Send + Sync>;
 
 /// How a request's stream makes its events.
 struct StreamMakers {
-    /// The chunk of a scored, echoed prompt (a completion's `echo` with `logprobs`).
-    prompt: Option<Box<dyn Fn(Vec<TokenLogprobs>) -> Event + Send + Sync>>,
+    /// The chunk of a choice's scored, echoed prompt (a completion's `echo` with `logprobs`).
+    prompt: Option<PromptChunkMaker>,
     /// Every other chunk with a choice.
     chunk: ChunkMaker,
     /// The last chunk, with the usage counts, when asked for.
-    usage: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>>,
+    usage: Option<UsageMaker>,
 }
 
-/// Turns a request's events into server-sent events, after `first`; `[DONE]` ends every stream.
-/// A token whose text is held back (part of a character, or of a possible stop string) sends
-/// nothing; its log-probabilities go with the chunk that carries its text.
+/// Where a request's stream stands.
+struct StreamProgress {
+    /// Every sequence's events, tagged with its choice's index, as they come.
+    events: stream::SelectAll<stream::BoxStream<'static, (usize, JobEvent)>>,
+    /// Per choice, the log-probabilities of tokens whose text is held back.
+    pending: Vec<Vec<TokenLogprobs>>,
+    /// Choices not yet done.
+    running: usize,
+    prompt_tokens: usize,
+    completion_tokens: usize,
+}
+
+/// Turns a request's events into server-sent events, after `first`: each choice's chunks as its
+/// tokens come (interleaved when there are several), then the usage chunk when asked for, then
+/// `[DONE]`, which ends every stream. A token whose text is held back (part of a character, or
+/// of a possible stop string) sends nothing; its log-probabilities go with the chunk that carries
+/// its text. A failed sequence ends the stream with an `error` event.
 fn event_stream(
-    events: mpsc::UnboundedReceiver<JobEvent>,
-    first: Option<Event>,
+    submitted: Submitted,
+    first: Vec<Event>,
     makers: StreamMakers,
 ) -> impl Stream<Item = Result<Event, Infallible>> {
-    let head = stream::iter(first.map(Ok));
+    let head = stream::iter(first.into_iter().map(Ok));
     let makers = Arc::new(makers);
-    let body = stream::unfold(Some((events, Vec::new())), move |state| {
+    let running = submitted.events.len();
+    let events = stream::select_all(submitted.events.into_iter().enumerate().map(|(index, receiver)| {
+        stream::unfold(receiver, |mut receiver| async move { receiver.recv().await.map(|event| (event, receiver)) })
+            .map(move |event| (index, event))
+            .boxed()
+    }));
+    let progress = StreamProgress {
+        events,
+        pending: vec![Vec::new(); running],
+        running,
+        prompt_tokens: submitted.prompt_tokens,
+        completion_tokens: 0,
+    };
+    let body = stream::unfold(Some(progress), move |state| {
         let makers = Arc::clone(&makers);
         async move {
-            let (mut receiver, mut pending) = state?;
-            let out: Vec<Event> = match receiver.recv().await {
-                Some(JobEvent::PromptLogprobs(scored)) => {
-                    makers.prompt.as_ref().map(|make| make(scored)).into_iter().collect()
+            let mut progress = state?;
+            let out: Vec<Event> = match progress.events.next().await {
+                Some((i, JobEvent::PromptLogprobs(scored))) => {
+                    makers.prompt.as_ref().map(|make| make(i, scored)).into_iter().collect()
                 }
-                Some(JobEvent::Token(token, logprobs)) => {
-                    pending.extend(logprobs);
+                Some((i, JobEvent::Token(token, logprobs))) => {
+                    progress.pending[i].extend(logprobs);
                     match token.text.is_empty() {
                         true => Vec::new(),
-                        false => vec![(makers.chunk)(token.text, std::mem::take(&mut pending), None)],
+                        false => vec![(makers.chunk)(i, token.text, std::mem::take(&mut progress.pending[i]), None)],
                     }
                 }
-                Some(JobEvent::Done { end, prompt_tokens, completion_tokens }) => {
-                    let mut out = vec![(makers.chunk)(String::new(), pending, Some(finish_reason(end)))];
+                Some((i, JobEvent::Done { end, completion_tokens, .. })) => {
+                    let pending = std::mem::take(&mut progress.pending[i]);
+                    let mut out = vec![(makers.chunk)(i, String::new(), pending, Some(finish_reason(end)))];
+                    progress.completion_tokens += completion_tokens;
+                    progress.running -= 1;
+                    if progress.running > 0 {
+                        return Some((out, Some(progress)));
+                    }
                     if let Some(usage_chunk) = &makers.usage {
-                        out.push(usage_chunk(Usage {
-                            prompt_tokens,
-                            completion_tokens,
-                            total_tokens: prompt_tokens + completion_tokens,
-                        }));
+                        let (prompt_tokens, completion_tokens) = (progress.prompt_tokens, progress.completion_tokens);
+                        let total_tokens = prompt_tokens + completion_tokens;
+                        out.push(usage_chunk(Usage { prompt_tokens, completion_tokens, total_tokens }));
                     }
                     out.push(Event::default().data("[DONE]"));
                     return Some((out, None));
                 }
-                Some(JobEvent::Failed(error)) => {
+                Some((_, JobEvent::Failed(error))) => {
                     let out = vec![
                         json_event(&ErrorBody { error: ApiError::from_seam(error).detail }),
                         Event::default().data("[DONE]"),
@@ -659,7 +760,7 @@ fn event_stream(
                 }
                 None => return Some((Vec::new(), None)),
             };
-            Some((out, Some((receiver, pending))))
+            Some((out, Some(progress)))
         }
     });
     head.chain(body.flat_map(|events| stream::iter(events.into_iter().map(Ok))))
@@ -805,61 +906,58 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
     .await?;
     let max_tokens = request.max_completion_tokens.or(request.params.max_tokens);
     let logprobs = chat_logprobs_request(&request.params)?;
-    let prepared = state.prepare(prompt, "messages", &request.params, max_tokens, logprobs, false)?;
-    let Submitted { events, stream, include_usage, logprobs } = state.submit(prepared)?;
+    let prepared = state.prepare(vec![prompt], "messages", &request.params, max_tokens, logprobs, false)?;
+    let submitted = state.submit(prepared)?;
+    let (stream, include_usage, logprobs) = (submitted.stream, submitted.include_usage, submitted.logprobs);
+    let choices = submitted.events.len();
     let id = state.new_id("chatcmpl");
     let created = unix_now();
     let model = state.model.id.clone();
     if !stream {
-        let collected = collect(events).await?;
-        return Ok(Json(ChatResponse {
-            id,
-            object: "chat.completion",
-            created,
-            model,
-            choices: vec![ChatChoice {
-                index: 0,
+        let (collected, usage) = collect_all(submitted).await?;
+        let choices = collected
+            .into_iter()
+            .enumerate()
+            .map(|(index, collected)| ChatChoice {
+                index,
                 message: ChatMessageOut { role: "assistant", content: collected.text },
                 finish_reason: finish_reason(collected.end),
                 logprobs: logprobs.then(|| state.chat_logprobs(&collected.generated)),
-            }],
-            usage: collected.usage,
-        })
-        .into_response());
+            })
+            .collect();
+        return Ok(Json(ChatResponse { id, object: "chat.completion", created, model, choices, usage }).into_response());
     }
     let chunk_for = {
         let (id, model) = (id.clone(), model.clone());
-        move |delta: Delta, finish: Option<&'static str>, logprobs: Option<ChatLogprobs>, usage: Option<Usage>| {
-            let choices = if usage.is_some() {
-                Vec::new()
-            } else {
-                vec![ChatChunkChoice { index: 0, delta, finish_reason: finish, logprobs }]
-            };
+        move |choice: Option<ChatChunkChoice>, usage: Option<Usage>| {
             json_event(&ChatChunk {
                 id: id.clone(),
                 object: "chat.completion.chunk",
                 created,
                 model: model.clone(),
-                choices,
+                choices: choice.into_iter().collect(),
                 usage,
             })
         }
     };
-    let first = chunk_for(Delta { role: Some("assistant"), content: Some(String::new()) }, None, None, None);
+    let first = (0..choices)
+        .map(|index| {
+            let delta = Delta { role: Some("assistant"), content: Some(String::new()) };
+            chunk_for(Some(ChatChunkChoice { index, delta, finish_reason: None, logprobs: None }), None)
+        })
+        .collect();
     let chunk: ChunkMaker = {
         let (chunk_for, state) = (chunk_for.clone(), Arc::clone(state));
-        Box::new(move |text: String, scored: Vec<TokenLogprobs>, finish| {
-            let content = (!text.is_empty()).then_some(text);
+        Box::new(move |index, text: String, scored: Vec<TokenLogprobs>, finish_reason| {
+            let delta = Delta { role: None, content: (!text.is_empty()).then_some(text) };
             let logprobs = (logprobs && !scored.is_empty()).then(|| state.chat_logprobs(&scored));
-            chunk_for(Delta { role: None, content }, finish, logprobs, None)
+            chunk_for(Some(ChatChunkChoice { index, delta, finish_reason, logprobs }), None)
         })
     };
-    let usage: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = include_usage.then(|| {
-        Box::new(move |usage| chunk_for(Delta::default(), None, None, Some(usage)))
-            as Box<dyn Fn(Usage) -> Event + Send + Sync>
-    });
+    let usage: Option<UsageMaker> =
+        include_usage.then(|| Box::new(move |usage| chunk_for(None, Some(usage))) as UsageMaker);
     let makers = StreamMakers { prompt: None, chunk, usage };
-    Ok(Sse::new(event_stream(events, Some(first), makers)).into_response())
+    Ok(Sse::new(event_stream(submitted, first, makers)).into_response())
 }
 
 /// Chat's `logprobs` (a flag) and `top_logprobs`.
@@ -920,105 +1018,135 @@ async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Respo
             Some("top_logprobs"),
         ));
     }
-    let one_prompt = || ApiError::invalid("only one prompt per request is supported", Some("prompt"));
-    let (prompt, prompt_text) = match request.prompt {
-        Prompt::Tokens(tokens) => (tokens, None),
-        Prompt::TokenLists(mut lists) if lists.len() == 1 => (lists.remove(0), None),
-        Prompt::TokenLists(_) => return Err(one_prompt()),
-        Prompt::Texts(texts) if texts.len() != 1 => return Err(one_prompt()),
-        Prompt::Texts(mut texts) => {
-            let text = texts.remove(0);
-            (encode(state, text.clone()).await?, Some(text))
+    let (prompts, texts): (Vec<Vec<u32>>, Vec<Option<String>>) = match request.prompt {
+        Prompt::Tokens(tokens) => (vec![tokens], vec![None]),
+        Prompt::TokenLists(lists) => {
+            let count = lists.len();
+            (lists, vec![None; count])
         }
-        Prompt::Text(text) => (encode(state, text.clone()).await?, Some(text)),
-    };
-    // What an echo repeats: the prompt as sent, or the text of its token ids.
-    let echo = match (request.echo, prompt_text) {
-        (false, _) => None,
-        (true, Some(text)) => Some((prompt.clone(), text)),
-        (true, None) => {
-            let text = state.model.tokenizer.decode(&prompt, true).map_err(|e| ApiError::from_seam(e.into()))?;
-            Some((prompt.clone(), text))
+        Prompt::Text(text) => (vec![encode(state, text.clone()).await?], vec![Some(text)]),
+        Prompt::Texts(texts) => {
+            let mut prompts = Vec::with_capacity(texts.len());
+            for text in &texts {
+                prompts.push(encode(state, text.clone()).await?);
+            }
+            (prompts, texts.into_iter().map(Some).collect())
         }
     };
+    if prompts.is_empty() {
+        return Err(ApiError::invalid("the prompt list is empty", Some("prompt")));
+    }
+    // What an echo repeats, per prompt: the prompt as sent, or the text of its token ids.
+    let echoes: Option<Vec<(Vec<u32>, String)>> = match request.echo {
+        false => None,
+        true => Some(
+            prompts
+                .iter()
+                .zip(texts)
+                .map(|(prompt, text)| {
+                    let text = match text {
+                        Some(text) => text,
+                        None => {
+                            state.model.tokenizer.decode(prompt, true).map_err(|e| ApiError::from_seam(e.into()))?
+                        }
+                    };
+                    Ok((prompt.clone(), text))
+                })
+                .collect::<Result<_, ApiError>>()?,
+        ),
+    };
+    let n = request.params.n.unwrap_or(1) as usize;
     let prepared =
-        state.prepare(prompt, "prompt", &request.params, request.params.max_tokens, logprobs, echo.is_some())?;
-    let Submitted { events, stream, include_usage, logprobs } = state.submit(prepared)?;
+        state.prepare(prompts, "prompt", &request.params, request.params.max_tokens, logprobs, echoes.is_some())?;
+    let submitted = state.submit(prepared)?;
+    let (stream, include_usage, logprobs) = (submitted.stream, submitted.include_usage, submitted.logprobs);
+    let choices = submitted.events.len();
+    // The echo of choice `index` (its prompt's: a prompt's `n` choices follow each other).
+    let echoes = echoes.map(Arc::new);
+    let echo_of = {
+        let echoes = echoes.clone();
+        move |index: usize| echoes.as_ref().map(|echoes| echoes[index / n].clone())
+    };
     let id = state.new_id("cmpl");
     let created = unix_now();
     let model = state.model.id.clone();
-    let response = move |text: String,
-                         finish: Option<&'static str>,
-                         logprobs: Option<CompletionLogprobs>,
-                         usage: Option<Usage>,
-                         with_choice: bool| CompletionResponse {
+    let response = move |choices: Vec<CompletionChoice>, usage: Option<Usage>| CompletionResponse {
         id: id.clone(),
         object: "text_completion",
         created,
         model: model.clone(),
-        choices: if with_choice {
-            vec![CompletionChoice { index: 0, text, finish_reason: finish, logprobs }]
-        } else {
-            Vec::new()
-        },
+        choices,
         usage,
     };
     if !stream {
-        let collected = collect(events).await?;
-        let mut offset = 0;
-        let (text, scores) = match &echo {
-            Some((prompt, prompt_text)) => {
-                let scored = collected.prompt.as_deref().unwrap_or_default();
-                let scores = logprobs.then(|| {
-                    let tokens = prompt_scores(prompt, scored).chain(generated_scores(&collected.generated));
-                    state.completion_logprobs(tokens, &mut offset)
-                });
-                (format!("{prompt_text}{}", collected.text), scores)
-            }
-            None => {
-                let scores =
-                    logprobs.then(|| state.completion_logprobs(generated_scores(&collected.generated), &mut offset));
-                (collected.text, scores)
-            }
-        };
-        let body = response(text, Some(finish_reason(collected.end)), scores, Some(collected.usage), true);
-        return Ok(Json(body).into_response());
+        let (collected, usage) = collect_all(submitted).await?;
+        let choices = collected
+            .into_iter()
+            .enumerate()
+            .map(|(index, collected)| {
+                let mut offset = 0;
+                let (text, scores) = match echo_of(index) {
+                    Some((prompt, prompt_text)) => {
+                        let scored = collected.prompt.as_deref().unwrap_or_default();
+                        let scores = logprobs.then(|| {
+                            let tokens = prompt_scores(&prompt, scored).chain(generated_scores(&collected.generated));
+                            state.completion_logprobs(tokens, &mut offset)
+                        });
+                        (format!("{prompt_text}{}", collected.text), scores)
+                    }
+                    None => {
+                        let tokens = generated_scores(&collected.generated);
+                        let scores = logprobs.then(|| state.completion_logprobs(tokens, &mut offset));
+                        (collected.text, scores)
+                    }
+                };
+                let finish_reason = Some(finish_reason(collected.end));
+                CompletionChoice { index, text, finish_reason, logprobs: scores }
+            })
+            .collect();
+        return Ok(Json(response(choices, Some(usage))).into_response());
     }
-    // Text offsets run on over the chunks.
-    let offset = Arc::new(std::sync::Mutex::new(0usize));
+    // Each choice's text offsets run on over its chunks.
+    let offsets = Arc::new(std::sync::Mutex::new(vec![0usize; choices]));
     let scores_of = {
-        let (state, offset) = (Arc::clone(state), Arc::clone(&offset));
-        move |tokens: Vec<(u32, Option<&TokenLogprobs>)>| {
-            let mut offset = offset.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
-            state.completion_logprobs(tokens, &mut offset)
+        let state = Arc::clone(state);
+        move |index: usize, tokens: Vec<(u32, Option<&TokenLogprobs>)>| {
+            let mut offsets = offsets.lock().unwrap_or_else(|poisoned| poisoned.into_inner());
+            state.completion_logprobs(tokens, &mut offsets[index])
         }
     };
     let scores_of = Arc::new(scores_of);
+    let choice = |index, text, finish_reason, logprobs| vec![CompletionChoice { index, text, finish_reason, logprobs }];
     let chunk: ChunkMaker = {
         let (response, scores_of) = (response.clone(), Arc::clone(&scores_of));
-        Box::new(move |text: String, scored: Vec<TokenLogprobs>, finish| {
-            let scores = (logprobs && !scored.is_empty()).then(|| scores_of(generated_scores(&scored).collect()));
-            json_event(&response(text, finish, scores, None, true))
+        Box::new(move |index, text: String, scored: Vec<TokenLogprobs>, finish| {
+            let scores =
+                (logprobs && !scored.is_empty()).then(|| scores_of(index, generated_scores(&scored).collect()));
+            json_event(&response(choice(index, text, finish, scores), None))
         })
     };
-    let (mut first, mut prompt_chunk) = (None, None);
-    if let Some((prompt, prompt_text)) = echo {
+    let (mut first, mut prompt_chunk) = (Vec::new(), None);
+    if echoes.is_some() {
         if logprobs {
             let (response, scores_of) = (response.clone(), Arc::clone(&scores_of));
-            prompt_chunk = Some(Box::new(move |scored: Vec<TokenLogprobs>| {
-                let scores = scores_of(prompt_scores(&prompt, &scored).collect());
-                json_event(&response(prompt_text.clone(), None, Some(scores), None, true))
-            }) as Box<dyn Fn(Vec<TokenLogprobs>) -> Event + Send + Sync>);
+            let echo_of = echo_of.clone();
+            prompt_chunk = Some(Box::new(move |index: usize, scored: Vec<TokenLogprobs>| {
+                let (prompt, text) = echo_of(index).expect("an echoed request");
+                let scores = scores_of(index, prompt_scores(&prompt, &scored).collect());
+                json_event(&response(choice(index, text, None, Some(scores)), None))
+            }) as PromptChunkMaker);
         } else {
-            first = Some(json_event(&response(prompt_text, None, None, None, true)));
+            first = (0..choices)
+                .filter_map(|index| {
+                    echo_of(index).map(|(_, text)| json_event(&response(choice(index, text, None, None), None)))
+                })
+                .collect();
         }
     }
-    let usage: Option<Box<dyn Fn(Usage) -> Event + Send + Sync>> = include_usage.then(|| {
-        Box::new(move |usage| json_event(&response(String::new(), None, None, Some(usage), false)))
-            as Box<dyn Fn(Usage) -> Event + Send + Sync>
-    });
+    let usage: Option<UsageMaker> =
+        include_usage.then(|| Box::new(move |usage| json_event(&response(Vec::new(), Some(usage)))) as UsageMaker);
     let makers = StreamMakers { prompt: prompt_chunk, chunk, usage };
-    Ok(Sse::new(event_stream(events, first, makers)).into_response())
+    Ok(Sse::new(event_stream(submitted, first, makers)).into_response())
 }
 
 /// Encodes a completion's prompt text, off the reactor.

@@ -54,7 +54,7 @@ pub struct ContentPart {
 pub struct CompletionRequest {
     /// The model to run; absent means the one served.
     pub model: Option<String>,
-    /// The prompt: a string or token ids, alone or as a list holding one.
+    /// The prompt: a string or token ids, or a list of either, each prompt getting `n` choices.
     pub prompt: Prompt,
     /// Shared sampling and stopping parameters.
     #[serde(flatten)]
@@ -75,11 +75,11 @@ pub struct CompletionRequest {
 pub enum Prompt {
     /// One prompt.
     Text(String),
-    /// Several prompts (one is supported).
+    /// Several prompts.
     Texts(Vec<String>),
     /// Token ids.
     Tokens(Vec<u32>),
-    /// Several prompts of token ids (one is supported), as evaluation harnesses send them.
+    /// Several prompts of token ids, as evaluation harnesses send them.
     TokenLists(Vec<Vec<u32>>),
 }
 
@@ -113,7 +113,8 @@ pub struct Params {
     pub stream: bool,
     /// Stream options.
     pub stream_options: Option<StreamOptions>,
-    /// Choices to generate; only 1 is supported.
+    /// Choices to generate per prompt, each sampled from its own seed (the request's `seed`,
+    /// then the next ones).
     pub n: Option<u64>,
     /// Subtracted from the logit of every token generated so far (-2 to 2).
     pub presence_penalty: Option<f32>,
@@ -204,8 +205,8 @@ pub struct ChatMessageOut {
 /// A choice of a non-streamed chat answer.
 #[derive(Debug, Serialize)]
 pub struct ChatChoice {
-    /// Always 0.
-    pub index: u32,
+    /// The choice's place among the request's choices (prompt by prompt, `n` each), from 0.
+    pub index: usize,
     /// The answer.
     pub message: ChatMessageOut,
     /// `stop` or `length`.
@@ -278,7 +279,7 @@ pub struct ChatResponse {
     pub created: u64,
     /// The model's id.
     pub model: String,
-    /// One choice.
+    /// One choice per sequence asked for.
     pub choices: Vec<ChatChoice>,
     /// Token counts.
     pub usage: Usage,
@@ -298,8 +299,8 @@ pub struct Delta {
 /// A choice of a streamed chat chunk.
 #[derive(Debug, Serialize)]
 pub struct ChatChunkChoice {
-    /// Always 0.
-    pub index: u32,
+    /// The choice's place among the request's choices (prompt by prompt, `n` each), from 0.
+    pub index: usize,
     /// What is new.
     pub delta: Delta,
     /// Set in the last chunk.
@@ -319,7 +320,7 @@ pub struct ChatChunk {
     pub created: u64,
     /// The model's id.
     pub model: String,
-    /// One choice, or none in the usage chunk.
+    /// One choice (chunks of several choices interleave), or none in the usage chunk.
     pub choices: Vec<ChatChunkChoice>,
     /// Only in the usage chunk.
     #[serde(skip_serializing_if = "Option::is_none")]
@@ -329,8 +330,8 @@ pub struct ChatChunk {
 /// A choice of a completion answer or chunk.
 #[derive(Debug, Serialize)]
 pub struct CompletionChoice {
-    /// Always 0.
-    pub index: u32,
+    /// The choice's place among the request's choices (prompt by prompt, `n` each), from 0.
+    pub index: usize,
     /// The generated text (new text, in a chunk).
     pub text: String,
     /// Set at the end.
@@ -351,7 +352,7 @@ pub struct CompletionResponse {
     pub created: u64,
     /// The model's id.
     pub model: String,
-    /// One choice, or none in the usage chunk.
+    /// Every choice (a chunk: one), or none in the usage chunk.
     pub choices: Vec<CompletionChoice>,
     /// Token counts (in a stream, only in the usage chunk).
     #[serde(skip_serializing_if = "Option::is_none")]

@@ -4,9 +4,9 @@
 //!
 //! The thread owns a pool of sessions (one per slot, reused across requests so a device cache is
 //! allocated once) and everything about the running requests. The HTTP side talks to it through
-//! [`Scheduler::submit`], which refuses work beyond the bounded queue at once, and through each
-//! request's event channel: a dropped receiver (a client that went away) cancels the request
-//! before the next step and frees its slot.
+//! [`Scheduler::submit`], which refuses work beyond the bounded queue at once (all of a request's
+//! sequences or none), and through each job's event channel: a dropped receiver (a client that
+//! went away) cancels the job before the next step and frees its slot.
 
 use crate::metrics::Metrics;
 use session_api::batch::BatchEntry;
@@ -139,22 +139,34 @@ impl Scheduler {
         Ok((Scheduler { sender, queued, max_queue, closing: Arc::new(AtomicBool::new(false)) }, handle))
     }
 
-    /// Queues a job, or refuses it at once when the queue is full or the server is closing.
-    pub fn submit(&self, job: Job) -> Result<(), SubmitError> {
+    /// Queues every job of one request (one per sequence it asks for), or none of them: refused
+    /// at once when the queue has no room for all, or the server is closing.
+    pub fn submit(&self, jobs: Vec<Job>) -> Result<(), SubmitError> {
         if self.closing.load(Ordering::SeqCst) {
             return Err(SubmitError::ShuttingDown);
         }
+        let count = jobs.len();
         let admitted = self
             .queued
-            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n < self.max_queue).then_some(n + 1))
+            .fetch_update(Ordering::SeqCst, Ordering::SeqCst, |n| (n + count <= self.max_queue).then_some(n + count))
             .is_ok();
         if !admitted {
             return Err(SubmitError::QueueFull);
         }
-        self.sender.send(job).map_err(|_| {
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            SubmitError::ShuttingDown
-        })
+        for (sent, job) in jobs.into_iter().enumerate() {
+            if self.sender.send(job).is_err() {
+                // The engine thread is gone; the jobs sent before went with it.
+                self.queued.fetch_sub(count - sent, Ordering::SeqCst);
+                return Err(SubmitError::ShuttingDown);
+            }
+        }
+        Ok(())
+    }
+
+    /// Requests waiting at most (sequences: a request for `n` choices, or several prompts,
+    /// counts once per sequence).
+    pub fn max_queue(&self) -> usize {
+        self.max_queue
     }
 
     /// Refuses new jobs from now on; running and queued ones go on to their end.
