@@ -4,7 +4,8 @@
 //!
 //! Checked: greedy output through the server equals `seam run`'s, streamed and not; log-probabilities
 //! agree with the text and tokens generated, and an echoed prompt's scores with the scores the
-//! same tokens got when generated; penalties change greedy picks; concurrent
+//! same tokens got when generated; `/tokenize` and `/detokenize` invert each other; penalties
+//! change greedy picks; several prompts and choices equal their single requests; concurrent
 //! requests (more than the slots, so some queue) each equal their output alone; a client that
 //! hangs up frees its slot; errors carry OpenAI's body and status (400, 404, 405, 408, 413, 429
 //! with Retry-After); parameters the server does not serve are refused; a client that stops
@@ -272,6 +273,14 @@ fn logprobs_agree_with_the_generated_text_and_an_echoed_prompt_scores_as_generat
     assert_eq!(text, seam_run(prompt, false, 8));
     let generated = completion_scores(&answer);
     assert_eq!(generated.len(), 8);
+
+    // The remote tokenizer a harness may use instead of its own: the prompt's tokens, back to text.
+    let tokenized = served.post("/tokenize", &serde_json::json!({"prompt": prompt}).to_string()).json();
+    assert_eq!(tokenized["count"], answer["usage"]["prompt_tokens"]);
+    let back = served.post("/detokenize", &serde_json::json!({"tokens": tokenized["tokens"]}).to_string()).json();
+    assert_eq!(back["prompt"], prompt);
+    assert_eq!(served.get("/tokenizer_info").json()["eos_token"], "<|im_end|>");
+    assert_eq!(served.post("/detokenize", r#"{"tokens": [4000000000]}"#).status, 400);
     assert_eq!(generated.iter().map(|g| g.0.as_str()).collect::<String>(), text, "the tokens spell the text");
     for (token, logprob, top) in &generated {
         let logprob = logprob.unwrap();

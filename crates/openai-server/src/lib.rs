@@ -210,6 +210,9 @@ fn router(state: Arc<AppState>) -> Router {
         .route("/v1/chat/completions", post(chat_completions))
         .route("/v1/completions", post(completions))
         .route("/v1/models", get(models))
+        .route("/tokenize", post(tokenize_text))
+        .route("/detokenize", post(detokenize_tokens))
+        .route("/tokenizer_info", get(tokenizer_info))
         .route("/health", get(health))
         .route("/metrics", get(metrics_text))
         .fallback(not_found)
@@ -847,63 +850,7 @@ async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<Reque
 async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let request: ChatRequest = parse(&body)?;
     state.check_model(request.model.as_deref())?;
-    if request.messages.is_empty() {
-        return Err(ApiError::invalid("messages must not be empty", Some("messages")));
-    }
-    let mut messages = Vec::with_capacity(request.messages.len());
-    for message in &request.messages {
-        let role = match message.role.as_str() {
-            role @ ("system" | "user" | "assistant") => role,
-            // OpenAI's newer name for system instructions; chat templates know `system`.
-            "developer" => "system",
-            "tool" | "function" => {
-                return Err(ApiError::invalid(
-                    format!("'{}' messages are not supported: this server calls no tools", message.role),
-                    Some("messages"),
-                ))
-            }
-            other => {
-                return Err(ApiError::invalid(
-                    format!("unknown message role '{other}' (system, developer, user or assistant)"),
-                    Some("messages"),
-                ))
-            }
-        };
-        if message.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty()) {
-            return Err(ApiError::invalid(
-                "tool calls are not supported: this server calls no tools",
-                Some("messages"),
-            ));
-        }
-        let content = match &message.content {
-            // Only an assistant's turn may come without text (OpenAI's rule).
-            None if role == "assistant" => String::new(),
-            None => return Err(ApiError::invalid(format!("a '{role}' message needs content"), Some("messages"))),
-            Some(Content::Text(text)) => text.clone(),
-            Some(Content::Parts(parts)) => {
-                if let Some(part) = parts.iter().find(|p| p.kind != "text") {
-                    return Err(ApiError::invalid(
-                        format!("content parts of type '{}' are not supported (only text)", part.kind),
-                        Some("messages"),
-                    ));
-                }
-                parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("")
-            }
-        };
-        messages.push(ChatMessage::new(role, content));
-    }
-    if state.model.chat_template.is_none() {
-        return Err(ApiError::invalid("this model has no chat template; use /v1/completions", None));
-    }
-    let shared = Arc::clone(state);
-    let prompt = tokenize(move || {
-        let template = shared.model.chat_template.as_ref().expect("checked above");
-        let rendered = template.render(&messages, true, &shared.special_tokens).map_err(|e| {
-            ApiError::invalid(format!("the chat template failed on these messages: {e}"), Some("messages"))
-        })?;
-        shared.model.tokenizer.encode_chat(&rendered).map_err(|e| ApiError::from_seam(e.into()))
-    })
-    .await?;
+    let prompt = chat_tokens(state, &request.messages, true).await?;
     let max_tokens = request.max_completion_tokens.or(request.params.max_tokens);
     let logprobs = chat_logprobs_request(&request.params)?;
     let prepared = state.prepare(vec![prompt], "messages", &request.params, max_tokens, logprobs, false)?;
@@ -958,6 +905,72 @@ async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, A
         include_usage.then(|| Box::new(move |usage| chunk_for(None, Some(usage))) as UsageMaker);
     let makers = StreamMakers { prompt: None, chunk, usage };
     Ok(Sse::new(event_stream(submitted, first, makers)).into_response())
+}
+
+/// A chat's messages, checked and rendered by the model's chat template (with the assistant's
+/// turn opened when `add_generation_prompt`), as token ids.
+async fn chat_tokens(
+    state: &Arc<AppState>,
+    messages_in: &[ChatMessageIn],
+    add_generation_prompt: bool,
+) -> Result<Vec<u32>, ApiError> {
+    if messages_in.is_empty() {
+        return Err(ApiError::invalid("messages must not be empty", Some("messages")));
+    }
+    let mut messages = Vec::with_capacity(messages_in.len());
+    for message in messages_in {
+        let role = match message.role.as_str() {
+            role @ ("system" | "user" | "assistant") => role,
+            // OpenAI's newer name for system instructions; chat templates know `system`.
+            "developer" => "system",
+            "tool" | "function" => {
+                return Err(ApiError::invalid(
+                    format!("'{}' messages are not supported: this server calls no tools", message.role),
+                    Some("messages"),
+                ))
+            }
+            other => {
+                return Err(ApiError::invalid(
+                    format!("unknown message role '{other}' (system, developer, user or assistant)"),
+                    Some("messages"),
+                ))
+            }
+        };
+        if message.tool_calls.as_ref().is_some_and(|calls| !calls.is_empty()) {
+            return Err(ApiError::invalid(
+                "tool calls are not supported: this server calls no tools",
+                Some("messages"),
+            ));
+        }
+        let content = match &message.content {
+            // Only an assistant's turn may come without text (OpenAI's rule).
+            None if role == "assistant" => String::new(),
+            None => return Err(ApiError::invalid(format!("a '{role}' message needs content"), Some("messages"))),
+            Some(Content::Text(text)) => text.clone(),
+            Some(Content::Parts(parts)) => {
+                if let Some(part) = parts.iter().find(|p| p.kind != "text") {
+                    return Err(ApiError::invalid(
+                        format!("content parts of type '{}' are not supported (only text)", part.kind),
+                        Some("messages"),
+                    ));
+                }
+                parts.iter().filter_map(|p| p.text.as_deref()).collect::<Vec<_>>().join("")
+            }
+        };
+        messages.push(ChatMessage::new(role, content));
+    }
+    if state.model.chat_template.is_none() {
+        return Err(ApiError::invalid("this model has no chat template; use /v1/completions", None));
+    }
+    let shared = Arc::clone(state);
+    tokenize(move || {
+        let template = shared.model.chat_template.as_ref().expect("checked above");
+        let rendered = template.render(&messages, add_generation_prompt, &shared.special_tokens).map_err(|e| {
+            ApiError::invalid(format!("the chat template failed on these messages: {e}"), Some("messages"))
+        })?;
+        shared.model.tokenizer.encode_chat(&rendered).map_err(|e| ApiError::from_seam(e.into()))
+    })
+    .await
 }
 
 /// Chat's `logprobs` (a flag) and `top_logprobs`.
@@ -1155,6 +1168,63 @@ async fn encode(state: &Arc<AppState>, text: String) -> Result<Vec<u32>, ApiErro
     tokenize(move || shared.model.tokenizer.encode(&text, true).map_err(|e| ApiError::from_seam(e.into()))).await
 }
 
+async fn tokenize_text(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
+    let response = match body {
+        Ok(RequestBody(body)) => tokenize_response(&state, body).await.unwrap_or_else(IntoResponse::into_response),
+        Err(error) => error.into_response(),
+    };
+    state.metrics.answered("tokenize", response.status().as_u16());
+    response
+}
+
+async fn tokenize_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
+    let request: TokenizeRequest = parse(&body)?;
+    state.check_model(request.model.as_deref())?;
+    let tokens = match (request.prompt, request.messages) {
+        (Some(text), None) => {
+            let shared = Arc::clone(state);
+            let add_special_tokens = request.add_special_tokens;
+            tokenize(move || {
+                shared.model.tokenizer.encode(&text, add_special_tokens).map_err(|e| ApiError::from_seam(e.into()))
+            })
+            .await?
+        }
+        (None, Some(messages)) => chat_tokens(state, &messages, request.add_generation_prompt).await?,
+        _ => return Err(ApiError::invalid("give either prompt or messages", Some("prompt"))),
+    };
+    let count = tokens.len();
+    Ok(Json(TokenizeResponse { tokens, count, max_model_len: state.max_context }).into_response())
+}
+
+async fn detokenize_tokens(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
+    let answer = body.and_then(|RequestBody(body)| {
+        let request: DetokenizeRequest = parse(&body)?;
+        state.check_model(request.model.as_deref())?;
+        let prompt = state
+            .model
+            .tokenizer
+            .decode(&request.tokens, false)
+            .map_err(|e| ApiError::invalid(e.to_string(), Some("tokens")))?;
+        Ok(Json(DetokenizeResponse { prompt }))
+    });
+    let response = answer.map_or_else(IntoResponse::into_response, IntoResponse::into_response);
+    state.metrics.answered("detokenize", response.status().as_u16());
+    response
+}
+
+async fn tokenizer_info(State(state): State<Arc<AppState>>) -> Json<TokenizerInfo> {
+    let template = state.model.chat_template.as_ref();
+    let tokenizer = &state.model.tokenizer;
+    let first_eos = state.model.eos_ids.first().and_then(|&id| tokenizer.id_to_token(id));
+    Json(TokenizerInfo {
+        eos_token: template.and_then(|t| t.eos_token().map(str::to_string)).or(first_eos),
+        bos_token: template.and_then(|t| t.bos_token().map(str::to_string)),
+        chat_template: template.map(|t| t.source().to_string()),
+        model_max_length: state.max_context,
+        vocab_size: state.vocab_size,
+    })
+}
+
 async fn models(State(state): State<Arc<AppState>>) -> Json<ModelList> {
     Json(ModelList {
         object: "list",
@@ -1182,7 +1252,8 @@ async fn metrics_text(State(state): State<Arc<AppState>>) -> Response {
 
 async fn method_not_allowed() -> ApiError {
     ApiError::invalid(
-        "this endpoint does not take that method (completions take POST; models, health and metrics GET)",
+        "this endpoint does not take that method (completions, tokenize and detokenize take POST; models, \
+         tokenizer_info, health and metrics GET)",
         None,
     )
     .with_status(StatusCode::METHOD_NOT_ALLOWED)
@@ -1192,7 +1263,8 @@ async fn not_found() -> ApiError {
     ApiError {
         status: StatusCode::NOT_FOUND,
         detail: ErrorDetail {
-            message: "no such endpoint (see /v1/chat/completions, /v1/completions, /v1/models, /health, /metrics)"
+            message: "no such endpoint (see /v1/chat/completions, /v1/completions, /v1/models, /tokenize, \
+                      /detokenize, /tokenizer_info, /health, /metrics)"
                 .into(),
             kind: "not_found_error",
             param: None,

@@ -403,3 +403,67 @@ pub struct ErrorDetail {
     /// A stable code (`context_length_exceeded`, `model_not_found`, ...).
     pub code: Option<&'static str>,
 }
+
+/// `POST /tokenize` (vLLM's shape, which evaluation harnesses use as a remote tokenizer): a
+/// prompt, or chat messages rendered by the model's template.
+#[derive(Debug, Deserialize)]
+pub struct TokenizeRequest {
+    /// The model; absent means the one served.
+    pub model: Option<String>,
+    /// Text to tokenize.
+    pub prompt: Option<String>,
+    /// Or a chat, rendered by the model's chat template first.
+    pub messages: Option<Vec<ChatMessageIn>>,
+    /// Add what the tokenizer puts around a sequence (a BOS token); a prompt only.
+    #[serde(default = "default_true")]
+    pub add_special_tokens: bool,
+    /// Open the assistant's turn after the messages.
+    #[serde(default = "default_true")]
+    pub add_generation_prompt: bool,
+}
+
+fn default_true() -> bool {
+    true
+}
+
+/// The answer to `POST /tokenize`.
+#[derive(Debug, Serialize)]
+pub struct TokenizeResponse {
+    /// The token ids.
+    pub tokens: Vec<u32>,
+    /// How many.
+    pub count: usize,
+    /// The context length they must fit, with the completion.
+    pub max_model_len: usize,
+}
+
+/// `POST /detokenize`.
+#[derive(Debug, Deserialize)]
+pub struct DetokenizeRequest {
+    /// The model; absent means the one served.
+    pub model: Option<String>,
+    /// Token ids to turn into text (special tokens spelled out).
+    pub tokens: Vec<u32>,
+}
+
+/// The answer to `POST /detokenize`.
+#[derive(Debug, Serialize)]
+pub struct DetokenizeResponse {
+    /// The text.
+    pub prompt: String,
+}
+
+/// `GET /tokenizer_info`: what a client needs to tokenize as the server does.
+#[derive(Debug, Serialize)]
+pub struct TokenizerInfo {
+    /// The EOS token's text.
+    pub eos_token: Option<String>,
+    /// The BOS token's text.
+    pub bos_token: Option<String>,
+    /// The chat template's Jinja source.
+    pub chat_template: Option<String>,
+    /// The context length.
+    pub model_max_length: usize,
+    /// The number of tokens, special ones included.
+    pub vocab_size: usize,
+}
