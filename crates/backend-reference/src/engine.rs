@@ -130,7 +130,7 @@ impl ReferenceEngine {
 /// What the reference backend offers, with `max_context` as given: everything the contract names,
 /// and per-layer hidden states (the oracle of the suite's layer-by-layer comparison).
 pub(crate) fn capabilities_with(max_context: usize) -> Capabilities {
-    Capabilities { hidden_states: true, ..Capabilities::all(max_context) }
+    Capabilities { hidden_states: true, logits_per_position: true, ..Capabilities::all(max_context) }
 }
 
 impl Engine for ReferenceEngine {

@@ -36,6 +36,14 @@ impl SessionSteps for ReferenceSteps {
         Ok(RawStep { greedy_token: None, logits: Some(logits), hidden_states: layers })
     }
 
+    fn append_scoring(&mut self, position: usize, tokens: &[u32]) -> Result<RawStep> {
+        debug_assert_eq!(position, self.cache.len(), "the checked session's position is the cache length");
+        let hidden = self.shared.model.embed_tokens(tokens);
+        let (shared, cache) = (&self.shared, &mut self.cache);
+        let logits = shared.run(|| shared.model.forward_all_positions(hidden, cache))?;
+        Ok(RawStep { greedy_token: None, logits: Some(logits), hidden_states: None })
+    }
+
     fn truncate(&mut self, position: usize) -> Result<()> {
         self.cache.truncate(position);
         Ok(())

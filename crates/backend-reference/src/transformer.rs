@@ -168,6 +168,34 @@ impl Transformer {
     /// hidden state after each decoder layer.
     pub fn forward_observed(
         &self,
+        hidden: Vec<f32>,
+        cache: &mut KvCache,
+        layers: Option<&mut Vec<Vec<f32>>>,
+    ) -> Result<Vec<f32>, SeamError> {
+        let width = self.config.hidden_size;
+        let hidden = self.decoder(hidden, cache, layers)?;
+        // Only the last position's logits are needed.
+        let mut last = vec![0.0f32; width];
+        kernels::rms_norm(&hidden[hidden.len() - width..], &self.final_norm, self.config.rms_norm_eps, &mut last);
+        Ok(self.lm_head.matvec(&last))
+    }
+
+    /// [`Transformer::forward`], returning the logits of every position (`[n, vocab_size]`): each
+    /// row is the one `forward` would return for a step ending there, bit for bit (the head's
+    /// dot products are the same).
+    pub fn forward_all_positions(&self, hidden: Vec<f32>, cache: &mut KvCache) -> Result<Vec<f32>, SeamError> {
+        let width = self.config.hidden_size;
+        let hidden = self.decoder(hidden, cache, None)?;
+        let n = hidden.len() / width;
+        let normed = kernels::rms_norm_rows(&hidden, &self.final_norm, self.config.rms_norm_eps);
+        Ok(self.lm_head.matmul(&normed, n))
+    }
+
+    /// The decoder layers over `hidden` (`[n, hidden_size]`): appends the positions' keys and
+    /// values to `cache` and returns the hidden states after the last layer (before the final
+    /// norm), pushing the last position's after each layer onto `layers` when given.
+    fn decoder(
+        &self,
         mut hidden: Vec<f32>,
         cache: &mut KvCache,
         mut layers: Option<&mut Vec<Vec<f32>>>,
@@ -228,11 +256,7 @@ impl Transformer {
             }
         }
         cache.len += n;
-
-        // Only the last position's logits are needed.
-        let mut last = vec![0.0f32; width];
-        kernels::rms_norm(&hidden[(n - 1) * width..], &self.final_norm, eps, &mut last);
-        Ok(self.lm_head.matvec(&last))
+        Ok(hidden)
     }
 }
 

@@ -65,6 +65,24 @@ fn chunked_prefill_equals_one_shot() {
     assert!(max_diff(&whole, &chunked) < 1e-4);
 }
 
+#[test]
+fn a_scored_prefill_returns_each_positions_logits_in_one_step() {
+    let engine = engine(&random_weights(&tiny_config(false), 4, false), None);
+    assert!(engine.capabilities().logits_per_position);
+    let mut s = engine.session(SessionOptions::default()).unwrap();
+    s.prefill(&PROMPT[..2]).unwrap();
+    let scored = s.prefill_scored(&PROMPT[2..]).unwrap();
+    let vocab = engine.info().vocab_size;
+    assert_eq!(scored.logits.len(), (PROMPT.len() - 2) * vocab);
+    assert_eq!(scored.output.logits, None, "the session was not opened with logits");
+    assert_eq!(s.position(), PROMPT.len());
+    for (row, end) in scored.logits.chunks(vocab).zip(3..=PROMPT.len()) {
+        let alone = logits(&engine, &PROMPT[..end]);
+        assert!(max_diff(row, &alone) < 1e-4, "position {}: {}", end - 1, max_diff(row, &alone));
+    }
+    assert_eq!(scored.output.token, argmax(&scored.logits[scored.logits.len() - vocab..]));
+}
+
 /// Greedy generation of `n` tokens after `prompt`.
 fn generate(s: &mut dyn Session, prompt: &[u32], n: usize) -> Vec<u32> {
     let mut out = vec![s.prefill(prompt).unwrap().token];

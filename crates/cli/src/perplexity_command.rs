@@ -285,19 +285,25 @@ impl Evaluation<'_> {
         for chunk in 0..plan.chunks {
             let input = plan.chunk_input(tokens, chunk, self.bos);
             session.reset();
-            // Positions 0..=first in one step: its output is the logits of position `first`.
-            let mut step = session.prefill(&input[..=first])?;
-            for j in first..plan.ctx - 1 {
-                if j > first {
-                    step = session.decode(input[j])?;
-                }
-                let logits = step.logits.take().ok_or_else(|| {
-                    SeamError::Backend(format!(
-                        "{} returned no logits from a step that asked for them",
-                        session.backend_name()
-                    ))
-                })?;
-                self.score(position, &logits, input[j + 1])?;
+            // Positions before `first` unscored; then the logits of positions first..ctx-1 (each
+            // predicts the token after it) in one scored prefill where the backend returns every
+            // position's logits, else step by step.
+            if first > 0 {
+                session.prefill(&input[..first])?;
+            }
+            let scored = session.prefill_scored(&input[first..plan.ctx - 1])?;
+            let rows = plan.ctx - 1 - first;
+            if scored.logits.is_empty() || scored.logits.len() % rows != 0 {
+                return Err(SeamError::Backend(format!(
+                    "{} returned {} logits for {rows} positions",
+                    session.backend_name(),
+                    scored.logits.len()
+                ))
+                .into());
+            }
+            let vocab = scored.logits.len() / rows;
+            for (j, logits) in (first..).zip(scored.logits.chunks(vocab)) {
+                self.score(position, logits, input[j + 1])?;
                 position += 1;
                 if let Some(estimate) = self.perplexity.estimate() {
                     let message = format!("PPL {:.4} (window {}/{})", estimate.ppl, chunk + 1, plan.chunks);

@@ -207,6 +207,9 @@ struct Running {
     next: Option<u32>,
     /// The prompt's log-probabilities so far, when the request scores its prompt.
     prompt_logprobs: Vec<TokenLogprobs>,
+    /// The prompt is scored one token per decode step (the engine's prefills return the last
+    /// position's logits only).
+    scores_stepwise: bool,
     /// When the last token was produced, for per-token latency.
     last_token_at: Option<Instant>,
 }
@@ -218,7 +221,7 @@ impl Running {
     /// instead of taking a step of its own between theirs.
     fn batch_token(&self) -> Option<u32> {
         let prompt = &self.job.prompt;
-        let feeds_prompt = self.prefilled + 1 == prompt.len() || self.scores_prompt();
+        let feeds_prompt = self.prefilled + 1 == prompt.len() || self.scores_stepwise;
         match self.next {
             Some(token) => Some(token),
             None if self.prefilled > 0 && self.prefilled < prompt.len() && feeds_prompt => Some(prompt[self.prefilled]),
@@ -226,7 +229,7 @@ impl Running {
         }
     }
 
-    /// Whether the prompt is scored (read one token per step, for each position's logits).
+    /// Whether the prompt is scored (each of its positions' logits kept).
     fn scores_prompt(&self) -> bool {
         self.job.logprobs.is_some_and(|l| l.prompt)
     }
@@ -313,6 +316,7 @@ impl EngineThread {
     /// resending its conversation, many requests with one system prompt), as llama-server's
     /// prompt cache does; its last prompt token is always prefilled, for the first token's logits.
     fn admit(&mut self) {
+        let scores_in_prefill = self.engine.capabilities().logits_per_position;
         while self.running.len() < self.config.slots {
             let Some(Waiting { mut job, arrived }) = self.waiting.pop_front() else { return };
             self.queued.fetch_sub(1, Ordering::SeqCst);
@@ -322,6 +326,7 @@ impl EngineThread {
             // A scored prompt keeps nothing: each of its positions' logits are needed. Any other
             // prompt prefills at least its last token, for the first token's logits.
             let most = if job.logprobs.is_some_and(|l| l.prompt) { 0 } else { job.prompt.len().saturating_sub(1) };
+            let scores_stepwise = job.logprobs.is_some_and(|l| l.prompt) && !scores_in_prefill;
             let started = match best {
                 Some((shared, i)) => {
                     let (mut session, _) = self.free.swap_remove(i);
@@ -343,6 +348,7 @@ impl EngineThread {
                     reused: kept,
                     next: None,
                     prompt_logprobs: Vec::new(),
+                    scores_stepwise,
                     last_token_at: None,
                 }),
                 Err(error) => {
@@ -359,13 +365,25 @@ impl EngineThread {
             return;
         };
         let running = &mut self.running[i];
-        // A scored prompt's first token alone; the decodes read the rest, one per step.
-        let chunk = if running.scores_prompt() { 1 } else { self.config.prefill_chunk.max(1) };
-        let end = (running.prefilled + chunk).min(running.job.prompt.len());
-        let step = running.session.prefill(&running.job.prompt[running.prefilled..end]);
+        // A prompt scored stepwise: its first token alone; the decodes read the rest.
+        let chunk = if running.scores_stepwise { 1 } else { self.config.prefill_chunk.max(1) };
+        let (start, end) = (running.prefilled, (running.prefilled + chunk).min(running.job.prompt.len()));
+        let tokens = &running.job.prompt[start..end];
+        let step = match running.scores_prompt() && !running.scores_stepwise {
+            // Every position's logits: each scores the prompt token after it.
+            true => running.session.prefill_scored(tokens).map(|scored| {
+                let request = running.job.logprobs.expect("a scored prompt asked for logprobs");
+                let vocab = scored.logits.len() / tokens.len();
+                let next = &running.job.prompt[start + 1..];
+                let rows = scored.logits.chunks(vocab).zip(next);
+                running.prompt_logprobs.extend(rows.map(|(row, &token)| token_logprobs(row, token, request.top)));
+                scored.output
+            }),
+            false => running.session.prefill(tokens),
+        };
         match step {
             Ok(output) => {
-                running.cached.extend_from_slice(&running.job.prompt[running.prefilled..end]);
+                running.cached.extend_from_slice(&running.job.prompt[start..end]);
                 running.prefilled = end;
                 self.prompt_step_done(i, output);
             }
@@ -379,7 +397,7 @@ impl EngineThread {
         let running = &mut self.running[i];
         let prompt = &running.job.prompt;
         if running.prefilled < prompt.len() {
-            if running.scores_prompt() {
+            if running.scores_stepwise {
                 if let Some(logprobs) = running.logprobs_of(&output, prompt[running.prefilled]) {
                     running.prompt_logprobs.push(logprobs);
                 }

@@ -132,13 +132,18 @@ pub struct Capabilities {
     /// batch). Every engine accepts batches (`decode_batch`); without this they are stepped one
     /// by one.
     pub batched_decode: bool,
+    /// Whether a prefill can return the logits of every position it appends, in one step
+    /// ([`crate::Session::prefill_scored`]; [`crate::SessionSteps::append_scoring`] implemented).
+    /// Without it `prefill_scored` still works, one decode step per position.
+    #[serde(default)]
+    pub logits_per_position: bool,
 }
 
 impl Capabilities {
     /// Everything the contract names today for a sequence of at most `max_context` positions:
     /// both weight formats, every sampling mode, logits, truncate and fork, tokens and embeddings,
-    /// parallel sessions; no batched decode and no hidden states (each claimed by a backend on
-    /// its own).
+    /// parallel sessions; no batched decode, no hidden states and no per-position logits (each
+    /// claimed by a backend on its own).
     pub fn all(max_context: usize) -> Capabilities {
         Capabilities {
             max_context,
@@ -152,6 +157,7 @@ impl Capabilities {
             state: StateKind::KvCache,
             hidden_states: false,
             batched_decode: false,
+            logits_per_position: false,
         }
     }
 
@@ -179,6 +185,7 @@ impl Capabilities {
             (n.parallel_sessions && !o.parallel_sessions, "parallel sessions"),
             (n.hidden_states && !o.hidden_states, "returning hidden states"),
             (n.batched_decode && !o.batched_decode, "batched decode"),
+            (n.logits_per_position && !o.logits_per_position, "logits of every position"),
         ];
         let formats = WeightFormat::ALL.into_iter().filter(|f| n.supports_format(*f) && !o.supports_format(*f)).map(
             |f| match f {

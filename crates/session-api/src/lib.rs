@@ -44,7 +44,7 @@ pub use error::{ErrorKind, Result, SeamError};
 pub use registry::{find_backend, find_backend_with, registered_backends, BackendRegistration, RegisteredBackend};
 pub use sampling::{Penalties, Sampler, SamplingConfig};
 pub use session::{
-    CheckedSession, RawStep, Session, SessionLimits, SessionOptions, SessionSteps, StepInput, StepOutput,
+    CheckedSession, RawStep, ScoredStep, Session, SessionLimits, SessionOptions, SessionSteps, StepInput, StepOutput,
 };
 
 /// Version of this contract, stamped on every registry entry ([`BackendRegistration::api_version`]).

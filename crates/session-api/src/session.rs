@@ -105,8 +105,25 @@ pub trait Session: Send {
     /// Needs [`crate::InputKinds::embeddings`].
     fn prefill_embeddings(&mut self, embeddings: &[f32], count: usize) -> Result<StepOutput>;
 
+    /// Appends `tokens` as [`Session::prefill`] does and also returns the logits of every one of
+    /// their positions: what scoring a text needs (row `i` is the distribution of the token after
+    /// `tokens[i]`). One step where the engine claims
+    /// [`crate::Capabilities::logits_per_position`]; elsewhere one step per token. Needs
+    /// [`crate::Capabilities::logits`].
+    fn prefill_scored(&mut self, tokens: &[u32]) -> Result<ScoredStep>;
+
     /// Name of the backend that made this session (for error messages).
     fn backend_name(&self) -> &str;
+}
+
+/// What [`Session::prefill_scored`] returns.
+#[derive(Debug, Clone, PartialEq)]
+pub struct ScoredStep {
+    /// The step's output, as `prefill` returns it (the token picked after the last position).
+    pub output: StepOutput,
+    /// The logits of every appended position, row after row (`tokens.len() * vocab_size`
+    /// values).
+    pub logits: Vec<f32>,
 }
 
 /// What one raw step appends.
@@ -155,6 +172,15 @@ pub trait SessionSteps: Send {
     /// is set the result must carry the logits; otherwise the greedy token is enough (logits may
     /// be returned anyway). On an error the caller poisons the session until [`SessionSteps::reset`].
     fn append(&mut self, position: usize, input: StepInput<'_>, want_logits: bool) -> Result<RawStep>;
+
+    /// Appends `tokens` at `position` and returns the logits of every one of their positions, row
+    /// after row (`tokens.len() * vocab_size` values), in [`RawStep::logits`], and the last row's
+    /// greedy token when the backend computed it. Called only when the engine claims
+    /// [`crate::Capabilities::logits_per_position`], never for a session opened with hidden states.
+    fn append_scoring(&mut self, position: usize, tokens: &[u32]) -> Result<RawStep> {
+        let _ = (position, tokens);
+        Err(SeamError::Backend("logits of every position are claimed but not implemented".into()))
+    }
 
     /// Forgets everything after `position` (< the filled positions). Called only when the engine
     /// claims [`crate::KvOps::truncate`].
@@ -537,6 +563,67 @@ impl Session for CheckedSession {
         self.run(StepInput::Embeddings { values: embeddings, count })
     }
 
+    fn prefill_scored(&mut self, tokens: &[u32]) -> Result<ScoredStep> {
+        let backend = self.limits.backend.clone();
+        if !self.limits.capabilities.logits {
+            return Err(SeamError::unsupported(&backend, "returning logits"));
+        }
+        self.refuse_if_poisoned()?;
+        self.check_tokens(tokens)?;
+        let vocab = self.limits.vocab_size;
+        if self.limits.capabilities.logits_per_position && !self.return_hidden_states {
+            let raw = self.steps.append_scoring(self.position, tokens).and_then(|mut raw| {
+                let all = raw.logits.take().unwrap_or_default();
+                if all.len() != tokens.len() * vocab {
+                    return Err(SeamError::Backend(format!(
+                        "{backend} returned {} logits for {} positions of a vocabulary of {vocab}",
+                        all.len(),
+                        tokens.len()
+                    )));
+                }
+                // The last row is checked as every step's logits are; the others here.
+                if let Some(at) = all[..all.len() - vocab].iter().position(|v| !v.is_finite()) {
+                    return Err(SeamError::Backend(format!(
+                        "{backend} returned a non-finite logit ({}) at position {} for token {}",
+                        all[at],
+                        self.position + at / vocab,
+                        at % vocab
+                    )));
+                }
+                raw.logits = Some(all[all.len() - vocab..].to_vec());
+                Ok((raw, all))
+            });
+            let (raw, logits) = match raw {
+                Ok((raw, all)) => (Ok(raw), all),
+                Err(error) => (Err(error), Vec::new()),
+            };
+            let output = self.complete(raw, StepInput::Tokens(tokens), true)?;
+            return Ok(ScoredStep { output, logits });
+        }
+        // One step per token, each keeping its logits whatever the session returns otherwise.
+        let returns_logits = std::mem::replace(&mut self.return_logits, true);
+        let mut logits = Vec::with_capacity(tokens.len() * vocab);
+        let mut scored = Ok(None);
+        for token in tokens {
+            match self.run(StepInput::Tokens(std::slice::from_ref(token))) {
+                Ok(mut output) => {
+                    logits.extend(output.logits.as_deref().unwrap_or_default());
+                    if !returns_logits {
+                        output.logits = None;
+                    }
+                    scored = Ok(Some(output));
+                }
+                Err(error) => {
+                    scored = Err(error);
+                    break;
+                }
+            }
+        }
+        self.return_logits = returns_logits;
+        let output = scored?.expect("tokens is not empty");
+        Ok(ScoredStep { output, logits })
+    }
+
     fn backend_name(&self) -> &str {
         &self.limits.backend
     }
@@ -759,5 +846,33 @@ mod tests {
         assert_eq!(s.prefill(&[5, 5, 5]).unwrap().token, 5);
         let hidden = SessionOptions { return_hidden_states: true, ..SessionOptions::default() };
         assert_eq!(s.restart(hidden).unwrap_err().kind(), ErrorKind::InvalidInput);
+    }
+
+    #[test]
+    fn a_scored_prefill_steps_one_token_at_a_time_where_the_backend_scores_only_the_last() {
+        /// Logits that name the position: the largest is `position % 10`.
+        struct ByPosition;
+        impl SessionSteps for ByPosition {
+            fn append(&mut self, position: usize, input: StepInput<'_>, _: bool) -> Result<RawStep> {
+                let last = position + input.len() - 1;
+                let logits = (0..10).map(|t| if t == last % 10 { 1.0 } else { 0.0 }).collect();
+                Ok(RawStep { greedy_token: None, logits: Some(logits), hidden_states: None })
+            }
+            fn reset(&mut self, _: bool) -> Result<()> {
+                Ok(())
+            }
+        }
+        let capabilities = Capabilities { logits: true, ..caps(16) };
+        let limits = SessionLimits { backend: "steps".into(), vocab_size: 10, hidden_size: 1, capabilities };
+        let mut s = CheckedSession::new(Box::new(ByPosition), limits.clone(), SessionOptions::default());
+        s.prefill(&[1, 2]).unwrap();
+        let scored = s.prefill_scored(&[3, 4, 5]).unwrap();
+        let picks: Vec<u32> = scored.logits.chunks(10).map(crate::sampling::argmax).collect();
+        assert_eq!(picks, [2, 3, 4]);
+        assert_eq!((scored.output.token, scored.output.logits, s.position()), (4, None, 5));
+        assert!(matches!(s.prefill_scored(&[1; 12]), Err(SeamError::ContextOverflow { .. })));
+        let no_logits = SessionLimits { capabilities: caps(16), ..limits };
+        let mut s = CheckedSession::new(Box::new(ByPosition), no_logits, SessionOptions::default());
+        assert_eq!(s.prefill_scored(&[1]).unwrap_err().kind(), ErrorKind::Unsupported);
     }
 }
