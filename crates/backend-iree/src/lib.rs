@@ -217,25 +217,29 @@ pub struct GraphSelection {
     /// Batched decode graphs for batches of at most this many sequences (0: none). A batch is
     /// cut into the graphs' sizes largest first, so a bound of 5 needs only the graphs of 4 and 2.
     pub max_batch: usize,
+    /// The scoring graph of every prefill bucket (`Session::prefill_scored`: perplexity, a
+    /// server's echoed prompt scores).
+    pub scoring: bool,
 }
 
 impl GraphSelection {
     /// Every group a load may use.
-    pub const ALL: GraphSelection = GraphSelection { embeddings: true, max_batch: usize::MAX };
+    pub const ALL: GraphSelection = GraphSelection { embeddings: true, max_batch: usize::MAX, scoring: true };
     /// The token graphs alone: what `seam run` and `seam bench` use.
-    pub const TOKENS_ONLY: GraphSelection = GraphSelection { embeddings: false, max_batch: 0 };
+    pub const TOKENS_ONLY: GraphSelection = GraphSelection { embeddings: false, max_batch: 0, scoring: false };
 
     fn keeps(&self, group: &[GraphSpec]) -> bool {
         group.iter().all(|spec| match spec.kind {
             GraphKind::PrefillEmbeddings { .. } => self.embeddings,
             GraphKind::DecodeBatch { batch } => batch <= self.max_batch,
+            GraphKind::PrefillScored { .. } => self.scoring,
             _ => true,
         })
     }
 }
 
 /// Compiles the modules a load of `request` may need (the token graphs, and as `selection` says
-/// the embedding graph of every prefill bucket and the batched decode graphs) into the module
+/// the embedding and scoring graphs of every prefill bucket and the batched decode graphs) into the module
 /// cache, without the device: for a machine that can run the modules but has no compiler
 /// (`SEAM_IREE_COMPILER=none` there), such as a GPU machine with no package registry. A CUDA
 /// target is compiled for [`device::CUDA_TARGET_ENV`] when no GPU is here. The modules cannot be
@@ -275,7 +279,7 @@ mod tests {
         let kept = |selection: GraphSelection| -> Vec<String> {
             groups.iter().filter(|g| selection.keeps(g)).map(|g| g[0].name()).collect()
         };
-        let five = kept(GraphSelection { embeddings: true, max_batch: 5 });
+        let five = kept(GraphSelection { embeddings: true, max_batch: 5, scoring: true });
         assert_eq!(five.len(), groups.len() - 2, "{five:?}");
         assert!(
             five.iter().any(|n| n.starts_with("decode_batch_4"))

@@ -561,14 +561,15 @@ impl PjrtRuntime {
         // The token (and logits) are copied back as soon as the device has them, before the
         // execution is waited for: one wait on the host instead of two.
         let sequences = caches.len();
-        let vocab = self.config.vocab_size;
+        // Logits per sequence: one row each, or every row of a scored prefill.
+        let per_sequence = self.config.vocab_size * graph.kind.logit_rows() / sequences;
         let mut token_bytes = vec![0u8; 4 * sequences];
         let token_read = outputs[0].copy_to_host(&mut token_bytes).map_err(pjrt_error);
         // Straight into f32s: a batch's logits are megabytes, each pass over them a cost of the
         // step (the copy refuses a result of any other size).
         let logits_read = match (&token_read, read_logits) {
             (Ok(()), true) => {
-                let mut all = vec![0.0f32; sequences * vocab];
+                let mut all = vec![0.0f32; sequences * per_sequence];
                 let read = outputs[outputs.len() - 1].copy_to_host(bytemuck::cast_slice_mut(&mut all));
                 Some(read.map(|()| all).map_err(pjrt_error))
             }
@@ -591,7 +592,7 @@ impl PjrtRuntime {
                 let token = i32::from_le_bytes([bytes[0], bytes[1], bytes[2], bytes[3]]);
                 let token = u32::try_from(token)
                     .map_err(|_| SeamError::Backend(format!("{name} returned token id {token}")))?;
-                let logits = logits.as_ref().map(|all| all[i * vocab..(i + 1) * vocab].to_vec());
+                let logits = logits.as_ref().map(|all| all[i * per_sequence..(i + 1) * per_sequence].to_vec());
                 Ok(GraphOutput { token, logits })
             })
             .collect()

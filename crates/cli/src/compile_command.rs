@@ -92,11 +92,13 @@ fn compile_with_iree(args: CompileArgs, backend: String, alias_device: Option<St
             .map_err(|e| CliError::Usage(format!("the conformance models: {e}")))?;
         for model in tiny {
             for context in conformance::LOAD_CONTEXTS {
-                // Only the suite's batched case decodes batches, at the default context and
-                // never more sequences at once than it plans: the larger batch graphs would
-                // only take room in a GPU bundle.
-                let max_batch = if context.is_none() { conformance::cases::batched::MAX_SEQUENCES } else { 0 };
-                jobs.push((model.dir.clone(), context, GraphSelection { embeddings: true, max_batch }));
+                // Only the suite's batched case decodes batches, and only its scoring case scores,
+                // at the default context and never more sequences at once than it plans: the
+                // other graphs would only take room in a GPU bundle.
+                let default = context.is_none();
+                let max_batch = if default { conformance::cases::batched::MAX_SEQUENCES } else { 0 };
+                let selection = GraphSelection { embeddings: true, max_batch, scoring: default };
+                jobs.push((model.dir.clone(), context, selection));
             }
         }
     }

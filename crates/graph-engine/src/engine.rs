@@ -36,7 +36,7 @@ pub const DEFAULT_MAX_CONTEXT: usize = 2048;
 /// driven from many threads at once; every call already uses all the runtime's threads, so they
 /// take turns in effect.
 pub fn capabilities_with(max_context: usize, batched_decode: bool) -> Capabilities {
-    Capabilities { batched_decode, ..Capabilities::all(max_context) }
+    Capabilities { batched_decode, logits_per_position: true, ..Capabilities::all(max_context) }
 }
 
 /// The batch sizes of the batched decode graphs, largest first. A batch of another size runs as
@@ -167,15 +167,22 @@ pub fn embedding_graph(bucket: usize) -> GraphSpec {
     graph_of(GraphKind::PrefillEmbeddings { bucket })
 }
 
+/// The scoring graph of `bucket` (above one): a prefill that returns every row's logits, which an
+/// engine loads (as a group of its own) the first time a session scores a text through it.
+pub fn scoring_graph(bucket: usize) -> GraphSpec {
+    graph_of(GraphKind::PrefillScored { bucket })
+}
+
 /// Every group of graphs an engine with prefill `buckets` may hand its runtime's
-/// [`GraphRuntime::load_graphs`]: the token graphs at load, then each embedding graph alone, and
-/// each batched decode graph alone (loaded only where the runtime
+/// [`GraphRuntime::load_graphs`]: the token graphs at load, then each embedding graph alone, each
+/// scoring graph alone, and each batched decode graph alone (loaded only where the runtime
 /// [`decodes_batches`](GraphRuntime::decodes_batches)). A runtime that compiles ahead of time
 /// (for a device it cannot reach now) compiles these groups, so that the engine later finds each
 /// one in its cache.
 pub fn graph_groups(buckets: &[usize]) -> Vec<Vec<GraphSpec>> {
     let mut groups = vec![token_graphs(buckets)];
     groups.extend(buckets.iter().map(|&bucket| vec![embedding_graph(bucket)]));
+    groups.extend(buckets.iter().filter(|&&b| b > 1).map(|&bucket| vec![scoring_graph(bucket)]));
     groups.extend(DECODE_BATCHES.iter().rev().map(|&batch| vec![batch_graph(batch)]));
     groups
 }
@@ -367,6 +374,35 @@ impl<R: GraphRuntime> SessionSteps for GraphSteps<R> {
         }
         let output = output.ok_or(SeamError::EmptyInput)?;
         Ok(RawStep { greedy_token: Some(output.token), logits: output.logits, hidden_states: None })
+    }
+
+    /// The calls of a prefill, each prefill bucket's through its scoring graph (a lone decode step
+    /// returns its one row as it is), every row of logits read back and the padding rows dropped.
+    fn append_scoring(&mut self, position: usize, tokens: &[u32]) -> Result<RawStep> {
+        let calls = self.plan(position, &StepInput::Tokens(tokens))?;
+        let mut logits = Vec::new();
+        let mut token = None;
+        for mut call in calls {
+            if let GraphKind::Prefill { bucket } = call.graph.kind {
+                call.graph = scoring_graph(bucket);
+            }
+            call.read_logits = true;
+            self.shared.ensure_token_graph(call.graph)?;
+            let cache = self.cache.as_mut().unwrap_or_else(|| unreachable!("taken only by drop"));
+            let output = self.shared.runtime.execute(cache, &call)?;
+            let rows = call.graph.kind.logit_rows();
+            let all = output.logits.unwrap_or_default();
+            if all.is_empty() || all.len() % rows != 0 {
+                return Err(SeamError::Backend(format!(
+                    "{} returned {} logits for {rows} rows",
+                    call.graph.name(),
+                    all.len()
+                )));
+            }
+            logits.extend_from_slice(&all[..call.count * (all.len() / rows)]);
+            token = Some(output.token);
+        }
+        Ok(RawStep { greedy_token: token, logits: Some(logits), hidden_states: None })
     }
 
     fn truncate(&mut self, _position: usize) -> Result<()> {

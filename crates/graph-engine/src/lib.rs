@@ -27,8 +27,8 @@ pub mod runtime;
 
 pub use artifact_cache::{ArtifactCache, CacheOutcome};
 pub use engine::{
-    batch_graph, capabilities_with, embedding_graph, graph_groups, split_batch, token_graphs, GraphEngine,
-    DECODE_BATCHES, DEFAULT_MAX_CONTEXT, IDLE_CACHES,
+    batch_graph, capabilities_with, embedding_graph, graph_groups, scoring_graph, split_batch, token_graphs,
+    GraphEngine, DECODE_BATCHES, DEFAULT_MAX_CONTEXT, IDLE_CACHES,
 };
 pub use load::{load_engine, plan_graphs, refuse_thread_count, GraphPlan, GraphSettings, LoadedModel};
 pub use prepared_weights::{PreparedArg, PreparedWeights, WeightsCache, WeightsOrigin};

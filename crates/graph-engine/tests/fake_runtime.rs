@@ -153,6 +153,19 @@ impl GraphRuntime for FakeRuntime {
                 StepInput::Embeddings { values: &padded[..call.count * hidden], count: call.count }
             }
         };
+        if let (GraphKind::PrefillScored { bucket }, StepInput::Tokens(ids)) = (call.graph.kind, input) {
+            // Every row's logits, the padding rows' as a compiled graph leaves them (here zeros).
+            let mut logits = cache
+                .steps
+                .append_scoring(call.position, ids)?
+                .logits
+                .ok_or_else(|| SeamError::Backend("no logits".into()))?;
+            cache.filled = Some(call.position + call.count);
+            let vocab = self.config.vocab_size;
+            let token = session_api::sampling::argmax(&logits[(call.count - 1) * vocab..]);
+            logits.resize(bucket * vocab, 0.0);
+            return Ok(GraphOutput { token, logits: call.read_logits.then_some(logits) });
+        }
         let logits = cache
             .steps
             .append(call.position, input, true)?

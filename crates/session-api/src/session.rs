@@ -652,14 +652,25 @@ mod fault {
         }
     }
 
-    impl SessionSteps for FailingSteps {
-        fn append(&mut self, position: usize, input: StepInput<'_>, want_logits: bool) -> Result<RawStep> {
-            let result = self.inner.append(position, input, want_logits);
+    impl FailingSteps {
+        /// What the wrapped step returned, or the injected failure when armed.
+        fn fail_once(&mut self, result: Result<RawStep>) -> Result<RawStep> {
             if std::mem::take(&mut self.armed) {
                 let ran = if result.is_ok() { "after the step ran" } else { "the step also failed" };
                 return Err(SeamError::Backend(format!("injected fault ({ran})")));
             }
             result
+        }
+    }
+
+    impl SessionSteps for FailingSteps {
+        fn append(&mut self, position: usize, input: StepInput<'_>, want_logits: bool) -> Result<RawStep> {
+            let result = self.inner.append(position, input, want_logits);
+            self.fail_once(result)
+        }
+        fn append_scoring(&mut self, position: usize, tokens: &[u32]) -> Result<RawStep> {
+            let result = self.inner.append_scoring(position, tokens);
+            self.fail_once(result)
         }
         fn truncate(&mut self, position: usize) -> Result<()> {
             self.inner.truncate(position)

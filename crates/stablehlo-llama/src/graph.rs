@@ -647,6 +647,10 @@ pub enum GraphKind {
     Decode,
     /// Up to `bucket` tokens at `position`, padded to `bucket`: `@prefill_{bucket}` (or `_logits`).
     Prefill { bucket: usize },
+    /// A prefill that returns the logits of every row, `f32[bucket, vocab]` (padding rows
+    /// included), for scoring a text: `@prefill_scored_{bucket}_logits`. Its token is the argmax
+    /// of the last real row, as a prefill's.
+    PrefillScored { bucket: usize },
     /// Up to `bucket` embedding rows (`f32[bucket, hidden]`, in place of token ids) at `position`,
     /// padded to `bucket` with finite rows (zeros): `@prefill_embeddings_{bucket}` (or `_logits`).
     /// Takes `count` for every bucket, 1 included: there is no embeddings decode graph, so a
@@ -666,8 +670,19 @@ impl GraphKind {
     pub fn input_rows(self) -> usize {
         match self {
             GraphKind::Decode => 1,
-            GraphKind::Prefill { bucket } | GraphKind::PrefillEmbeddings { bucket } => bucket,
+            GraphKind::Prefill { bucket }
+            | GraphKind::PrefillScored { bucket }
+            | GraphKind::PrefillEmbeddings { bucket } => bucket,
             GraphKind::DecodeBatch { batch } => batch,
+        }
+    }
+
+    /// Rows of the logits result: every row for [`GraphKind::PrefillScored`], else one per
+    /// sequence (the last real position's).
+    pub fn logit_rows(self) -> usize {
+        match self {
+            GraphKind::PrefillScored { bucket } => bucket,
+            other => other.sequences(),
         }
     }
 
@@ -706,6 +721,7 @@ impl GraphSpec {
         let base = match self.kind {
             GraphKind::Decode => "decode".to_string(),
             GraphKind::Prefill { bucket } => format!("prefill_{bucket}"),
+            GraphKind::PrefillScored { bucket } => format!("prefill_scored_{bucket}"),
             GraphKind::PrefillEmbeddings { bucket } => format!("prefill_embeddings_{bucket}"),
             GraphKind::DecodeBatch { batch } => format!("decode_batch_{batch}"),
         };
@@ -754,13 +770,19 @@ fn check(config: &LlamaConfig, options: &GraphOptions, specs: &[GraphSpec]) -> R
         }
     }
     for spec in specs {
-        if let GraphKind::Prefill { bucket } | GraphKind::PrefillEmbeddings { bucket } = spec.kind {
+        if let GraphKind::Prefill { bucket }
+        | GraphKind::PrefillScored { bucket }
+        | GraphKind::PrefillEmbeddings { bucket } = spec.kind
+        {
             if bucket == 0 || bucket > options.max_context {
                 return Err(GraphError::Options(format!(
                     "prefill bucket {bucket} must be in 1..={}",
                     options.max_context
                 )));
             }
+        }
+        if matches!(spec.kind, GraphKind::PrefillScored { .. }) && !spec.logits {
+            return Err(GraphError::Options(format!("{} returns its logits: it needs logits set", spec.name())));
         }
         if let GraphKind::DecodeBatch { batch } = spec.kind {
             if !(2..=MAX_DECODE_BATCH).contains(&batch) {
@@ -2371,9 +2393,16 @@ fn forward(
         }
     };
 
-    b.comment("last real position: final norm, LM head, argmax");
+    let scored = matches!(spec.kind, GraphKind::PrefillScored { .. });
+    b.comment(if scored {
+        "every position: final norm, LM head; argmax of the last real one"
+    } else {
+        "last real position: final norm, LM head, argmax"
+    });
     let final_norm = w.norm();
     let last = match &count {
+        // Every row's logits are returned: the head runs on all of them.
+        Some(_) if scored => x.clone(),
         Some(count) if kernels_are_dispatches(options) => {
             // The row as a masked sum (exact: the other rows add zeros), computed on the device:
             // IREE made a slice at a computed row a copy whose offset the VM read back in the
@@ -2417,9 +2446,25 @@ fn forward(
     } else {
         b.argmax(&logits)
     };
+    // A scored prefill has a token per row: the last real row's is the call's, taken as a masked
+    // sum (no slice at a computed row, as above).
+    let token = match &count {
+        Some(count) if scored => {
+            let one = b.const_int(1, Elem::I32, &[]);
+            let row = b.sub(count, &one);
+            let row = b.broadcast(&row, &[t], &[]);
+            let rows = b.iota(&[t], 0);
+            let is_last = b.compare(&rows, &row, Cmp::Eq);
+            let zeros = b.const_int(0, Elem::I32, &[t]);
+            let masked = b.select(&is_last, &token, &zeros);
+            let sum = b.reduce(&masked, &[0], Reduction::Sum);
+            b.reshape(&sum, &[1])
+        }
+        _ => token,
+    };
     debug_assert_eq!(w.next, w.vals.len(), "every weight argument is used");
     // The logits, when returned: `[vocab]` for one sequence, a row per sequence for a batch.
-    let logits = match (spec.logits, batched) {
+    let logits = match (spec.logits, batched || scored) {
         (false, _) => None,
         (true, true) => Some(logits),
         (true, false) => Some(b.reshape(&logits, &[vocab])),

@@ -613,6 +613,7 @@ impl FnBuilder {
         let elem = a.elem();
         let init = match (kind, elem) {
             (Reduction::Sum, Elem::F32) => self.const_f32(0.0, &[]),
+            (Reduction::Sum, Elem::I32) => self.const_int(0, Elem::I32, &[]),
             (Reduction::Max, Elem::F32) => self.const_f32(f32::NEG_INFINITY, &[]),
             (Reduction::Min, Elem::I32) => self.const_int(i32::MAX as i64, Elem::I32, &[]),
             other => panic!("reduction {other:?} is not used by the graphs"),

@@ -13,6 +13,7 @@ pub mod layers;
 pub mod memory;
 pub mod parity;
 pub mod sampling;
+pub mod scoring;
 pub mod self_consistency;
 
 use crate::models::TestModel;
@@ -72,6 +73,7 @@ pub fn lifecycle_cases() -> Vec<Case> {
     cases.push(memory::CASE);
     cases.extend(bad_input::CASES);
     cases.extend(embeddings::CASES);
+    cases.push(scoring::CASE);
     cases.extend(sampling::CASES);
     cases.push(layers::CASE);
     cases.extend(batched::CASES);

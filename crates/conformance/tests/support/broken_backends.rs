@@ -95,7 +95,7 @@ impl Backend for BrokenBackend {
         self.inner.availability()
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        Capabilities { logits_per_position: false, ..self.inner.capabilities() }
     }
     fn load(&self, request: &LoadRequest) -> Result<Arc<dyn Engine>> {
         let inner = self.inner.load(request)?;
@@ -119,7 +119,8 @@ impl Engine for BrokenEngine {
         self.inner.info()
     }
     fn capabilities(&self) -> Capabilities {
-        self.inner.capabilities()
+        // The broken steps wrap `append` only: scoring goes through it, one step per position.
+        Capabilities { logits_per_position: false, ..self.inner.capabilities() }
     }
     fn open_steps(&self, options: &SessionOptions) -> Result<Box<dyn SessionSteps>> {
         Ok(Box::new(BrokenSteps {
