@@ -579,6 +579,7 @@ fn what_the_server_does_not_do_is_refused_and_slow_clients_are_cut_off() {
         ("/v1/completions", r#"{"prompt": "x", "max_tokens": 0}"#.into(), "max_tokens"),
         ("/v1/completions", r#"{"prompt": "x", "n": 0}"#.into(), "n"),
         ("/v1/completions", r#"{"prompt": "x", "n": 65}"#.into(), "n"),
+        ("/v1/completions", r#"{"prompt": ["x", "y"], "n": 18446744073709551615}"#.into(), "prompt"),
         ("/v1/completions", r#"{"prompt": ["x", "y"], "n": 33}"#.into(), "prompt"),
         ("/v1/completions", r#"{"prompt": []}"#.into(), "prompt"),
         ("/v1/completions", r#"{"prompt": "x", "suffix": "y"}"#.into(), "suffix"),

@@ -383,10 +383,11 @@ impl AppState {
         if n == 0 {
             return Err(ApiError::invalid("n must be at least 1", Some("n")));
         }
-        if prompts.len() as u64 * n > most as u64 {
+        let sequences = (prompts.len() as u64).saturating_mul(n);
+        if sequences > most as u64 {
             let (param, what) = if prompts.len() > 1 { (prompt_param, "prompts times n") } else { ("n", "n") };
             return Err(ApiError::invalid(
-                format!("{what} is {}: at most {most} sequences fit this server's queue", prompts.len() as u64 * n),
+                format!("{what} is {sequences}: at most {most} sequences fit this server's queue"),
                 Some(param),
             ));
         }
