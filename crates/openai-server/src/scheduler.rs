@@ -58,8 +58,9 @@ pub struct LogprobsRequest {
     /// The most likely alternatives reported beside each token.
     pub top: usize,
     /// Also score the prompt (every prompt token after the first, under what precedes it): the
-    /// prompt is then read one token per step, beside the running decodes, since a step
-    /// returns the logits of its last position only.
+    /// prompt is then read in scored prefills (`Session::prefill_scored`), or one token per
+    /// decode step beside the running decodes where the engine does not claim
+    /// `logits_per_position`.
     pub prompt: bool,
 }
 
