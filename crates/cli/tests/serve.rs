@@ -409,7 +409,7 @@ fn several_prompts_and_choices_each_equal_their_own_request() {
 }
 
 #[test]
-fn penalties_change_greedy_picks() {
+fn penalties_and_biases_change_greedy_picks() {
     let served = Served::start(&[]);
     let text = |extra: Value| {
         let mut body = serde_json::json!({"prompt": "1, 1, 1, 1, 1, 1,", "max_tokens": 12, "temperature": 0});
@@ -425,6 +425,19 @@ fn penalties_change_greedy_picks() {
         assert_ne!(penalized, plain, "{penalty}");
         assert_eq!(penalized, text(penalty.clone()), "{penalty}: greedy with penalties is deterministic");
     }
+    // A bias of 100 makes a token every pick; -100 keeps the plain text's first token out.
+    let body = serde_json::json!({"prompt": "1, 1,", "max_tokens": 6, "temperature": 0, "logprobs": 0, "logit_bias": {"28": 100}});
+    let forced = served.post("/v1/completions", &body.to_string()).json();
+    let tokens = forced["choices"][0]["logprobs"]["tokens"].as_array().unwrap().clone();
+    let comma = served.post("/detokenize", r#"{"tokens": [28]}"#).json()["prompt"].clone();
+    assert!(tokens.len() == 6 && tokens.iter().all(|t| *t == comma), "{tokens:?}");
+    let first =
+        served.post("/tokenize", &serde_json::json!({"prompt": plain, "add_special_tokens": false}).to_string());
+    let first = first.json()["tokens"][0].clone();
+    let banned = text(serde_json::json!({"logit_bias": {first.to_string(): -100}}));
+    let banned_tokens =
+        served.post("/tokenize", &serde_json::json!({"prompt": banned, "add_special_tokens": false}).to_string());
+    assert_ne!(banned_tokens.json()["tokens"][0], first, "{banned:?}");
 }
 
 #[test]
@@ -561,7 +574,9 @@ fn what_the_server_does_not_do_is_refused_and_slow_clients_are_cut_off() {
             format!(r#"{{"messages": {user}, "response_format": {{"type": "json_object"}}}}"#),
             "response_format",
         ),
-        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "logit_bias": {{"42": 5}}}}"#), "logit_bias"),
+        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "logit_bias": {{"x": 5}}}}"#), "logit_bias"),
+        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "logit_bias": {{"49152": 5}}}}"#), "logit_bias"),
+        ("/v1/chat/completions", format!(r#"{{"messages": {user}, "logit_bias": {{"42": 101}}}}"#), "logit_bias"),
         ("/v1/chat/completions", format!(r#"{{"messages": {user}, "top_logprobs": 2}}"#), "top_logprobs"),
         ("/v1/chat/completions", r#"{"messages": [{"role": "wizard", "content": "hi"}]}"#.into(), "messages"),
         ("/v1/chat/completions", r#"{"messages": [{"role": "tool", "content": "42"}]}"#.into(), "messages"),

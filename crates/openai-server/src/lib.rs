@@ -398,6 +398,7 @@ impl AppState {
                 return Err(ApiError::invalid(format!("{name} must be between -2 and 2, got {v}"), Some(name)));
             }
         }
+        let logit_bias = self.logit_bias(params)?;
         let penalties = Penalties {
             repetition: params.repetition_penalty.unwrap_or(1.0),
             presence: params.presence_penalty.unwrap_or(0.0),
@@ -445,6 +446,7 @@ impl AppState {
                     options: SessionOptions {
                         sampling,
                         penalties,
+                        logit_bias: logit_bias.clone(),
                         return_logits: logprobs.is_some(),
                         ..SessionOptions::default()
                     },
@@ -465,6 +467,30 @@ impl AppState {
             include_usage: params.stream_options.as_ref().is_some_and(|o| o.include_usage),
             prompt_tokens,
         })
+    }
+
+    /// `logit_bias` as (token id, bias) pairs in id order: each key a token id of the
+    /// vocabulary, each bias in -100..=100.
+    fn logit_bias(&self, params: &Params) -> Result<Vec<(u32, f32)>, ApiError> {
+        let wrong = |message: String| ApiError::invalid(message, Some("logit_bias"));
+        let mut bias = Vec::new();
+        for (key, &value) in params.logit_bias.iter().flatten() {
+            let token: u32 = key.parse().map_err(|_| wrong(format!("logit_bias key '{key}' is not a token id")))?;
+            if token as usize >= self.vocab_size {
+                return Err(wrong(format!(
+                    "logit_bias token id {token} is outside the vocabulary (size {})",
+                    self.vocab_size
+                )));
+            }
+            if !(-100.0..=100.0).contains(&value) {
+                return Err(wrong(format!(
+                    "the logit_bias of token {token} must be between -100 and 100, got {value}"
+                )));
+            }
+            bias.push((token, value));
+        }
+        bias.sort_by_key(|&(token, _)| token);
+        Ok(bias)
     }
 
     /// Checks one prompt against the vocabulary and the context; returns the `max_tokens` it
@@ -579,9 +605,6 @@ fn refuse_unserved(params: &Params) -> Result<(), ApiError> {
             format!("response_format '{}' is not supported (only text)", format.kind),
             Some("response_format"),
         ));
-    }
-    if params.logit_bias.as_ref().is_some_and(|b| !b.is_empty()) {
-        return Err(ApiError::invalid("logit_bias is not supported", Some("logit_bias")));
     }
     Ok(())
 }

@@ -132,8 +132,9 @@ pub struct Params {
     pub logprobs: Option<LogprobsParam>,
     /// Chat: the most likely alternatives reported per token (0 to 20; needs `logprobs`).
     pub top_logprobs: Option<u64>,
-    /// Biases per token id; refused when not empty.
-    pub logit_bias: Option<std::collections::HashMap<String, IgnoredAny>>,
+    /// Added to the logits of token ids (given as strings, as OpenAI's clients send them), -100
+    /// to 100.
+    pub logit_bias: Option<std::collections::HashMap<String, f32>>,
     /// The output's format; only `{"type": "text"}` is served.
     pub response_format: Option<ResponseFormat>,
     /// Tools the model may call; refused when not empty (this server calls no tools).

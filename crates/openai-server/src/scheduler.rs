@@ -331,12 +331,12 @@ impl EngineThread {
             let started = match best {
                 Some((shared, i)) => {
                     let (mut session, _) = self.free.swap_remove(i);
-                    session.restart_keeping(shared.min(most), job.options).map(|kept| (session, kept))
+                    session.restart_keeping(shared.min(most), job.options.clone()).map(|kept| (session, kept))
                 }
                 None => self
                     .engine
                     .new_checked_session(SessionOptions::default())
-                    .and_then(|mut session| session.restart(job.options).map(|()| (session, 0))),
+                    .and_then(|mut session| session.restart(job.options.clone()).map(|()| (session, 0))),
             };
             match started {
                 Ok((session, kept)) => self.running.push(Running {

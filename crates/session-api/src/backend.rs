@@ -313,6 +313,7 @@ impl<'a> dyn Engine + 'a {
         let info = self.info();
         let capabilities = self.capabilities();
         options.check_against(&info.backend, &capabilities)?;
+        options.check_vocabulary(info.vocab_size)?;
         let steps = self.open_steps(options)?;
         let limits = SessionLimits {
             backend: info.backend,

@@ -13,13 +13,17 @@ use crate::error::{Result, SeamError};
 use crate::sampling::{Penalties, Sampler, SamplingConfig};
 
 /// How a session is created.
-#[derive(Debug, Clone, Copy, PartialEq, Default)]
+#[derive(Debug, Clone, PartialEq, Default)]
 pub struct SessionOptions {
     /// How the next token is picked.
     pub sampling: SamplingConfig,
     /// Penalties on tokens already in the sequence, applied before the pick (greedy or
     /// sampled). Any penalty makes every step return its logits to the host.
     pub penalties: Penalties,
+    /// Added to the logits of these tokens before the pick, after the penalties (OpenAI's
+    /// `logit_bias`: -100 bans a token in effect, 100 all but forces it). Token ids must be in
+    /// the vocabulary and biases finite. Any bias makes every step return its logits to the host.
+    pub logit_bias: Vec<(u32, f32)>,
     /// Return the logits of the last position of each step in [`StepOutput::logits`].
     /// Needs [`Capabilities::logits`].
     pub return_logits: bool,
@@ -33,18 +37,39 @@ impl SessionOptions {
     pub fn required_capabilities(&self) -> Capabilities {
         Capabilities {
             sampling: self.sampling.required_modes(),
-            logits: self.return_logits || !self.penalties.is_off(),
+            logits: self.return_logits || self.adjusts_logits(),
             hidden_states: self.return_hidden_states,
             ..Capabilities::default()
         }
     }
 
+    /// Whether the logits are changed before the pick (penalties or biases), which needs them on
+    /// the host at every step.
+    pub fn adjusts_logits(&self) -> bool {
+        !self.penalties.is_off() || !self.logit_bias.is_empty()
+    }
+
+    /// Refuses a logit bias for a token outside a vocabulary of `vocab_size`.
+    pub fn check_vocabulary(&self, vocab_size: usize) -> Result<()> {
+        match self.logit_bias.iter().find(|(token, _)| *token as usize >= vocab_size) {
+            Some(&(token, _)) => Err(SeamError::TokenOutOfVocabulary { token, vocab_size }),
+            None => Ok(()),
+        }
+    }
+
     /// Refuses options that `capabilities` cannot honour, with a typed [`SeamError::Unsupported`]
-    /// naming the first missing feature. [`crate::Engine`]'s `new_session` calls it for every
-    /// backend, so refusal is uniform.
+    /// naming the first missing feature, and settings out of range with
+    /// [`SeamError::InvalidInput`]. [`crate::Engine`]'s `new_session` calls it for every backend
+    /// (and [`SessionOptions::check_vocabulary`] with the model's vocabulary), so refusal is
+    /// uniform.
     pub fn check_against(&self, backend: &str, capabilities: &Capabilities) -> Result<()> {
         self.sampling.validate().map_err(SeamError::InvalidInput)?;
         self.penalties.validate().map_err(SeamError::InvalidInput)?;
+        if let Some((token, bias)) = self.logit_bias.iter().find(|(_, bias)| !bias.is_finite()) {
+            return Err(SeamError::InvalidInput(format!(
+                "the logit bias of token {token} is {bias}: it must be finite"
+            )));
+        }
         match capabilities.missing(&self.required_capabilities()).first() {
             Some(feature) => Err(SeamError::unsupported(backend, *feature)),
             None => Ok(()),
@@ -230,6 +255,7 @@ pub struct CheckedSession {
     position: usize,
     sampler: Sampler,
     penalties: Penalties,
+    logit_bias: Vec<(u32, f32)>,
     /// The token at each filled position (`u32::MAX` for an embedding row), for the penalties.
     tokens: Vec<u32>,
     /// Whether each filled position holds a generated token (see [`Penalties`]).
@@ -255,6 +281,7 @@ impl CheckedSession {
             position: 0,
             sampler: Sampler::new(options.sampling),
             penalties: options.penalties,
+            logit_bias: options.logit_bias,
             tokens: Vec::new(),
             generated: Vec::new(),
             last_returned: None,
@@ -293,6 +320,7 @@ impl CheckedSession {
     /// count as prompt for the presence and frequency penalties.
     pub fn restart_keeping(&mut self, keep: usize, options: SessionOptions) -> Result<usize> {
         options.check_against(&self.limits.backend, &self.limits.capabilities)?;
+        options.check_vocabulary(self.limits.vocab_size)?;
         if options.return_hidden_states != self.return_hidden_states {
             return Err(SeamError::InvalidInput(
                 "hidden states are chosen when a session is opened; a restart cannot change them".into(),
@@ -300,6 +328,7 @@ impl CheckedSession {
         }
         self.sampler = Sampler::new(options.sampling);
         self.penalties = options.penalties;
+        self.logit_bias = options.logit_bias;
         self.return_logits = options.return_logits;
         let keepable = keep > 0 && keep <= self.position && self.limits.capabilities.kv_ops.truncate;
         if keepable && self.truncate(keep).is_ok() {
@@ -319,9 +348,14 @@ impl CheckedSession {
         self.check_tokens(&[token])
     }
 
+    /// Whether the logits are changed before the pick (penalties or biases).
+    fn adjusts_logits(&self) -> bool {
+        !self.penalties.is_off() || !self.logit_bias.is_empty()
+    }
+
     /// Whether the next step must return logits (asked for, or needed to sample).
     pub(crate) fn wants_logits(&self) -> bool {
-        self.return_logits || !matches!(self.sampler.config(), SamplingConfig::Greedy) || !self.penalties.is_off()
+        self.return_logits || !matches!(self.sampler.config(), SamplingConfig::Greedy) || self.adjusts_logits()
     }
 
     /// The raw steps and the position they append at, for a batched decode.
@@ -433,11 +467,14 @@ impl CheckedSession {
             return Err(SeamError::Backend(format!("{backend} returned no logits for a step that needs them")));
         }
         let token = match (self.sampler.config(), raw.greedy_token, &raw.logits) {
-            (SamplingConfig::Greedy, Some(token), _) if self.penalties.is_off() => token,
-            (_, _, Some(logits)) if !self.penalties.is_off() => {
-                let mut penalized = logits.clone();
-                self.penalties.apply(&mut penalized, &self.tokens, &self.generated);
-                self.sampler.sample(&penalized)
+            (SamplingConfig::Greedy, Some(token), _) if !self.adjusts_logits() => token,
+            (_, _, Some(logits)) if self.adjusts_logits() => {
+                let mut adjusted = logits.clone();
+                self.penalties.apply(&mut adjusted, &self.tokens, &self.generated);
+                for &(token, bias) in &self.logit_bias {
+                    adjusted[token as usize] += bias;
+                }
+                self.sampler.sample(&adjusted)
             }
             (_, _, Some(logits)) => self.sampler.sample(logits),
             _ => return Err(SeamError::Backend(format!("{backend} returned no logits to sample from"))),
@@ -526,6 +563,7 @@ impl Session for CheckedSession {
             position: self.position,
             sampler: self.sampler.clone(),
             penalties: self.penalties,
+            logit_bias: self.logit_bias.clone(),
             tokens: self.tokens.clone(),
             generated: self.generated.clone(),
             last_returned: self.last_returned,
@@ -828,10 +866,10 @@ mod tests {
         let presence =
             SessionOptions { penalties: Penalties { presence: 1.0, ..Penalties::NONE }, ..SessionOptions::default() };
         let mut without_logits = CheckedSession::new(Box::new(Fixed), limits(false), SessionOptions::default());
-        assert_eq!(without_logits.restart(presence).unwrap_err().kind(), ErrorKind::Unsupported);
+        assert_eq!(without_logits.restart(presence.clone()).unwrap_err().kind(), ErrorKind::Unsupported);
 
         let mut s = CheckedSession::new(Box::new(Fixed), limits(true), SessionOptions::default());
-        s.restart(presence).unwrap();
+        s.restart(presence.clone()).unwrap();
         assert!(s.wants_logits());
         // Nothing generated yet: 5; once 5 is fed back it loses 1 and 6 leads; then 5 and 7
         // tie at 2.0 and the lower id wins.
@@ -851,6 +889,15 @@ mod tests {
             SessionOptions { penalties: Penalties { repetition: 2.0, ..Penalties::NONE }, ..SessionOptions::default() };
         s.restart_keeping(3, repetition).unwrap();
         assert_eq!(s.decode(1).unwrap().token, 7);
+        // A bias lifts a token past the others (after the penalties); one outside the
+        // vocabulary, or not finite, is refused and leaves the session as it was.
+        let biased = |bias: Vec<(u32, f32)>| SessionOptions { logit_bias: bias, ..SessionOptions::default() };
+        s.restart(biased(vec![(9, 3.5), (5, -100.0)])).unwrap();
+        assert!(s.wants_logits());
+        assert_eq!(s.prefill(&[1]).unwrap().token, 9);
+        assert!(matches!(s.restart(biased(vec![(10, 1.0)])), Err(SeamError::TokenOutOfVocabulary { token: 10, .. })));
+        assert_eq!(s.restart(biased(vec![(3, f32::NAN)])).unwrap_err().kind(), ErrorKind::InvalidInput);
+        assert_eq!(s.decode(1).unwrap().token, 9, "the refused restarts changed nothing");
         // Off again: the device's pick.
         s.restart(SessionOptions::default()).unwrap();
         assert!(!s.wants_logits());

@@ -176,6 +176,7 @@ fn parallel_threads(ctx: &CaseContext<'_>) -> Checked<Verdict> {
         let handles: Vec<_> = (0..THREADS)
             .map(|i| {
                 let (engine, prompt, forced) = (ctx.engine.clone(), &prompts[i], &baselines[i].trace.tokens);
+                let options = options.clone();
                 scope.spawn(move || -> Checked<Trace> {
                     let session = engine.new_session(options).or_fail(|| format!("thread {i}: new_session"))?;
                     let mut driver = Driver::forced(session, forced, format!("thread {i}"));

@@ -35,7 +35,7 @@ struct Point {
 fn run(ctx: &CaseContext<'_>) -> Checked<Verdict> {
     let options = SessionOptions { return_hidden_states: true, ..SessionOptions::default() };
     let reference = ctx.oracle.engine(ctx.model, ctx.format).map_err(Verdict::fail)?;
-    let mut expected = reference.new_session(options).or_fail(|| "the reference's session".to_string())?;
+    let mut expected = reference.new_session(options.clone()).or_fail(|| "the reference's session".to_string())?;
     let mut actual = ctx.session(options)?;
     let prompt = ctx.prompt(PROMPT, 17);
 

@@ -127,7 +127,8 @@ impl CaseContext<'_> {
 
     /// A new session, or a failing verdict.
     pub fn session(&self, options: SessionOptions) -> Checked<Box<dyn Session>> {
-        self.engine.new_session(options).or_fail(|| format!("new_session({options:?})"))
+        let what = format!("new_session({options:?})");
+        self.engine.new_session(options).or_fail(|| what)
     }
 
     /// A new greedy session.
