@@ -366,6 +366,26 @@ fn several_prompts_and_choices_each_equal_their_own_request() {
         .collect();
     assert_eq!(texts(&together), alone);
     assert_ne!(alone[0], alone[1], "two choices of one prompt sample differently");
+
+    // A prompt long enough to share (`SHARE_FROM_RUNNING`): its choices after the first start
+    // from a copy of the first one's session, and still equal their single requests.
+    let long = "The history of the river begins in the mountains, where snow melts each spring and \
+                feeds a hundred small streams that join in the valley below. "
+        .repeat(3);
+    let reused = served.metric("seam_prompt_tokens_reused_total");
+    let shared = complete(serde_json::json!({"prompt": long, "max_tokens": 5, "temperature": 0.9, "seed": 7, "n": 3}));
+    let long_tokens = shared["usage"]["prompt_tokens"].as_f64().unwrap();
+    assert!(long_tokens > 64.0, "{long_tokens} tokens");
+    assert!(
+        served.metric("seam_prompt_tokens_reused_total") >= reused + 2.0 * (long_tokens - 1.0),
+        "the second and third choices reuse the first one's prompt"
+    );
+    let singles: Vec<String> = (0..3)
+        .flat_map(|j| {
+            texts(&complete(serde_json::json!({"prompt": long, "max_tokens": 5, "temperature": 0.9, "seed": 7 + j})))
+        })
+        .collect();
+    assert_eq!(texts(&shared), singles);
     let prompt_tokens = together["usage"]["prompt_tokens"].as_u64().unwrap();
     assert_eq!(together["usage"]["completion_tokens"], 24);
     assert_eq!(together["usage"]["total_tokens"], prompt_tokens + 24);

@@ -20,6 +20,11 @@ use std::sync::{mpsc, Arc};
 use std::time::{Duration, Instant};
 use tokio::sync::mpsc as tokio_mpsc;
 
+/// Prompt tokens a new request must share with a running one to start from a copy of its
+/// session: a fork copies the whole cache, which costs about what prefilling a few dozen tokens
+/// does on a CPU.
+pub const SHARE_FROM_RUNNING: usize = 64;
+
 /// How the engine thread schedules.
 #[derive(Debug, Clone)]
 pub struct SchedulerConfig {
@@ -316,24 +321,54 @@ impl EngineThread {
     /// whose cache shares the longest prefix with its prompt and prefills only the rest (a chat
     /// resending its conversation, many requests with one system prompt), as llama-server's
     /// prompt cache does; its last prompt token is always prefilled, for the first token's logits.
+    ///
+    /// Where the engine forks sessions, a running request's cache is a source too: a request
+    /// sharing at least [`SHARE_FROM_RUNNING`] prompt tokens with a running one starts from a copy
+    /// of its session (the `n` choices of one prompt, requests with one long system prompt at
+    /// once). One whose shared prefix the running request is still reading waits for it, while
+    /// the requests behind it are admitted.
     fn admit(&mut self) {
-        let scores_in_prefill = self.engine.capabilities().logits_per_position;
-        while self.running.len() < self.config.slots {
-            let Some(Waiting { mut job, arrived }) = self.waiting.pop_front() else { return };
-            self.queued.fetch_sub(1, Ordering::SeqCst);
-            // (shared prefix, index) of the kept session sharing the most.
-            let best =
-                self.free.iter().enumerate().map(|(i, (_, cached))| (shared_prefix(cached, &job.prompt), i)).max();
+        let capabilities = self.engine.capabilities();
+        let (scores_in_prefill, forks) = (capabilities.logits_per_position, capabilities.kv_ops.fork);
+        let mut k = 0;
+        while self.running.len() < self.config.slots && k < self.waiting.len() {
+            let job = &self.waiting[k].job;
+            let scores_prompt = job.logprobs.is_some_and(|l| l.prompt);
             // A scored prompt keeps nothing: each of its positions' logits are needed. Any other
             // prompt prefills at least its last token, for the first token's logits.
-            let most = if job.logprobs.is_some_and(|l| l.prompt) { 0 } else { job.prompt.len().saturating_sub(1) };
-            let scores_stepwise = job.logprobs.is_some_and(|l| l.prompt) && !scores_in_prefill;
-            let started = match best {
-                Some((shared, i)) => {
+            let most = if scores_prompt { 0 } else { job.prompt.len().saturating_sub(1) };
+            let shareable = |running: &Running| shared_prefix(&running.job.prompt, &job.prompt).min(most);
+            let reading = self.running.iter().any(|r| {
+                let shared = shareable(r);
+                forks && shared >= SHARE_FROM_RUNNING && r.prefilled < shared
+            });
+            if reading {
+                k += 1;
+                continue;
+            }
+            let Waiting { mut job, arrived } = self.waiting.remove(k).expect("k is in the queue");
+            self.queued.fetch_sub(1, Ordering::SeqCst);
+            let scores_stepwise = scores_prompt && !scores_in_prefill;
+            // (shared prefix, index) of the kept session sharing the most, and of the running one.
+            let best =
+                self.free.iter().enumerate().map(|(i, (_, cached))| (shared_prefix(cached, &job.prompt), i)).max();
+            let from_running = self
+                .running
+                .iter()
+                .enumerate()
+                .map(|(i, r)| (shared_prefix(&r.cached, &job.prompt).min(most), i))
+                .filter(|&(shared, _)| forks && shared >= SHARE_FROM_RUNNING)
+                .max()
+                .filter(|&(shared, _)| best.is_none_or(|(kept, _)| shared > kept.min(most)));
+            let started = match (from_running, best) {
+                (Some((shared, i)), _) => self.running[i].session.fork_checked().and_then(|mut session| {
+                    session.restart_keeping(shared, job.options.clone()).map(|kept| (session, kept))
+                }),
+                (None, Some((shared, i))) => {
                     let (mut session, _) = self.free.swap_remove(i);
                     session.restart_keeping(shared.min(most), job.options.clone()).map(|kept| (session, kept))
                 }
-                None => self
+                (None, None) => self
                     .engine
                     .new_checked_session(SessionOptions::default())
                     .and_then(|mut session| session.restart(job.options.clone()).map(|()| (session, 0))),

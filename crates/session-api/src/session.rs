@@ -339,6 +339,31 @@ impl CheckedSession {
         Ok(0)
     }
 
+    /// [`Session::fork`] as the concrete type, so that the copy can join the engine's batched
+    /// decodes as its parent does (a server sharing a running request's prefix with a new one).
+    pub fn fork_checked(&self) -> Result<CheckedSession> {
+        if !self.limits.capabilities.kv_ops.fork {
+            return Err(SeamError::unsupported(&self.limits.backend, "fork"));
+        }
+        self.refuse_if_poisoned()?;
+        let steps = self.steps.fork(self.position)?;
+        Ok(CheckedSession {
+            steps,
+            limits: self.limits.clone(),
+            position: self.position,
+            sampler: self.sampler.clone(),
+            penalties: self.penalties,
+            logit_bias: self.logit_bias.clone(),
+            tokens: self.tokens.clone(),
+            generated: self.generated.clone(),
+            last_returned: self.last_returned,
+            return_logits: self.return_logits,
+            return_hidden_states: self.return_hidden_states,
+            poisoned: None,
+            engine: self.engine,
+        })
+    }
+
     /// Checks a decode of `token` as [`Session::decode`] does, changing nothing.
     pub(crate) fn check_decode(&self, token: u32) -> Result<()> {
         self.refuse_if_poisoned()?;
@@ -552,26 +577,7 @@ impl Session for CheckedSession {
     }
 
     fn fork(&self) -> Result<Box<dyn Session>> {
-        if !self.limits.capabilities.kv_ops.fork {
-            return Err(SeamError::unsupported(&self.limits.backend, "fork"));
-        }
-        self.refuse_if_poisoned()?;
-        let steps = self.steps.fork(self.position)?;
-        Ok(Box::new(CheckedSession {
-            steps,
-            limits: self.limits.clone(),
-            position: self.position,
-            sampler: self.sampler.clone(),
-            penalties: self.penalties,
-            logit_bias: self.logit_bias.clone(),
-            tokens: self.tokens.clone(),
-            generated: self.generated.clone(),
-            last_returned: self.last_returned,
-            return_logits: self.return_logits,
-            return_hidden_states: self.return_hidden_states,
-            poisoned: None,
-            engine: self.engine,
-        }))
+        Ok(Box::new(self.fork_checked()?))
     }
 
     fn prefill_embeddings(&mut self, embeddings: &[f32], count: usize) -> Result<StepOutput> {
