@@ -4,9 +4,9 @@
 //!
 //! `cargo run --release -p cpu-kernels --example f16_rate -- [TOKENS ...]` (default 1 2 4 8 12
 //! 16 24 32); `SEAM_CPU_ISA=avx2` times the AVX2 paths.
+use cpu_kernels::bandwidth::best_seconds;
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{matmul_f16, F16Matrix, Isa};
-use std::time::Instant;
 
 fn main() {
     let mut counts: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
@@ -27,19 +27,13 @@ fn main() {
     for tokens in counts {
         let x: Vec<f32> = (0..8192 * tokens).map(|i| ((i * 13 % 97) as f32 - 48.0) * 0.01).collect();
         let mut out = vec![0.0f32; 8192 * tokens];
-        let mut layer = || {
+        let layer = || {
             for (&(n, k), data) in shapes.iter().zip(&matrices) {
                 let w = F16Matrix { rows: n, cols: k, data };
                 matmul_f16(Isa::best(), &pool, &x[..k * tokens], tokens, w, &mut out[..n * tokens]).unwrap();
             }
         };
-        layer();
-        let mut best = f64::MAX;
-        for _ in 0..7 {
-            let t = Instant::now();
-            layer();
-            best = best.min(t.elapsed().as_secs_f64());
-        }
+        let best = best_seconds(7, layer);
         println!(
             "tokens {tokens:>3}  {:>7.2} ms per layer  {:>6.1} GMAC/s",
             best * 1e3,

@@ -2,9 +2,9 @@
 //! `N x K` matrices (more than the caches hold), each multiplied once per pass, on both threads.
 //!
 //! `cargo run --release -p cpu-kernels --example f16_shape_rate -- N K MATRICES TOKENS...`
+use cpu_kernels::bandwidth::best_seconds;
 use cpu_kernels::pool::Pool;
 use cpu_kernels::{matmul_f16, F16Matrix, Isa};
-use std::time::Instant;
 
 fn main() {
     let args: Vec<usize> = std::env::args().skip(1).filter_map(|a| a.parse().ok()).collect();
@@ -22,18 +22,12 @@ fn main() {
     for &tokens in &args[3..] {
         let x: Vec<f32> = (0..k * tokens).map(|i| ((i * 13 % 97) as f32 - 48.0) * 0.01).collect();
         let mut out = vec![0.0f32; n * tokens];
-        let mut pass = || {
+        let pass = || {
             for data in &matrices {
                 matmul_f16(Isa::best(), &pool, &x, tokens, F16Matrix { rows: n, cols: k, data }, &mut out).unwrap();
             }
         };
-        pass();
-        let mut best = f64::MAX;
-        for _ in 0..7 {
-            let t = Instant::now();
-            pass();
-            best = best.min(t.elapsed().as_secs_f64());
-        }
+        let best = best_seconds(7, pass);
         println!("{n}x{k} x{count} tokens {tokens:>3}: {:>7.2} ms per pass", best * 1e3);
     }
 }

@@ -42,15 +42,22 @@ pub fn measure_read_bandwidth(pool: &Pool, bytes: usize) -> f64 {
             sums[t].fetch_add(total, Ordering::Relaxed);
         });
     };
+    let best = best_seconds(5, pass);
+    black_box(&sums);
+    (words * 8) as f64 / best
+}
+
+/// Seconds of the fastest of `repeats` timed runs of `pass`, after one untimed run that warms
+/// the caches and faults the pages in: how the probe and the kernels' rate examples time work.
+pub fn best_seconds(repeats: usize, mut pass: impl FnMut()) -> f64 {
     pass();
     let mut best = f64::INFINITY;
-    for _ in 0..5 {
+    for _ in 0..repeats {
         let started = Instant::now();
         pass();
         best = best.min(started.elapsed().as_secs_f64());
     }
-    black_box(&sums);
-    (words * 8) as f64 / best
+    best
 }
 
 /// The probe as a backend running these kernels reports it: the process's kernel pool

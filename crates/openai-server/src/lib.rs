@@ -862,13 +862,24 @@ fn generated_scores(scored: &[TokenLogprobs]) -> impl Iterator<Item = (u32, Opti
     scored.iter().map(|s| (s.token, Some(s)))
 }
 
-async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
+/// Answers a POST endpoint: its body as read (or why it could not be), then `handle`'s response
+/// or error, counted in the metrics under `endpoint`.
+async fn answer<F: Future<Output = Result<Response, ApiError>>>(
+    state: &AppState,
+    endpoint: &str,
+    body: Result<RequestBody, ApiError>,
+    handle: impl FnOnce(Bytes) -> F,
+) -> Response {
     let response = match body {
-        Ok(RequestBody(body)) => chat_response(&state, body).await.unwrap_or_else(IntoResponse::into_response),
+        Ok(RequestBody(body)) => handle(body).await.unwrap_or_else(IntoResponse::into_response),
         Err(error) => error.into_response(),
     };
-    state.metrics.answered("chat_completions", response.status().as_u16());
+    state.metrics.answered(endpoint, response.status().as_u16());
     response
+}
+
+async fn chat_completions(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
+    answer(&state, "chat_completions", body, |body| chat_response(&state, body)).await
 }
 
 async fn chat_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
@@ -1020,12 +1031,7 @@ fn chat_logprobs_request(params: &Params) -> Result<Option<LogprobsRequest>, Api
 }
 
 async fn completions(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
-    let response = match body {
-        Ok(RequestBody(body)) => completion_response(&state, body).await.unwrap_or_else(IntoResponse::into_response),
-        Err(error) => error.into_response(),
-    };
-    state.metrics.answered("completions", response.status().as_u16());
-    response
+    answer(&state, "completions", body, |body| completion_response(&state, body)).await
 }
 
 async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
@@ -1061,11 +1067,11 @@ async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Respo
             let count = lists.len();
             (lists, vec![None; count])
         }
-        Prompt::Text(text) => (vec![encode(state, text.clone()).await?], vec![Some(text)]),
+        Prompt::Text(text) => (vec![encode(state, text.clone(), true).await?], vec![Some(text)]),
         Prompt::Texts(texts) => {
             let mut prompts = Vec::with_capacity(texts.len());
             for text in &texts {
-                prompts.push(encode(state, text.clone()).await?);
+                prompts.push(encode(state, text.clone(), true).await?);
             }
             (prompts, texts.into_iter().map(Some).collect())
         }
@@ -1186,33 +1192,24 @@ async fn completion_response(state: &Arc<AppState>, body: Bytes) -> Result<Respo
     Ok(Sse::new(event_stream(submitted, first, makers)).into_response())
 }
 
-/// Encodes a completion's prompt text, off the reactor.
-async fn encode(state: &Arc<AppState>, text: String) -> Result<Vec<u32>, ApiError> {
+/// Encodes a prompt's text (with what the tokenizer puts around a sequence when
+/// `add_special_tokens`), off the reactor.
+async fn encode(state: &Arc<AppState>, text: String, add_special_tokens: bool) -> Result<Vec<u32>, ApiError> {
     let shared = Arc::clone(state);
-    tokenize(move || shared.model.tokenizer.encode(&text, true).map_err(|e| ApiError::from_seam(e.into()))).await
+    let work =
+        move || shared.model.tokenizer.encode(&text, add_special_tokens).map_err(|e| ApiError::from_seam(e.into()));
+    tokenize(work).await
 }
 
 async fn tokenize_text(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
-    let response = match body {
-        Ok(RequestBody(body)) => tokenize_response(&state, body).await.unwrap_or_else(IntoResponse::into_response),
-        Err(error) => error.into_response(),
-    };
-    state.metrics.answered("tokenize", response.status().as_u16());
-    response
+    answer(&state, "tokenize", body, |body| tokenize_response(&state, body)).await
 }
 
 async fn tokenize_response(state: &Arc<AppState>, body: Bytes) -> Result<Response, ApiError> {
     let request: TokenizeRequest = parse(&body)?;
     state.check_model(request.model.as_deref())?;
     let tokens = match (request.prompt, request.messages) {
-        (Some(text), None) => {
-            let shared = Arc::clone(state);
-            let add_special_tokens = request.add_special_tokens;
-            tokenize(move || {
-                shared.model.tokenizer.encode(&text, add_special_tokens).map_err(|e| ApiError::from_seam(e.into()))
-            })
-            .await?
-        }
+        (Some(text), None) => encode(state, text, request.add_special_tokens).await?,
         (None, Some(messages)) => chat_tokens(state, &messages, request.add_generation_prompt).await?,
         _ => return Err(ApiError::invalid("give either prompt or messages", Some("prompt"))),
     };
@@ -1221,19 +1218,18 @@ async fn tokenize_response(state: &Arc<AppState>, body: Bytes) -> Result<Respons
 }
 
 async fn detokenize_tokens(State(state): State<Arc<AppState>>, body: Result<RequestBody, ApiError>) -> Response {
-    let answer = body.and_then(|RequestBody(body)| {
-        let request: DetokenizeRequest = parse(&body)?;
-        state.check_model(request.model.as_deref())?;
-        let prompt = state
-            .model
-            .tokenizer
-            .decode(&request.tokens, false)
-            .map_err(|e| ApiError::invalid(e.to_string(), Some("tokens")))?;
-        Ok(Json(DetokenizeResponse { prompt }))
-    });
-    let response = answer.map_or_else(IntoResponse::into_response, IntoResponse::into_response);
-    state.metrics.answered("detokenize", response.status().as_u16());
-    response
+    answer(&state, "detokenize", body, |body| detokenize_response(&state, body)).await
+}
+
+async fn detokenize_response(state: &AppState, body: Bytes) -> Result<Response, ApiError> {
+    let request: DetokenizeRequest = parse(&body)?;
+    state.check_model(request.model.as_deref())?;
+    let prompt = state
+        .model
+        .tokenizer
+        .decode(&request.tokens, false)
+        .map_err(|e| ApiError::invalid(e.to_string(), Some("tokens")))?;
+    Ok(Json(DetokenizeResponse { prompt }).into_response())
 }
 
 async fn tokenizer_info(State(state): State<Arc<AppState>>) -> Json<TokenizerInfo> {

@@ -57,6 +57,13 @@ pub struct Job {
     pub events: tokio_mpsc::UnboundedSender<JobEvent>,
 }
 
+impl Job {
+    /// Whether the prompt is scored (each of its positions' logits kept).
+    fn scores_prompt(&self) -> bool {
+        self.logprobs.is_some_and(|l| l.prompt)
+    }
+}
+
 /// What log-probabilities a request reports.
 #[derive(Debug, Clone, Copy, PartialEq, Eq)]
 pub struct LogprobsRequest {
@@ -235,11 +242,6 @@ impl Running {
         }
     }
 
-    /// Whether the prompt is scored (each of its positions' logits kept).
-    fn scores_prompt(&self) -> bool {
-        self.job.logprobs.is_some_and(|l| l.prompt)
-    }
-
     /// The log-probabilities of `token` under a step's logits, when the request reports them.
     fn logprobs_of(&self, output: &StepOutput, token: u32) -> Option<TokenLogprobs> {
         let request = self.job.logprobs?;
@@ -333,7 +335,7 @@ impl EngineThread {
         let mut k = 0;
         while self.running.len() < self.config.slots && k < self.waiting.len() {
             let job = &self.waiting[k].job;
-            let scores_prompt = job.logprobs.is_some_and(|l| l.prompt);
+            let scores_prompt = job.scores_prompt();
             // A scored prompt keeps nothing: each of its positions' logits are needed. Any other
             // prompt prefills at least its last token, for the first token's logits.
             let most = if scores_prompt { 0 } else { job.prompt.len().saturating_sub(1) };
@@ -405,7 +407,7 @@ impl EngineThread {
         let chunk = if running.scores_stepwise { 1 } else { self.config.prefill_chunk.max(1) };
         let (start, end) = (running.prefilled, (running.prefilled + chunk).min(running.job.prompt.len()));
         let tokens = &running.job.prompt[start..end];
-        let step = match running.scores_prompt() && !running.scores_stepwise {
+        let step = match running.job.scores_prompt() && !running.scores_stepwise {
             // Every position's logits: each scores the prompt token after it.
             true => running.session.prefill_scored(tokens).map(|scored| {
                 let request = running.job.logprobs.expect("a scored prompt asked for logprobs");
@@ -442,7 +444,7 @@ impl EngineThread {
         }
         self.prompt_done(i);
         let running = &mut self.running[i];
-        if running.scores_prompt() {
+        if running.job.scores_prompt() {
             let scored = std::mem::take(&mut running.prompt_logprobs);
             let _ = running.job.events.send(JobEvent::PromptLogprobs(scored));
         }

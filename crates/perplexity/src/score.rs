@@ -13,18 +13,10 @@ use crate::error::{PerplexityError, Result};
 /// is `-inf`.
 pub fn log_softmax(logits: &[f32], position: usize) -> Result<Vec<f64>> {
     let not_a_distribution = || PerplexityError::NonFiniteLogits { position };
-    let mut max = f64::NEG_INFINITY;
-    for &x in logits {
-        if x.is_nan() || x == f32::INFINITY {
-            return Err(not_a_distribution());
-        }
-        max = max.max(f64::from(x));
-    }
-    if !max.is_finite() {
+    if logits.iter().any(|&x| x.is_nan() || x == f32::INFINITY) || !logits.iter().any(|x| x.is_finite()) {
         return Err(not_a_distribution());
     }
-    let sum: f64 = logits.iter().map(|&x| (f64::from(x) - max).exp()).sum();
-    let log_normalizer = max + sum.ln();
+    let log_normalizer = session_api::logprobs::log_normalizer(logits);
     Ok(logits.iter().map(|&x| f64::from(x) - log_normalizer).collect())
 }
 

@@ -16,7 +16,8 @@ pub struct TokenLogprobs {
 }
 
 /// `ln(sum(exp(logits)))`, computed stably: the value a logit is reduced by to become a
-/// log-probability. Logits must be finite (a session refuses a step that returns others).
+/// log-probability. No logit may be NaN or +inf and one must be finite; a `-inf` logit is a token
+/// ruled out (a session refuses a step that returns anything but finite logits).
 pub fn log_normalizer(logits: &[f32]) -> f64 {
     let max = logits.iter().fold(f64::NEG_INFINITY, |m, &x| m.max(f64::from(x)));
     let sum: f64 = logits.iter().map(|&x| (f64::from(x) - max).exp()).sum();

@@ -46,7 +46,7 @@ impl SessionOptions {
     /// Whether the logits are changed before the pick (penalties or biases), which needs them on
     /// the host at every step.
     pub fn adjusts_logits(&self) -> bool {
-        !self.penalties.is_off() || !self.logit_bias.is_empty()
+        adjusts_logits(&self.penalties, &self.logit_bias)
     }
 
     /// Refuses a logit bias for a token outside a vocabulary of `vocab_size`.
@@ -75,6 +75,12 @@ impl SessionOptions {
             None => Ok(()),
         }
     }
+}
+
+/// Whether `penalties` or `logit_bias` change a step's logits before the pick: the one rule both
+/// the options (what a session needs of a backend) and a session (what each step asks for) read.
+fn adjusts_logits(penalties: &Penalties, logit_bias: &[(u32, f32)]) -> bool {
+    !penalties.is_off() || !logit_bias.is_empty()
 }
 
 /// The result of one prefill or decode step.
@@ -375,7 +381,7 @@ impl CheckedSession {
 
     /// Whether the logits are changed before the pick (penalties or biases).
     fn adjusts_logits(&self) -> bool {
-        !self.penalties.is_off() || !self.logit_bias.is_empty()
+        adjusts_logits(&self.penalties, &self.logit_bias)
     }
 
     /// Whether the next step must return logits (asked for, or needed to sample).
