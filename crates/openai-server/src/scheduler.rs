@@ -137,7 +137,10 @@ impl Scheduler {
         let (sender, receiver) = mpsc::channel();
         let queued = Arc::new(AtomicUsize::new(0));
         let max_queue = config.max_queue;
+        let capabilities = engine.capabilities();
         let thread = EngineThread {
+            scores_in_prefill: capabilities.logits_per_position,
+            forks: capabilities.kv_ops.fork,
             engine,
             detokenizer,
             config,
@@ -251,6 +254,10 @@ impl Running {
 
 struct EngineThread {
     engine: Arc<dyn Engine>,
+    /// The engine's prefills return every position's logits (`logits_per_position`), read once.
+    scores_in_prefill: bool,
+    /// The engine forks sessions (`kv_ops.fork`), read once.
+    forks: bool,
     detokenizer: Arc<dyn Detokenizer>,
     config: SchedulerConfig,
     metrics: Arc<Metrics>,
@@ -330,8 +337,7 @@ impl EngineThread {
     /// once). One whose shared prefix the running request is still reading waits for it, while
     /// the requests behind it are admitted.
     fn admit(&mut self) {
-        let capabilities = self.engine.capabilities();
-        let (scores_in_prefill, forks) = (capabilities.logits_per_position, capabilities.kv_ops.fork);
+        let (scores_in_prefill, forks) = (self.scores_in_prefill, self.forks);
         let mut k = 0;
         while self.running.len() < self.config.slots && k < self.waiting.len() {
             let job = &self.waiting[k].job;
